@@ -1,0 +1,172 @@
+"""``SparseTensor``: a traceable ``torch.Tensor`` wrapper subclass over level arrays.
+
+The wrapper carries shape, dtype and device like any tensor; its inner tensors are the level
+arrays (``pos{k}``, ``crd{k}``) and ``values``. ``__tensor_flatten__`` exposes exactly those,
+so ``torch.compile`` and autograd see plain dense tensors, and every kernel is an op over them.
+"""
+from __future__ import annotations
+
+import torch
+
+from .format import Format
+from .pack import array_names
+
+
+class SparseTensor(torch.Tensor):
+    """A sparse tensor in any level format (CSR, CSC, COO, DCSR, DCSC, CSF, BSR, dense, ...).
+
+    Build one with ``st.tensor`` (from dense, numpy, scipy, torch.sparse or COO data) or
+    ``SparseTensor.from_levels`` (from raw level arrays); both validate user data once.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[0., 2.], [3., 0.]]), format="csr")
+        >>> A.nnz, A.format.name
+        (2, 'csr')
+        >>> A.to_dense()
+        tensor([[0., 2.],
+                [3., 0.]])
+    """
+
+    _format: Format
+    _array_names: tuple[str, ...]
+    _values: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, shape, fmt: Format, arrays: dict, values: torch.Tensor,
+                requires_grad: bool = False):
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, tuple(shape), dtype=values.dtype, device=values.device,
+            requires_grad=requires_grad)
+        t._format = fmt
+        t._array_names = array_names(fmt)
+        for name in t._array_names:
+            setattr(t, "_" + name, arrays[name])
+        t._values = values
+        return t
+
+    def __init__(self, *args, **kwargs):  # everything happens in __new__
+        super().__init__()
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_levels(cls, shape, format, arrays: dict, values: torch.Tensor, *, blocksize=None,
+                    check: bool = True) -> "SparseTensor":
+        """Wrap raw level arrays (``{"pos1": ..., "crd1": ...}``) and values.
+
+        ``check=True`` validates everything (ranges, order, duplicates, sizes, dtypes,
+        devices); ``check=False`` is for trusted internal callers that built the arrays.
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> A = st.SparseTensor.from_levels(
+            ...     (2, 3), "csr", {"pos1": torch.tensor([0, 1, 2]),
+            ...                     "crd1": torch.tensor([2, 0])}, torch.tensor([5., 6.]))
+            >>> A.to_dense()[0, 2].item()
+            5.0
+        """
+        from .format import as_format
+        from .validate import check_levels
+
+        shape = tuple(int(s) for s in shape)
+        fmt = as_format(format, len(shape), blocksize)
+        arrays = dict(arrays)
+        if check:
+            missing = set(array_names(fmt)) - set(arrays)
+            extra = set(arrays) - set(array_names(fmt))
+            if missing or extra:
+                raise ValueError(f"SparseTensor.from_levels: format {fmt.name!r} stores arrays "
+                                 f"{list(array_names(fmt))}; missing {sorted(missing)}, "
+                                 f"unexpected {sorted(extra)}")
+            check_levels(fmt, shape, arrays, values, "SparseTensor.from_levels")
+        return cls(shape, fmt, arrays, values)
+
+    # -- traceability -------------------------------------------------------------------------
+    def __tensor_flatten__(self):
+        return ["_values", *("_" + n for n in self._array_names)], (self._format,)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        (fmt,) = meta
+        arrays = {n[1:]: t for n, t in inner.items() if n != "_values"}
+        return SparseTensor(outer_size, fmt, arrays, inner["_values"])
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from .dispatch import dispatch
+
+        return dispatch(func, args, kwargs or {})
+
+    # -- accessors ----------------------------------------------------------------------------
+    @property
+    def format(self) -> Format:
+        """The storage ``Format`` (``.format.name`` is e.g. ``'csr'``)."""
+        return self._format
+
+    @property
+    def values(self) -> torch.Tensor:
+        """The stored values, one per stored entry, in storage order."""
+        return self._values
+
+    @property
+    def nnz(self) -> int:
+        """Number of stored entries (explicit zeros inside BSR blocks count)."""
+        return self._values.numel()
+
+    @property
+    def index_dtype(self) -> torch.dtype:
+        """dtype of the level arrays (int32 when everything fits, else int64)."""
+        names = self._array_names
+        return getattr(self, "_" + names[0]).dtype if names else torch.int64
+
+    @property
+    def arrays(self) -> dict:
+        """The level arrays by name (``pos{k}``, ``crd{k}``); level ``k`` stores the mode
+        ``format.mode_order[k]`` (or its block/in-block part for blocked formats)."""
+        return {n: getattr(self, "_" + n) for n in self._array_names}
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        return (f"SparseTensor(shape={tuple(self.shape)}, format={self._format.name!r}, "
+                f"nnz={self.nnz}, dtype={self.dtype}, index_dtype={self.index_dtype}, "
+                f"device={self.device})")
+
+    # -- conversions --------------------------------------------------------------------------
+    def to_dense(self, dtype=None, *, masked_grad=None) -> torch.Tensor:
+        """The tensor as a dense ``torch.Tensor`` (duplicates impossible; zeros filled)."""
+        from .convert import to_dense
+
+        out = to_dense(self)
+        return out if dtype is None else out.to(dtype)
+
+    def to_scipy(self):
+        """A ``scipy.sparse`` array: csr/csc/coo/bsr keep their format, others become COO.
+        Only for 2-D tensors on the CPU."""
+        from .convert import to_scipy
+
+        return to_scipy(self)
+
+    def to_torch(self) -> torch.Tensor:
+        """A ``torch.sparse`` tensor: csr, csc and bsr map to their layouts, dense to a strided
+        tensor, everything else to a coalesced ``sparse_coo`` tensor."""
+        from .convert import to_torch
+
+        return to_torch(self)
+
+    def numpy(self, *, force: bool = False):
+        """A dense numpy array."""
+        return self.to_dense().numpy()
+
+    def asformat(self, format, *, blocksize=None, index_dtype=None) -> "SparseTensor":
+        """The same tensor in another format (vectorised conversion, never a Python loop).
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> A = st.tensor(torch.eye(3), format="csr")
+            >>> A.asformat("coo").format.name
+            'coo'
+        """
+        from .convert import convert
+
+        return convert(self, format, blocksize=blocksize, index_dtype=index_dtype)
