@@ -1,0 +1,241 @@
+"""Runtime: turn generated C99 + OpenMP kernel source into callable functions.
+
+``load_kernel(source, symbol, argtypes)`` compiles ``source`` with ``$CC`` (default
+``cc``) once per machine, caches the shared library on disk and in memory, and returns
+the raw ``ctypes`` function, so a warm call is one ctypes call and nothing else.
+
+Calling convention the code generator follows:
+
+* tensors go in as raw pointers: ``t.data_ptr()`` for a ``PTR`` argument (a C ``T*``);
+  the caller keeps ``t`` alive and contiguous for the duration of the call;
+* sizes and indices as ``I64`` (``int64_t``), scalars as ``F64`` (``double``);
+  any other ctypes type works too;
+* the thread count is an ``int64_t nt`` argument used as ``num_threads(nt)`` on each
+  ``#pragma omp parallel``; pass :func:`num_threads` so kernels follow
+  ``torch.set_num_threads``. Kernels share torch's OpenMP runtime when torch ships
+  GNU libgomp (the Linux wheels), so there is one thread pool, not two;
+* functions return ``void``; the ctypes call releases the GIL while the kernel runs.
+
+Example:
+    >>> import torch
+    >>> from sparsetorch import runtime
+    >>> src = '''#include <stdint.h>
+    ... void scale(int64_t n, double a, float *x, int64_t nt) {
+    ...     #pragma omp parallel for num_threads(nt)
+    ...     for (int64_t i = 0; i < n; i++) x[i] *= (float)a;
+    ... }'''
+    >>> scale = runtime.load_kernel(src, "scale", [runtime.I64, runtime.F64, runtime.PTR,
+    ...                                             runtime.I64])
+    >>> x = torch.ones(4)
+    >>> scale(x.numel(), 3.0, x.data_ptr(), runtime.num_threads())
+    >>> x.tolist()
+    [3.0, 3.0, 3.0, 3.0]
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import cache as _cache
+from .build import (FLAGS, LIBS, CompilerNotFoundError, KernelBuildError, KernelCompileError,
+                    Toolchain, compile_library, cpu_features, toolchain)
+from .cache import cache_dir
+
+PTR = ctypes.c_void_p    # a tensor's data_ptr()
+I64 = ctypes.c_int64     # sizes, strides, the thread count
+F64 = ctypes.c_double    # scalars
+
+__all__ = ["load_kernel", "num_threads", "cache_dir", "clear_cache", "stats", "reset_stats",
+           "KernelLibrary", "PTR", "I64", "F64", "KernelBuildError", "CompilerNotFoundError",
+           "KernelCompileError"]
+
+
+@dataclass(frozen=True)
+class KernelLibrary:
+    """Where a loaded kernel came from; attached to each function as ``fn.library``."""
+
+    key: str                   # cache key (sha256 hex)
+    path: str                  # the loaded .so
+    source_path: str           # the C source saved next to it, for debugging
+    flags: tuple[str, ...]     # flags actually used (no -fopenmp if CC lacks OpenMP)
+    compiler: str              # resolved compiler command
+    origin: str                # "build" or "disk"
+    build_seconds: float       # compile time (0.0 for a disk hit)
+
+
+_funcs: dict[tuple, object] = {}                               # memo key -> ctypes function
+_libs: dict[str, tuple[ctypes.CDLL, KernelLibrary]] = {}       # cache key -> loaded library
+_lock = threading.RLock()   # serialises the slow path only; memo hits are a dict lookup
+_STATS0 = {"memo_hits": 0, "disk_hits": 0, "builds": 0, "build_seconds": 0.0, "rebuilt_corrupt": 0}
+_stats = dict(_STATS0)
+
+
+def load_kernel(source: str, symbol: str, argtypes) -> ctypes._CFuncPtr:
+    """Compile (or find cached) ``source`` and return its C function ``symbol``.
+
+    ``argtypes`` is a sequence of ctypes types (``PTR``, ``I64``, ``F64``, ...), one per
+    C parameter; the function's restype is ``None`` (C ``void``). The same
+    (source, symbol, argtypes, ``CC``) returns the same function object without touching
+    disk; a new source is looked up in :func:`cache_dir` and compiled only if missing or
+    corrupt. Raises :class:`CompilerNotFoundError` when ``CC`` cannot run and
+    :class:`KernelCompileError` (with the compiler's stderr and the saved source path)
+    when it rejects the source.
+
+    Example:
+        >>> from sparsetorch import runtime
+        >>> src = "#include <stdint.h>\\nvoid noop(int64_t n) { (void)n; }\\n"
+        >>> f = runtime.load_kernel(src, "noop", [runtime.I64])
+        >>> f(3) is None, runtime.load_kernel(src, "noop", [runtime.I64]) is f
+        (True, True)
+        >>> f.library.origin in ("build", "disk")
+        True
+    """
+    mkey = (source, symbol, tuple(argtypes), os.environ.get("CC"))
+    fn = _funcs.get(mkey)
+    if fn is not None:
+        _stats["memo_hits"] += 1
+        return fn
+    with _lock:
+        fn = _funcs.get(mkey)
+        if fn is not None:
+            _stats["memo_hits"] += 1
+            return fn
+        lib, info = _library(source)
+        try:
+            fn = lib[symbol]  # a fresh function object: argtypes may differ per caller
+        except AttributeError:
+            raise KernelBuildError(
+                f"kernel library {info.path} has no function {symbol!r} (source: "
+                f"{info.source_path}); the symbol name passed to load_kernel must match "
+                "a non-static function in the source") from None
+        fn.argtypes = list(argtypes)
+        fn.restype = None
+        fn.library = info
+        _funcs[mkey] = fn
+        return fn
+
+
+def _library(source: str) -> tuple[ctypes.CDLL, KernelLibrary]:
+    tc = toolchain()
+    # Key over everything that changes the bytes of the .so or whether it runs here.
+    key = _cache.cache_key(source, tc.identity(), " ".join(FLAGS + LIBS), cpu_features(),
+                           _version())
+    hit = _libs.get(key)
+    if hit is not None:  # same source, another symbol or argtypes
+        _stats["memo_hits"] += 1
+        return hit
+    d = _cache.ensure_dir()
+    p = _cache.paths(d, key)
+    loaded = _load_entry(p, key, tc)
+    if loaded is None:
+        # Another process may be building this key: wait for it, then look again.
+        with _cache.locked(p):
+            loaded = _load_entry(p, key, tc)
+            if loaded is None:
+                if p["so"].exists() or p["json"].exists():
+                    _stats["rebuilt_corrupt"] += 1
+                loaded = _build_entry(source, p, key, tc, d)
+    if loaded[1].origin == "disk":
+        _stats["disk_hits"] += 1
+    _libs[key] = loaded
+    return loaded
+
+
+def _load_entry(p, key: str, tc: Toolchain):
+    meta = _cache.read_marker(p)
+    if meta is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(p["so"]))
+    except OSError:
+        return None  # passed the hash check yet will not load: rebuild it
+    return lib, KernelLibrary(key, str(p["so"]), str(p["c"]), tuple(meta.get("flags", ())),
+                              " ".join(tc.argv), "disk", 0.0)
+
+
+def _build_entry(source: str, p, key: str, tc: Toolchain, d: Path):
+    # Compile from the final .c path, not a temp name: the file name is embedded in the
+    # .so, and identical bytes from racing processes keep every marker valid.
+    try:
+        _cache.write_atomic(p["c"], source.encode())
+        tmp = _cache.temp_path(d, ".so")
+    except OSError as e:  # e.g. a read-only cache that holds prebuilt kernels, but not this one
+        raise KernelBuildError(f"cannot write a new kernel into the cache directory {d}: {e}. "
+                               "Set SPARSETORCH_CACHE to a writable directory.") from e
+    try:
+        t0 = time.perf_counter()
+        flags = compile_library(tc, str(p["c"]), tmp)
+        dt = time.perf_counter() - t0
+        os.replace(tmp, p["so"])
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _cache.write_marker(p, {"flags": list(flags), "compiler": " ".join(tc.argv),
+                            "build_seconds": dt})
+    _stats["builds"] += 1
+    _stats["build_seconds"] += dt
+    try:
+        lib = ctypes.CDLL(str(p["so"]))
+    except OSError as e:
+        raise KernelBuildError(f"built kernel library {p['so']} but could not load it: {e}. "
+                               f"Source: {p['c']}; compiler: {' '.join(tc.argv)}") from e
+    return lib, KernelLibrary(key, str(p["so"]), str(p["c"]), tuple(flags),
+                              " ".join(tc.argv), "build", dt)
+
+
+def _version() -> str:
+    # Looked up lazily: this module may be imported while sparsetorch/__init__ still runs.
+    return getattr(sys.modules.get("sparsetorch"), "__version__", "unknown")
+
+
+def num_threads() -> int:
+    """Threads a kernel should use: torch's setting, so ``torch.set_num_threads`` governs
+    both. Pass it as the kernel's ``nt`` argument.
+
+    Example:
+        >>> import torch
+        >>> from sparsetorch import runtime
+        >>> runtime.num_threads() == torch.get_num_threads()
+        True
+    """
+    import torch  # already imported by sparsetorch; local so this module stays light
+    return torch.get_num_threads()
+
+
+def clear_cache(*, disk: bool = True) -> int:
+    """Forget loaded kernels (loaded libraries stay mapped: unloading is unsafe while a
+    function object may live) and, unless ``disk=False``, delete the cache's files.
+    Returns the number of files removed.
+
+    Example:
+        >>> from sparsetorch import runtime
+        >>> runtime.clear_cache(disk=False)
+        0
+    """
+    with _lock:
+        _funcs.clear()
+        _libs.clear()
+        return _cache.clear() if disk else 0
+
+
+def stats() -> dict:
+    """Counters since start (or :func:`reset_stats`): ``memo_hits`` (answered in memory),
+    ``disk_hits`` (loaded from the cache dir), ``builds`` and ``build_seconds`` (compiler
+    runs), ``rebuilt_corrupt`` (cache entries that failed validation and were rebuilt).
+
+    Example:
+        >>> from sparsetorch import runtime
+        >>> sorted(runtime.stats())
+        ['build_seconds', 'builds', 'disk_hits', 'memo_hits', 'rebuilt_corrupt']
+    """
+    return dict(_stats)
+
+
+def reset_stats() -> None:
+    """Zero the counters of :func:`stats`."""
+    _stats.update(_STATS0)
