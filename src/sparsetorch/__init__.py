@@ -5,11 +5,17 @@ Example:
     >>> A = st.tensor(torch.eye(3), format="csr")
     >>> A.format.name, A.nnz
     ('csr', 3)
+    >>> st.einsum("ij,jk->ik", A, torch.ones(3, 2)).sum().item()
+    6.0
 """
-from .formats import (FORMAT_NAMES, Compressed, Dense, Format, LevelKind, Singleton,
-                      SparseTensor, compressed, dense, singleton, tensor)
-
 __version__ = "0.1.0"
 
+from .formats import (FORMAT_NAMES, Compressed, Dense, Format, LevelKind, Singleton,
+                      SparseTensor, compressed, dense, singleton, tensor)
+from .ops import Explanation, LazyExpr, abs, einsum, exp, explain, lazy, relu, sqrt
+from . import runtime
+
 __all__ = ["tensor", "SparseTensor", "Format", "FORMAT_NAMES", "LevelKind", "Dense",
-           "Compressed", "Singleton", "dense", "compressed", "singleton", "__version__"]
+           "Compressed", "Singleton", "dense", "compressed", "singleton", "einsum", "explain",
+           "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp", "sqrt", "runtime",
+           "__version__"]

@@ -1,0 +1,262 @@
+"""Loop IR: an immutable, C-like tree that lowering builds and renderers print.
+
+Expressions: ``Sym`` (a scalar variable or parameter), ``Lit``, ``Load`` (array[index]),
+``Bin``, ``Cond`` (c ? a : b), ``Call`` (a math function or unary-map template).
+Statements: ``Decl``, ``Assign`` (``=`` or ``+=``, to a Sym or an array element), ``For``
+(with an optional ``Parallel`` annotation), ``While``, ``If``, ``Block``, ``Comment``, and
+``Raw`` for the few runtime helpers (sorting a workspace's touched list) that are plain C.
+A ``Function`` has typed parameters. ``verify`` checks that every symbol is declared before
+use and every array is a parameter; ``dump`` prints the tree for ``explain()``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class Node:
+    pass
+
+
+# -- expressions ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sym(Node):
+    name: str
+
+
+@dataclass(frozen=True)
+class Lit(Node):
+    value: object
+
+
+@dataclass(frozen=True)
+class Load(Node):
+    array: str
+    index: Node
+
+
+@dataclass(frozen=True)
+class Bin(Node):
+    op: str            # + - * / < <= == != && || min max
+    a: Node
+    b: Node
+
+
+@dataclass(frozen=True)
+class Cond(Node):
+    cond: Node
+    a: Node
+    b: Node
+
+
+@dataclass(frozen=True)
+class Call(Node):
+    template: str      # C template with {x}; math names resolved by the renderer
+    arg: Node
+
+
+# -- statements -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Decl(Node):
+    ctype: str         # 'idx' (int64_t), 'val' (the value type), 'i32'
+    name: str
+    init: Node | None = None
+
+
+@dataclass(frozen=True)
+class Assign(Node):
+    target: Node       # Sym or Load
+    value: Node
+    op: str = "="
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Run the loop's iterations across threads. ``schedule`` is an OpenMP schedule kind;
+    ``private_workspace`` names a workspace each thread allocates for itself."""
+
+    schedule: str = "static"
+    chunk: int | None = None
+    private_workspace: tuple = ()
+
+
+@dataclass(frozen=True)
+class For(Node):
+    var: str
+    start: Node
+    end: Node
+    body: "Block"
+    parallel: Parallel | None = None
+
+
+@dataclass(frozen=True)
+class While(Node):
+    cond: Node
+    body: "Block"
+
+
+@dataclass(frozen=True)
+class If(Node):
+    cond: Node
+    then: "Block"
+    orelse: "Block | None" = None
+
+
+@dataclass(frozen=True)
+class Block(Node):
+    stmts: tuple = ()
+
+
+@dataclass(frozen=True)
+class Comment(Node):
+    text: str
+
+
+@dataclass(frozen=True)
+class Raw(Node):
+    """A named runtime helper statement (``alloc_workspace``, ``free_workspace``,
+    ``sort_touched``) that each renderer spells; ``uses``/``defines`` keep verify honest."""
+
+    code: str
+    uses: tuple = ()
+    defines: tuple = ()
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    ctype: str         # 'idx' scalar, 'val*', 'idx*', 'i32*', 'i64*', 'int64*'
+    const: bool = True
+
+
+@dataclass(frozen=True)
+class Function(Node):
+    name: str
+    params: tuple
+    body: Block
+    doc: tuple = field(default=())
+
+
+def block(*stmts) -> Block:
+    """A Block from statements, flattening nested lists/Blocks and dropping Nones."""
+    out = []
+    for s in stmts:
+        if s is None:
+            continue
+        if isinstance(s, (list, tuple)):
+            out.extend(block(*s).stmts)
+        elif isinstance(s, Block):
+            out.extend(s.stmts)
+        else:
+            out.append(s)
+    return Block(tuple(out))
+
+
+# -- verifier ---------------------------------------------------------------------------------
+class IRError(AssertionError):
+    pass
+
+
+def verify(fn: Function) -> None:
+    """Check scoping: symbols are declared (or parameters/loop vars) before use; arrays are
+    pointer parameters. Raises ``IRError`` naming the first problem."""
+    arrays = {p.name for p in fn.params if p.ctype.endswith("*")}
+    scalars = {p.name for p in fn.params if not p.ctype.endswith("*")}
+
+    def expr(e, scope):
+        if isinstance(e, Sym):
+            if e.name not in scope:
+                raise IRError(f"{fn.name}: symbol {e.name!r} used before declaration")
+        elif isinstance(e, Load):
+            if e.array not in arrays and e.array not in scope:
+                raise IRError(f"{fn.name}: array {e.array!r} is not a parameter")
+            expr(e.index, scope)
+        elif isinstance(e, Bin):
+            expr(e.a, scope), expr(e.b, scope)
+        elif isinstance(e, Cond):
+            expr(e.cond, scope), expr(e.a, scope), expr(e.b, scope)
+        elif isinstance(e, Call):
+            expr(e.arg, scope)
+        elif not isinstance(e, Lit):
+            raise IRError(f"{fn.name}: unexpected expression {e!r}")
+
+    def stmts(b: Block, scope: set):
+        scope = set(scope)
+        for s in b.stmts:
+            if isinstance(s, Decl):
+                if s.init is not None:
+                    expr(s.init, scope)
+                scope.add(s.name)
+            elif isinstance(s, Assign):
+                expr(s.value, scope)
+                expr(s.target, scope)
+            elif isinstance(s, For):
+                expr(s.start, scope), expr(s.end, scope)
+                stmts(s.body, scope | {s.var} | set(s.parallel.private_workspace
+                                                    if s.parallel else ()))
+            elif isinstance(s, While):
+                expr(s.cond, scope)
+                stmts(s.body, scope)
+            elif isinstance(s, If):
+                expr(s.cond, scope)
+                stmts(s.then, scope)
+                if s.orelse is not None:
+                    stmts(s.orelse, scope)
+            elif isinstance(s, Block):
+                stmts(s, scope)
+            elif isinstance(s, Raw):
+                for u in s.uses:
+                    if u not in scope and u not in arrays:
+                        raise IRError(f"{fn.name}: raw statement uses undeclared {u!r}")
+                scope.update(s.defines)
+            elif not isinstance(s, Comment):
+                raise IRError(f"{fn.name}: unexpected statement {s!r}")
+
+    stmts(fn.body, scalars | arrays)
+
+
+# -- printer ----------------------------------------------------------------------------------
+def dump(node, indent: int = 0) -> str:
+    """A readable, indentation-structured listing of the IR (for ``explain``)."""
+    pad = "  " * indent
+
+    def e(x):
+        if isinstance(x, Sym):
+            return x.name
+        if isinstance(x, Lit):
+            return repr(x.value)
+        if isinstance(x, Load):
+            return f"{x.array}[{e(x.index)}]"
+        if isinstance(x, Bin):
+            return f"{x.op}({e(x.a)}, {e(x.b)})" if x.op in ("min", "max") else \
+                f"({e(x.a)} {x.op} {e(x.b)})"
+        if isinstance(x, Cond):
+            return f"({e(x.cond)} ? {e(x.a)} : {e(x.b)})"
+        if isinstance(x, Call):
+            return x.template.replace("{x}", e(x.arg))
+        return repr(x)
+
+    if isinstance(node, Function):
+        head = f"{pad}function {node.name}({', '.join(p.name for p in node.params)})"
+        return head + "\n" + dump(node.body, indent + 1)
+    if isinstance(node, Block):
+        return "\n".join(dump(s, indent) for s in node.stmts)
+    if isinstance(node, Decl):
+        return f"{pad}{node.ctype} {node.name}" + (f" = {e(node.init)}" if node.init else "")
+    if isinstance(node, Assign):
+        return f"{pad}{e(node.target)} {node.op} {e(node.value)}"
+    if isinstance(node, For):
+        par = f"  [parallel {node.parallel.schedule}]" if node.parallel else ""
+        return f"{pad}for {node.var} in [{e(node.start)}, {e(node.end)}){par}\n" + \
+            dump(node.body, indent + 1)
+    if isinstance(node, While):
+        return f"{pad}while {e(node.cond)}\n" + dump(node.body, indent + 1)
+    if isinstance(node, If):
+        out = f"{pad}if {e(node.cond)}\n" + dump(node.then, indent + 1)
+        if node.orelse is not None:
+            out += f"\n{pad}else\n" + dump(node.orelse, indent + 1)
+        return out
+    if isinstance(node, Comment):
+        return f"{pad}# {node.text}"
+    if isinstance(node, Raw):
+        return f"{pad}{node.code}"
+    return f"{pad}{node!r}"

@@ -1,0 +1,81 @@
+"""The compiler pipeline in one call: notation -> schedule -> output spec -> loop IR -> C.
+
+``compile_kernel`` is pure (no tensors): its inputs are the assignment, the operand formats and
+the dtypes, so its result is memoised on exactly those and a repeated call with
+same-structured operands does no scheduling at all.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..codegen.c import INDEX_CTYPES, VALUE_CTYPES, render_c
+from .ir import Function, dump, verify
+from .lower import Plan, lower
+from .notation import Assignment
+from .output import OutputSpec, infer_output
+from .schedule import OperandInfo, Schedule, schedule
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """A scheduled, lowered and rendered kernel (not yet built: see ``ops``)."""
+
+    assignment: Assignment
+    schedule: Schedule
+    output: OutputSpec
+    functions: tuple[Function, ...]   # one for dense/sampled; count + fill for emit
+    source: str
+    outer_extent: tuple               # ('dim', v) | ('level', n) | ('one',): emit slices
+    emit_sorted: bool                 # emitted entries already sorted and unique
+    workspace_vars: tuple[str, ...]
+    notes: tuple[str, ...] = field(default=())
+    compile_seconds: float = 0.0
+
+    def describe_loops(self) -> str:
+        return "\n".join(dump(fn) for fn in self.functions)
+
+
+@lru_cache(maxsize=4096)
+def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_dtype: str,
+                   index_dtypes: tuple[str, ...], out_format=None,
+                   use_workspace: bool = True) -> CompiledKernel:
+    """Schedule, lower and render ``assignment`` for operands described by ``infos``.
+
+    Example:
+        >>> from sparsetorch.compiler.notation import parse_einsum
+        >>> from sparsetorch.formats.format import as_format
+        >>> k = compile_kernel(parse_einsum("ij,j->i", [2, 1]),
+        ...                    (OperandInfo(as_format("csr", 2), False),
+        ...                     OperandInfo(as_format("dense", 1), True)),
+        ...                    "float32", ("int32", "int64"))
+        >>> k.schedule.order, k.output.kind
+        (('i', 'j'), 'dense')
+    """
+    t0 = time.perf_counter()
+    sched = schedule(assignment, infos)
+    out = infer_output(assignment, sched.order, sched.formats, out_format)
+    notes: list[str] = []
+    modes = ("count", "fill") if out.kind == "emit" else (out.kind,)
+    functions, lowerers = [], []
+    for mode in modes:
+        plan = Plan(assignment, sched.order, sched.formats, out, mode, use_workspace, notes)
+        fn, lw = lower(plan, f"kernel_{mode}")
+        verify(fn)
+        functions.append(fn)
+        lowerers.append(lw)
+    lw = lowerers[-1]
+    header = f"sparsetorch kernel: {assignment}\nloop order: {', '.join(sched.order)}"
+    source = render_c(functions, VALUE_CTYPES[value_dtype],
+                      {n: INDEX_CTYPES[d] for n, d in enumerate(index_dtypes)}, header)
+    storage = tuple(v for v in sched.order if v in assignment.out_vars)
+    emit_sorted = False
+    if out.kind == "emit":
+        want = tuple(assignment.out_vars[m] for m in out.format.mode_order)
+        dup_free = lw.ws_depth is not None or not lw.later_free
+        emit_sorted = storage == want and dup_free and all(
+            lv.ordered for lv in out.format.levels)
+    return CompiledKernel(assignment, sched, out, tuple(functions), source, lw.outer_extent,
+                          emit_sorted, lw.ws_vars, tuple(dict.fromkeys(notes)),
+                          time.perf_counter() - t0)

@@ -1,0 +1,465 @@
+"""Lowering: (assignment, loop order, formats, output spec) -> loop IR ``Function``.
+
+One loop per index variable, outermost first. At each loop the operands whose next storage
+level is indexed by that variable are its *iterators*. The merge lattice is evaluated
+symbolically (``notation.presence``: ``*`` intersects, ``+`` unions) and picks the loop form:
+
+* the iteration space is dense (no sparse iterator, or a union with a dense term): a counted
+  loop over the extent; sparse iterators follow as cursors;
+* exactly one sparse iterator that the expression requires: a loop over its positions, with
+  every other operand located (dense levels) or constant at this level;
+* several sparse iterators: a merge (two-pointer generalised to k) whose continuation test
+  and body guard are the lattice formula over "iterator not exhausted" / "iterator here".
+
+Level kinds supply bounds, coordinates, locate and segment advance through ``_LevelCode``;
+nothing here branches on format names. Operands that may be absent inside a union carry a
+``present`` flag so their loads and child ranges fold to zero.
+
+Data per call: every stored entry of each sparse operand is read once per visit of its row
+(more for dense operands broadcast across sparse loops); the output is written once per
+emitted entry (sparse) or accumulated in place (dense).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..formats.levels import Compressed, Dense, Singleton
+from .ir import (Assign, Bin, Block, Call, Comment, Cond, Decl, For, Function, If, Lit, Load,
+                 Param, Parallel, Raw, Sym, While, block)
+from .notation import UNARY, Access, Add, Assignment, Mul, Scale, Unary, presence
+from .output import OutputSpec
+from .schedule import level_vars
+
+# Workspaces larger than this many cells are replaced by duplicate emission + sort (exact
+# size, no dense temporary); see ``Plan.use_workspace``.
+MAX_WORKSPACE = 1 << 24
+
+
+_WORKSPACE = ("ws_vals", "ws_mark", "ws_list", "ws_n")
+
+
+class _B:
+    """A symbolic boolean for presence formulas: wraps an IR condition, supports & and |."""
+
+    def __init__(self, node):
+        self.node = node
+
+    def __and__(self, other):
+        return _B(Bin("&&", self.node, other.node))
+
+    def __or__(self, other):
+        return _B(Bin("||", self.node, other.node))
+
+
+def _cond(p):
+    return Lit(1) if p is True else Lit(0) if p is False else p.node
+
+
+@dataclass
+class Plan:
+    """Everything lowering needs; ``mode`` is 'dense', 'sampled', 'count' or 'fill'."""
+
+    assignment: Assignment
+    order: tuple
+    formats: tuple
+    output: OutputSpec
+    mode: str
+    use_workspace: bool = True
+    notes: list = field(default_factory=list)
+
+
+def arr(n, name):
+    return f"t{n}_{name}"
+
+
+def dim(v):
+    return Sym(f"n_{v}")
+
+
+def _horner(vars_):
+    """Row-major linear index of coordinates ``vars_`` (each a variable name)."""
+    node = Lit(0)
+    for k, v in enumerate(vars_):
+        node = Sym(v) if k == 0 else Bin("+", Bin("*", node, dim(v)), Sym(v))
+    return node
+
+
+class _Lowerer:
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.a = plan.assignment
+        self.order = plan.order
+        self.out_vars = plan.assignment.out_vars
+        self.accesses = {acc.operand: acc for acc in plan.assignment.expr.accesses()}
+        self.levels = {n: level_vars(plan.formats[n], acc.indices)
+                       for n, acc in self.accesses.items()}
+        self.sparse = {n for n in self.accesses if not plan.formats[n].is_dense}
+        red = [d for d, v in enumerate(self.order) if v not in self.out_vars]
+        later_free = [d for d in red if any(v in self.out_vars for v in self.order[d:])]
+        self.emitting = plan.mode in ("count", "fill")
+        self.later_free = later_free
+        self.outer_extent = ("one",)          # how many slices emission counts are kept in
+        self.ws_depth = later_free[0] if (later_free and self.emitting
+                                          and plan.use_workspace) else None
+        self.ws_vars = tuple(v for v in self.order[self.ws_depth:] if v in self.out_vars) \
+            if self.ws_depth is not None else ()
+        # Accumulate in a scalar over the innermost run of reduction loops.
+        suffix = len(self.order)
+        while suffix > 0 and self.order[suffix - 1] not in self.out_vars:
+            suffix -= 1
+        self.acc_depth = suffix if (suffix < len(self.order) and self.ws_depth is None) \
+            else None
+        if self.emitting and red and self.ws_depth is None and later_free:
+            plan.notes.append("reduction before a free variable without a workspace: entries "
+                              "are emitted per contribution and summed by the packer")
+        self.names = 0
+
+    def fresh(self, base):
+        self.names += 1
+        return f"{base}{self.names}"
+
+    # -- values ------------------------------------------------------------------------------
+    def value(self, e, st):
+        if isinstance(e, Access):
+            n = e.operand
+            fmt = self.plan.formats[n]
+            if fmt.is_dense:
+                vs = self.levels[n]
+                load = Load(arr(n, "vals"), _horner(vs))
+            else:
+                load = Load(arr(n, "vals"), st.pos[n])
+            flag = st.flag.get(n)
+            return Cond(flag, load, Lit(0)) if flag is not None else load
+        if isinstance(e, Mul):
+            return Bin("*", self.value(e.a, st), self.value(e.b, st))
+        if isinstance(e, Add):
+            return Bin("+", self.value(e.a, st), self.value(e.b, st))
+        if isinstance(e, Scale):
+            return Bin("*", Lit(e.factor), self.value(e.a, st))
+        if isinstance(e, Unary):
+            return Call(UNARY[e.fn][0], self.value(e.a, st))
+        raise TypeError(e)
+
+    # -- output ------------------------------------------------------------------------------
+    def store(self, value, st):
+        """Statements that add ``value`` into the output at the current point."""
+        kind = self.plan.mode
+        if st.acc is not None:
+            return [Assign(Sym(st.acc), value, "+="), Assign(Sym(st.hit), Lit(1))] \
+                if st.hit else [Assign(Sym(st.acc), value, "+=")]
+        if self.ws_depth is not None:
+            wl = Sym("ws_at")
+            return [Decl("idx", "ws_at", _horner(self.ws_vars)),
+                    If(Bin("==", Load("ws_mark", wl), Lit(0)), block(
+                        Assign(Load("ws_mark", wl), Lit(1)),
+                        Assign(Load("ws_list", Sym("ws_n")), wl),
+                        Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Lit(1))))),
+                    Assign(Load("ws_vals", wl), value, "+=")]
+        if kind == "dense":
+            return [Assign(Load("out_vals", _horner(self.out_vars)), value, "+=")]
+        if kind == "sampled":
+            return [Assign(Load("out_vals", st.pos[self.plan.output.sampled_operand]), value,
+                           "+=")]
+        return self.emit(value, {v: Sym(v) for v in self.out_vars}, st)
+
+    def emit(self, value, coords, st):
+        """Append one output entry (count mode: just count it)."""
+        t = st.outer
+        if self.plan.mode == "count":
+            return [Assign(Load("out_count", t), Lit(1), "+=")]
+        slot = Sym("slot")
+        out = [Decl("idx", "slot", Bin("+", Load("out_offset", t), Load("out_count", t))),
+               Assign(Load("out_count", t), Lit(1), "+=")]
+        out += [Assign(Load(f"out_c{m}", slot), coords[v]) for m, v in enumerate(self.out_vars)]
+        out.append(Assign(Load("out_vals", slot), value))
+        return out
+
+    def flush_accumulator(self, st):
+        kind = self.plan.mode
+        acc = Sym(st.acc)
+        if kind == "dense":
+            return [Assign(Load("out_vals", _horner(self.out_vars)), acc, "+=")]
+        if kind == "sampled":
+            return [Assign(Load("out_vals", st.pos[self.plan.output.sampled_operand]), acc,
+                           "+=")]
+        return [If(Sym(st.hit), block(self.emit(acc, {v: Sym(v) for v in self.out_vars}, st)))]
+
+    def flush_workspace(self, st):
+        """After the reduction loop: emit touched workspace cells in order, then reset."""
+        coords = {v: Sym(v) for v in self.out_vars if v not in self.ws_vars}
+        body = [Decl("idx", "ws_at", Load("ws_list", Sym("ws_q"))), Decl("idx", "ws_rest",
+                                                                         Sym("ws_at"))]
+        for v in reversed(self.ws_vars):
+            body.append(Decl("idx", f"{v}_ws", Bin("%", Sym("ws_rest"), dim(v))))
+            body.append(Assign(Sym("ws_rest"), Bin("/", Sym("ws_rest"), dim(v))))
+            coords[v] = Sym(f"{v}_ws")
+        body += self.emit(Load("ws_vals", Sym("ws_at")), coords, st)
+        body += [Assign(Load("ws_vals", Sym("ws_at")), Lit(0)),
+                 Assign(Load("ws_mark", Sym("ws_at")), Lit(0))]
+        return [Raw("sort_touched", ("ws_list", "ws_n")),
+                For("ws_q", Lit(0), Sym("ws_n"), block(body)),
+                Assign(Sym("ws_n"), Lit(0))]
+
+    # -- loops -------------------------------------------------------------------------------
+    def loops(self, depth, st):
+        if depth == self.acc_depth:
+            st = st.copy(acc=self.fresh("acc"), hit=self.fresh("hit") if self.emitting
+                         else None)
+            inner = self.loops_at(depth, st)
+            pre = [Decl("val", st.acc, Lit(0))] + ([Decl("idx", st.hit, Lit(0))]
+                                                  if st.hit else [])
+            return pre + inner + self.flush_accumulator(st)
+        out = self.loops_at(depth, st)
+        if depth == self.ws_depth:
+            out = out + self.flush_workspace(st)
+        return out
+
+    def loops_at(self, depth, st):
+        if depth == len(self.order):
+            return self.store(self.value(self.a.expr, st), st)
+        v = self.order[depth]
+        iters = [n for n in sorted(self.sparse)
+                 if st.lvl[n] < len(self.levels[n]) and self.levels[n][st.lvl[n]] == v]
+        code = {n: _LevelCode(self, n, st.lvl[n]) for n in iters}
+        sparse_iters = [n for n in iters if not code[n].is_dense]
+
+        def formula(test):
+            return presence(self.a.expr, lambda acc: _B(test(acc.operand))
+                            if acc.operand in sparse_iters else True)
+
+        p_all = formula(lambda n: None)
+        if not sparse_iters or p_all is True:
+            return self.dense_loop(depth, v, iters, code, st)
+        if len(sparse_iters) == 1:
+            return self.sparse_loop(depth, v, iters, code, sparse_iters[0], st)
+        return self.merge_loop(depth, v, iters, code, sparse_iters, formula, st)
+
+    def bind_dense_levels(self, v, iters, code, st):
+        """Locate dense levels of sparse operands at this coordinate."""
+        out = []
+        for n in iters:
+            if code[n].is_dense:
+                p = self.fresh(f"p{n}_")
+                out.append(Decl("idx", p, Bin("+", Bin("*", st.pos[n], dim(v)), Sym(v))))
+                st.pos[n] = Sym(p)
+                st.lvl[n] += 1
+        return out
+
+    def dense_loop(self, depth, v, iters, code, st):
+        pre, cursors = [], {}
+        inner = st.copy()
+        body = []
+        for n in iters:
+            if code[n].is_dense:
+                continue
+            c = code[n]
+            p, end = self.fresh(f"p{n}_"), self.fresh(f"e{n}_")
+            lo, hi = c.bounds(st)
+            pre += [Decl("idx", p, lo), Decl("idx", end, hi)]
+            flag = self.fresh(f"has{n}_")
+            body.append(Decl("idx", flag, Bin("&&", Bin("<", Sym(p), Sym(end)),
+                                              Bin("==", c.coord(Sym(p)), Sym(v)))))
+            seg = c.segment_end(Sym(p), Sym(end), body, guard=Sym(flag))
+            cursors[n] = (p, flag, seg)
+            inner.enter(n, Sym(p), seg, Sym(flag))
+        body += self.bind_dense_levels(v, iters, code, inner)
+        body = self.with_outer(depth, Sym(v), inner, body) + self.loops(depth + 1, inner)
+        for n, (p, flag, seg) in cursors.items():
+            nxt = seg if seg is not None else Bin("+", Sym(p), Lit(1))
+            body.append(If(Sym(flag), block(Assign(Sym(p), nxt))))
+        par = self.parallel(depth, v) if not cursors else None
+        if depth == 0:
+            self.outer_extent = ("dim", v)
+        return pre + [For(v, Lit(0), dim(v), block(body), par)]
+
+    def sparse_loop(self, depth, v, iters, code, n, st):
+        c = code[n]
+        lo, hi = c.bounds(st)
+        inner = st.copy()
+        p = self.fresh(f"p{n}_")
+        if c.segments:
+            start, end = self.fresh(f"b{n}_"), self.fresh(f"e{n}_")
+            body = [Decl("idx", v, c.coord(Sym(p)))]
+            seg = c.segment_end(Sym(p), Sym(end), body, guard=None)
+            inner.enter(n, Sym(p), seg, None)
+            body += self.bind_dense_levels(v, iters, code, inner)
+            body = self.with_outer(depth, Lit(0), inner, body) + self.loops(depth + 1, inner)
+            body.append(Assign(Sym(p), seg))
+            return [Decl("idx", start, lo), Decl("idx", end, hi), Decl("idx", p, Sym(start)),
+                    While(Bin("<", Sym(p), Sym(end)), block(body))]
+        body = [Decl("idx", v, c.coord(Sym(p)))]
+        inner.enter(n, Sym(p), None, None)
+        body += self.bind_dense_levels(v, iters, code, inner)
+        body = self.with_outer(depth, Bin("-", Sym(p), lo), inner, body) + \
+            self.loops(depth + 1, inner)
+        if depth == 0:
+            self.outer_extent = ("level", n)
+        return [For(p, lo, hi, block(body), self.parallel(depth, v, sparse=True))]
+
+    def merge_loop(self, depth, v, iters, code, sparse_iters, formula, st):
+        pre, body, state = [], [], {}
+        for n in sparse_iters:
+            c = code[n]
+            lo, hi = c.bounds(st)
+            p, end = self.fresh(f"p{n}_"), self.fresh(f"e{n}_")
+            pre += [Decl("idx", p, lo), Decl("idx", end, hi)]
+            state[n] = (p, end)
+        coords = {}
+        for n, (p, end) in state.items():
+            cn = self.fresh(f"c{n}_")
+            body.append(Decl("idx", cn, Cond(Bin("<", Sym(p), Sym(end)),
+                                             code[n].coord(Sym(p)), dim(v))))
+            coords[n] = cn
+        first = None
+        for n in sparse_iters:
+            first = Sym(coords[n]) if first is None else Bin("min", first, Sym(coords[n]))
+        body.append(Decl("idx", v, first))
+        inner = st.copy()
+        segs = {}
+        flags = {}
+        for n, (p, end) in state.items():
+            flag = self.fresh(f"has{n}_")
+            body.append(Decl("idx", flag, Bin("==", Sym(coords[n]), Sym(v))))
+            segs[n] = code[n].segment_end(Sym(p), Sym(end), body, guard=Sym(flag))
+            flags[n] = Sym(flag)
+            # Under the guard an operand the formula requires is certainly here: no flag.
+            required = presence(self.a.expr, lambda acc, n=n: acc.operand != n) is False
+            inner.enter(n, Sym(p), segs[n], None if required else Sym(flag))
+        guard = _cond(formula(lambda n: Bin("==", Sym(coords[n]), Sym(v))))
+        inner_body = self.bind_dense_levels(v, iters, code, inner)
+        inner_body = self.with_outer(depth, Lit(0), inner, inner_body) + \
+            self.loops(depth + 1, inner)
+        body.append(If(guard, block(inner_body)))
+        for n, (p, end) in state.items():
+            flag = flags[n]
+            nxt = segs[n] if segs[n] is not None else Bin("+", Sym(p), Lit(1))
+            body.append(If(flag, block(Assign(Sym(p), nxt))))
+        cont = _cond(formula(lambda n: Bin("<", Sym(state[n][0]), Sym(state[n][1]))))
+        return pre + [While(cont, block(body))]
+
+    # -- parallelism and emission bookkeeping ------------------------------------------------
+    def parallel(self, depth, v, sparse=False):
+        """Parallelise the outermost loop when iterations write disjoint output: always for
+        emission (each iteration owns a slice), for dense/sampled output when ``v`` is free."""
+        if depth != 0 or self.ws_depth == 0:   # a workspace over everything is one region
+            return None
+        if not self.emitting and v not in self.out_vars:
+            return None
+        has_sparse_inner = len(self.order) > 1 and bool(self.sparse)
+        ws = _WORKSPACE if self.ws_depth is not None else ()
+        return Parallel("dynamic" if (has_sparse_inner or sparse) else "static",
+                        32 if (has_sparse_inner or sparse) else None, ws)
+
+    def with_outer(self, depth, t, st, body):
+        """At the outermost loop, name the iteration number (emission counts per iteration)."""
+        if depth != 0 or not self.emitting:
+            return body
+        st.outer = Sym("t_outer")
+        return body + [Decl("idx", "t_outer", t)]
+
+
+class _State:
+    def __init__(self, lowerer):
+        self.pos = {n: Lit(0) for n in lowerer.accesses}
+        self.lvl = {n: 0 for n in lowerer.accesses}
+        self.seg = {}
+        self.flag = {}
+        self.acc = None
+        self.hit = None
+        self.outer = Lit(0)
+
+    def copy(self, **changes):
+        new = object.__new__(_State)
+        new.__dict__ = {k: (dict(v) if isinstance(v, dict) else v)
+                        for k, v in self.__dict__.items()}
+        new.__dict__.update(changes)
+        return new
+
+    def enter(self, n, pos, seg, flag):
+        self.pos[n] = pos
+        self.seg[n] = seg
+        self.lvl[n] += 1
+        if flag is not None:
+            self.flag[n] = flag
+
+
+class _LevelCode:
+    """Loop-level questions answered by a level kind: bounds, coordinate, segment end."""
+
+    def __init__(self, lowerer, n, k):
+        fmt = lowerer.plan.formats[n]
+        self.lowerer, self.n, self.k = lowerer, n, k
+        self.level = fmt.levels[k]
+        self.is_dense = isinstance(self.level, Dense)
+        # A level segments its positions when the level below is a singleton (COO runs).
+        self.segments = k + 1 < len(fmt.levels) and isinstance(fmt.levels[k + 1], Singleton)
+
+    def bounds(self, st):
+        n, k = self.n, self.k
+        if isinstance(self.level, Compressed):
+            p = st.pos[n]
+            lo = Load(arr(n, f"pos{k}"), p)
+            hi = Load(arr(n, f"pos{k}"), Bin("+", p, Lit(1)))
+        else:  # singleton: iterate the parent's segment
+            lo, hi = st.pos[n], st.seg[n]
+        flag = st.flag.get(n)
+        if flag is not None:  # absent parent: empty range
+            lo, hi = Cond(flag, lo, Lit(0)), Cond(flag, hi, Lit(0))
+        return lo, hi
+
+    def coord(self, p):
+        return Load(arr(self.n, f"crd{self.k}"), p)
+
+    def segment_end(self, p, end, out, guard):
+        """For segmenting levels, append code computing the end of the run of equal
+        coordinates starting at ``p`` and return it; otherwise None."""
+        if not self.segments:
+            return None
+        q = self.lowerer.fresh(f"q{self.n}_")
+        out.append(Decl("idx", q, Bin("+", p, Lit(1))))
+        scan = While(Bin("&&", Bin("<", Sym(q), end),
+                         Bin("==", self.coord(Sym(q)), self.coord(p))),
+                     block(Assign(Sym(q), Bin("+", Sym(q), Lit(1)))))
+        out.append(scan if guard is None else If(guard, block(scan)))
+        return Sym(q)
+
+
+def lower(plan: Plan, name: str = "kernel"):
+    """Build the loop IR for ``plan``; returns the ``Function`` and the lowerer (which knows
+    the workspace, accumulator and outer-loop decisions it made)."""
+    lw = _Lowerer(plan)
+    st = _State(lw)
+    body = lw.loops(0, st)
+    if lw.ws_depth is not None:
+        if not any(isinstance(s, For) and s.parallel for s in body):
+            body = [Raw("alloc_workspace", ("ws_size",), _WORKSPACE)] + body + \
+                [Raw("free_workspace", _WORKSPACE)]
+        body = [Comment(f"workspace over ({', '.join(lw.ws_vars)}): dense accumulator, "
+                        "touched list sorted before emission")] + body
+    return Function(name, tuple(_params(plan, lw)), block(body)), lw
+
+
+def _params(plan: Plan, lw: _Lowerer):
+    params = [Param("nt", "idx")]
+    for v in plan.assignment.all_vars:
+        params.append(Param(f"n_{v}", "idx"))
+    for n in sorted(lw.accesses):
+        fmt = plan.formats[n]
+        for k, level in enumerate(fmt.levels):
+            if level.has_pos:
+                params.append(Param(arr(n, f"pos{k}"), f"idx{n}*"))
+            if level.has_crd:
+                params.append(Param(arr(n, f"crd{k}"), f"idx{n}*"))
+        params.append(Param(arr(n, "vals"), "val*"))
+    if plan.mode in ("dense", "sampled"):
+        params.append(Param("out_vals", "val*", const=False))
+    else:
+        params.append(Param("out_count", "i64*", const=False))
+        if plan.mode == "fill":
+            params.append(Param("out_offset", "i64*"))
+            params += [Param(f"out_c{m}", "i64*", const=False)
+                       for m in range(len(plan.assignment.out_vars))]
+            params.append(Param("out_vals", "val*", const=False))
+    if lw.ws_depth is not None:
+        params.append(Param("ws_size", "idx"))
+    return params

@@ -1,0 +1,226 @@
+"""Index notation: expression trees over indexed operands, and the einsum parser.
+
+An ``Assignment`` says ``out[out_vars] = sum over the other variables of expr``. Expressions
+are immutable trees: ``Access`` (operand number + index variables), ``Add``, ``Mul``,
+``Scale`` (by a constant), ``Unary`` (a named elementwise map). Operands are referred to by
+position, so one tree describes every call with same-structured inputs and can key caches.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Unary maps: C expression template, torch reference, and whether f(0) == 0 (a map that keeps
+# zeros keeps sparsity; one that does not, like exp, makes the result dense).
+UNARY = {
+    "neg": ("(-({x}))", lambda t: -t, True),
+    "abs": ("{fabs}({x})", lambda t: t.abs(), True),
+    "relu": ("(({x}) > 0 ? ({x}) : 0)", lambda t: t.clamp_min(0), True),
+    "exp": ("{exp}({x})", lambda t: t.exp(), False),
+    "sqrt": ("{sqrt}({x})", lambda t: t.sqrt(), True),
+}
+
+
+class Expr:
+    """Base of expression nodes; operators build bigger trees."""
+
+    def __add__(self, other):
+        return Add(self, _lift(other))
+
+    def __radd__(self, other):
+        return Add(_lift(other), self)
+
+    def __sub__(self, other):
+        return Add(self, Scale(-1.0, _lift(other)))
+
+    def __rsub__(self, other):
+        return Add(_lift(other), Scale(-1.0, self))
+
+    def __mul__(self, other):
+        if isinstance(other, (int, float)):
+            return Scale(float(other), self)
+        return Mul(self, _lift(other))
+
+    def __rmul__(self, other):
+        return self.__mul__(other)
+
+    def __neg__(self):
+        return Scale(-1.0, self)
+
+    def accesses(self):
+        """Every ``Access`` in the tree, left to right."""
+        raise NotImplementedError
+
+
+def _lift(x):
+    if isinstance(x, Expr):
+        return x
+    raise TypeError(f"cannot combine an index expression with {type(x).__name__}")
+
+
+@dataclass(frozen=True)
+class Access(Expr):
+    operand: int
+    indices: tuple[str, ...]
+
+    def accesses(self):
+        return [self]
+
+    def __str__(self):
+        return f"T{self.operand}[{','.join(self.indices)}]"
+
+
+@dataclass(frozen=True)
+class Add(Expr):
+    a: Expr
+    b: Expr
+
+    def accesses(self):
+        return self.a.accesses() + self.b.accesses()
+
+    def __str__(self):
+        return f"({self.a} + {self.b})"
+
+
+@dataclass(frozen=True)
+class Mul(Expr):
+    a: Expr
+    b: Expr
+
+    def accesses(self):
+        return self.a.accesses() + self.b.accesses()
+
+    def __str__(self):
+        return f"{self.a} * {self.b}"
+
+
+@dataclass(frozen=True)
+class Scale(Expr):
+    factor: float
+    a: Expr
+
+    def accesses(self):
+        return self.a.accesses()
+
+    def __str__(self):
+        return f"{self.factor:g} * {self.a}"
+
+
+@dataclass(frozen=True)
+class Unary(Expr):
+    fn: str
+    a: Expr
+
+    def __post_init__(self):
+        if self.fn not in UNARY:
+            raise ValueError(f"unknown unary map {self.fn!r}; supported: {', '.join(UNARY)}")
+
+    def accesses(self):
+        return self.a.accesses()
+
+    def __str__(self):
+        return f"{self.fn}({self.a})"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """``out[out_vars] = sum_{other vars} expr``."""
+
+    out_vars: tuple[str, ...]
+    expr: Expr
+
+    @property
+    def all_vars(self) -> tuple[str, ...]:
+        seen = list(self.out_vars)
+        for acc in self.expr.accesses():
+            seen += [v for v in acc.indices if v not in seen]
+        return tuple(seen)
+
+    @property
+    def reduction_vars(self) -> tuple[str, ...]:
+        return tuple(v for v in self.all_vars if v not in self.out_vars)
+
+    def __str__(self):
+        red = f"sum_{{{','.join(self.reduction_vars)}}} " if self.reduction_vars else ""
+        return f"out[{','.join(self.out_vars)}] = {red}{self.expr}"
+
+
+def presence(expr: Expr, present) -> object:
+    """Evaluate where ``expr`` can be nonzero, given ``present(access)`` for each access.
+
+    ``present`` returns True, False or any object supporting ``&``/``|`` (the lowering passes
+    symbolic conditions). ``*`` intersects, ``+`` unions, and a map with f(0) != 0 is
+    everywhere present. Constants True/False are folded.
+    """
+    if isinstance(expr, Access):
+        return present(expr)
+    if isinstance(expr, Scale):
+        return presence(expr.a, present)
+    if isinstance(expr, Unary):
+        return presence(expr.a, present) if UNARY[expr.fn][2] else True
+    a, b = presence(expr.a, present), presence(expr.b, present)
+    if isinstance(expr, Mul):
+        if a is False or b is False:
+            return False
+        return b if a is True else a if b is True else a & b
+    if a is True or b is True:
+        return True
+    return b if a is False else a if b is False else a | b
+
+
+def parse_einsum(equation: str, ndims) -> Assignment:
+    """Parse ``"ij,jk->ik"`` (or implicit-output ``"ij,jk"``) for operands of the given orders.
+
+    Example:
+        >>> str(parse_einsum("ij,jk->ik", [2, 2]))
+        'out[i,k] = sum_{j} T0[i,j] * T1[j,k]'
+    """
+    eq = equation.replace(" ", "")
+    if "..." in eq:
+        raise ValueError("einsum: ellipsis ('...') is not supported; name every index")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ndims):
+        raise ValueError(f"einsum: equation {equation!r} names {len(terms)} operands but "
+                         f"{len(ndims)} were given")
+    for n, (term, nd) in enumerate(zip(terms, ndims)):
+        if not all(c.isalpha() for c in term):
+            raise ValueError(f"einsum: operand {n} subscript {term!r} must be letters only")
+        if len(term) != nd:
+            raise ValueError(f"einsum: operand {n} has {nd} dimensions but subscript "
+                             f"{term!r} names {len(term)}")
+    if arrow:
+        out = rhs
+        if not all(c.isalpha() for c in out) or len(set(out)) != len(out):
+            raise ValueError(f"einsum: output subscript {out!r} must be distinct letters")
+        missing = set(out) - set("".join(terms))
+        if missing:
+            raise ValueError(f"einsum: output index {sorted(missing)[0]!r} appears in no "
+                             "operand")
+    else:  # implicit: indices appearing exactly once, alphabetically (numpy's rule)
+        counts = {c: "".join(terms).count(c) for c in "".join(terms)}
+        out = "".join(sorted(c for c, k in counts.items() if k == 1))
+    expr = None
+    for n, term in enumerate(terms):
+        acc = Access(n, tuple(term))
+        expr = acc if expr is None else Mul(expr, acc)
+    if expr is None:
+        raise ValueError("einsum: no operands")
+    return Assignment(tuple(out), expr)
+
+
+def var_extents(assignment: Assignment, shapes) -> dict:
+    """Size of every index variable, checking that all uses agree."""
+    sizes: dict[str, int] = {}
+    for acc in assignment.expr.accesses():
+        shape = shapes[acc.operand]
+        for d, v in enumerate(acc.indices):
+            if v in sizes and sizes[v] != shape[d]:
+                raise ValueError(f"einsum: index {v!r} has size {sizes[v]} in one operand but "
+                                 f"{shape[d]} in operand {acc.operand} (dimension {d})")
+            sizes[v] = int(shape[d])
+    return sizes
+
+
+def cell_count(extents) -> int:
+    return math.prod(extents) if extents else 1

@@ -1,0 +1,173 @@
+"""Loop ordering without search, and the operand conversions it may ask for.
+
+Rules (DESIGN.md, Compiler 2):
+
+1. Every sparse operand is traversed in its storage order (concordant): its level variables
+   appear in the loop order in level order. That is a hard constraint.
+2. Among the variables the constraints allow next, prefer ones that index a sparse operand
+   (they filter the iteration space), then ones that are not the contiguous last mode of a
+   dense operand (so that mode ends innermost, where it vectorises), then free variables before
+   reductions, then output order.
+3. The rule order is costed with a symbolic model (loop extents: N for a dense loop, d for a
+   sparse one, N >> d) against the same rules with one or two sparse operands re-laid in a
+   different mode order, charging that conversion N*d. A cycle in the constraints (no
+   concordant order) or an asymptotically cheaper order (inner-product SpGEMM -> Gustavson)
+   both show up as a conversion, which ``explain()`` reports.
+
+The model looks only at formats, never at sizes, so one schedule serves every call with the
+same structure and is memoised with the kernel.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from ..formats.format import Format
+from ..formats.levels import Dense
+from .notation import Assignment
+
+
+@dataclass(frozen=True)
+class OperandInfo:
+    """What scheduling needs to know of an operand: its storage format (plain dense tensors
+    are all-dense row-major) and whether it is a plain strided tensor."""
+
+    format: Format
+    strided: bool
+
+    @property
+    def is_sparse(self) -> bool:
+        return not self.format.is_dense
+
+
+@dataclass(frozen=True)
+class Schedule:
+    order: tuple[str, ...]
+    formats: tuple[Format, ...]          # operand formats after conversions
+    conversions: tuple[tuple[int, Format], ...]
+    cost: tuple[int, int]                # (power of N, power of d) of the dominant term
+
+
+def level_vars(fmt: Format, indices) -> tuple[str, ...]:
+    """The index variable each storage level of an operand iterates."""
+    n = fmt.ndim
+    outer = tuple(indices[m] for m in fmt.mode_order)
+    return outer if fmt.blocksize is None else outer + outer
+
+
+def _constraints(assignment: Assignment, formats, infos):
+    """Pairs (a, b): variable a must be iterated before b."""
+    pairs = set()
+    for acc in assignment.expr.accesses():
+        if infos[acc.operand].strided or formats[acc.operand].is_dense:
+            continue
+        vs = level_vars(formats[acc.operand], acc.indices)
+        pairs.update((a, b) for a, b in zip(vs, vs[1:]) if a != b)
+    return pairs
+
+
+def _rule_order(assignment: Assignment, formats, infos):
+    """Greedy topological order by the rules above; None if the constraints have a cycle."""
+    pairs = _constraints(assignment, formats, infos)
+    remaining = list(assignment.all_vars)
+    sparse_vars, last_dense = set(), {}
+    for acc in assignment.expr.accesses():
+        fmt = formats[acc.operand]
+        if fmt.is_dense:
+            last = acc.indices[-1] if acc.indices else None
+            last_dense[last] = last_dense.get(last, 0) + 1
+        else:
+            sparse_vars.update(acc.indices)
+    if assignment.out_vars:
+        last_dense[assignment.out_vars[-1]] = last_dense.get(assignment.out_vars[-1], 0) + 1
+    out_pos = {v: i for i, v in enumerate(assignment.out_vars)}
+    order = []
+    while remaining:
+        ready = [v for v in remaining if not any(b == v and a in remaining for a, b in pairs)]
+        if not ready:
+            return None
+        ready.sort(key=lambda v: (v not in sparse_vars, last_dense.get(v, 0),
+                                  v not in out_pos, out_pos.get(v, 0),
+                                  assignment.all_vars.index(v)))
+        order.append(ready[0])
+        remaining.remove(ready[0])
+    return tuple(order)
+
+
+def _cost(assignment: Assignment, order, formats, infos) -> tuple[int, int]:
+    """Dominant term of the loop nest's trip count as (power of N, power of d)."""
+    bound = set()
+    level_at = {}
+    for acc in assignment.expr.accesses():
+        if not formats[acc.operand].is_dense:
+            for k, v in enumerate(level_vars(formats[acc.operand], acc.indices)):
+                level_at.setdefault(v, []).append(formats[acc.operand].levels[k])
+    n_pow = d_pow = 0
+    worst = (0, 0)
+    dense_loop = {}
+    for v in order:
+        kinds = level_at.get(v, [])
+        dense_loop[v] = not kinds or all(isinstance(k, Dense) for k in kinds)
+        if dense_loop[v]:
+            n_pow += 1
+        else:
+            d_pow += 1
+        bound.add(v)
+        worst = max(worst, (n_pow, d_pow))
+    if all(not f.is_dense for f in formats):
+        # The result is likely sparse: free variables after a reduction need a workspace
+        # whose size (dense extent per variable) is paid per outer iteration.
+        out = assignment.out_vars
+        first_red = next((d for d, v in enumerate(order) if v not in out), len(order))
+        ws = [v for v in order[first_red:] if v in out]
+        if ws:
+            outer = sum(1 for v in order[:first_red] if dense_loop[v])
+            worst = max(worst, (outer + len(ws), 0))
+    return worst
+
+
+def _relaid(fmt: Format, order) -> Format:
+    return Format(fmt.levels, tuple(order), fmt.blocksize)
+
+
+def schedule(assignment: Assignment, infos) -> Schedule:
+    """Choose the loop order and any operand conversions.
+
+    Example:
+        >>> from sparsetorch.compiler.notation import parse_einsum
+        >>> from sparsetorch.formats.format import as_format
+        >>> csr, dense = as_format("csr", 2), as_format("dense", 2)
+        >>> s = schedule(parse_einsum("ij,jk->ik", [2, 2]),
+        ...              [OperandInfo(csr, False), OperandInfo(dense, True)])
+        >>> s.order
+        ('i', 'j', 'k')
+    """
+    base = tuple(info.format for info in infos)
+    candidates = [((), base)]
+    sparse_ops = [n for n, info in enumerate(infos)
+                  if info.is_sparse and info.format.ndim >= 2 and info.format.blocksize is None]
+    options = {n: [p for p in itertools.permutations(range(infos[n].format.ndim))
+                   if p != infos[n].format.mode_order] for n in sparse_ops}
+    for r in (1, 2):
+        for ops in itertools.combinations(sparse_ops, r):
+            for orders in itertools.product(*(options[n] for n in ops)):
+                formats = list(base)
+                for n, o in zip(ops, orders):
+                    formats[n] = _relaid(base[n], o)
+                candidates.append((tuple(zip(ops, (formats[n] for n in ops))), tuple(formats)))
+        if len(candidates) > 256:
+            break
+    best = None
+    for conversions, formats in candidates:
+        order = _rule_order(assignment, formats, infos)
+        if order is None:
+            continue
+        cost = _cost(assignment, order, formats, infos)
+        if conversions:   # a conversion touches every nonzero once: N*d
+            cost = max(cost, (1, 1))
+        key = (cost, len(conversions))
+        if best is None or key < best[0]:
+            best = (key, Schedule(order, formats, conversions, cost))
+    if best is None:
+        raise NotImplementedError(f"no loop order found for {assignment}")
+    return best[1]

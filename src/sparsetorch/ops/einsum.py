@@ -1,0 +1,115 @@
+"""``st.einsum`` and ``st.explain``: einsum over any mix of dense and sparse operands.
+
+Reference: ``torch.einsum`` on dense copies (``ops/fallback.py`` is exactly that).
+Shape rule: every use of an index variable has the same extent; the output has the extents of
+its variables in order. Formats: inferred per output level (``compiler/output.py``) unless
+``out_format`` is given; a dense result is a ``torch.Tensor``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..compiler.notation import Assignment, parse_einsum
+from ..formats.tensor import SparseTensor
+from .execute import get_kernel, normalize_operands, run
+from ..compiler.notation import var_extents
+
+
+def einsum(equation: str, *operands, out_format=None):
+    """Einstein summation over dense tensors and SparseTensors in any format.
+
+    Every repeated index not in the output is summed. The loop order, output format and
+    kernel are chosen automatically (see ``st.explain``).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[1., 0.], [0., 2.]]), format="csr")
+        >>> st.einsum("ij,jk->ik", A, torch.ones(2, 3))
+        tensor([[1., 1., 1.],
+                [2., 2., 2.]])
+        >>> st.einsum("ij,jk->ik", A, A).format.name
+        'csr'
+    """
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    assignment = parse_einsum(equation, [t.dim() if hasattr(t, "dim") else -1
+                                         for t in operands])
+    return run(assignment, operands, out_format, what=f"einsum({equation!r})")
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What the compiler chose for one call, and the C it generated."""
+
+    assignment: str
+    loop_order: tuple
+    operand_formats: tuple
+    conversions: tuple
+    output_kind: str
+    output_format: str
+    workspace: tuple
+    parallel: str
+    tiles: str
+    notes: tuple
+    loops: str
+    source: str
+
+    def __str__(self) -> str:
+        conv = ", ".join(f"operand {n} -> mode order {f.mode_order} ({f.name})"
+                         for n, f in self.conversions) or "none"
+        lines = [f"expression:   {self.assignment}",
+                 f"loop order:   {', '.join(self.loop_order)}",
+                 f"operands:     {', '.join(self.operand_formats)}",
+                 f"conversions:  {conv}",
+                 f"output:       {self.output_kind} ({self.output_format})",
+                 f"workspace:    {', '.join(self.workspace) or 'none'}",
+                 f"parallel:     {self.parallel}",
+                 f"tiles:        {self.tiles}"]
+        lines += [f"note:         {n}" for n in self.notes]
+        return "\n".join(lines + ["loop IR:", self.loops, "C source:", self.source])
+
+
+def explain(equation, *operands, out_format=None) -> Explanation:
+    """Show what ``st.einsum(equation, *operands)`` (or a lazy expression's ``eval``) runs:
+    loop order, formats, conversions, workspaces, parallel strategy and the C source.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.eye(3), format="csr")
+        >>> st.explain("ij,jk->ik", A, torch.ones(3, 2)).loop_order
+        ('i', 'j', 'k')
+    """
+    from .expr import LazyExpr
+
+    if isinstance(equation, LazyExpr):
+        assignment, operands = equation.assignment(), equation.operands
+    else:
+        assignment = parse_einsum(equation, [t.dim() for t in operands])
+    tensors, infos, dtype, _ = normalize_operands(operands, "explain")
+    extents = var_extents(assignment, [tuple(t.shape) for t in tensors])
+    kernel = get_kernel(assignment, tensors, infos, dtype, out_format, extents)
+    return _explanation(assignment, kernel, infos)
+
+
+def _explanation(assignment: Assignment, kernel, infos) -> Explanation:
+    from ..compiler.ir import For
+
+    par = "serial"
+    top = [s for fn in kernel.functions[:1] for s in fn.body.stmts if isinstance(s, For)]
+    if top and top[0].parallel:
+        p = top[0].parallel
+        par = (f"outer loop {top[0].var} across threads, schedule({p.schedule}"
+               f"{', ' + str(p.chunk) if p.chunk else ''})")
+    out = kernel.output
+    return Explanation(
+        assignment=str(assignment), loop_order=kernel.schedule.order,
+        operand_formats=tuple(("dense tensor" if info.strided else info.format.name)
+                              for info in infos),
+        conversions=kernel.schedule.conversions, output_kind=out.kind,
+        output_format=out.format.name if out.format is not None else "dense tensor",
+        workspace=kernel.workspace_vars, parallel=par,
+        tiles="none (untiled loops)", notes=kernel.notes,
+        loops=kernel.describe_loops(), source=kernel.source)
+
+
+__all__ = ["einsum", "explain", "Explanation", "SparseTensor"]

@@ -1,0 +1,202 @@
+"""Run an assignment on concrete operands: validate, convert, build, marshal, call.
+
+This is the one path every public op takes (``einsum``, expression evaluation, operators on
+``SparseTensor``). Per call it does: operand checks (cheap, no data scans: user data was
+validated when its SparseTensor was built), a memo lookup of the compiled kernel, any
+conversions the schedule asked for, and one or two ctypes calls.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..compiler.kernel import CompiledKernel, compile_kernel
+from ..compiler.notation import Assignment, var_extents
+from ..compiler.schedule import OperandInfo
+from ..formats.format import Format, as_format
+from ..formats.pack import pack
+from ..formats.tensor import SparseTensor
+from ..formats.validate import VALUE_DTYPES
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.int32: "int32",
+                torch.int64: "int64"}
+COMPILED_DTYPES = tuple(_DTYPE_NAMES)
+# Below this much work a kernel runs on one thread: waking a team costs more than it saves.
+_PARALLEL_WORK = 1 << 15
+
+
+def backend() -> str:
+    """The active backend: ``"c"`` (generated C/OpenMP, default) or ``"torch"`` (pure-PyTorch
+    fallback, correct but slow), from ``SPARSETORCH_BACKEND``."""
+    name = os.environ.get("SPARSETORCH_BACKEND", "c").lower()
+    if name not in ("c", "torch"):
+        raise ValueError(f"SPARSETORCH_BACKEND={name!r} is not a backend; use 'c' or 'torch'")
+    return name
+
+
+def normalize_operands(operands, what: str):
+    """Check dtypes/devices and return (tensors, infos). Dense inputs stay torch tensors."""
+    tensors, infos = [], []
+    dtype = device = None
+    for n, t in enumerate(operands):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what}: operand {n} is a {type(t).__name__}; pass torch tensors "
+                            "or SparseTensors")
+        if isinstance(t, SparseTensor):
+            fmt = t.format
+            if fmt.blocksize is not None:  # blocked iteration arrives with tiling
+                t = t.asformat("csr")
+                fmt = t.format
+            infos.append(OperandInfo(fmt, False))
+        else:
+            if t.layout != torch.strided:
+                raise TypeError(f"{what}: operand {n} is a torch {t.layout} tensor; wrap it "
+                                "with st.tensor(...) first")
+            infos.append(OperandInfo(as_format("dense", t.dim()), True))
+        if t.dtype not in VALUE_DTYPES:
+            raise TypeError(f"{what}: operand {n} has dtype {t.dtype}, which is not supported")
+        if dtype is None:
+            dtype, device = t.dtype, t.device
+        elif t.dtype != dtype:
+            raise TypeError(f"{what}: operand {n} has dtype {t.dtype} but operand 0 has "
+                            f"{dtype}; convert them to one dtype (e.g. .to(torch.float32))")
+        elif t.device != device:
+            raise ValueError(f"{what}: operand {n} is on {t.device} but operand 0 is on "
+                             f"{device}; move them to one device")
+        tensors.append(t)
+    return tensors, tuple(infos), dtype, device
+
+
+def _check_repeated(assignment: Assignment, infos, what):
+    for acc in assignment.expr.accesses():
+        if len(set(acc.indices)) != len(acc.indices) and not infos[acc.operand].strided:
+            raise NotImplementedError(
+                f"{what}: operand {acc.operand} repeats an index ({''.join(acc.indices)}); "
+                "diagonals of sparse operands are not supported: take .to_dense() first")
+
+
+def run(assignment: Assignment, operands, out_format=None, what="einsum"):
+    """Evaluate ``assignment`` on ``operands``; dense results are torch tensors, sparse ones
+    SparseTensors."""
+    tensors, infos, dtype, device = normalize_operands(operands, what)
+    _check_repeated(assignment, infos, what)
+    shapes = [tuple(t.shape) for t in tensors]
+    extents = var_extents(assignment, shapes)
+    out_shape = tuple(extents[v] for v in assignment.out_vars)
+    if backend() == "torch" or device.type != "cpu" or dtype not in COMPILED_DTYPES:
+        from .fallback import run_dense
+
+        return run_dense(assignment, tensors, infos, extents, out_format)
+    kernel = get_kernel(assignment, tensors, infos, dtype, out_format, extents)
+    return execute(kernel, tensors, extents, out_shape, dtype)
+
+
+def _fmt_key(out_format):
+    return out_format if (out_format is None or isinstance(out_format, (str, Format))) \
+        else tuple(out_format)
+
+
+def get_kernel(assignment, tensors, infos, dtype, out_format, extents) -> CompiledKernel:
+    index = tuple("int32" if isinstance(t, SparseTensor) and t.index_dtype == torch.int32
+                  else "int64" for t in tensors)
+    kernel = compile_kernel(assignment, infos, _DTYPE_NAMES[dtype], index, _fmt_key(out_format))
+    if kernel.workspace_vars:
+        cells = 1
+        for v in kernel.workspace_vars:
+            cells *= extents[v]
+        if cells > (1 << 24):  # emit duplicates and let the packer sum them instead
+            kernel = compile_kernel(assignment, infos, _DTYPE_NAMES[dtype], index,
+                                    _fmt_key(out_format), False)
+    return kernel
+
+
+def prepare_operands(kernel: CompiledKernel, tensors):
+    """Apply the schedule's conversions (re-laying sparse operands in another mode order)."""
+    out = list(tensors)
+    for n, fmt in kernel.schedule.conversions:
+        out[n] = tensors[n].asformat(fmt)
+    return [t if isinstance(t, SparseTensor) else t.contiguous() for t in out]
+
+
+def execute(kernel: CompiledKernel, tensors, extents, out_shape, dtype):
+    from .. import runtime
+
+    tensors = prepare_operands(kernel, tensors)
+    a = kernel.assignment
+    keep = []          # tensors whose pointers we pass must outlive the call
+    args = [0]
+    args += [extents[v] for v in a.all_vars]
+    work = 0
+    for n, t in enumerate(tensors):
+        if isinstance(t, SparseTensor):
+            for name in _array_order(t.format):
+                arr = t.arrays[name]
+                keep.append(arr)
+                args.append(arr.data_ptr())
+            vals = t.values.contiguous()
+        else:
+            vals = t
+        work += vals.numel()
+        keep.append(vals)
+        args.append(vals.data_ptr())
+    out_kind = kernel.output.kind
+    work += max(1, _prod(out_shape)) if out_kind == "dense" else 0
+    args[0] = runtime.num_threads() if work >= _PARALLEL_WORK else 1
+    fns = [runtime.load_kernel(kernel.source, fn.name, [_ctype(p, runtime)
+                                                        for p in fn.params])
+           for fn in kernel.functions]
+    ws_size = []
+    if kernel.workspace_vars:
+        ws_size = [_prod(extents[v] for v in kernel.workspace_vars)]
+    if out_kind == "dense":
+        out = torch.zeros(out_shape, dtype=dtype)
+        fns[0](*args, out.data_ptr(), *ws_size)
+        return out
+    if out_kind == "sampled":
+        source = tensors[kernel.output.sampled_operand]
+        out_vals = torch.zeros(source.nnz, dtype=dtype)
+        fns[0](*args, out_vals.data_ptr(), *ws_size)
+        return SparseTensor(out_shape, kernel.output.format, source.arrays, out_vals)
+    slices = _outer_extent(kernel, tensors, extents)
+    counts = torch.zeros(slices, dtype=torch.int64)
+    fns[0](*args, counts.data_ptr(), *ws_size)
+    offsets = torch.cumsum(counts, 0) - counts
+    total = int(counts.sum())
+    coords = torch.empty((len(out_shape), total), dtype=torch.int64)
+    vals = torch.empty(total, dtype=dtype)
+    counts.zero_()
+    fns[1](*args, counts.data_ptr(), offsets.data_ptr(), *(c.data_ptr() for c in coords),
+           vals.data_ptr(), *ws_size)
+    arrays, stored = pack(kernel.output.format, out_shape, coords, vals,
+                          sorted_unique=kernel.emit_sorted)
+    return SparseTensor(out_shape, kernel.output.format, arrays, stored)
+
+
+def _array_order(fmt: Format):
+    for k, level in enumerate(fmt.levels):
+        if level.has_pos:
+            yield f"pos{k}"
+        if level.has_crd:
+            yield f"crd{k}"
+
+
+def _outer_extent(kernel, tensors, extents) -> int:
+    kind = kernel.outer_extent
+    if kind[0] == "dim":
+        return max(1, extents[kind[1]])
+    if kind[0] == "level":
+        pos0 = tensors[kind[1]].arrays["pos0"]
+        return max(1, int(pos0[1]) - int(pos0[0]))
+    return 1
+
+
+def _ctype(param, runtime):
+    return runtime.PTR if param.ctype.endswith("*") else runtime.I64
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out

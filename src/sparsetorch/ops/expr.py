@@ -1,0 +1,161 @@
+"""Elementwise expressions: ``st.lazy`` trees compiled into one kernel, and the eager
+operators on ``SparseTensor`` (``A + B`` unions patterns, ``A * B`` intersects).
+
+Reference: the same arithmetic on dense copies. Shape rule: operands have equal shapes
+(scalars scale). Formats: a map with f(0) != 0 (``exp``) or a sum with a dense operand
+gives a dense result; otherwise the result is sparse in the inferred format.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..compiler.notation import Access, Add, Assignment, Expr, Mul, Scale, Unary
+from .execute import run
+
+_LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
+
+
+def _remap(e: Expr, offset: int) -> Expr:
+    if isinstance(e, Access):
+        return Access(e.operand + offset, e.indices)
+    if isinstance(e, (Add, Mul)):
+        return type(e)(_remap(e.a, offset), _remap(e.b, offset))
+    if isinstance(e, Scale):
+        return Scale(e.factor, _remap(e.a, offset))
+    return Unary(e.fn, _remap(e.a, offset))
+
+
+class LazyExpr:
+    """An unevaluated elementwise expression over same-shaped tensors.
+
+    Build with ``st.lazy(t)`` and operators (``+ - *``, scalars, ``.relu()``, ``.abs()``,
+    ``.exp()``, ``.sqrt()``); ``.eval(out_format=None)`` compiles the whole tree into one
+    kernel.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[1., -2.], [0., 3.]]), format="csr")
+        >>> B = st.tensor(torch.tensor([[0., 1.], [1., 0.]]), format="csr")
+        >>> (st.lazy(A) * 2 + st.lazy(B)).relu().eval().to_dense()
+        tensor([[2., 0.],
+                [1., 6.]])
+    """
+
+    def __init__(self, tree: Expr, operands: tuple, shape: tuple):
+        self.tree, self.operands, self.shape = tree, tuple(operands), tuple(shape)
+
+    @property
+    def vars(self) -> tuple[str, ...]:
+        return tuple(_LETTERS[: len(self.shape)])
+
+    def assignment(self) -> Assignment:
+        return Assignment(self.vars, self.tree)
+
+    def _combine(self, other, make):
+        other = lazy(other)
+        if other.shape != self.shape:
+            raise ValueError(f"elementwise operands must have equal shapes, got "
+                             f"{self.shape} and {other.shape} (broadcasting is not supported)")
+        tree = make(self.tree, _remap(other.tree, len(self.operands)))
+        return LazyExpr(tree, self.operands + other.operands, self.shape)
+
+    def __add__(self, other):
+        if isinstance(other, (int, float)) and other == 0:
+            return self
+        return self._combine(other, Add)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        if isinstance(other, (int, float)):
+            return self + (-other)
+        return self._combine(other, lambda a, b: Add(a, Scale(-1.0, b)))
+
+    def __rsub__(self, other):
+        return (-self) + other
+
+    def __mul__(self, other):
+        if isinstance(other, (int, float)):
+            return LazyExpr(Scale(float(other), self.tree), self.operands, self.shape)
+        return self._combine(other, Mul)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        if not isinstance(other, (int, float)):
+            raise TypeError("only division by a scalar is supported")
+        return self * (1.0 / other)
+
+    def __neg__(self):
+        return self * -1.0
+
+    def _unary(self, fn):
+        return LazyExpr(Unary(fn, self.tree), self.operands, self.shape)
+
+    def relu(self):
+        return self._unary("relu")
+
+    def abs(self):
+        return self._unary("abs")
+
+    def exp(self):
+        return self._unary("exp")
+
+    def sqrt(self):
+        return self._unary("sqrt")
+
+    def eval(self, out_format=None):
+        """Compile and run the whole tree as one kernel."""
+        return run(self.assignment(), self.operands, out_format, what="expression")
+
+    def __repr__(self):
+        return f"LazyExpr({self.assignment()}, shape={self.shape})"
+
+
+def lazy(t) -> LazyExpr:
+    """A leaf expression for tensor ``t`` (dense or sparse); operators on it build a tree.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> st.lazy(torch.ones(2)).shape
+        (2,)
+    """
+    if isinstance(t, LazyExpr):
+        return t
+    if isinstance(t, (int, float)):
+        raise TypeError("a bare scalar cannot be an expression leaf; add it to a tensor "
+                        "expression instead (only adding 0 is sparse-safe)")
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"st.lazy takes a tensor, got {type(t).__name__}")
+    shape = tuple(t.shape)
+    return LazyExpr(Access(0, tuple(_LETTERS[: len(shape)])), (t,), shape)
+
+
+def _eager(fn):
+    def op(x):
+        return getattr(lazy(x), fn)().eval()
+    op.__name__ = fn
+    op.__doc__ = (f"Elementwise ``{fn}`` of a sparse (or dense) tensor, or a lazy expression "
+                  f"node when given a ``LazyExpr``.\n\n    Example:\n"
+                  f"        >>> import torch, sparsetorch as st\n"
+                  f"        >>> st.{fn}(st.tensor(torch.tensor([0., 4.]), 'csf')).shape\n"
+                  f"        torch.Size([2])\n")
+    return op
+
+
+_relu, _abs, _exp, _sqrt = (_eager(f) for f in ("relu", "abs", "exp", "sqrt"))
+
+
+def _dispatch_unary(name, eager):
+    def fn(x):
+        if isinstance(x, LazyExpr):
+            return getattr(x, name)()
+        return eager(x)
+    fn.__name__, fn.__doc__ = name, eager.__doc__
+    return fn
+
+
+relu = _dispatch_unary("relu", _relu)
+abs = _dispatch_unary("abs", _abs)  # noqa: A001 - mirrors torch.abs
+exp = _dispatch_unary("exp", _exp)
+sqrt = _dispatch_unary("sqrt", _sqrt)
