@@ -144,17 +144,18 @@ class _Lowerer:
     def store(self, value, st):
         """Statements that add ``value`` into the output at the current point."""
         kind = self.plan.mode
+        counting = kind == "count"   # the count pass needs the pattern, never the values
         if st.acc is not None:
-            return [Assign(Sym(st.acc), value, "+="), Assign(Sym(st.hit), Lit(1))] \
-                if st.hit else [Assign(Sym(st.acc), value, "+=")]
+            hit = [Assign(Sym(st.hit), Lit(1))] if st.hit else []
+            return hit if counting else [Assign(Sym(st.acc), value, "+=")] + hit
         if self.ws_depth is not None:
             wl = Sym("ws_at")
+            add = [] if counting else [Assign(Load("ws_vals", wl), value, "+=")]
             return [Decl("idx", "ws_at", _horner(self.ws_vars)),
                     If(Bin("==", Load("ws_mark", wl), Lit(0)), block(
                         Assign(Load("ws_mark", wl), Lit(1)),
                         Assign(Load("ws_list", Sym("ws_n")), wl),
-                        Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Lit(1))))),
-                    Assign(Load("ws_vals", wl), value, "+=")]
+                        Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Lit(1)))))] + add
         if kind == "dense":
             return [Assign(Load("out_vals", _horner(self.out_vars)), value, "+=")]
         if kind == "sampled":
@@ -186,16 +187,20 @@ class _Lowerer:
 
     def flush_workspace(self, st):
         """After the reduction loop: emit touched workspace cells in order, then reset."""
+        at = Sym("ws_at")
+        body = [Decl("idx", "ws_at", Load("ws_list", Sym("ws_q"))),
+                Assign(Load("ws_mark", at), Lit(0))]
+        if self.plan.mode == "count":
+            body += self.emit(None, None, st)
+            return [For("ws_q", Lit(0), Sym("ws_n"), block(body)), Assign(Sym("ws_n"), Lit(0))]
         coords = {v: Sym(v) for v in self.out_vars if v not in self.ws_vars}
-        body = [Decl("idx", "ws_at", Load("ws_list", Sym("ws_q"))), Decl("idx", "ws_rest",
-                                                                         Sym("ws_at"))]
+        body.append(Decl("idx", "ws_rest", at))
         for v in reversed(self.ws_vars):
             body.append(Decl("idx", f"{v}_ws", Bin("%", Sym("ws_rest"), dim(v))))
             body.append(Assign(Sym("ws_rest"), Bin("/", Sym("ws_rest"), dim(v))))
             coords[v] = Sym(f"{v}_ws")
-        body += self.emit(Load("ws_vals", Sym("ws_at")), coords, st)
-        body += [Assign(Load("ws_vals", Sym("ws_at")), Lit(0)),
-                 Assign(Load("ws_mark", Sym("ws_at")), Lit(0))]
+        body += self.emit(Load("ws_vals", at), coords, st)
+        body.append(Assign(Load("ws_vals", at), Lit(0)))
         return [Raw("sort_touched", ("ws_list", "ws_n")),
                 For("ws_q", Lit(0), Sym("ws_n"), block(body)),
                 Assign(Sym("ws_n"), Lit(0))]

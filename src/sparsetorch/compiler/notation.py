@@ -7,8 +7,8 @@ position, so one tree describes every call with same-structured inputs and can k
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 # Unary maps: C expression template, torch reference, and whether f(0) == 0 (a map that keeps
 # zeros keeps sparsity; one that does not, like exp, makes the result dense).
@@ -129,6 +129,13 @@ class Assignment:
     out_vars: tuple[str, ...]
     expr: Expr
 
+    def __hash__(self):  # cached: assignments key the per-call memo tables
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.out_vars, self.expr))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def all_vars(self) -> tuple[str, ...]:
         seen = list(self.out_vars)
@@ -168,6 +175,11 @@ def presence(expr: Expr, present) -> object:
     return b if a is False else a if b is False else a | b
 
 
+@lru_cache(maxsize=1024)
+def _parse_cached(equation: str, ndims: tuple) -> Assignment:
+    return _parse(equation, ndims)
+
+
 def parse_einsum(equation: str, ndims) -> Assignment:
     """Parse ``"ij,jk->ik"`` (or implicit-output ``"ij,jk"``) for operands of the given orders.
 
@@ -175,6 +187,10 @@ def parse_einsum(equation: str, ndims) -> Assignment:
         >>> str(parse_einsum("ij,jk->ik", [2, 2]))
         'out[i,k] = sum_{j} T0[i,j] * T1[j,k]'
     """
+    return _parse_cached(equation, tuple(ndims))
+
+
+def _parse(equation: str, ndims) -> Assignment:
     eq = equation.replace(" ", "")
     if "..." in eq:
         raise ValueError("einsum: ellipsis ('...') is not supported; name every index")
@@ -221,6 +237,3 @@ def var_extents(assignment: Assignment, shapes) -> dict:
             sizes[v] = int(shape[d])
     return sizes
 
-
-def cell_count(extents) -> int:
-    return math.prod(extents) if extents else 1

@@ -14,6 +14,7 @@ import torch
 from ..compiler.kernel import CompiledKernel, compile_kernel
 from ..compiler.notation import Assignment, var_extents
 from ..compiler.schedule import OperandInfo
+from ..compiler.lower import MAX_WORKSPACE
 from ..formats.format import Format, as_format
 from ..formats.pack import pack
 from ..formats.tensor import SparseTensor
@@ -79,17 +80,45 @@ def _check_repeated(assignment: Assignment, infos, what):
 def run(assignment: Assignment, operands, out_format=None, what="einsum"):
     """Evaluate ``assignment`` on ``operands``; dense results are torch tensors, sparse ones
     SparseTensors."""
+    if backend() == "c":
+        key = _signature(assignment, operands, out_format)
+        prepared = _PREPARED.get(key) if key is not None else None
+        if prepared is not None:
+            return prepared(operands)
     tensors, infos, dtype, device = normalize_operands(operands, what)
     _check_repeated(assignment, infos, what)
-    shapes = [tuple(t.shape) for t in tensors]
-    extents = var_extents(assignment, shapes)
-    out_shape = tuple(extents[v] for v in assignment.out_vars)
+    extents = var_extents(assignment, [tuple(t.shape) for t in tensors])
     if backend() == "torch" or device.type != "cpu" or dtype not in COMPILED_DTYPES:
         from .fallback import run_dense
 
         return run_dense(assignment, tensors, infos, extents, out_format)
     kernel = get_kernel(assignment, tensors, infos, dtype, out_format, extents)
-    return execute(kernel, tensors, extents, out_shape, dtype)
+    prepared = _Prepared(kernel, dtype)
+    key = _signature(assignment, operands, out_format)
+    if key is not None and not kernel.workspace_vars:  # workspace choice depends on sizes
+        _PREPARED[key] = prepared
+    return prepared(tensors)
+
+
+# Memo of everything decided for one call signature (expression, operand formats, dtypes,
+# index widths, out_format): a repeated call skips checks, scheduling and kernel lookup.
+_PREPARED: dict = {}
+
+
+def _signature(assignment, operands, out_format):
+    parts = [assignment, _fmt_key(out_format)]
+    for t in operands:
+        if type(t) is SparseTensor:
+            fmt = t._format
+            parts.append((fmt.name, fmt.blocksize, t.index_dtype, t.dtype, t.device.type))
+        elif type(t) is torch.Tensor and t.layout == torch.strided:
+            parts.append((t.dim(), t.dtype, t.device.type))
+        else:
+            return None
+    try:
+        return tuple(parts)
+    except TypeError:
+        return None
 
 
 def _fmt_key(out_format):
@@ -102,13 +131,96 @@ def get_kernel(assignment, tensors, infos, dtype, out_format, extents) -> Compil
                   else "int64" for t in tensors)
     kernel = compile_kernel(assignment, infos, _DTYPE_NAMES[dtype], index, _fmt_key(out_format))
     if kernel.workspace_vars:
-        cells = 1
-        for v in kernel.workspace_vars:
-            cells *= extents[v]
-        if cells > (1 << 24):  # emit duplicates and let the packer sum them instead
+        cells = _prod(extents[v] for v in kernel.workspace_vars)
+        if cells > MAX_WORKSPACE:  # emit duplicates and let the packer sum them instead
             kernel = compile_kernel(assignment, infos, _DTYPE_NAMES[dtype], index,
                                     _fmt_key(out_format), False)
     return kernel
+
+
+class _Prepared:
+    """A built kernel plus the recipe to marshal one call: which operand dimension gives each
+    index extent, which arrays to pass, how to allocate the output."""
+
+    def __init__(self, kernel: CompiledKernel, dtype):
+        from .. import runtime
+
+        self.kernel, self.dtype = kernel, dtype
+        a = kernel.assignment
+        self.uses = {}
+        for acc in a.expr.accesses():
+            for d, v in enumerate(acc.indices):
+                self.uses.setdefault(v, []).append((acc.operand, d))
+        self.var_order = a.all_vars
+        self.out_vars = a.out_vars
+        self.fns = [runtime.load_kernel(kernel.source, fn.name,
+                                        [runtime.PTR if p.ctype.endswith("*") else runtime.I64
+                                         for p in fn.params])
+                    for fn in kernel.functions]
+        self.num_threads = runtime.num_threads
+
+    def extents(self, tensors):
+        ext = {}
+        for v, uses in self.uses.items():
+            n, d = uses[0]
+            size = tensors[n].shape[d]
+            for n2, d2 in uses[1:]:
+                if tensors[n2].shape[d2] != size:
+                    raise ValueError(f"index {v!r} has size {size} in operand {n} but "
+                                     f"{tensors[n2].shape[d2]} in operand {n2} "
+                                     f"(dimension {d2})")
+            ext[v] = size
+        return ext
+
+    def __call__(self, tensors):
+        kernel = self.kernel
+        extents = self.extents(tensors)
+        if kernel.schedule.conversions:
+            tensors = prepare_operands(kernel, tensors)
+        args = [0]
+        args += [extents[v] for v in self.var_order]
+        keep = []          # tensors whose pointers we pass must outlive the call
+        work = 0
+        for t in tensors:
+            if type(t) is SparseTensor:
+                for name in t._array_names:
+                    args.append(getattr(t, "_" + name).data_ptr())
+                vals = t._values
+            else:
+                vals = t
+            if not vals.is_contiguous():
+                vals = vals.contiguous()
+            keep.append(vals)
+            work += vals.numel()
+            args.append(vals.data_ptr())
+        out_shape = tuple(extents[v] for v in self.out_vars)
+        kind = kernel.output.kind
+        if kind == "dense":
+            work += _prod(out_shape)
+        args[0] = self.num_threads() if work >= _PARALLEL_WORK else 1
+        ws = [_prod(extents[v] for v in kernel.workspace_vars)] if kernel.workspace_vars \
+            else []
+        if kind == "dense":
+            out = torch.zeros(out_shape, dtype=self.dtype)
+            self.fns[0](*args, out.data_ptr(), *ws)
+            return out
+        if kind == "sampled":
+            source = tensors[kernel.output.sampled_operand]
+            out_vals = torch.zeros(source.nnz, dtype=self.dtype)
+            self.fns[0](*args, out_vals.data_ptr(), *ws)
+            return SparseTensor(out_shape, kernel.output.format, source.arrays, out_vals)
+        counts = torch.zeros(_outer_extent(kernel, tensors, extents), dtype=torch.int64)
+        self.fns[0](*args, counts.data_ptr(), *ws)
+        offsets = torch.cumsum(counts, 0) - counts
+        total = int(counts.sum())
+        coords = torch.empty((len(out_shape), total), dtype=torch.int64)
+        vals = torch.empty(total, dtype=self.dtype)
+        counts.zero_()
+        self.fns[1](*args, counts.data_ptr(), offsets.data_ptr(),
+                    *(c.data_ptr() for c in coords), vals.data_ptr(), *ws)
+        arrays, stored = pack(kernel.output.format, out_shape, coords, vals,
+                              sorted_unique=kernel.emit_sorted)
+        return SparseTensor(out_shape, kernel.output.format, arrays, stored)
 
 
 def prepare_operands(kernel: CompiledKernel, tensors):
@@ -116,69 +228,7 @@ def prepare_operands(kernel: CompiledKernel, tensors):
     out = list(tensors)
     for n, fmt in kernel.schedule.conversions:
         out[n] = tensors[n].asformat(fmt)
-    return [t if isinstance(t, SparseTensor) else t.contiguous() for t in out]
-
-
-def execute(kernel: CompiledKernel, tensors, extents, out_shape, dtype):
-    from .. import runtime
-
-    tensors = prepare_operands(kernel, tensors)
-    a = kernel.assignment
-    keep = []          # tensors whose pointers we pass must outlive the call
-    args = [0]
-    args += [extents[v] for v in a.all_vars]
-    work = 0
-    for n, t in enumerate(tensors):
-        if isinstance(t, SparseTensor):
-            for name in _array_order(t.format):
-                arr = t.arrays[name]
-                keep.append(arr)
-                args.append(arr.data_ptr())
-            vals = t.values.contiguous()
-        else:
-            vals = t
-        work += vals.numel()
-        keep.append(vals)
-        args.append(vals.data_ptr())
-    out_kind = kernel.output.kind
-    work += max(1, _prod(out_shape)) if out_kind == "dense" else 0
-    args[0] = runtime.num_threads() if work >= _PARALLEL_WORK else 1
-    fns = [runtime.load_kernel(kernel.source, fn.name, [_ctype(p, runtime)
-                                                        for p in fn.params])
-           for fn in kernel.functions]
-    ws_size = []
-    if kernel.workspace_vars:
-        ws_size = [_prod(extents[v] for v in kernel.workspace_vars)]
-    if out_kind == "dense":
-        out = torch.zeros(out_shape, dtype=dtype)
-        fns[0](*args, out.data_ptr(), *ws_size)
-        return out
-    if out_kind == "sampled":
-        source = tensors[kernel.output.sampled_operand]
-        out_vals = torch.zeros(source.nnz, dtype=dtype)
-        fns[0](*args, out_vals.data_ptr(), *ws_size)
-        return SparseTensor(out_shape, kernel.output.format, source.arrays, out_vals)
-    slices = _outer_extent(kernel, tensors, extents)
-    counts = torch.zeros(slices, dtype=torch.int64)
-    fns[0](*args, counts.data_ptr(), *ws_size)
-    offsets = torch.cumsum(counts, 0) - counts
-    total = int(counts.sum())
-    coords = torch.empty((len(out_shape), total), dtype=torch.int64)
-    vals = torch.empty(total, dtype=dtype)
-    counts.zero_()
-    fns[1](*args, counts.data_ptr(), offsets.data_ptr(), *(c.data_ptr() for c in coords),
-           vals.data_ptr(), *ws_size)
-    arrays, stored = pack(kernel.output.format, out_shape, coords, vals,
-                          sorted_unique=kernel.emit_sorted)
-    return SparseTensor(out_shape, kernel.output.format, arrays, stored)
-
-
-def _array_order(fmt: Format):
-    for k, level in enumerate(fmt.levels):
-        if level.has_pos:
-            yield f"pos{k}"
-        if level.has_crd:
-            yield f"crd{k}"
+    return out
 
 
 def _outer_extent(kernel, tensors, extents) -> int:
@@ -189,10 +239,6 @@ def _outer_extent(kernel, tensors, extents) -> int:
         pos0 = tensors[kind[1]].arrays["pos0"]
         return max(1, int(pos0[1]) - int(pos0[0]))
     return 1
-
-
-def _ctype(param, runtime):
-    return runtime.PTR if param.ctype.endswith("*") else runtime.I64
 
 
 def _prod(xs) -> int:
