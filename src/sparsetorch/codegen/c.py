@@ -8,7 +8,7 @@ traffic) and are widened on load. Pointers are ``restrict``: operands never alia
 from __future__ import annotations
 
 from ..compiler.ir import (Assign, Bin, Block, Call, Comment, Cond, Decl, For, Function, If,
-                           Lit, Load, Raw, Sym, While)
+                           Helper, Lit, Load, Sym, While)
 
 VALUE_CTYPES = {"float32": "float", "float64": "double", "int32": "int32_t",
                 "int64": "int64_t"}
@@ -29,15 +29,79 @@ static inline int64_t st_min(int64_t a, int64_t b) {{ return a < b ? a : b; }}
 static inline int64_t st_max(int64_t a, int64_t b) {{ return a > b ? a : b; }}
 """
 
-# Runtime helper statements, by name (see ir.Raw).
-_RAW = {
-    "alloc_workspace": ["val_t* ws_vals = (val_t*)calloc(ws_size ? ws_size : 1, sizeof(val_t));",
-                        "char* ws_mark = (char*)calloc(ws_size ? ws_size : 1, 1);",
-                        "int64_t* ws_list = (int64_t*)malloc((ws_size ? ws_size : 1) * "
-                        "sizeof(int64_t));",
-                        "int64_t ws_n = 0;"],
-    "free_workspace": ["free(ws_vals); free(ws_mark); free(ws_list);"],
-    "sort_touched": ["if (ws_n > 1) qsort(ws_list, ws_n, sizeof(int64_t), st_cmp_i64);"],
+# Open-addressing hash workspace (linear probing, load <= 1/2, doubling): memory grows with
+# the cells a row touches, not with the dimension. Sorting copies the keys out, sorts them,
+# and looks each value up again (C99 has no qsort with a context pointer).
+_HASH = """\
+typedef struct {
+  int64_t *keys, *used, *skeys; val_t *vals, *svals; int64_t cap, n, scap;
+} st_hash;
+static void st_hash_alloc(st_hash* h, int64_t cap) {
+  h->cap = cap; h->n = 0;
+  h->keys = (int64_t*)malloc(cap * sizeof(int64_t)); memset(h->keys, 0xff, cap * sizeof(int64_t));
+  h->vals = (val_t*)calloc(cap, sizeof(val_t)); h->used = (int64_t*)malloc(cap * sizeof(int64_t));
+}
+static void st_hash_init(st_hash* h) { st_hash_alloc(h, 64); h->skeys = 0; h->svals = 0; h->scap = 0; }
+static inline int64_t st_hash_slot(const st_hash* h, int64_t key) {
+  uint64_t x = (uint64_t)key * 0x9E3779B97F4A7C15ull;
+  return (int64_t)((x ^ (x >> 31)) & (uint64_t)(h->cap - 1));
+}
+static int64_t st_hash_find(st_hash* h, int64_t key);
+static void st_hash_grow(st_hash* h) {
+  st_hash old = *h;
+  st_hash_alloc(h, old.cap * 2);
+  for (int64_t q = 0; q < old.n; q++) {
+    int64_t s = st_hash_find(h, old.keys[old.used[q]]);
+    h->vals[s] = old.vals[old.used[q]];
+  }
+  free(old.keys); free(old.vals); free(old.used);
+}
+static int64_t st_hash_find(st_hash* h, int64_t key) {
+  if (2 * (h->n + 1) > h->cap) st_hash_grow(h);
+  int64_t s = st_hash_slot(h, key);
+  while (h->keys[s] != -1 && h->keys[s] != key) s = (s + 1) & (h->cap - 1);
+  if (h->keys[s] == -1) { h->keys[s] = key; h->used[h->n++] = s; }
+  return s;
+}
+static void st_hash_sort(st_hash* h) {
+  if (h->scap < h->n) {
+    free(h->skeys); free(h->svals); h->scap = h->n;
+    h->skeys = (int64_t*)malloc(h->scap * sizeof(int64_t));
+    h->svals = (val_t*)malloc(h->scap * sizeof(val_t));
+  }
+  for (int64_t q = 0; q < h->n; q++) h->skeys[q] = h->keys[h->used[q]];
+  qsort(h->skeys, h->n, sizeof(int64_t), st_cmp_i64);
+  for (int64_t q = 0; q < h->n; q++) {
+    int64_t s = st_hash_slot(h, h->skeys[q]);
+    while (h->keys[s] != h->skeys[q]) s = (s + 1) & (h->cap - 1);
+    h->svals[q] = h->vals[s];
+  }
+}
+static void st_hash_clear(st_hash* h) {
+  for (int64_t q = 0; q < h->n; q++) { h->keys[h->used[q]] = -1; h->vals[h->used[q]] = 0; }
+  h->n = 0;
+}
+static void st_hash_free(st_hash* h) {
+  free(h->keys); free(h->vals); free(h->used); free(h->skeys); free(h->svals);
+}
+"""
+
+# Runtime helper statements, by name (see ir.Helper); {0}, {1} are the rendered arguments.
+_HELPERS = {
+    "alloc_dense": ["val_t* ws_vals = (val_t*)calloc(ws_size ? ws_size : 1, sizeof(val_t));",
+                    "char* ws_mark = (char*)calloc(ws_size ? ws_size : 1, 1);",
+                    "int64_t* ws_list = (int64_t*)malloc((ws_size ? ws_size : 1) * "
+                    "sizeof(int64_t));",
+                    "int64_t ws_n = 0;"],
+    "free_dense": ["free(ws_vals); free(ws_mark); free(ws_list);"],
+    "dense_sort": ["if (ws_n > 1) qsort(ws_list, ws_n, sizeof(int64_t), st_cmp_i64);"],
+    "alloc_hash": ["st_hash ws; st_hash_init(&ws);", "int64_t ws_n = 0;",
+                   "int64_t* ws_list = 0; val_t* ws_sorted = 0;"],
+    "free_hash": ["st_hash_free(&ws);"],
+    "hash_mark": ["st_hash_find(&ws, {0});"],
+    "hash_add": ["ws.vals[st_hash_find(&ws, {0})] += {1};"],
+    "hash_sort": ["st_hash_sort(&ws); ws_n = ws.n; ws_list = ws.skeys; ws_sorted = ws.svals;"],
+    "hash_clear": ["st_hash_clear(&ws); ws_n = 0;"],
 }
 
 _MATH = {"float": {"fabs": "fabsf", "exp": "expf", "sqrt": "sqrtf"},
@@ -97,8 +161,9 @@ class _CRenderer:
             return out + [f"{pad}}}"]
         if isinstance(s, Comment):
             return [f"{pad}/* {s.text} */"]
-        if isinstance(s, Raw):
-            return [pad + line for line in _RAW[s.code]]
+        if isinstance(s, Helper):
+            args = [self.expr(a) for a in s.args]
+            return [pad + line.format(*args) for line in _HELPERS[s.name]]
         raise TypeError(f"cannot render statement {s!r}")
 
     def loop(self, s: For, pad: str) -> list[str]:
@@ -109,16 +174,16 @@ class _CRenderer:
         if par is None:
             return [head, *body]
         sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
-        if not par.private_workspace:
+        if par.workspace is None:
             return [f"{pad}#pragma omp parallel for schedule({sched}) num_threads(nt)",
                     head, *body]
         # Each thread owns a workspace for the whole loop.
         inner = pad + "  "
         return [f"{pad}#pragma omp parallel num_threads(nt)", f"{pad}{{",
-                *(inner + line for line in _RAW["alloc_workspace"]),
+                *(inner + line for line in _HELPERS[f"alloc_{par.workspace}"]),
                 f"{inner}#pragma omp for schedule({sched})",
                 *(("  " + line) for line in [head, *body]),
-                *(inner + line for line in _RAW["free_workspace"]), f"{pad}}}"]
+                *(inner + line for line in _HELPERS[f"free_{par.workspace}"]), f"{pad}}}"]
 
     def param(self, p) -> str:
         if not p.ctype.endswith("*"):
@@ -139,6 +204,17 @@ class _CRenderer:
         return "\n".join(lines)
 
 
+def _uses_hash(node) -> bool:
+    if isinstance(node, Helper):
+        return node.name.startswith(("alloc_hash", "hash_"))
+    if isinstance(node, For) and node.parallel and node.parallel.workspace == "hash":
+        return True
+    children = getattr(node, "stmts", None) or [getattr(node, a) for a in ("body", "then",
+                                                                             "orelse")
+                                                   if getattr(node, a, None) is not None]
+    return any(_uses_hash(c) for c in children)
+
+
 def render_c(functions, val_ctype: str, index_ctypes: dict, header: str = "") -> str:
     """C source for ``functions`` (IR ``Function``s sharing one value type).
 
@@ -154,5 +230,7 @@ def render_c(functions, val_ctype: str, index_ctypes: dict, header: str = "") ->
     r = _CRenderer(val_ctype, index_ctypes)
     parts = [f"/* {line} */" for line in header.splitlines()] if header else []
     parts.append(_PRELUDE.format(val=val_ctype))
+    if any(_uses_hash(fn.body) for fn in functions):
+        parts.append(_HASH)
     parts += [r.function(fn) for fn in functions]
     return "\n".join(parts) + "\n"

@@ -4,7 +4,8 @@ Expressions: ``Sym`` (a scalar variable or parameter), ``Lit``, ``Load`` (array[
 ``Bin``, ``Cond`` (c ? a : b), ``Call`` (a math function or unary-map template).
 Statements: ``Decl``, ``Assign`` (``=`` or ``+=``, to a Sym or an array element), ``For``
 (with an optional ``Parallel`` annotation), ``While``, ``If``, ``Block``, ``Comment``, and
-``Raw`` for the few runtime helpers (sorting a workspace's touched list) that are plain C.
+``Helper`` for the few runtime helpers (workspace allocation, hashing, sorting) that each
+renderer spells out.
 A ``Function`` has typed parameters. ``verify`` checks that every symbol is declared before
 use and every array is a parameter; ``dump`` prints the tree for ``explain()``.
 """
@@ -69,14 +70,19 @@ class Assign(Node):
     op: str = "="
 
 
+# Names each workspace kind declares (its allocation helper defines them).
+WORKSPACE_NAMES = {"dense": ("ws_vals", "ws_mark", "ws_list", "ws_n"),
+                   "hash": ("ws", "ws_n", "ws_list", "ws_sorted")}
+
+
 @dataclass(frozen=True)
 class Parallel:
     """Run the loop's iterations across threads. ``schedule`` is an OpenMP schedule kind;
-    ``private_workspace`` names a workspace each thread allocates for itself."""
+    ``workspace`` ('dense' or 'hash') is allocated privately by each thread."""
 
     schedule: str = "static"
     chunk: int | None = None
-    private_workspace: tuple = ()
+    workspace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,11 +118,13 @@ class Comment(Node):
 
 
 @dataclass(frozen=True)
-class Raw(Node):
-    """A named runtime helper statement (``alloc_workspace``, ``free_workspace``,
-    ``sort_touched``) that each renderer spells; ``uses``/``defines`` keep verify honest."""
+class Helper(Node):
+    """A named runtime helper statement (``alloc_dense``, ``hash_add``, ``sort_touched``...)
+    with expression arguments; ``uses``/``defines`` name the symbols it reads and declares,
+    so ``verify`` stays honest."""
 
-    code: str
+    name: str
+    args: tuple = ()
     uses: tuple = ()
     defines: tuple = ()
 
@@ -191,8 +199,8 @@ def verify(fn: Function) -> None:
                 expr(s.target, scope)
             elif isinstance(s, For):
                 expr(s.start, scope), expr(s.end, scope)
-                stmts(s.body, scope | {s.var} | set(s.parallel.private_workspace
-                                                    if s.parallel else ()))
+                private = WORKSPACE_NAMES.get(s.parallel.workspace, ()) if s.parallel else ()
+                stmts(s.body, scope | {s.var} | set(private))
             elif isinstance(s, While):
                 expr(s.cond, scope)
                 stmts(s.body, scope)
@@ -203,7 +211,9 @@ def verify(fn: Function) -> None:
                     stmts(s.orelse, scope)
             elif isinstance(s, Block):
                 stmts(s, scope)
-            elif isinstance(s, Raw):
+            elif isinstance(s, Helper):
+                for arg in s.args:
+                    expr(arg, scope)
                 for u in s.uses:
                     if u not in scope and u not in arrays:
                         raise IRError(f"{fn.name}: raw statement uses undeclared {u!r}")
@@ -257,6 +267,6 @@ def dump(node, indent: int = 0) -> str:
         return out
     if isinstance(node, Comment):
         return f"{pad}# {node.text}"
-    if isinstance(node, Raw):
-        return f"{pad}{node.code}"
+    if isinstance(node, Helper):
+        return f"{pad}{node.name}({', '.join(map(e, node.args))})"
     return f"{pad}{node!r}"

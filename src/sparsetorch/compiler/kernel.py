@@ -30,6 +30,7 @@ class CompiledKernel:
     outer_extent: tuple               # ('dim', v) | ('level', n) | ('one',): emit slices
     emit_sorted: bool                 # emitted entries already sorted and unique
     workspace_vars: tuple[str, ...]
+    workspace_kind: str | None
     notes: tuple[str, ...] = field(default=())
     compile_seconds: float = 0.0
 
@@ -40,8 +41,10 @@ class CompiledKernel:
 @lru_cache(maxsize=4096)
 def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_dtype: str,
                    index_dtypes: tuple[str, ...], out_format=None,
-                   use_workspace: bool = True) -> CompiledKernel:
+                   workspace: str = "dense") -> CompiledKernel:
     """Schedule, lower and render ``assignment`` for operands described by ``infos``.
+    ``workspace`` picks the row accumulator of sparse results: a 'dense' array per thread,
+    or a 'hash' table for dimensions too large for that.
 
     Example:
         >>> from sparsetorch.compiler.notation import parse_einsum
@@ -60,7 +63,7 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
     modes = ("count", "fill") if out.kind == "emit" else (out.kind,)
     functions, lowerers = [], []
     for mode in modes:
-        plan = Plan(assignment, sched.order, sched.formats, out, mode, use_workspace, notes)
+        plan = Plan(assignment, sched.order, sched.formats, out, mode, workspace, notes)
         fn, lw = lower(plan, f"kernel_{mode}")
         verify(fn)
         functions.append(fn)
@@ -77,5 +80,5 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
         emit_sorted = storage == want and dup_free and all(
             lv.ordered for lv in out.format.levels)
     return CompiledKernel(assignment, sched, out, tuple(functions), source, lw.outer_extent,
-                          emit_sorted, lw.ws_vars, tuple(dict.fromkeys(notes)),
+                          emit_sorted, lw.ws_vars, lw.ws_kind, tuple(dict.fromkeys(notes)),
                           time.perf_counter() - t0)

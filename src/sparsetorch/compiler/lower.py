@@ -25,17 +25,14 @@ from dataclasses import dataclass, field
 
 from ..formats.levels import Compressed, Dense, Singleton
 from .ir import (Assign, Bin, Block, Call, Comment, Cond, Decl, For, Function, If, Lit, Load,
-                 Param, Parallel, Raw, Sym, While, block)
+                 Param, Parallel, Helper, Sym, While, WORKSPACE_NAMES, block)
 from .notation import UNARY, Access, Add, Assignment, Mul, Scale, Unary, presence
 from .output import OutputSpec
 from .schedule import level_vars
 
-# Workspaces larger than this many cells are replaced by duplicate emission + sort (exact
-# size, no dense temporary); see ``Plan.use_workspace``.
+# A dense workspace of more cells than this (per thread) becomes a hash table that grows
+# with the entries actually touched; see ``Plan.workspace``.
 MAX_WORKSPACE = 1 << 24
-
-
-_WORKSPACE = ("ws_vals", "ws_mark", "ws_list", "ws_n")
 
 
 class _B:
@@ -57,14 +54,15 @@ def _cond(p):
 
 @dataclass
 class Plan:
-    """Everything lowering needs; ``mode`` is 'dense', 'sampled', 'count' or 'fill'."""
+    """Everything lowering needs; ``mode`` is 'dense', 'sampled', 'count' or 'fill';
+    ``workspace`` is the kind of row accumulator ('dense' array or 'hash' table)."""
 
     assignment: Assignment
     order: tuple
     formats: tuple
     output: OutputSpec
     mode: str
-    use_workspace: bool = True
+    workspace: str = "dense"
     notes: list = field(default_factory=list)
 
 
@@ -99,8 +97,8 @@ class _Lowerer:
         self.emitting = plan.mode in ("count", "fill")
         self.later_free = later_free
         self.outer_extent = ("one",)          # how many slices emission counts are kept in
-        self.ws_depth = later_free[0] if (later_free and self.emitting
-                                          and plan.use_workspace) else None
+        self.ws_depth = later_free[0] if (later_free and self.emitting) else None
+        self.ws_kind = plan.workspace if self.ws_depth is not None else None
         self.ws_vars = tuple(v for v in self.order[self.ws_depth:] if v in self.out_vars) \
             if self.ws_depth is not None else ()
         # Accumulate in a scalar over the innermost run of reduction loops.
@@ -109,9 +107,6 @@ class _Lowerer:
             suffix -= 1
         self.acc_depth = suffix if (suffix < len(self.order) and self.ws_depth is None) \
             else None
-        if self.emitting and red and self.ws_depth is None and later_free:
-            plan.notes.append("reduction before a free variable without a workspace: entries "
-                              "are emitted per contribution and summed by the packer")
         self.names = 0
 
     def fresh(self, base):
@@ -149,13 +144,16 @@ class _Lowerer:
             hit = [Assign(Sym(st.hit), Lit(1))] if st.hit else []
             return hit if counting else [Assign(Sym(st.acc), value, "+=")] + hit
         if self.ws_depth is not None:
-            wl = Sym("ws_at")
-            add = [] if counting else [Assign(Load("ws_vals", wl), value, "+=")]
-            return [Decl("idx", "ws_at", _horner(self.ws_vars)),
-                    If(Bin("==", Load("ws_mark", wl), Lit(0)), block(
-                        Assign(Load("ws_mark", wl), Lit(1)),
-                        Assign(Load("ws_list", Sym("ws_n")), wl),
-                        Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Lit(1)))))] + add
+            at = Sym("ws_at")
+            out = [Decl("idx", "ws_at", _horner(self.ws_vars))]
+            if self.ws_kind == "hash":
+                return out + [Helper("hash_mark", (at,), ("ws",)) if counting else
+                              Helper("hash_add", (at, value), ("ws",))]
+            add = [] if counting else [Assign(Load("ws_vals", at), value, "+=")]
+            return out + [If(Bin("==", Load("ws_mark", at), Lit(0)), block(
+                Assign(Load("ws_mark", at), Lit(1)),
+                Assign(Load("ws_list", Sym("ws_n")), at),
+                Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Lit(1)))))] + add
         if kind == "dense":
             return [Assign(Load("out_vals", _horner(self.out_vars)), value, "+=")]
         if kind == "sampled":
@@ -186,24 +184,29 @@ class _Lowerer:
         return [If(Sym(st.hit), block(self.emit(acc, {v: Sym(v) for v in self.out_vars}, st)))]
 
     def flush_workspace(self, st):
-        """After the reduction loop: emit touched workspace cells in order, then reset."""
-        at = Sym("ws_at")
-        body = [Decl("idx", "ws_at", Load("ws_list", Sym("ws_q"))),
-                Assign(Load("ws_mark", at), Lit(0))]
+        """After the reduction loop: emit the touched cells in order, then reset them."""
+        at, hashed = Sym("ws_at"), self.ws_kind == "hash"
+        body = [Decl("idx", "ws_at", Load("ws_list", Sym("ws_q")))]
+        if not hashed:
+            body.append(Assign(Load("ws_mark", at), Lit(0)))
         if self.plan.mode == "count":
             body += self.emit(None, None, st)
-            return [For("ws_q", Lit(0), Sym("ws_n"), block(body)), Assign(Sym("ws_n"), Lit(0))]
-        coords = {v: Sym(v) for v in self.out_vars if v not in self.ws_vars}
-        body.append(Decl("idx", "ws_rest", at))
-        for v in reversed(self.ws_vars):
-            body.append(Decl("idx", f"{v}_ws", Bin("%", Sym("ws_rest"), dim(v))))
-            body.append(Assign(Sym("ws_rest"), Bin("/", Sym("ws_rest"), dim(v))))
-            coords[v] = Sym(f"{v}_ws")
-        body += self.emit(Load("ws_vals", at), coords, st)
-        body.append(Assign(Load("ws_vals", at), Lit(0)))
-        return [Raw("sort_touched", ("ws_list", "ws_n")),
-                For("ws_q", Lit(0), Sym("ws_n"), block(body)),
-                Assign(Sym("ws_n"), Lit(0))]
+        else:
+            coords = {v: Sym(v) for v in self.out_vars if v not in self.ws_vars}
+            body.append(Decl("idx", "ws_rest", at))
+            for v in reversed(self.ws_vars):
+                body.append(Decl("idx", f"{v}_ws", Bin("%", Sym("ws_rest"), dim(v))))
+                body.append(Assign(Sym("ws_rest"), Bin("/", Sym("ws_rest"), dim(v))))
+                coords[v] = Sym(f"{v}_ws")
+            value = Load("ws_sorted", Sym("ws_q")) if hashed else Load("ws_vals", at)
+            body += self.emit(value, coords, st)
+            if not hashed:
+                body.append(Assign(Load("ws_vals", at), Lit(0)))
+        names = WORKSPACE_NAMES[self.ws_kind]
+        sort = [] if (self.plan.mode == "count" and not hashed) else \
+            [Helper(f"{self.ws_kind}_sort", (), names)]
+        reset = Helper("hash_clear", (), names) if hashed else Assign(Sym("ws_n"), Lit(0))
+        return sort + [For("ws_q", Lit(0), Sym("ws_n"), block(body)), reset]
 
     # -- loops -------------------------------------------------------------------------------
     def loops(self, depth, st):
@@ -351,9 +354,8 @@ class _Lowerer:
         if not self.emitting and v not in self.out_vars:
             return None
         has_sparse_inner = len(self.order) > 1 and bool(self.sparse)
-        ws = _WORKSPACE if self.ws_depth is not None else ()
         return Parallel("dynamic" if (has_sparse_inner or sparse) else "static",
-                        32 if (has_sparse_inner or sparse) else None, ws)
+                        32 if (has_sparse_inner or sparse) else None, self.ws_kind)
 
     def with_outer(self, depth, t, st, body):
         """At the outermost loop, name the iteration number (emission counts per iteration)."""
@@ -437,10 +439,11 @@ def lower(plan: Plan, name: str = "kernel"):
     body = lw.loops(0, st)
     if lw.ws_depth is not None:
         if not any(isinstance(s, For) and s.parallel for s in body):
-            body = [Raw("alloc_workspace", ("ws_size",), _WORKSPACE)] + body + \
-                [Raw("free_workspace", _WORKSPACE)]
-        body = [Comment(f"workspace over ({', '.join(lw.ws_vars)}): dense accumulator, "
-                        "touched list sorted before emission")] + body
+            names = WORKSPACE_NAMES[lw.ws_kind]
+            body = [Helper(f"alloc_{lw.ws_kind}", (), ("ws_size",), names)] + body + \
+                [Helper(f"free_{lw.ws_kind}", (), names)]
+        body = [Comment(f"{lw.ws_kind} workspace over ({', '.join(lw.ws_vars)}): touched "
+                        "cells are sorted before emission")] + body
     return Function(name, tuple(_params(plan, lw)), block(body)), lw
 
 

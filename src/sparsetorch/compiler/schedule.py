@@ -104,25 +104,21 @@ def _cost(assignment: Assignment, order, formats, infos) -> tuple[int, int]:
                 level_at.setdefault(v, []).append(formats[acc.operand].levels[k])
     n_pow = d_pow = 0
     worst = (0, 0)
-    dense_loop = {}
     for v in order:
         kinds = level_at.get(v, [])
-        dense_loop[v] = not kinds or all(isinstance(k, Dense) for k in kinds)
-        if dense_loop[v]:
+        if not kinds or all(isinstance(k, Dense) for k in kinds):
             n_pow += 1
         else:
             d_pow += 1
         bound.add(v)
         worst = max(worst, (n_pow, d_pow))
     if all(not f.is_dense for f in formats):
-        # The result is likely sparse: free variables after a reduction need a workspace
-        # whose size (dense extent per variable) is paid per outer iteration.
+        # The result is likely sparse: free variables after a reduction need a workspace,
+        # allocated once with a dense extent per variable (rows reset only touched cells).
         out = assignment.out_vars
         first_red = next((d for d, v in enumerate(order) if v not in out), len(order))
         ws = [v for v in order[first_red:] if v in out]
-        if ws:
-            outer = sum(1 for v in order[:first_red] if dense_loop[v])
-            worst = max(worst, (outer + len(ws), 0))
+        worst = max(worst, (len(ws), 0))
     return worst
 
 

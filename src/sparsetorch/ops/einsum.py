@@ -107,7 +107,8 @@ def _explanation(assignment: Assignment, kernel, infos) -> Explanation:
                               for info in infos),
         conversions=kernel.schedule.conversions, output_kind=out.kind,
         output_format=out.format.name if out.format is not None else "dense tensor",
-        workspace=kernel.workspace_vars, parallel=par,
+        workspace=tuple(f"{v} ({kernel.workspace_kind})" for v in kernel.workspace_vars),
+        parallel=par,
         tiles="none (untiled loops)", notes=kernel.notes,
         loops=kernel.describe_loops(), source=kernel.source)
 

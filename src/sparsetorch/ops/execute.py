@@ -132,9 +132,9 @@ def get_kernel(assignment, tensors, infos, dtype, out_format, extents) -> Compil
     kernel = compile_kernel(assignment, infos, _DTYPE_NAMES[dtype], index, _fmt_key(out_format))
     if kernel.workspace_vars:
         cells = _prod(extents[v] for v in kernel.workspace_vars)
-        if cells > MAX_WORKSPACE:  # emit duplicates and let the packer sum them instead
+        if cells > MAX_WORKSPACE:  # too big to allocate per thread: hash the touched cells
             kernel = compile_kernel(assignment, infos, _DTYPE_NAMES[dtype], index,
-                                    _fmt_key(out_format), False)
+                                    _fmt_key(out_format), "hash")
     return kernel
 
 
