@@ -1,0 +1,6 @@
+"""``python -m sparsetorch ...`` runs the command line (see ``sparsetorch.cli``)."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

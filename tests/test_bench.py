@@ -1,0 +1,225 @@
+"""The benchmark harness: medians, per-round ratios, interleaving, thread pinning, atomic JSON.
+
+Timing logic is tested with a fake clock that each callable advances by a scripted cost, so
+the numbers are exact and the tests do not depend on how loaded the machine is.
+"""
+import gc
+import importlib.util
+import json
+import os
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparsetorch.bench import (Report, compare, find_data, format_table, format_time, geomean,
+                               load_or_generate, machine_info, pinned_threads, speedup,
+                               write_json_atomic)
+
+
+class FakeClock:
+    """``timer`` for ``compare``; ``case(name, costs)`` makes a callable that advances the
+    clock by the next cost in ``costs`` (the last one repeats) and logs its name."""
+
+    def __init__(self):
+        self.t = 0.0
+        self.log = []
+
+    def __call__(self):
+        return self.t
+
+    def case(self, name, costs):
+        costs = list(costs)
+
+        def fn():
+            self.log.append(name)
+            self.t += costs.pop(0) if len(costs) > 1 else costs[0]
+        return fn
+
+
+def test_medians_and_per_round_ratios():
+    clock = FakeClock()
+    # Ratio of medians would be 1/11; the median of per-round ratios (a/b) is 0.5.
+    cases = {"a": clock.case("a", [1, 1, 10]), "b": clock.case("b", [2, 12, 11])}
+    res = compare(cases, baseline="a", rounds=3, warmup=0, timer=clock)
+    a, b = res["impls"]["a"], res["impls"]["b"]
+    assert a["times_s"] == [1, 1, 10] and b["times_s"] == [2, 12, 11]
+    assert a["median_s"] == 1 and b["median_s"] == 11
+    assert a["speedup"] == 1.0
+    assert b["speedup"] == pytest.approx(statistics.median([1 / 2, 1 / 12, 10 / 11]))
+    assert speedup(res, "a", over="b") == pytest.approx(2.0)
+    assert res["baseline"] == "a" and res["rounds"] == 3
+
+
+def test_rounds_interleave_in_rotating_order():
+    clock = FakeClock()
+    cases = {n: clock.case(n, [1]) for n in "abc"}
+    compare(cases, rounds=4, warmup=1, timer=clock)
+    warm, timed = clock.log[:3], clock.log[3:]
+    assert warm == list("abc")
+    assert [timed[i:i + 3] for i in range(0, 12, 3)] == [list("abc"), list("bca"),
+                                                         list("cab"), list("abc")]
+
+
+def test_min_time_calibrates_number_of_calls_per_sample():
+    clock = FakeClock()
+    res = compare({"fast": clock.case("fast", [0.001]), "slow": clock.case("slow", [1.0])},
+                  rounds=2, warmup=1, min_time=0.01, timer=clock)
+    assert res["impls"]["fast"]["number"] == 10
+    assert res["impls"]["slow"]["number"] == 1
+    assert res["impls"]["fast"]["median_s"] == pytest.approx(0.001)
+    assert clock.log.count("fast") == 1 + 2 * 10  # warm-up reused for calibration
+
+
+def test_max_time_stops_early_but_keeps_three_rounds():
+    clock = FakeClock()
+    cases = {"a": clock.case("a", [1]), "b": clock.case("b", [1])}
+    assert compare(cases, rounds=10, warmup=0, max_time=0.5, timer=clock)["rounds"] == 3
+    assert compare(cases, rounds=10, warmup=0, max_time=7, timer=clock)["rounds"] == 4
+
+
+def test_failing_case_is_reported_not_raised():
+    def boom():
+        raise NotImplementedError("no such op")
+
+    res = compare({"base": lambda: None, "bad": boom}, rounds=3)
+    assert res["impls"]["bad"]["error"] == "NotImplementedError: no such op"
+    assert res["impls"]["bad"]["speedup"] is None and res["impls"]["bad"]["times_s"] == []
+    assert len(res["impls"]["base"]["times_s"]) == 3
+    # Without a baseline there is no ratio for anyone.
+    res = compare({"bad": boom, "ok": lambda: None}, baseline="bad", rounds=2)
+    assert res["impls"]["ok"]["speedup"] is None
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="baseline"):
+        compare({"a": lambda: None}, baseline="nope")
+    with pytest.raises(ValueError, match="no cases"):
+        compare({})
+
+
+def test_threads_pinned_during_timing_and_restored():
+    before = torch.get_num_threads()
+    seen = []
+    res = compare({"a": lambda: seen.append(torch.get_num_threads())}, rounds=2, threads=1)
+    assert set(seen) == {1} and res["threads"] == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError):
+        with pinned_threads(1):
+            raise RuntimeError("body failed")
+    assert torch.get_num_threads() == before
+
+
+def test_gc_state_restored():
+    assert gc.isenabled()
+    compare({"a": lambda: None}, rounds=2)
+    assert gc.isenabled()
+
+
+def test_report_rows_table_and_json(tmp_path):
+    clock = FakeClock()
+    res = compare({"scipy": clock.case("s", [0.002]), "ours": clock.case("o", [0.001])},
+                  baseline="scipy", rounds=3, warmup=0, timer=clock)
+    rep = Report("toy", meta={"k": 1}, quiet=True)
+    rows = rep.add("m1", res, op="csr->csc", nnz=5)
+    assert [r["impl"] for r in rows] == ["scipy", "ours"]
+    assert rows[1]["speedup"] == pytest.approx(2.0) and rows[1]["op"] == "csr->csc"
+    table = rep.table()
+    assert "2.00x" in table and "1.00ms" in table and "csr->csc" in table
+    path = rep.write_json(tmp_path / "sub" / "r.json")
+    data = json.loads(path.read_text())
+    assert data["rows"] == json.loads(json.dumps(rep.rows))
+    assert data["meta"] == {"k": 1} and data["title"] == "toy"
+    for key in ("cpu", "cores", "threads", "OMP_NUM_THREADS", "torch", "numpy", "scipy",
+                "date", "git_commit", "loadavg_at_start"):
+        assert key in data["machine"]
+    assert os.listdir(path.parent) == ["r.json"]  # no temp file left behind
+
+
+def test_json_write_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "r.json"
+    write_json_atomic(path, {"old": True})
+    with pytest.raises(TypeError):  # not serialisable: fails before touching the file
+        write_json_atomic(path, {"x": object()})
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk")))
+    with pytest.raises(OSError):
+        write_json_atomic(path, {"new": True})
+    assert json.loads(path.read_text()) == {"old": True}
+    assert os.listdir(tmp_path) == ["r.json"]
+
+
+def test_json_rejects_nan(tmp_path):
+    with pytest.raises(ValueError):
+        write_json_atomic(tmp_path / "r.json", {"x": float("nan")})
+
+
+def test_table_marks_errors_and_aligns():
+    rows = [{"case": "a", "impl": "x", "median_s": 1.5, "speedup": 1.0},
+            {"case": "bb", "impl": "y", "median_s": None, "speedup": None, "error": "E"}]
+    lines = format_table(rows, ["case", "impl", "median_s", "speedup"]).splitlines()
+    assert lines[0].split() == ["case", "impl", "median", "speedup"]
+    assert "error" in lines[2] and "1.50s" in lines[1]
+    assert len(lines[1]) == len(lines[0])  # right-aligned numbers end at the same column
+
+
+def test_geomean_and_format_time():
+    assert geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert geomean([None, 3.0]) == pytest.approx(3.0)
+    assert geomean([]) is None
+    with pytest.raises(ValueError):
+        geomean([1.0, 0.0])
+    assert [format_time(t) for t in (2.0, 0.0123, 4.5e-5, 3e-8)] == ["2.00s", "12.30ms",
+                                                                       "45us", "30ns"]
+
+
+def test_load_or_generate_records_stand_in(capsys):
+    rep = Report("r", quiet=True)
+    rep.notes.clear()  # drop a possible "machine busy" note
+    assert load_or_generate("x", lambda: 1, lambda: 2, report=rep) == (1, "real")
+    assert rep.notes == []
+
+    def missing():
+        raise FileNotFoundError("gone")
+    assert load_or_generate("cora", missing, lambda: 2, report=rep) == (2, "generated")
+    assert "cora" in rep.notes[0] and "gone" in rep.notes[0]
+    load_or_generate("cora", missing, lambda: 2)
+    assert "not from the real dataset" in capsys.readouterr().err
+
+
+def test_find_data(tmp_path, monkeypatch):
+    assert find_data(tmp_path) == tmp_path
+    assert find_data(tmp_path / "missing") is None
+    monkeypatch.setenv("SPARSETORCH_DATA", str(tmp_path))
+    assert find_data() == tmp_path
+
+
+def test_machine_info_names_threads():
+    with pinned_threads(1):
+        assert machine_info()["threads"] == 1
+
+
+def _load_conversions_script():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "conversions.py"
+    spec = importlib.util.spec_from_file_location("conversions_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_conversions_benchmark_smoke(tmp_path, capsys):
+    """The benchmark script runs end to end on stand-in data and writes valid JSON."""
+    bench = _load_conversions_script()
+    out = tmp_path / "conv.json"
+    empty = tmp_path / "data"
+    empty.mkdir()
+    assert bench.main(["--quick", "--data", str(empty), "--only", "rajat01|generated",
+                       "--big-nnz", "20000", "--rounds", "1", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    ops = {r["op"] for r in data["rows"]}
+    assert ops == {"csr->csc", "csr->coo", "coo->csr", "dense->csr", "csr->dense", "from_scipy"}
+    assert {r["collection"] for r in data["rows"]} == {"suitesparse", "generated"}
+    assert {r["impl"] for r in data["rows"]} == {"sparsetorch", "scipy", "torch"}
+    assert any("stand-in" in n for n in data["notes"])
+    assert not [r for r in data["rows"] if r.get("check")], "a library disagreed with scipy"
+    assert "x_scipy" in capsys.readouterr().out
