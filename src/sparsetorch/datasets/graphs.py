@@ -1,0 +1,81 @@
+"""Amazon-Computers, Amazon-Photo and Coauthor-CS (Shchur et al. 2018) from the shipped
+``graphs/*.npz`` files, symmetrised as PyG does (``A + Aᵀ``, no self-loops, entries 1).
+These datasets have no standard split: ``train_idx`` etc. are ``None``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ._graph import Graph, csr_features, symmetric_adjacency
+from ._paths import dataset_dir, need_file
+from ._pickle import load_npz
+from .planetoid import PLANETOID_NAMES, planetoid
+
+NPZ_NAMES = ("amazon_cs", "amazon_photo", "coauthor_cs")
+GRAPH_NAMES = PLANETOID_NAMES + NPZ_NAMES
+_ALIASES = {"amazon_computers": "amazon_cs", "computers": "amazon_cs", "photo": "amazon_photo",
+            "cs": "coauthor_cs"}
+
+
+def graph(name: str, root=None) -> Graph:
+    """Load any shipped graph by name as a ``Graph``.
+
+    Names: ``cora``, ``citeseer``, ``pubmed`` (see ``planetoid``), ``amazon_cs`` (alias
+    ``computers``), ``amazon_photo`` (``photo``), ``coauthor_cs`` (``cs``); case and
+    ``-``/``_`` do not matter.
+
+    Example:
+        >>> import sparsetorch as st
+        >>> g = st.datasets.graph("amazon_photo")       # doctest: +SKIP
+        >>> g.num_nodes, g.num_edges, g.num_features, g.num_classes  # doctest: +SKIP
+        (7650, 238162, 745, 8)
+    """
+    key = str(name).lower().replace("-", "_")
+    key = _ALIASES.get(key, key)
+    if key in PLANETOID_NAMES:
+        return planetoid(key, root)
+    if key not in NPZ_NAMES:
+        raise ValueError(f"graph: unknown dataset {name!r}; use one of "
+                         f"{', '.join(GRAPH_NAMES)}")
+    where = f"graph({key!r})"
+    path = need_file(dataset_dir("graphs", root) / f"{key}.npz", where)
+    arrays = load_npz(path, ("adj_matrix", "node_attr", "node_label"))
+    adj = arrays["adj_matrix"].item().tocoo()
+    labels = np.asarray(arrays["node_label"], np.int64)
+    n = adj.shape[0]
+    if adj.shape != (n, n) or len(labels) != n:
+        raise ValueError(f"{where}: {path} has a {adj.shape} adjacency and {len(labels)} "
+                         "labels; expected a square adjacency with one label per node")
+    features = csr_features(arrays["node_attr"].item(), where)
+    return Graph(name=key, adj=symmetric_adjacency(adj.row, adj.col, n, where),
+                 features=features, labels=torch.from_numpy(labels.copy()),
+                 num_classes=int(labels.max()) + 1, num_features=int(features.shape[1]))
+
+
+def amazon(name: str = "computers", root=None) -> Graph:
+    """Amazon co-purchase graph: ``"computers"`` or ``"photo"``.
+
+    Example:
+        >>> import sparsetorch as st
+        >>> st.datasets.amazon("computers").num_edges   # doctest: +SKIP
+        491722
+    """
+    key = str(name).lower().replace("-", "_")
+    key = _ALIASES.get(key, key)
+    if key not in ("amazon_cs", "amazon_photo"):
+        raise ValueError(f"amazon: unknown dataset {name!r}; use 'computers' or 'photo'")
+    return graph(key, root)
+
+
+def coauthor(name: str = "cs", root=None) -> Graph:
+    """Coauthor graph (only ``"cs"`` is shipped; Coauthor-Physics is not).
+
+    Example:
+        >>> import sparsetorch as st
+        >>> st.datasets.coauthor("cs").num_edges        # doctest: +SKIP
+        163788
+    """
+    if str(name).lower() not in ("cs", "coauthor_cs"):
+        raise ValueError(f"coauthor: unknown dataset {name!r}; only 'cs' is shipped")
+    return graph("coauthor_cs", root)

@@ -1,0 +1,422 @@
+"""Matrix Market files (``.mtx`` and ``.mtx.gz``): read any real, integer or pattern matrix,
+write real or integer ones.
+
+Reading parses the whole body with one C-level call (``np.fromstring`` over the file's bytes),
+never a Python loop per line; only a malformed file takes a slower pass that finds the first
+bad line for the error message. Writing formats 64k entries per ``%`` call and replaces the
+target atomically (temp file in the same folder, then ``os.replace``), so a reader never sees
+half a file.
+"""
+from __future__ import annotations
+
+import gzip
+import itertools
+import os
+import tempfile
+import zlib
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..formats import SparseTensor
+from ..formats import tensor as _tensor
+from ..formats.pack import choose_index_dtype
+from ..formats.validate import VALUE_DTYPES
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_FIELDS = ("real", "integer", "pattern")
+_SYMMETRIES = ("general", "symmetric", "skew-symmetric")
+_DEFAULT_DTYPE = {"real": torch.float64, "integer": torch.int64, "pattern": torch.float32}
+_CHUNK = 1 << 16
+
+
+class MtxHeader(NamedTuple):
+    """What a Matrix Market file's banner and size line say (``st.io.read_mtx_header``)."""
+
+    path: str
+    layout: str            # 'coordinate' or 'array'
+    field: str             # 'real', 'integer', 'pattern' or 'complex'
+    symmetry: str          # 'general', 'symmetric', 'skew-symmetric' or 'hermitian'
+    shape: tuple           # (rows, cols)
+    entries: int           # stored entries (coordinate) or stored values (array)
+
+
+# -- reading ---------------------------------------------------------------------------------
+def read_bytes(path, who: str) -> bytes:
+    """The file's bytes, gunzipped when it starts with the gzip magic (any extension)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{who}: no file at {path!r}; check the path (relative paths "
+                                f"start from {os.getcwd()!r})") from None
+    except IsADirectoryError:
+        raise IsADirectoryError(f"{who}: {path!r} is a folder; pass the path of a file "
+                                "inside it") from None
+    if data[:2] == _GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise ValueError(f"{who}: {path!r} looks gzipped but cannot be decompressed "
+                             f"({e}); the file is truncated or corrupt, fetch it again") from None
+    return data
+
+
+def read_mtx_header(path) -> MtxHeader:
+    """Read only the banner and size line of a Matrix Market file (cheap; no body parse).
+
+    Complex and Hermitian files are reported, not rejected, so callers can skip them.
+
+    Example:
+        >>> import os, tempfile, torch, sparsetorch as st
+        >>> path = os.path.join(tempfile.mkdtemp(), "a.mtx")
+        >>> st.io.write_mtx(path, st.tensor(torch.eye(3)))
+        >>> h = st.io.read_mtx_header(path)
+        >>> h.layout, h.field, h.symmetry, h.shape, h.entries
+        ('coordinate', 'real', 'general', (3, 3), 3)
+    """
+    header, _, _ = _parse_header(read_bytes(path, "read_mtx_header"), os.fspath(path))
+    return header
+
+
+def read_mtx(path, format="csr", dtype=None, index_dtype=None) -> SparseTensor:
+    """Read a Matrix Market file (``.mtx`` or gzipped ``.mtx.gz``) into a ``SparseTensor``.
+
+    Supported: ``coordinate`` files with field ``real``, ``integer`` or ``pattern`` (every
+    listed entry becomes 1) and symmetry ``general``, ``symmetric`` (off-diagonal entries are
+    mirrored) or ``skew-symmetric`` (mirrored with the sign flipped); dense ``array`` files
+    (their zeros are dropped). Duplicate entries are summed, explicit zeros in coordinate files
+    are kept, as ``scipy.io.mmread(path).tocsr()`` does. Complex and Hermitian files raise
+    ``TypeError``.
+
+    ``dtype`` defaults to the lossless choice: ``float64`` for real files, ``int64`` for
+    integer files, ``float32`` for pattern files. ``format`` and ``index_dtype`` are as in
+    ``st.tensor``.
+
+    Example:
+        >>> import os, tempfile, torch, sparsetorch as st
+        >>> path = os.path.join(tempfile.mkdtemp(), "a.mtx")
+        >>> with open(path, "w") as f:
+        ...     _ = f.write("%%MatrixMarket matrix coordinate real symmetric\\n"
+        ...                 "2 2 2\\n1 1 4.0\\n2 1 -1.5\\n")
+        >>> st.io.read_mtx(path, dtype=torch.float32).to_dense()
+        tensor([[ 4.0000, -1.5000],
+                [-1.5000,  0.0000]])
+    """
+    spath = os.fspath(path)
+    data = read_bytes(path, "read_mtx")
+    header, body, first_line = _parse_header(data, spath)
+    if header.field == "complex" or header.symmetry == "hermitian":
+        raise TypeError(f"read_mtx: {spath!r} holds a {header.field} {header.symmetry} matrix; "
+                        "sparsetorch values are real or integer. Read it with "
+                        "scipy.io.mmread and pass the part you need, e.g. "
+                        "st.tensor(scipy.io.mmread(path).tocsr().real)")
+    target = _check_dtype(dtype, header, spath)
+    if header.layout == "array":
+        return _read_array(header, body, first_line, target, format, index_dtype)
+    rows, cols, vals = _read_coordinate(header, body, first_line, spath)
+    vals = _cast(vals, target, spath)
+    fast = _sorted_csr(rows, cols, vals, header.shape, index_dtype)
+    if fast is not None:
+        return fast.asformat(format, index_dtype=index_dtype)
+    coords = torch.from_numpy(np.stack([rows, cols]))
+    return _tensor((coords, vals), format=format, shape=header.shape, index_dtype=index_dtype)
+
+
+def _sorted_csr(rows, cols, vals, shape, index_dtype):
+    """CSR straight from entries already in row-major order without duplicates (what
+    ``write_mtx`` writes), skipping the sort; ``None`` when they are not."""
+    m, n = shape
+    if len(rows) == 0 or m * n >= 2**62:
+        return None
+    key = rows * n + cols
+    if not bool((key[1:] > key[:-1]).all()):
+        return None
+    idx = choose_index_dtype((m, n), len(rows), index_dtype)
+    pos = np.zeros(m + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=m), out=pos[1:])
+    crd = torch.from_numpy(np.ascontiguousarray(cols)).to(idx)
+    return SparseTensor.from_levels(shape, "csr", {"pos1": torch.from_numpy(pos).to(idx),
+                                                   "crd1": crd}, vals.contiguous())
+
+
+def _parse_header(data: bytes, path: str):
+    """-> (MtxHeader, body bytes, line number of the body's first line). Loops over the
+    banner and comment lines only."""
+    end = data.find(b"\n")
+    first = data[: end if end >= 0 else len(data)]
+    tokens = first.split()
+    example = "'%%MatrixMarket matrix coordinate real general'"
+    if not tokens or tokens[0].lower() != b"%%matrixmarket":
+        raise ValueError(f"read_mtx: {path!r} line 1 is {first[:60]!r}, not a Matrix Market "
+                         f"banner like {example}; is this a Matrix Market file?")
+    if len(tokens) != 5:
+        raise ValueError(f"read_mtx: {path!r} banner {first.decode('latin1')!r} has "
+                         f"{len(tokens) - 1} words after %%MatrixMarket, expected 4 as in "
+                         f"{example}")
+    obj, layout, field, symmetry = (t.decode("latin1").lower() for t in tokens[1:])
+    field = "real" if field == "double" else field
+    if obj != "matrix":
+        raise ValueError(f"read_mtx: {path!r} stores a {obj!r} object; only 'matrix' files "
+                         "are supported")
+    if layout not in ("coordinate", "array"):
+        raise ValueError(f"read_mtx: {path!r} has layout {layout!r}; expected 'coordinate' "
+                         "or 'array'")
+    if field not in (*_FIELDS, "complex"):
+        raise ValueError(f"read_mtx: {path!r} has field {field!r}; expected one of "
+                         f"{', '.join(_FIELDS)}")
+    if symmetry not in (*_SYMMETRIES, "hermitian"):
+        raise ValueError(f"read_mtx: {path!r} has symmetry {symmetry!r}; expected one of "
+                         f"{', '.join(_SYMMETRIES)}")
+    if field == "pattern" and (layout == "array" or symmetry == "skew-symmetric"):
+        raise ValueError(f"read_mtx: {path!r} declares a {field} {layout} {symmetry} matrix, "
+                         "which the Matrix Market format does not allow; fix the banner")
+    pos, line_no, size = end + 1, 1, None
+    while end >= 0 and pos <= len(data):
+        end = data.find(b"\n", pos)
+        line = data[pos: end if end >= 0 else len(data)].strip()
+        pos, line_no = end + 1, line_no + 1
+        if line and not line.startswith(b"%"):
+            size = line
+            break
+    want = 3 if layout == "coordinate" else 2
+    shape_words = "rows cols entries" if want == 3 else "rows cols"
+    try:
+        numbers = [int(w) for w in size.split()] if size is not None else []
+    except ValueError:
+        numbers = []
+    if len(numbers) != want or min(numbers) < 0:
+        found = "nothing" if size is None else repr(size[:60])
+        raise ValueError(f"read_mtx: {path!r} line {line_no}: expected the size line "
+                         f"'{shape_words}' ({want} non-negative integers), found {found}")
+    shape = (numbers[0], numbers[1])
+    if symmetry != "general" and shape[0] != shape[1]:
+        raise ValueError(f"read_mtx: {path!r} is {symmetry} but not square ({shape[0]}x"
+                         f"{shape[1]}); fix the banner or the size line")
+    if layout == "coordinate":
+        entries = numbers[2]
+    else:
+        n = shape[0]
+        entries = {"general": shape[0] * shape[1], "symmetric": n * (n + 1) // 2,
+                   "skew-symmetric": n * (n - 1) // 2, "hermitian": n * (n + 1) // 2}[symmetry]
+    body = data[pos:] if end >= 0 else b""
+    return MtxHeader(path, layout, field, symmetry, shape, entries), body, line_no + 1
+
+
+def _numbers(body: bytes, np_dtype, per_line: int, count: int, path: str, first_line: int,
+             lenient: bool = False):
+    """All whitespace-separated numbers of ``body`` as a ``[count, per_line]`` table.
+
+    ``lenient`` (pattern files): entry lines may carry a value column, which is read as
+    float64 and returned as a third column for the caller to ignore, as scipy does (some
+    SuiteSparse pattern files, e.g. Pajek/Ragusa16, list weights)."""
+    if np_dtype == np.float64 and (b"d" in body or b"D" in body):
+        body = body.translate(bytes.maketrans(b"dD", b"ee"))  # Fortran 1.0D+00 exponents
+    if not body or body.isspace():
+        out = np.empty(0, np_dtype)
+    else:
+        try:
+            out = np.fromstring(body, dtype=np_dtype, sep=" ")
+        except ValueError:
+            out = None
+            if lenient:  # the ignored value column may hold non-integers
+                try:
+                    out = np.fromstring(body, dtype=np.float64, sep=" ")
+                except ValueError:
+                    pass
+    if out is not None and out.size == per_line * count:
+        return out.reshape(count, per_line)
+    if lenient and out is not None and out.size == (per_line + 1) * count:
+        return out.reshape(count, per_line + 1)
+    raise _locate_problem(body, np_dtype, per_line, count, path, first_line, lenient)
+
+
+def _locate_problem(body, np_dtype, per_line, count, path, first_line,
+                    lenient=False) -> ValueError:
+    """Error path only: walk the lines to name the first bad one."""
+    kind = "integers" if np_dtype == np.int64 and not lenient else "numbers"
+    seen = 0
+    allowed = (per_line, per_line + 1) if lenient else (per_line,)
+    for k, line in enumerate(body.split(b"\n")):
+        words = line.split()
+        if not words:
+            continue
+        where = f"read_mtx: {path!r} line {first_line + k}"
+        if per_line == 1:  # array files: values may share lines
+            try:
+                np.array(words).astype(np_dtype)
+            except ValueError:
+                return ValueError(f"{where}: cannot read {line[:60]!r} as {kind}; fix or "
+                                  "remove that line")
+            seen += len(words)
+            continue
+        if len(words) not in allowed:
+            return ValueError(f"{where} has {len(words)} values ({line[:60]!r}); each entry "
+                              f"line of this file needs {' or '.join(map(str, allowed))}")
+        if lenient:
+            np_dtype = np.float64
+        try:
+            np.array(words).astype(np_dtype)
+        except ValueError:
+            return ValueError(f"{where}: cannot read {line[:60]!r} as {per_line} {kind}; fix "
+                              "or remove that line")
+        seen += 1
+    what = "values" if per_line == 1 else "entry lines"
+    return ValueError(f"read_mtx: {path!r} has {seen} {what} but its size line promises "
+                      f"{count}; the file is truncated or the size line is wrong")
+
+
+def _read_coordinate(header: MtxHeader, body, first_line, path):
+    per_line = 2 if header.field == "pattern" else 3
+    np_dtype = np.float64 if header.field == "real" else np.int64
+    table = _numbers(body, np_dtype, per_line, header.entries, path, first_line,
+                     lenient=header.field == "pattern")
+    if table.dtype == np.float64:
+        idx = table[:, :2]
+        if not np.array_equal(idx, np.trunc(idx)):
+            k = int(np.argmax((idx != np.trunc(idx)).any(1)))
+            raise ValueError(f"read_mtx: {path!r} entry {k + 1} has indices {idx[k].tolist()}; "
+                             "row and column indices must be whole numbers")
+        idx = idx.astype(np.int64)
+    else:
+        idx = table[:, :2]
+    rows, cols = idx[:, 0] - 1, idx[:, 1] - 1
+    m, n = header.shape
+    bad = (rows < 0) | (rows >= m) | (cols < 0) | (cols >= n)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise ValueError(f"read_mtx: {path!r} entry {k + 1} has index ({rows[k] + 1}, "
+                         f"{cols[k] + 1}) outside the {m}x{n} matrix; Matrix Market indices "
+                         f"are 1-based and lie in [1, {m}] x [1, {n}]")
+    vals = (np.ones(len(rows), np.float32) if header.field == "pattern"
+            else np.ascontiguousarray(table[:, 2]))
+    if header.symmetry != "general":
+        off = rows != cols
+        mirrored = vals[off] if header.symmetry == "symmetric" else -vals[off]
+        rows, cols = np.concatenate([rows, cols[off]]), np.concatenate([cols, rows[off]])
+        vals = np.concatenate([vals, mirrored])
+    return rows, cols, vals
+
+
+def _read_array(header: MtxHeader, body, first_line, target, format, index_dtype):
+    np_dtype = np.float64 if header.field == "real" else np.int64
+    vals = _numbers(body, np_dtype, 1, header.entries, header.path, first_line).reshape(-1)
+    m, n = header.shape
+    if header.symmetry == "general":
+        dense = vals.reshape(n, m).T           # column-major on disk
+    else:  # lower triangle, column by column == upper triangle, row by row, transposed
+        j, i = np.triu_indices(m, 0 if header.symmetry == "symmetric" else 1)
+        dense = np.zeros((m, n), np_dtype)
+        dense[j, i] = vals if header.symmetry == "symmetric" else -vals
+        dense[i, j] = vals
+    values = _cast(np.ascontiguousarray(dense), target, header.path)
+    return _tensor(values, format=format, index_dtype=index_dtype)
+
+
+def _check_dtype(dtype, header: MtxHeader, path) -> torch.dtype:
+    if dtype is None:
+        return _DEFAULT_DTYPE.get(header.field, torch.float64)
+    if not isinstance(dtype, torch.dtype) or dtype not in VALUE_DTYPES:
+        supported = ", ".join(str(d) for d in VALUE_DTYPES)
+        raise TypeError(f"read_mtx({path!r}): dtype={dtype!r} is not supported; pass one of "
+                        f"{supported}, or None for the file's own type")
+    return dtype
+
+
+def _cast(vals: np.ndarray, target: torch.dtype, path) -> torch.Tensor:
+    if not target.is_floating_point and vals.dtype.kind == "f":
+        if not np.array_equal(vals, np.trunc(vals)):
+            raise ValueError(f"read_mtx: {path!r} has non-integer values but dtype={target}; "
+                             "pass a floating dtype (or None)")
+    return torch.from_numpy(vals).to(target)
+
+
+# -- writing ---------------------------------------------------------------------------------
+def write_mtx(path, tensor, comment=None) -> None:
+    """Write a 2-D matrix as a ``coordinate general`` Matrix Market file, atomically.
+
+    ``tensor`` is a ``SparseTensor`` or anything ``st.tensor`` accepts (dense tensor, numpy
+    array, scipy.sparse matrix). Floating values are written as ``real`` (float64 with the
+    shortest repr that reads back exactly, float32/16 with 9 significant digits), integer
+    values as ``integer``. Entries go out in row-major order, 1-based; stored zeros are kept.
+    A path ending in ``.gz`` is gzipped. The file is written to a temporary file in the same
+    folder and moved into place with ``os.replace``, so readers never see a partial file.
+    ``comment`` (a string, may span lines) is written as ``%`` lines after the banner.
+
+    Example:
+        >>> import os, tempfile, torch, sparsetorch as st
+        >>> path = os.path.join(tempfile.mkdtemp(), "b.mtx.gz")
+        >>> A = st.tensor(torch.tensor([[0., 1.5], [2., 0.]]))
+        >>> st.io.write_mtx(path, A, comment="a 2x2 example")
+        >>> torch.equal(st.io.read_mtx(path, dtype=torch.float32).to_dense(), A.to_dense())
+        True
+    """
+    spath = os.fspath(path)
+    shape = tuple(getattr(tensor, "shape", ()))
+    if not isinstance(tensor, tuple) and len(shape) != 2:
+        raise ValueError(f"write_mtx({spath!r}): Matrix Market stores matrices; this tensor is "
+                         f"{len(shape)}-D with shape {shape}")
+    t = tensor if isinstance(tensor, SparseTensor) else _tensor(tensor, format="coo")
+    if t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"write_mtx({spath!r}): values of dtype {t.dtype} are not supported; "
+                        "convert to a float or integer dtype first")
+    coo = t.asformat("coo")
+    arrays = coo.arrays
+    rows = arrays["crd0"].detach().cpu().to(torch.int64).numpy() + 1
+    cols = arrays["crd1"].detach().cpu().to(torch.int64).numpy() + 1
+    values = coo.values.detach().cpu()
+    if values.dtype.is_floating_point:
+        field = "real"
+        spec = "%r" if values.dtype == torch.float64 else "%.9g"
+        values = values.to(torch.float64)
+    else:
+        field, spec = "integer", "%d"
+        values = values.to(torch.int64)
+    vals = values.numpy()
+    lines = [f"%%MatrixMarket matrix coordinate {field} general"]
+    if comment:
+        lines += ["%" + (" " + c if c else "") for c in str(comment).splitlines()]
+    lines.append(f"{t.shape[0]} {t.shape[1]} {len(vals)}")
+
+    def chunks():
+        yield ("\n".join(lines) + "\n").encode()
+        for s in range(0, len(vals), _CHUNK):
+            r, c, v = rows[s:s + _CHUNK].tolist(), cols[s:s + _CHUNK].tolist(), \
+                vals[s:s + _CHUNK].tolist()
+            text = (f"%d %d {spec}\n" * len(r)) % tuple(itertools.chain.from_iterable(
+                zip(r, c, v)))
+            yield text.encode()
+
+    atomic_write(spath, chunks(), gz=spath.endswith(".gz"), who="write_mtx")
+
+
+def atomic_write(path: str, chunks, gz: bool, who: str) -> None:
+    """Write byte ``chunks`` to a temp file beside ``path``, fsync, then ``os.replace``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".",
+                                   suffix=".tmp")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{who}: folder {folder!r} does not exist; create it first "
+                                f"(os.makedirs({folder!r}, exist_ok=True))") from None
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            out = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if gz else raw
+            for chunk in chunks:
+                out.write(chunk)
+            if gz:
+                out.close()
+            raw.flush()
+            os.fsync(raw.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

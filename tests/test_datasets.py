@@ -1,0 +1,270 @@
+"""Dataset loaders: data-root resolution and its errors, the README's statistics for every
+shipped graph, Kipf's Planetoid conventions re-derived independently, MNIST, SuiteSparse and
+DLMC listings, the pickle allow-list, and that nothing is ever written into the data."""
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import sparsetorch.datasets as D
+from sparsetorch.datasets import _paths
+from sparsetorch.datasets._pickle import load_pickle
+from sparsetorch.formats import SparseTensor
+
+
+def _root():
+    try:
+        return D.data_root()
+    except FileNotFoundError as e:
+        pytest.skip(f"shipped data not found: {e}")
+
+
+@pytest.fixture(scope="module")
+def root():
+    return _root()
+
+
+# -- data root -------------------------------------------------------------------------------
+def test_root_argument_and_env(tmp_path, monkeypatch):
+    assert D.data_root(tmp_path) == tmp_path
+    monkeypatch.setenv("SPARSETORCH_DATA", str(tmp_path))
+    assert D.data_root() == tmp_path
+    assert D.data_root(tmp_path / "..") == tmp_path / ".."   # root= beats the env
+
+
+def test_root_errors(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match=r"root='.*nowhere' is not a folder.*"
+                                                r"SPARSETORCH_DATA="):
+        D.data_root(tmp_path / "nowhere")
+    monkeypatch.setenv("SPARSETORCH_DATA", str(tmp_path / "gone"))
+    with pytest.raises(FileNotFoundError, match=r"SPARSETORCH_DATA='.*gone' is not a folder"):
+        D.data_root()
+    monkeypatch.delenv("SPARSETORCH_DATA")
+    looked = [tmp_path / "a" / "shared" / "data", tmp_path / "shared" / "data"]
+    monkeypatch.setattr(_paths, "_candidates", lambda: looked)
+    with pytest.raises(FileNotFoundError) as e:
+        D.data_root()
+    msg = str(e.value)
+    assert all(str(p) in msg for p in looked) and "set SPARSETORCH_DATA=" in msg
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    assert D.data_root() == tmp_path / "shared" / "data"
+
+
+def test_candidates_include_repo_sibling():
+    src = Path(D.__file__).resolve()
+    assert src.parents[4] / "shared" / "data" in _paths._candidates()   # <repo>/../shared
+
+
+def test_loaders_say_what_is_missing(tmp_path):
+    for call, missing in [(lambda: D.planetoid("cora", root=tmp_path), "planetoid"),
+                          (lambda: D.graph("amazon_cs", root=tmp_path), "graphs"),
+                          (lambda: D.mnist(root=tmp_path), "mnist"),
+                          (lambda: D.suitesparse(root=tmp_path), "suitesparse"),
+                          (lambda: D.dlmc(root=tmp_path), "dlmc")]:
+        with pytest.raises(FileNotFoundError, match=f"{missing}.*does not exist.*"
+                                                    "SPARSETORCH_DATA"):
+            call()
+    (tmp_path / "planetoid").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"ind\.cora\.y, which is missing"):
+        D.planetoid("cora", root=tmp_path)
+    (tmp_path / "mnist").mkdir()
+    with pytest.raises(FileNotFoundError, match="train-images-idx3-ubyte.gz nor"):
+        D.mnist(root=tmp_path)
+
+
+def test_unknown_names(root):
+    with pytest.raises(ValueError, match="unknown dataset 'reddit'; use one of cora"):
+        D.graph("reddit")
+    with pytest.raises(ValueError, match="use one of cora, citeseer, pubmed"):
+        D.planetoid("amazon_cs")
+    with pytest.raises(ValueError, match="use 'computers' or 'photo'"):
+        D.amazon("cs")
+    with pytest.raises(ValueError, match="only 'cs' is shipped"):
+        D.coauthor("physics")
+
+
+# -- graphs: the README table ----------------------------------------------------------------
+TABLE = {  # name: nodes, edge entries, features, classes
+    "cora": (2708, 10556, 1433, 7), "citeseer": (3327, 9104, 3703, 6),
+    "pubmed": (19717, 88648, 500, 3), "amazon_cs": (13752, 491722, 767, 10),
+    "amazon_photo": (7650, 238162, 745, 8), "coauthor_cs": (18333, 163788, 6805, 15),
+}
+
+
+@pytest.fixture(scope="module")
+def graphs(root):
+    return {name: D.graph(name) for name in TABLE}
+
+
+@pytest.mark.parametrize("name", list(TABLE))
+def test_graph_statistics(graphs, name):
+    g = graphs[name]
+    nodes, edges, feats, classes = TABLE[name]
+    assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == TABLE[name]
+    assert g.name == name and name in repr(g)
+    adj = g.adj
+    assert isinstance(adj, SparseTensor) and adj.format.name == "csr"
+    assert adj.dtype == torch.float32 and adj.shape == (nodes, nodes)
+    s = adj.to_scipy()
+    assert (s != s.T).nnz == 0                          # symmetric
+    assert s.diagonal().sum() == 0                      # no self-loops
+    assert np.all(s.data == 1) and s.has_canonical_format  # deduplicated
+    assert g.labels.dtype == torch.int64 and g.labels.shape == (nodes,)
+    assert int(g.labels.min()) == 0 and int(g.labels.max()) == classes - 1
+    if name == "pubmed":
+        assert g.features is None                       # ind.pubmed.allx is not shipped
+    else:
+        assert g.features.format.name == "csr" and g.features.dtype == torch.float32
+        assert g.features.shape == (nodes, feats)
+
+
+@pytest.mark.parametrize("name", ["cora", "citeseer", "pubmed"])
+def test_planetoid_split(graphs, name):
+    g = graphs[name]
+    n_train = {"cora": 140, "citeseer": 120, "pubmed": 60}[name]
+    assert torch.equal(g.train_idx, torch.arange(n_train))
+    assert torch.equal(g.val_idx, torch.arange(n_train, n_train + 500))
+    assert len(g.test_idx) == 1000 and bool((g.test_idx[1:] > g.test_idx[:-1]).all())
+    masks = torch.stack([g.train_mask, g.val_mask, g.test_mask])
+    assert masks.sum(1).tolist() == [n_train, 500, 1000] and int(masks.sum(0).max()) == 1
+
+
+def _kipf(root, name):
+    """Kipf's gcn/utils.py load_data, transcribed (with scipy.sparse for the features)."""
+    def load(key):
+        return load_pickle(root / "planetoid" / f"ind.{name}.{key}")
+
+    x, y, tx, ty, allx, ally = (load(k) for k in ("x", "y", "tx", "ty", "allx", "ally"))
+    test_idx_reorder = np.loadtxt(root / "planetoid" / f"ind.{name}.test.index", dtype=int)
+    test_idx_range = np.sort(test_idx_reorder)
+    if name == "citeseer":
+        full = range(min(test_idx_reorder), max(test_idx_reorder) + 1)
+        tx_ext = sp.lil_matrix((len(full), x.shape[1]))
+        tx_ext[test_idx_range - min(test_idx_range), :] = tx
+        tx = tx_ext
+        ty_ext = np.zeros((len(full), y.shape[1]))
+        ty_ext[test_idx_range - min(test_idx_range), :] = ty
+        ty = ty_ext
+    features = sp.vstack((allx, tx)).tolil()
+    features[test_idx_reorder, :] = features[test_idx_range, :]
+    labels = np.vstack((ally, ty))
+    labels[test_idx_reorder, :] = labels[test_idx_range, :]
+    return features.tocsr(), labels.argmax(1)
+
+
+@pytest.mark.parametrize("name", ["cora", "citeseer"])
+def test_planetoid_matches_kipf(root, graphs, name):
+    features, labels = _kipf(root, name)
+    g = graphs[name]
+    assert np.array_equal(g.labels.numpy(), labels)
+    assert (g.features.to_scipy() != features.astype(np.float32)).nnz == 0
+
+
+def test_graph_helpers_and_aliases(graphs):
+    assert D.amazon("computers").num_edges == graphs["amazon_cs"].num_edges
+    assert D.amazon("Photo").num_nodes == 7650
+    assert D.coauthor().num_nodes == 18333
+    assert D.graph("Amazon-Computers").name == "amazon_cs"
+    assert graphs["amazon_cs"].train_idx is None and graphs["amazon_cs"].train_mask is None
+    assert "no standard split" in repr(graphs["amazon_cs"])
+
+
+def test_graph_matches_readme_loader(root, graphs):
+    """The README's symmetrisation, from scipy: A + A^T, no self-loops, entries 1."""
+    from sparsetorch.datasets._pickle import load_npz
+
+    a = load_npz(root / "graphs" / "coauthor_cs.npz", ["adj_matrix"])["adj_matrix"].item()
+    ref = ((a + a.T) != 0).astype(np.float32).tolil()
+    ref.setdiag(0)
+    ref = ref.tocsr()
+    ref.eliminate_zeros()
+    assert (graphs["coauthor_cs"].adj.to_scipy() != ref).nnz == 0
+
+
+# -- MNIST -----------------------------------------------------------------------------------
+def test_mnist(root):
+    X, y = D.mnist()
+    assert X.shape == (60000, 28, 28) and X.dtype == torch.uint8 and y.dtype == torch.int64
+    assert abs(X.float().mean().item() / 255 - 0.1307) < 1e-4
+    assert y.bincount().tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    Xt, yt = D.mnist(train=False, dtype=torch.float32)
+    assert Xt.shape == (10000, 28, 28) and yt.shape == (10000,)
+    assert Xt.dtype == torch.float32 and float(Xt.max()) == 1.0
+    assert abs(Xt.mean().item() - 0.1325) < 1e-3
+    with pytest.raises(TypeError, match="dtype=torch.int32 is not supported"):
+        D.mnist(dtype=torch.int32)
+
+
+def test_mnist_bad_file(tmp_path):
+    (tmp_path / "mnist").mkdir()
+    (tmp_path / "mnist" / "t10k-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x01" + b"\0" * 8)
+    with pytest.raises(ValueError, match="magic 2049, expected 2051"):
+        D.mnist(root=tmp_path, train=False)
+
+
+# -- SuiteSparse and DLMC listings -----------------------------------------------------------
+def test_suitesparse(root):
+    names = D.suitesparse()
+    assert len(names) == 59 and names == sorted(names) and "HB__bcsstk13" in names
+    usable = D.suitesparse(fields=("real", "integer", "pattern"))
+    assert len(usable) == 58 and "HB__young1c" not in usable
+    a = D.suitesparse("bcsstk13", dtype=torch.float32)
+    assert a.shape == (2003, 2003) and a.nnz == 83883 and a.dtype == torch.float32
+    assert D.suitesparse("HB/bcsstk13", format="coo").format.name == "coo"
+    with pytest.raises(ValueError, match="did you mean HB__bcsstk13"):
+        D.suitesparse("bcsstk31")
+
+
+def test_suitesparse_ambiguous_name(tmp_path):
+    folder = tmp_path / "suitesparse" / "mtx"
+    folder.mkdir(parents=True)
+    for group in ("A", "B"):
+        (folder / f"{group}__x.mtx").write_text(
+            "%%MatrixMarket matrix coordinate pattern general\n1 1 1\n1 1\n")
+    with pytest.raises(ValueError, match=r"'x' is ambiguous \(A__x, B__x\)"):
+        D.suitesparse("x", root=tmp_path)
+    assert D.suitesparse("B/x", root=tmp_path).nnz == 1
+
+
+def test_dlmc(root):
+    counts = {("transformer", "0.7"): 96, ("transformer", "0.9"): 96,
+              ("transformer", "0.98"): 97, ("rn50", "0.8"): 54, ("rn50", "0.9"): 54,
+              ("rn50", "0.98"): 54}
+    for (model, level), n in counts.items():
+        paths = D.dlmc(model, sparsity=level)
+        assert len(paths) == n and all(p.name.endswith(".smtx.gz") for p in paths)
+    assert D.dlmc("rn50", sparsity=0.98) == D.dlmc("rn50", sparsity="0.98")
+    assert D.dlmc() == D.dlmc("transformer", "magnitude_pruning", 0.9)
+    with pytest.raises(FileNotFoundError, match=r"shipped sets .*rn50/magnitude_pruning/0\.8"):
+        D.dlmc("rn50", sparsity=0.5)
+
+
+# -- safety ----------------------------------------------------------------------------------
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_pickle_allow_list_refuses_code(tmp_path):
+    path = tmp_path / "ind.cora.x"
+    path.write_bytes(pickle.dumps(_Evil(), protocol=2))
+    with pytest.raises(ValueError, match="refusing to load"):
+        load_pickle(path)
+
+
+def test_never_writes_into_the_data(root, graphs):
+    def snapshot():
+        return sorted((str(p), p.stat().st_mtime_ns) for p in root.rglob("*"))
+
+    before = snapshot()
+    D.graph("cora")
+    D.mnist(train=False)
+    D.suitesparse("karate")
+    D.dlmc("rn50")
+    assert snapshot() == before

@@ -1,0 +1,404 @@
+"""Matrix Market and DLMC .smtx I/O: round trips against dense, every shipped SuiteSparse
+file against scipy.io.mmread, DLMC files against the README's reference parse, and every
+bad-input path's message."""
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+import scipy.sparse as sp
+import torch
+
+import sparsetorch as st
+from sparsetorch.datasets import data_root
+from sparsetorch.io import read_mtx, read_mtx_header, read_smtx, write_mtx
+from sparsetorch.io.mtx import atomic_write
+
+
+def _data_root() -> Path:
+    try:
+        return data_root()
+    except FileNotFoundError:
+        return Path("/nonexistent")
+
+
+MTX_DIR = _data_root() / "suitesparse" / "mtx"
+DLMC_DIR = _data_root() / "dlmc"
+MTX_FILES = sorted(MTX_DIR.glob("*.mtx")) if MTX_DIR.is_dir() else []
+
+
+def _write(tmp_path, text, name="a.mtx"):
+    path = tmp_path / name
+    data = text.encode()
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    return path
+
+
+def _dense(path, **kw):
+    return read_mtx(path, **kw).to_dense()
+
+
+def _random_dense(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * 100
+    x[torch.rand(shape, generator=g) < 0.6] = 0
+    return x.round().to(dtype) if not dtype.is_floating_point else x.to(dtype)
+
+
+# -- round trips -----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+@pytest.mark.parametrize("shape", [(7, 5), (1, 9), (12, 1)])
+def test_roundtrip_matches_dense(tmp_path, dtype, fmt, shape):
+    x = _random_dense(shape, dtype)
+    path = tmp_path / "m.mtx"
+    write_mtx(path, st.tensor(x, format=fmt))
+    back = read_mtx(path, format=fmt, dtype=dtype)
+    assert back.format.name == fmt and back.dtype == dtype
+    assert torch.equal(back.to_dense(), x)
+    h = read_mtx_header(path)
+    assert h.field == ("integer" if dtype == torch.int64 else "real")
+    assert (h.layout, h.symmetry, h.shape, h.entries) == ("coordinate", "general", shape,
+                                                          int((x != 0).sum()))
+
+
+def test_default_dtype_is_lossless(tmp_path):
+    x = torch.tensor([[0.1, 0.0], [1e-300, -np.pi]], dtype=torch.float64)
+    write_mtx(tmp_path / "f.mtx", x)
+    got = read_mtx(tmp_path / "f.mtx")
+    assert got.dtype == torch.float64 and torch.equal(got.to_dense(), x)
+    i = torch.tensor([[2**62, 0], [-7, 1]])
+    write_mtx(tmp_path / "i.mtx", i)
+    got = read_mtx(tmp_path / "i.mtx")
+    assert got.dtype == torch.int64 and torch.equal(got.to_dense(), i)
+
+
+def test_roundtrip_special_values_and_half(tmp_path):
+    x = torch.tensor([[float("inf"), 0.0, float("-inf")], [0.0, 3.0e-38, -1.5]])
+    write_mtx(tmp_path / "s.mtx", x)
+    assert torch.equal(_dense(tmp_path / "s.mtx", dtype=torch.float32), x)
+    nan = torch.tensor([[float("nan"), 1.0]])
+    write_mtx(tmp_path / "n.mtx", nan)
+    assert torch.isnan(_dense(tmp_path / "n.mtx")[0, 0])
+    for dt in (torch.float16, torch.bfloat16):
+        h = (torch.randn(4, 6, generator=torch.Generator().manual_seed(3)) * 10).to(dt)
+        write_mtx(tmp_path / "h.mtx", h)
+        assert torch.equal(_dense(tmp_path / "h.mtx", dtype=dt), h)
+
+
+def test_roundtrip_gz_scipy_and_explicit_zeros(tmp_path):
+    m = sp.random(30, 20, density=0.2, format="csr", random_state=1, dtype=np.float64)
+    m.data[::5] = 0.0                           # stored zeros survive the trip
+    path = tmp_path / "m.mtx.gz"
+    write_mtx(path, m, comment="line one\nline two")
+    assert path.read_bytes()[:2] == b"\x1f\x8b"
+    text = gzip.decompress(path.read_bytes()).decode()
+    assert text.startswith("%%MatrixMarket matrix coordinate real general\n% line one\n"
+                           "% line two\n30 20 ")
+    back = read_mtx(path).to_scipy()
+    assert back.nnz == m.nnz and np.array_equal(back.toarray(), m.toarray())
+    ref = scipy.io.mmread(path)
+    assert np.array_equal(ref.toarray(), m.toarray())
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "csc"])
+def test_empty_matrix(tmp_path, fmt):
+    empty = st.tensor((torch.zeros(2, 0, dtype=torch.int64), torch.zeros(0)), shape=(3, 4))
+    write_mtx(tmp_path / "e.mtx", empty)
+    got = read_mtx(tmp_path / "e.mtx", format=fmt)
+    assert got.shape == (3, 4) and got.nnz == 0
+    p = _write(tmp_path, "%%MatrixMarket matrix coordinate pattern symmetric\n5 5 0\n", "z.mtx")
+    assert read_mtx(p, format=fmt).nnz == 0
+    p = _write(tmp_path, "%%MatrixMarket matrix coordinate real general\n0 0 0", "zz.mtx")
+    assert read_mtx(p, format=fmt).shape == (0, 0)
+
+
+def test_format_and_index_dtype_pass_through(tmp_path):
+    write_mtx(tmp_path / "a.mtx", torch.eye(4))
+    a = read_mtx(tmp_path / "a.mtx", format="dcsr", index_dtype=torch.int64)
+    assert a.format.name == "dcsr" and a.index_dtype == torch.int64
+    assert read_mtx(tmp_path / "a.mtx").index_dtype == torch.int32
+
+
+# -- write_mtx atomicity -----------------------------------------------------------------------
+def test_write_is_atomic_and_leaves_no_temp_files(tmp_path):
+    path = tmp_path / "w.mtx"
+    write_mtx(path, torch.eye(2))
+    before = path.read_bytes()
+
+    def failing():
+        yield b"%%MatrixMarket matrix coordinate real general\n"
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        atomic_write(str(path), failing(), gz=False, who="test")
+    assert path.read_bytes() == before                   # old file untouched
+    assert sorted(os.listdir(tmp_path)) == ["w.mtx"]     # temp file removed
+    write_mtx(path, 2 * torch.eye(3))                    # replacing works
+    assert torch.equal(_dense(path, dtype=torch.float32), 2 * torch.eye(3))
+    assert sorted(os.listdir(tmp_path)) == ["w.mtx"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_write_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"3-D"):
+        write_mtx(tmp_path / "x.mtx", st.tensor(torch.ones(2, 2, 2), format="csf"))
+    with pytest.raises(ValueError, match=r"1-D"):
+        write_mtx(tmp_path / "x.mtx", torch.ones(3))
+    with pytest.raises(FileNotFoundError, match="does not exist; create it first"):
+        write_mtx(tmp_path / "missing" / "x.mtx", torch.eye(2))
+    assert not (tmp_path / "x.mtx").exists()
+
+
+# -- reading features ------------------------------------------------------------------------
+BANNER = "%%MatrixMarket matrix coordinate"
+
+
+def test_symmetric_skew_pattern_integer(tmp_path):
+    sym = _write(tmp_path, f"{BANNER} real symmetric\n% c\n3 3 4\n1 1 2.0\n2 1 -1\n3 1 5e-1"
+                           "\n3 3 7\n")
+    assert torch.equal(_dense(sym), torch.tensor([[2., -1, .5], [-1, 0, 0], [.5, 0, 7]],
+                                                 dtype=torch.float64))
+    skew = _write(tmp_path, f"{BANNER} integer skew-symmetric\n3 3 2\n2 1 4\n3 2 -3\n", "k.mtx")
+    got = _dense(skew)
+    assert got.dtype == torch.int64
+    assert torch.equal(got, torch.tensor([[0, -4, 0], [4, 0, 3], [0, -3, 0]]))
+    pat = _write(tmp_path, f"{BANNER} pattern symmetric\n3 3 3\n1 1\n3 1\n3 2\n", "p.mtx")
+    got = _dense(pat)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, torch.tensor([[1., 0, 1], [0, 0, 1], [1, 1, 0]]))
+    gen = _write(tmp_path, f"{BANNER} pattern general\n2 3 2\n1 3\n2 1\n", "g.mtx")
+    assert torch.equal(_dense(gen, dtype=torch.int32),
+                       torch.tensor([[0, 0, 1], [1, 0, 0]], dtype=torch.int32))
+
+
+def test_lenient_inputs(tmp_path):
+    # banner case, CRLF, tabs, blank lines, Fortran exponents, duplicates summed
+    text = ("%%matrixmarket MATRIX Coordinate REAL General\r\n%comment\r\n\r\n2  2\t3\r\n"
+            "1 1 1.5D+00\r\n\r\n2 2 -2d0\r\n1 1 0.5\r\n")
+    got = _dense(_write(tmp_path, text))
+    assert torch.equal(got, torch.tensor([[2.0, 0], [0, -2.0]], dtype=torch.float64))
+    # pattern files listing weights (as SuiteSparse's Pajek/Ragusa16 does): weights ignored
+    p = _write(tmp_path, f"{BANNER} pattern general\n2 2 2\n1 2 7\n2 1 0.5\n", "w.mtx")
+    assert torch.equal(_dense(p), torch.tensor([[0., 1], [1, 0]]))
+    gz = _write(tmp_path, f"{BANNER} integer general\n1 2 1\n1 2 9\n", "c.mtx.gz")
+    assert torch.equal(_dense(gz), torch.tensor([[0, 9]]))
+
+
+def test_array_layout(tmp_path):
+    gen = _write(tmp_path, "%%MatrixMarket matrix array real general\n2 3\n1\n0\n2\n3\n0\n4\n")
+    assert torch.equal(_dense(gen, dtype=torch.float32), torch.tensor([[1., 2, 0], [0, 3, 4]]))
+    sym = _write(tmp_path, "%%MatrixMarket matrix array integer symmetric\n3 3\n1 2 3 4 5 6\n",
+                 "s.mtx")
+    assert torch.equal(_dense(sym), torch.tensor([[1, 2, 3], [2, 4, 5], [3, 5, 6]]))
+    skew = _write(tmp_path, "%%MatrixMarket matrix array real skew-symmetric\n3 3\n1\n2\n3\n",
+                  "k.mtx")
+    assert torch.equal(_dense(skew, dtype=torch.float32),
+                       torch.tensor([[0., -1, -2], [1, 0, -3], [2, 3, 0]]))
+    assert read_mtx(gen).nnz == 4                      # zeros of dense files are dropped
+
+
+def test_complex_is_a_type_error(tmp_path):
+    p = _write(tmp_path, f"{BANNER} complex general\n1 1 1\n1 1 1.0 2.0\n")
+    with pytest.raises(TypeError, match=r"a\.mtx.*complex.*scipy\.io\.mmread"):
+        read_mtx(p)
+    h = _write(tmp_path, f"{BANNER} complex hermitian\n1 1 1\n1 1 1.0 0.0\n", "h.mtx")
+    with pytest.raises(TypeError, match="hermitian"):
+        read_mtx(h)
+    assert read_mtx_header(p).field == "complex"
+
+
+# -- bad input -------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, message", [
+    ("hello\n1 1 1\n", r"line 1 is .*not a Matrix Market banner"),
+    ("%%MatrixMarket matrix coordinate real\n1 1 0\n", "3 words after %%MatrixMarket"),
+    ("%%MatrixMarket vector coordinate real general\n1 1 0\n", "'vector' object"),
+    ("%%MatrixMarket matrix sparse real general\n1 1 0\n", "layout 'sparse'"),
+    ("%%MatrixMarket matrix coordinate quaternion general\n1 1 0\n", "field 'quaternion'"),
+    ("%%MatrixMarket matrix coordinate real diagonal\n1 1 0\n", "symmetry 'diagonal'"),
+    ("%%MatrixMarket matrix array pattern general\n1 1\n", "does not allow"),
+    ("%%MatrixMarket matrix coordinate real general\n% only comments\n", "line 3: expected the "
+     "size line 'rows cols entries'"),
+    ("%%MatrixMarket matrix coordinate real general\n2 2\n", "expected the size line"),
+    ("%%MatrixMarket matrix coordinate real general\n2 -2 1\n", "non-negative"),
+    ("%%MatrixMarket matrix coordinate real symmetric\n2 3 0\n", r"not square \(2x3\)"),
+    ("%%MatrixMarket matrix coordinate real general\n2 2 3\n1 1 1\n2 2 1\n",
+     "has 2 entry lines but its size line promises 3"),
+    ("%%MatrixMarket matrix coordinate real general\n2 2 1\n1 1 1\n2 2 1\n",
+     "has 2 entry lines but its size line promises 1"),
+    ("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n2 2\n",
+     r"line 4 has 2 values .*needs 3"),
+    ("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n2 x 1\n",
+     r"line 4: cannot read b'2 x 1' as 3 numbers"),
+    ("%%MatrixMarket matrix coordinate integer general\n2 2 1\n1 1 1.5\n",
+     r"line 3: cannot read b'1 1 1.5' as 3 integers"),
+    ("%%MatrixMarket matrix coordinate real general\n2 2 1\n0 1 1\n",
+     r"entry 1 has index \(0, 1\) outside the 2x2 matrix; Matrix Market indices are 1-based"),
+    ("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n2 3 1\n",
+     r"entry 2 has index \(2, 3\) outside"),
+    ("%%MatrixMarket matrix coordinate real general\n2 2 1\n1.5 1 1\n", "whole numbers"),
+    ("%%MatrixMarket matrix array real general\n2 2\n1 2 3\n",
+     "has 3 values but its size line promises 4"),
+    ("%%MatrixMarket matrix array integer general\n2 1\n1 2.5\n",
+     r"line 3: cannot read b'1 2.5' as integers"),
+])
+def test_bad_files_name_file_and_problem(tmp_path, text, message):
+    p = _write(tmp_path, text, "bad.mtx")
+    with pytest.raises(ValueError, match=message) as e:
+        read_mtx(p)
+    assert "bad.mtx" in str(e.value)
+
+
+def test_bad_paths_and_dtypes(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nope\.mtx"):
+        read_mtx(tmp_path / "nope.mtx")
+    with pytest.raises(IsADirectoryError, match="is a folder"):
+        read_mtx(tmp_path)
+    (tmp_path / "bad.mtx.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
+    with pytest.raises(ValueError, match=r"bad\.mtx\.gz.*cannot be decompressed"):
+        read_mtx(tmp_path / "bad.mtx.gz")
+    p = _write(tmp_path, f"{BANNER} real general\n1 1 1\n1 1 0.5\n")
+    with pytest.raises(TypeError, match=r"dtype=torch\.bool is not supported"):
+        read_mtx(p, dtype=torch.bool)
+    with pytest.raises(ValueError, match="non-integer values but dtype=torch.int64"):
+        read_mtx(p, dtype=torch.int64)
+
+
+# -- the shipped SuiteSparse matrices --------------------------------------------------------
+def test_suitesparse_data_present_or_skip():
+    if not MTX_FILES:
+        pytest.skip(f"no SuiteSparse data at {MTX_DIR}")
+    assert len(MTX_FILES) == 59
+
+
+@pytest.mark.parametrize("path", MTX_FILES, ids=[p.stem for p in MTX_FILES])
+def test_every_suitesparse_file_matches_scipy(path):
+    ref = scipy.io.mmread(path)
+    if np.iscomplexobj(ref.data if sp.issparse(ref) else ref):
+        with pytest.raises(TypeError, match="complex"):
+            read_mtx(path)
+        return
+    ref = sp.csr_array(ref)
+    ref.sum_duplicates()
+    got = read_mtx(path).to_scipy()
+    assert got.shape == ref.shape
+    assert np.array_equal(got.indptr, ref.indptr) and np.array_equal(got.indices, ref.indices)
+    assert np.array_equal(got.data, ref.data)
+    header = read_mtx_header(path)
+    if header.field == "integer":
+        assert got.dtype == np.int64
+
+
+# -- DLMC .smtx ------------------------------------------------------------------------------
+def _reference_smtx(path):
+    """The README's parse, written independently of read_smtx."""
+    with gzip.open(path, "rt") as f:
+        m, k, nnz = (int(v) for v in f.readline().split(","))
+        indptr = np.array(f.readline().split(), dtype=np.int64)
+        indices = np.array(f.readline().split(), dtype=np.int64)
+    return sp.csr_matrix((np.ones(nnz, np.float32), indices, indptr), shape=(m, k))
+
+
+def _dlmc_sample():
+    if not DLMC_DIR.is_dir():
+        return []
+    out = []
+    for folder in sorted(p for p in DLMC_DIR.glob("*/*/*") if p.is_dir()):
+        files = sorted(folder.glob("*.smtx.gz"), key=lambda p: p.stat().st_size)
+        out += [files[0], files[-1]] if files else []
+    return out
+
+
+DLMC_SAMPLE = _dlmc_sample()
+
+
+@pytest.mark.parametrize("path", DLMC_SAMPLE,
+                         ids=[f"{p.parent.parent.parent.name}-{p.parent.name}-{p.stem[:30]}"
+                              for p in DLMC_SAMPLE])
+def test_dlmc_files_match_reference(path):
+    ref = _reference_smtx(path)
+    got = read_smtx(path)
+    assert got.format.name == "csr" and got.dtype == torch.float32
+    s = got.to_scipy()
+    assert s.shape == ref.shape and np.array_equal(s.indptr, ref.indptr)
+    assert np.array_equal(s.indices, ref.indices) and np.all(s.data == 1)
+
+
+def test_dlmc_data_present_or_skip():
+    if not DLMC_SAMPLE:
+        pytest.skip(f"no DLMC data at {DLMC_DIR}")
+    assert len(DLMC_SAMPLE) == 12
+
+
+SMTX = "3, 4, 5\n0 2 2 5\n1 3 0 2 3\n"
+
+
+def test_smtx_values_rules(tmp_path):
+    p = _write(tmp_path, SMTX, "w.smtx")
+    pattern = torch.tensor([[0, 1, 0, 1], [0, 0, 0, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    ones = read_smtx(p)
+    assert torch.equal(ones.to_dense(), pattern.float())
+    n1, n2 = read_smtx(p, values="normal", seed=7), read_smtx(p, values="normal", seed=7)
+    assert torch.equal(n1.values, n2.values)
+    assert not torch.equal(n1.values, read_smtx(p, values="normal", seed=8).values)
+    assert torch.equal(n1.to_dense() != 0, pattern)
+    u = read_smtx(p, values="uniform", seed=0, dtype=torch.float64)
+    assert u.dtype == torch.float64 and bool(((u.values >= 0) & (u.values < 1)).all())
+    half = read_smtx(p, values="normal", seed=7, dtype=torch.bfloat16)
+    assert torch.equal(half.values, n1.values.to(torch.bfloat16))
+    c = read_smtx(p, values=lambda n, g: torch.arange(n) + 1, dtype=torch.int32)
+    assert c.dtype == torch.int32 and c.values.tolist() == [1, 2, 3, 4, 5]
+    gz = _write(tmp_path, SMTX, "w.smtx.gz")
+    coo = read_smtx(gz, format="coo", index_dtype=torch.int64)
+    assert coo.format.name == "coo" and coo.index_dtype == torch.int64
+    assert torch.equal(coo.to_dense(), ones.to_dense())
+
+
+def test_smtx_unsorted_rows_are_sorted_and_empty_ok(tmp_path):
+    p = _write(tmp_path, "2, 4, 4\n0 3 4\n3 0 2 1\n", "u.smtx")
+    got = read_smtx(p)
+    assert got.arrays["crd1"].tolist() == [0, 2, 3, 1]
+    e = _write(tmp_path, "2, 3, 0\n0 0 0\n\n", "e.smtx")
+    assert read_smtx(e).nnz == 0 and read_smtx(e).shape == (2, 3)
+    e2 = _write(tmp_path, "2, 3, 0\n0 0 0\n", "e2.smtx")
+    assert read_smtx(e2).nnz == 0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("3 4\n0 0 0 0\n\n", r"line 1 is .*'rows, cols, nnz'"),
+    ("a, b, c\n0\n\n", r"line 1 is .*three non-negative integers"),
+    ("3, 4, 1\n0 1 1\n2\n", r"line 2 has 3 row offsets; the header \(3 rows\) needs 4"),
+    ("2, 4, 2\n0 1 2\n2\n", "line 3 has 1 column indices; the header says nnz=2"),
+    ("2, 4, 2\n1 1 2\n2 3\n", "must start at 0 and end at nnz=2"),
+    ("2, 4, 2\n0 1 3\n2 3\n", "must start at 0 and end at nnz=2"),
+    ("3, 4, 2\n0 2 1 2\n2 3\n", r"decrease at row 1 \(2 -> 1\)"),
+    ("2, 4, 2\n0 1 2\n2 4\n", r"column index 4 at position 1 is outside \[0, 4\)"),
+    ("2, 4, 2\n0 2 2\n3 3\n", "row 0 lists column 3 twice"),
+    ("2, 4, 2\n0 1 2\n2 x\n", r"line 3 \(column indices\) contains b'x'"),
+    ("2, 4, 2\n0 1 2\n2 3\nextra\n", "text after line 3"),
+])
+def test_smtx_bad_files(tmp_path, text, message):
+    p = _write(tmp_path, text, "bad.smtx")
+    with pytest.raises(ValueError, match=message) as e:
+        read_smtx(p)
+    assert "bad.smtx" in str(e.value)
+
+
+def test_smtx_bad_arguments(tmp_path):
+    p = _write(tmp_path, SMTX, "w.smtx")
+    with pytest.raises(ValueError, match="values='gauss' is not a rule"):
+        read_smtx(p, values="gauss")
+    with pytest.raises(TypeError, match="needs a floating dtype"):
+        read_smtx(p, values="normal", dtype=torch.int64)
+    with pytest.raises(TypeError, match="dtype=torch.uint8 is not supported"):
+        read_smtx(p, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="returned shape \\(2,\\); it must return 5 values"):
+        read_smtx(p, values=lambda n, g: torch.ones(2))
+    with pytest.raises(FileNotFoundError, match="no file at"):
+        read_smtx(tmp_path / "none.smtx")
