@@ -13,9 +13,10 @@ __version__ = "0.1.0"
 from .formats import (FORMAT_NAMES, Compressed, Dense, Format, LevelKind, Singleton,
                       SparseTensor, compressed, dense, singleton, tensor)
 from .ops import Explanation, LazyExpr, abs, einsum, exp, explain, lazy, relu, sqrt
-from . import runtime
+from . import datasets, io, runtime
 
 __all__ = ["tensor", "SparseTensor", "Format", "FORMAT_NAMES", "LevelKind", "Dense",
            "Compressed", "Singleton", "dense", "compressed", "singleton", "einsum", "explain",
-           "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp", "sqrt", "runtime",
+           "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp", "sqrt", "runtime", "io",
+           "datasets",
            "__version__"]
