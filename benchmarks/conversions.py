@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gzip
 import re
 import sys
 import time
@@ -36,12 +35,6 @@ import sparsetorch as st
 from sparsetorch.bench import (Report, compare, find_data, format_table, geomean,
                                load_or_generate, speedup)
 from sparsetorch.bench.harness import quiet_sparse_warnings
-
-try:
-    from sparsetorch import io as _st_io  # the library's own readers, when this build has them
-    _st_io.read_mtx, _st_io.read_smtx
-except (ImportError, AttributeError):
-    _st_io = None
 
 OPS = ["csr->csc", "csr->coo", "coo->csr", "dense->csr", "csr->dense", "from_scipy"]
 IMPLS = ["sparsetorch", "scipy", "torch"]
@@ -72,30 +65,18 @@ def parse_args(argv=None):
 
 # -- data ------------------------------------------------------------------------------------
 def load_mtx(path: Path) -> sp.csr_array:
-    """A Matrix Market file as float32 CSR (complex -> real part, pattern -> ones)."""
-    if _st_io is not None:
-        try:
-            m = _st_io.read_mtx(path, dtype=torch.float32).to_scipy()
-            return _canonical(m.indptr, m.indices, m.data, m.shape)
-        except TypeError:  # complex: st.io declines; take the real part through scipy
-            pass
-    m = scipy.io.mmread(str(path))
-    m = sp.csr_array(m)
-    data = m.data.real if np.iscomplexobj(m.data) else m.data
-    return _canonical(m.indptr, m.indices, data.astype(np.float32), m.shape)
+    """A Matrix Market file as float32 CSR (pattern -> ones; complex -> real part)."""
+    try:
+        m = st.io.read_mtx(path, dtype=torch.float32).to_scipy()
+    except TypeError:  # complex: st.io rejects it by design; benchmark the real part
+        m = sp.csr_array(scipy.io.mmread(str(path)).real.astype(np.float32))
+    return _canonical(m.indptr, m.indices, m.data, m.shape)
 
 
 def load_smtx(path: Path, seed: int = 0) -> sp.csr_array:
     """A DLMC ``.smtx.gz`` pattern as float32 CSR with standard-normal values."""
-    if _st_io is not None:
-        m = _st_io.read_smtx(path, values="normal", seed=seed).to_scipy()
-        return _canonical(m.indptr, m.indices, m.data, m.shape)
-    with gzip.open(path, "rt") as f:
-        m, k, nnz = (int(v) for v in f.readline().split(","))
-        indptr = np.array(f.readline().split(), dtype=np.int64)
-        indices = np.array(f.readline().split(), dtype=np.int64)
-    vals = np.random.default_rng(seed).standard_normal(nnz).astype(np.float32)
-    return _canonical(indptr, indices, vals, (m, k))
+    m = st.io.read_smtx(path, values="normal", seed=seed).to_scipy()
+    return _canonical(m.indptr, m.indices, m.data, m.shape)
 
 
 def random_csr(rows: int, cols: int, nnz: int, seed: int = 0) -> sp.csr_array:
@@ -122,7 +103,7 @@ def select_matrices(root: Path | None, args):
     n_ss, per_dlmc = (3, 1) if args.quick else (8, 1)
     ss_dir = root / "suitesparse" / "mtx" if root else None
     files = sorted(ss_dir.glob("*.mtx")) if ss_dir and ss_dir.is_dir() else []
-    files.sort(key=lambda f: -_mtx_nnz(f))
+    files.sort(key=lambda f: -st.io.read_mtx_header(f).entries)  # largest first
     if not args.all:
         files = files[:n_ss]
     if not files:  # no data: stand-ins sized like the largest real ones
@@ -154,16 +135,6 @@ def _missing(folder, name):
     def load():
         raise FileNotFoundError(f"{name} not found under {folder or 'any data folder'}")
     return load
-
-
-def _mtx_nnz(path: Path) -> int:
-    """nnz from the Matrix Market size line, without parsing the body."""
-    with open(path) as f:
-        for line in f:
-            if not line.startswith("%"):
-                parts = line.split()
-                return int(parts[2]) if len(parts) > 2 else 0
-    return 0
 
 
 # -- cases -----------------------------------------------------------------------------------

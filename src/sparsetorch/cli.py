@@ -100,7 +100,7 @@ def demo(args) -> int:
     quiet_sparse_warnings()
     t_start = time.perf_counter()
     print(f"sparsetorch {__version__} demo | torch {torch.__version__} | "
-          f"{torch.get_num_threads()} threads")
+          f"{args.threads or torch.get_num_threads()} torch threads for timing")
     report = Report(f"conversions on {args.graph}", quiet=True)
     root = find_data(args.data)
     adj, source = load_or_generate(
@@ -177,33 +177,11 @@ def _demo_cases(adj, A) -> dict:
 def _load_planetoid_adjacency(root, name: str):
     """The symmetrised, deduplicated, loop-free adjacency matrix (float32 scipy CSR) of a
     Planetoid graph, as PyG counts it (Cora: 2708 nodes, 10556 entries)."""
+    from .datasets import planetoid
+
     if root is None:
         raise FileNotFoundError("no shared data folder (pass --data or set SPARSETORCH_DATA)")
-    try:
-        from .datasets import planetoid
-    except ImportError:  # st.datasets not in this build: read the pickles directly
-        planetoid = None
-    if planetoid is not None:
-        return planetoid(name, root=root).adj.to_scipy()
-    graph = _read_planetoid_pickle(root / "planetoid" / f"ind.{name}.graph")
-    n = _GRAPHS[name]
-    src = np.fromiter((i for i, nbrs in graph.items() for _ in nbrs), dtype=np.int64)
-    dst = np.fromiter((j for nbrs in graph.values() for j in nbrs), dtype=np.int64)
-    n = max(n, int(src.max()) + 1, int(dst.max()) + 1)
-    return _symmetric_pattern(src, dst, n)
-
-
-def _read_planetoid_pickle(path):
-    import pickle
-
-    class _Compat(pickle.Unpickler):  # maps the legacy 'scipy.sparse.csr' module path
-        def find_class(self, module, name):
-            if module.startswith("scipy.sparse.") and not module.startswith("scipy.sparse._"):
-                module = "scipy.sparse"
-            return super().find_class(module, name)
-
-    with open(path, "rb") as f:
-        return _Compat(f, encoding="latin1").load()
+    return planetoid(name, root=root).adj.to_scipy()
 
 
 def _random_graph(n: int, avg_degree: int, seed: int):

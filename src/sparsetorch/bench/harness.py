@@ -486,28 +486,21 @@ def format_time(seconds: float) -> str:
 
 # -- data ------------------------------------------------------------------------------------
 def find_data(path: str | os.PathLike | None = None) -> Path | None:
-    """The shared data folder: ``path`` if given, else ``$SPARSETORCH_DATA``, else the first
-    of ``./shared/data``, ``../shared/data`` (from the working directory and from this
-    checkout's root) that exists. ``None`` when nothing is found (a fresh install).
+    """The shared data folder as ``st.datasets.data_root`` resolves it (``path``, else
+    ``$SPARSETORCH_DATA``, else a ``shared/data`` folder next to the checkout or the working
+    directory), or ``None`` when there is none (a fresh install): benchmarks then fall back
+    to generated stand-ins instead of failing.
 
     Example:
         >>> find_data("/no/such/folder") is None
         True
     """
-    if path is not None:
-        p = Path(path).expanduser()
-        return p if p.is_dir() else None
-    env = os.environ.get("SPARSETORCH_DATA")
-    if env:
-        p = Path(env).expanduser()
-        return p if p.is_dir() else None
-    repo = Path(__file__).resolve().parents[3]  # src/sparsetorch/bench/harness.py -> repo
-    for base in (Path.cwd(), repo):
-        for rel in ("shared/data", "../shared/data"):
-            p = base / rel
-            if p.is_dir():
-                return p.resolve()
-    return None
+    from ..datasets import data_root
+
+    try:
+        return data_root(path)
+    except FileNotFoundError:
+        return None
 
 
 _MISSING = (FileNotFoundError, NotADirectoryError, ImportError, KeyError, EOFError,
