@@ -1,7 +1,10 @@
 """Conversions: ``st.tensor`` from anything, and SparseTensor to dense, scipy and torch.sparse.
 
-Every route goes through coordinates (``pack``/``unpack``) or maps level arrays directly
-where the layouts coincide (CSR <-> scipy/torch CSR needs no sort).
+Every route goes through coordinates (``pack``/``unpack_rows``), or wraps level arrays
+directly where the layouts coincide (scipy/torch CSR, CSC, BSR need no sort, only validation).
+Entries are preserved: converting keeps explicit zeros (BSR blocks, values that became 0),
+except from a dense *format*, which stores every entry and converts like a dense tensor
+(zeros dropped).
 """
 from __future__ import annotations
 
@@ -10,15 +13,16 @@ import warnings
 import numpy as np
 import torch
 
-from .format import Format, as_format
-from .pack import choose_index_dtype, pack, unpack
+from .format import Format, as_format, compressed, dense
+from .pack import choose_index_dtype, pack, unpack_rows
 from .tensor import SparseTensor
-from .validate import (check_coords, check_index_tensor, check_same_device, check_value_dtype)
+from .validate import (check_blocks, check_coords, check_dtype_argument, check_index_tensor,
+                       check_same_device, check_shape, check_value_dtype)
 
-_TORCH_COMPRESSED = {torch.sparse_csr: ("csr", "crow_indices", "col_indices"),
-                     torch.sparse_csc: ("csc", "ccol_indices", "row_indices"),
-                     torch.sparse_bsr: ("bsr", "crow_indices", "col_indices"),
-                     torch.sparse_bsc: ("bsc", "ccol_indices", "row_indices")}
+_TORCH_COMPRESSED = {torch.sparse_csr: ("crow_indices", "col_indices", (0, 1)),
+                     torch.sparse_csc: ("ccol_indices", "row_indices", (1, 0)),
+                     torch.sparse_bsr: ("crow_indices", "col_indices", (0, 1)),
+                     torch.sparse_bsc: ("ccol_indices", "row_indices", (1, 0))}
 
 
 def tensor(data, format="csr", *, shape=None, blocksize=None, index_dtype=None,
@@ -28,7 +32,9 @@ def tensor(data, format="csr", *, shape=None, blocksize=None, index_dtype=None,
     ``data`` may be a dense ``torch.Tensor`` or numpy array (zeros are dropped), a
     ``scipy.sparse`` matrix or array, a ``torch.sparse`` tensor (COO, CSR, CSC, BSR, BSC), a
     ``SparseTensor`` (converted), or a COO pair ``(indices [ndim, nnz], values [nnz])`` with
-    ``shape=`` (duplicates are summed, order does not matter).
+    ``shape=`` (duplicates are summed, order does not matter). ``blocksize`` defaults to the
+    input's for ``format="bsr"`` from blocked input. The result never shares memory with
+    ``data``.
 
     Example:
         >>> import torch, sparsetorch as st
@@ -38,6 +44,9 @@ def tensor(data, format="csr", *, shape=None, blocksize=None, index_dtype=None,
         tensor([[0., 0., 4.],
                 [2., 0., 0.]])
     """
+    check_dtype_argument(dtype, "st.tensor")
+    if shape is not None:
+        shape = check_shape(shape, "st.tensor")
     out = _from_any(data, format, shape, blocksize, index_dtype)
     if dtype is not None or device is not None:
         out = _with_arrays(out, lambda a: a.to(device=device),
@@ -46,11 +55,14 @@ def tensor(data, format="csr", *, shape=None, blocksize=None, index_dtype=None,
 
 
 def _from_any(data, format, shape, blocksize, index_dtype) -> SparseTensor:
-    if isinstance(data, SparseTensor):
-        return convert(data, format, blocksize=blocksize, index_dtype=index_dtype)
     if isinstance(data, tuple) and len(data) == 2:
         return _from_coo_pair(*data, format, shape, blocksize, index_dtype)
+    if isinstance(data, SparseTensor):
+        _check_shape_kw(data.shape, shape)
+        out = convert(data, format, blocksize=blocksize, index_dtype=index_dtype)
+        return _copy(out) if out is data else out
     if _is_scipy(data):
+        _check_shape_kw(data.shape, shape)
         return _from_scipy(data, format, blocksize, index_dtype)
     if isinstance(data, np.ndarray):
         if data.dtype == np.bool_ or data.dtype.kind not in "fiu":
@@ -61,28 +73,65 @@ def _from_any(data, format, shape, blocksize, index_dtype) -> SparseTensor:
         raise TypeError(f"st.tensor: cannot make a sparse tensor from {type(data).__name__}; "
                         "pass a torch.Tensor, numpy array, scipy.sparse matrix, torch.sparse "
                         "tensor or an (indices, values) pair")
+    _check_shape_kw(data.shape, shape)
+    data = data.detach()
     if data.layout == torch.sparse_coo:
-        data = data.detach()
+        if data.dense_dim() or data._values().dim() != 1:
+            raise ValueError(f"st.tensor: hybrid torch.sparse_coo tensors (values of shape "
+                             f"{tuple(data._values().shape)}) are not supported; every entry "
+                             "must be a scalar")
         return _from_coo_pair(data._indices(), data._values(), format, tuple(data.shape),
                               blocksize, index_dtype)
     if data.layout in _TORCH_COMPRESSED:
-        return _from_torch_compressed(data.detach(), format, blocksize, index_dtype)
-    return _from_dense(data.detach(), format, shape, blocksize, index_dtype)
+        return _from_torch_compressed(data, format, blocksize, index_dtype)
+    return _from_dense(data, format, None, blocksize, index_dtype)
 
 
-def _from_dense(x: torch.Tensor, format, shape, blocksize, index_dtype) -> SparseTensor:
+def _check_shape_kw(actual, shape) -> None:
+    if shape is not None and tuple(shape) != tuple(actual):
+        raise ValueError(f"st.tensor: data has shape {tuple(actual)} but shape={tuple(shape)}; "
+                         "drop shape= or make them agree")
+
+
+def _from_dense(x: torch.Tensor, format, shape=None, blocksize=None,
+                index_dtype=None) -> SparseTensor:
+    """``x`` (dense) in ``format``, zeros dropped (``shape``, if given, must match)."""
+    if shape is not None:
+        _check_shape_kw(x.shape, shape)
     check_value_dtype(x, "st.tensor(data)")
-    if shape is not None and tuple(shape) != tuple(x.shape):
-        raise ValueError(f"st.tensor: data has shape {tuple(x.shape)} but shape={tuple(shape)}")
     if x.dim() == 0:
         raise ValueError("st.tensor: a 0-d tensor has no sparse structure; pass at least 1-D")
     fmt = as_format(format, x.dim(), blocksize)
-    _check_blocks(fmt, x.shape, "st.tensor(data)")
-    if fmt.is_dense:  # storage order is a permutation of the modes: no coordinates needed
-        values = x.permute(fmt.mode_order).reshape(-1).clone()
-        return SparseTensor(x.shape, fmt, {}, values)
-    coords = torch.nonzero(x).T
-    return _pack(fmt, x.shape, coords, x[tuple(coords)], index_dtype, False)
+    check_blocks(fmt, x.shape, "st.tensor(data)")
+    if fmt.is_dense:
+        return SparseTensor(x.shape, fmt, {}, _dense_layout(x, fmt))
+    mask = x != 0
+    coords = torch.nonzero(mask).T          # row-major: sorted and unique in logical order
+    values = x[mask]
+    rows = list(coords.to(choose_index_dtype(x.shape, 0)).unbind(0))
+    identity = Format((dense,) * x.dim())
+    return _pack(fmt, x.shape, rows, values, index_dtype, source=identity)
+
+
+def _dense_layout(x: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """The values of a dense format: ``x`` laid out in storage order (blocks, mode order)."""
+    order = fmt.mode_order
+    if fmt.blocksize is None:
+        return x.permute(order).reshape(-1).clone()
+    split = [s for n, b in zip(x.shape, fmt.blocksize) for s in (n // b, b)]
+    perm = [2 * m for m in order] + [2 * m + 1 for m in order]
+    return x.reshape(split).permute(perm).reshape(-1).clone()
+
+
+def _from_dense_layout(values: torch.Tensor, fmt: Format, shape) -> torch.Tensor:
+    storage = values.reshape(fmt.storage_dims(shape))
+    n = len(shape)
+    if fmt.blocksize is None:
+        inverse = [fmt.mode_order.index(m) for m in range(n)]
+        return storage.permute(inverse).contiguous()
+    inverse = [k for m in range(n) for k in (fmt.mode_order.index(m),
+                                             n + fmt.mode_order.index(m))]
+    return storage.permute(inverse).reshape(tuple(shape)).contiguous()
 
 
 def _from_coo_pair(indices, values, format, shape, blocksize, index_dtype) -> SparseTensor:
@@ -94,57 +143,94 @@ def _from_coo_pair(indices, values, format, shape, blocksize, index_dtype) -> Sp
     check_same_device(name, values, indices=indices)
     if indices.dim() == 1:
         indices = indices[None]
-    if values.dim() != 1 or values.numel() != indices.shape[-1]:
+    if values.dim() != 1:
+        raise ValueError(f"{name}: values must be 1-D (one value per entry), got shape "
+                         f"{list(values.shape)}")
+    if values.numel() != indices.shape[-1]:
         raise ValueError(f"{name}: values has shape {list(values.shape)} but indices has "
                          f"{indices.shape[-1]} entries; pass one value per column of indices")
     if shape is None:
         if indices.numel() == 0:
             raise ValueError(f"{name}: shape= is required when there are no entries")
         shape = tuple(int(m) + 1 for m in indices.max(1).values)
-    shape = tuple(int(s) for s in shape)
-    check_coords(indices.to(torch.int64), shape, name)
+    shape = check_shape(shape, name)
+    if indices.dim() != 2:
+        raise ValueError(f"{name}: indices must have shape [ndim={len(shape)}, nnz], got "
+                         f"{list(indices.shape)}")
+    check_coords(indices, shape, name)
     fmt = as_format(format, len(shape), blocksize)
-    _check_blocks(fmt, shape, name)
-    return _pack(fmt, shape, indices.to(torch.int64), values, index_dtype, False)
+    check_blocks(fmt, shape, name)
+    if indices.dtype not in (torch.int32, torch.int64):
+        indices = indices.to(torch.int64)
+    return _pack(fmt, shape, list(indices.unbind(0)), values, index_dtype)
 
 
 def _from_torch_compressed(x, format, blocksize, index_dtype) -> SparseTensor:
-    kind, pos_name, crd_name = _TORCH_COMPRESSED[x.layout]
-    if x.dim() != 2 or x.values().dim() not in (1, 3):
+    pos_name, crd_name, order = _TORCH_COMPRESSED[x.layout]
+    vals = x.values()
+    blocked = x.layout in (torch.sparse_bsr, torch.sparse_bsc)
+    if x.dim() != 2 or vals.dim() != (3 if blocked else 1):
         raise ValueError(f"st.tensor: only 2-D, non-hybrid torch {x.layout} tensors are "
                          f"supported (got shape {tuple(x.shape)}, values "
-                         f"{tuple(x.values().shape)})")
-    pos, crd, vals = getattr(x, pos_name)(), getattr(x, crd_name)(), x.values()
-    if kind in ("csr", "csc"):
-        source = SparseTensor.from_levels(x.shape, kind, {"pos1": pos, "crd1": crd}, vals)
-    else:
+                         f"{tuple(vals.shape)})")
+    arrays = {"pos1": getattr(x, pos_name)(), "crd1": getattr(x, crd_name)()}
+    if blocked:
         r, c = vals.shape[1:]
-        if kind == "bsc":  # blocks stored column-major over blocks: go through coordinates
-            coo = x.to_sparse_coo().coalesce()
-            return _from_coo_pair(coo.indices(), coo.values(), format, tuple(x.shape),
-                                  blocksize, index_dtype)
-        source = SparseTensor.from_levels(x.shape, "bsr", {"pos1": pos, "crd1": crd},
-                                          vals.reshape(-1), blocksize=(r, c))
-    return convert(source, format, blocksize=blocksize, index_dtype=index_dtype)
+        if order == (1, 0):     # our in-block levels follow the mode order: blocks transposed
+            vals = vals.transpose(1, 2)
+        fmt = Format((dense, compressed, dense, dense), order, blocksize=(r, c))
+        if blocksize is None and _is_bsr_name(format):
+            blocksize = (r, c)
+        vals = vals.reshape(-1)
+    else:
+        fmt = Format((dense, compressed), order)
+    source = SparseTensor.from_levels(x.shape, fmt, arrays, vals)
+    return _convert_owned(source, format, blocksize, index_dtype)
 
 
 def _from_scipy(m, format, blocksize, index_dtype) -> SparseTensor:
-    import scipy.sparse as sp
-
     name = "st.tensor(scipy matrix)"
-    if m.ndim != 2:
-        raise ValueError(f"{name}: only 2-D scipy sparse matrices are supported")
     data = torch.from_numpy(np.ascontiguousarray(m.data))
     check_value_dtype(data, name)
-    if m.format in ("csr", "csc") and m.has_canonical_format:
-        arrays = {"pos1": torch.from_numpy(m.indptr.copy()),
-                  "crd1": torch.from_numpy(m.indices.copy())}
-        source = SparseTensor.from_levels(m.shape, m.format, arrays, data.clone())
-        return convert(source, format, blocksize=blocksize, index_dtype=index_dtype)
-    coo = sp.coo_matrix(m)  # keeps duplicates; _from_coo_pair sums them
-    indices = torch.from_numpy(np.stack([coo.row, coo.col]).astype(np.int64))
-    return _from_coo_pair(indices, torch.from_numpy(coo.data.copy()), format, m.shape,
-                          blocksize, index_dtype)
+    kind = m.format
+    if kind in ("csr", "csc", "bsr") and m.ndim == 2 and m.has_canonical_format:
+        arrays = {"pos1": torch.from_numpy(m.indptr), "crd1": torch.from_numpy(m.indices)}
+        if arrays["pos1"].dtype != arrays["crd1"].dtype:
+            arrays = {k: a.to(torch.int64) for k, a in arrays.items()}
+        if kind == "bsr":
+            fmt = as_format("bsr", 2, m.blocksize)
+            if blocksize is None and _is_bsr_name(format):
+                blocksize = m.blocksize
+        else:
+            fmt = as_format(kind, 2)
+        source = SparseTensor.from_levels(m.shape, fmt, arrays, data.reshape(-1))
+        return _convert_owned(source, format, blocksize, index_dtype)
+    if kind == "bsr" and blocksize is None and _is_bsr_name(format):
+        blocksize = m.blocksize
+    coo = m.tocoo() if kind != "coo" else m       # keeps duplicates; _from_coo_pair sums them
+    coords = getattr(coo, "coords", None) or (coo.row, coo.col)
+    indices = torch.stack([torch.from_numpy(np.ascontiguousarray(c)) for c in coords])
+    return _from_coo_pair(indices, torch.from_numpy(np.ascontiguousarray(coo.data)), format,
+                          tuple(m.shape), blocksize, index_dtype)
+
+
+def _is_bsr_name(format) -> bool:
+    return isinstance(format, str) and format.lower() == "bsr"
+
+
+def _convert_owned(source: SparseTensor, format, blocksize, index_dtype) -> SparseTensor:
+    """``convert`` for a source that wraps user memory: the result must own its arrays, and
+    gets the default (smallest) index dtype unless one is requested."""
+    if index_dtype is None:
+        index_dtype = choose_index_dtype(source.format.storage_dims(source.shape), source.nnz)
+    out = convert(source, format, blocksize=blocksize, index_dtype=index_dtype)
+    return _copy(out) if _shares_memory(out, source) else out
+
+
+def _shares_memory(a: SparseTensor, b: SparseTensor) -> bool:
+    ptrs = {t.untyped_storage().data_ptr() for t in [b.values, *b.arrays.values()] if t.numel()}
+    return any(t.numel() and t.untyped_storage().data_ptr() in ptrs
+               for t in [a.values, *a.arrays.values()])
 
 
 def _is_scipy(x) -> bool:
@@ -155,17 +241,8 @@ def _is_scipy(x) -> bool:
     return sp.issparse(x)
 
 
-def _check_blocks(fmt: Format, shape, name) -> None:
-    if fmt.blocksize is None:
-        return
-    for m, (n, b) in enumerate(zip(shape, fmt.blocksize)):
-        if n % b:
-            raise ValueError(f"{name}: dimension {m} of size {n} is not divisible by the block "
-                             f"size {b}; pad the tensor or pick a block size that divides it")
-
-
-def _pack(fmt, shape, coords, values, index_dtype, sorted_unique) -> SparseTensor:
-    arrays, stored = pack(fmt, shape, coords, values, index_dtype, sorted_unique)
+def _pack(fmt, shape, coords, values, index_dtype, source=None) -> SparseTensor:
+    arrays, stored = pack(fmt, shape, coords, values, index_dtype, source=source)
     return SparseTensor(shape, fmt, arrays, stored)
 
 
@@ -174,78 +251,97 @@ def _with_arrays(t: SparseTensor, on_index, on_values) -> SparseTensor:
     return SparseTensor(t.shape, t.format, arrays, on_values(t.values))
 
 
+def _copy(t: SparseTensor) -> SparseTensor:
+    return _with_arrays(t, torch.clone, torch.clone)
+
+
 # -- SparseTensor -> other things ------------------------------------------------------------
 def convert(t: SparseTensor, format, *, blocksize=None, index_dtype=None) -> SparseTensor:
     """``t`` in another format (and/or index dtype); returns ``t`` itself when nothing
-    changes."""
-    if blocksize is None and format == "bsr" and t.format.blocksize is not None:
+    changes. ``format="bsr"`` without ``blocksize`` keeps ``t``'s blocksize.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> convert(st.tensor(torch.eye(2), format="csr"), "csc").format.name
+        'csc'
+    """
+    if blocksize is None and _is_bsr_name(format) and t.format.blocksize is not None:
         blocksize = t.format.blocksize
     fmt = as_format(format, t.dim(), blocksize)
-    _check_blocks(fmt, t.shape, "asformat")
+    check_blocks(fmt, t.shape, "asformat")
     if fmt == t.format:
-        if index_dtype is None or index_dtype == t.index_dtype:
+        if index_dtype is None or index_dtype == t.index_dtype or not t.arrays:
             return t
         choose_index_dtype(fmt.storage_dims(t.shape), t.nnz, index_dtype)
         return _with_arrays(t, lambda a: a.to(index_dtype), lambda v: v)
-    if fmt.is_dense:
-        return _from_dense(to_dense(t), fmt, None, None, None)
-    coords, values = unpack(t.format, t.shape, t.arrays, t.values)
-    same_order = (fmt.mode_order == t.format.mode_order and fmt.blocksize == t.format.blocksize
-                  and all(lv.ordered for lv in t.format.levels))
-    return _pack(fmt, t.shape, coords, values, index_dtype, same_order)
+    if t.format.is_dense or fmt.is_dense:
+        return _from_dense(to_dense(t), fmt, None, None, index_dtype)
+    rows = unpack_rows(t.format, t.shape, t.arrays, t.device)
+    ordered = all(lv.ordered for lv in t.format.levels)
+    return _pack(fmt, t.shape, rows, t.values, index_dtype,
+                 source=t.format if ordered else None)
 
 
 def to_dense(t: SparseTensor) -> torch.Tensor:
+    """The dense ``torch.Tensor`` ``t`` represents (entries are unique: no accumulation)."""
     fmt = t.format
     if fmt.is_dense:
-        storage = t.values.reshape(fmt.storage_dims(t.shape))
-        inverse = [fmt.mode_order.index(m) for m in range(t.dim())]
-        return storage.permute(inverse).contiguous()
+        return _from_dense_layout(t.values, fmt, t.shape)
     out = torch.zeros(t.shape, dtype=t.dtype, device=t.device)
-    coords, values = unpack(fmt, t.shape, t.arrays, t.values)
-    out.index_put_(tuple(coords), values, accumulate=True)
+    if out.numel() == 0 or t.nnz == 0:
+        return out
+    rows = unpack_rows(fmt, t.shape, t.arrays, t.device)
+    linear = rows[0].to(torch.int64)
+    for row, size in zip(rows[1:], t.shape[1:]):
+        linear = linear * size + row
+    out.view(-1).index_put_((linear,), t.values)
     return out
 
 
 def to_scipy(t: SparseTensor):
+    """A ``scipy.sparse`` array owning copies of the data: csr, csc and bsr keep their
+    format, everything else becomes COO (a dense format drops its zeros)."""
     import scipy.sparse as sp
 
     if t.dim() != 2:
         raise ValueError(f"to_scipy: scipy.sparse holds 2-D matrices; this tensor is {t.dim()}-D")
     if t.device.type != "cpu":
         raise ValueError(f"to_scipy: tensor is on {t.device}; call .to('cpu') first")
-    vals = t.values.detach().numpy()
-    name = t.format.name
+    if t.dtype == torch.bfloat16:
+        raise TypeError("to_scipy: numpy has no bfloat16; convert first with "
+                        ".to(torch.float32)")
+    vals = t.values.detach().numpy().copy()
+    name, a = t.format.name, {k: v.numpy().copy() for k, v in t.arrays.items()}
     if name in ("csr", "csc"):
         cls = sp.csr_array if name == "csr" else sp.csc_array
-        return cls((vals, t.arrays["crd1"].numpy(), t.arrays["pos1"].numpy()), shape=t.shape)
+        return cls((vals, a["crd1"], a["pos1"]), shape=t.shape)
     if name == "bsr":
         r, c = t.format.blocksize
-        return sp.bsr_array((vals.reshape(-1, r, c), t.arrays["crd1"].numpy(),
-                             t.arrays["pos1"].numpy()), shape=t.shape)
-    coords, values = unpack(t.format, t.shape, t.arrays, t.values.detach())
-    return sp.coo_array((values.numpy(), (coords[0].numpy(), coords[1].numpy())),
-                        shape=t.shape)
+        return sp.bsr_array((vals.reshape(-1, r, c), a["crd1"], a["pos1"]), shape=t.shape)
+    if t.format.is_dense:
+        return sp.coo_array(to_dense(t).numpy())
+    rows = unpack_rows(t.format, t.shape, t.arrays, t.device)
+    return sp.coo_array((vals, (rows[0].numpy(), rows[1].numpy())), shape=t.shape)
 
 
 def to_torch(t: SparseTensor) -> torch.Tensor:
+    """A ``torch.sparse`` tensor sharing ``t``'s arrays where layouts allow: csr, csc and bsr
+    map to their layouts, dense formats to a strided tensor, everything else to a coalesced
+    ``sparse_coo`` tensor (int64 indices, as torch requires)."""
     name, a, vals = t.format.name, t.arrays, t.values
-    if name == "dense":
+    if t.format.is_dense:
         return to_dense(t)
-    if name == "csr":
-        return torch.sparse_csr_tensor(a["pos1"], a["crd1"], vals, t.shape,
-                                       check_invariants=False)
-    if name == "csc":
-        return torch.sparse_csc_tensor(a["pos1"], a["crd1"], vals, t.shape,
-                                       check_invariants=False)
-    if name == "bsr":
-        r, c = t.format.blocksize
-        with warnings.catch_warnings():  # "BSR support is in beta": nothing a user can act on
-            warnings.simplefilter("ignore", UserWarning)
+    with warnings.catch_warnings():  # "... support is in beta": nothing a user can act on
+        warnings.filterwarnings("ignore", message=".*is in beta", category=UserWarning)
+        if name in ("csr", "csc"):
+            make = torch.sparse_csr_tensor if name == "csr" else torch.sparse_csc_tensor
+            return make(a["pos1"], a["crd1"], vals, t.shape, check_invariants=False)
+        if name == "bsr":
+            r, c = t.format.blocksize
             return torch.sparse_bsr_tensor(a["pos1"], a["crd1"], vals.reshape(-1, r, c),
                                            t.shape, check_invariants=False)
-    coords, values = unpack(t.format, t.shape, a, vals)
-    order = list(range(t.dim()))
-    if t.format.mode_order != tuple(order) or not all(lv.ordered for lv in t.format.levels):
-        return torch.sparse_coo_tensor(coords, values, t.shape).coalesce()
-    return torch.sparse_coo_tensor(coords, values, t.shape, is_coalesced=True)
+    coo = t if t.format == as_format("coo", t.dim()) else convert(t, "coo")
+    rows = unpack_rows(coo.format, coo.shape, coo.arrays, coo.device)
+    indices = torch.stack([r.to(torch.int64) for r in rows])
+    return torch.sparse_coo_tensor(indices, coo.values, t.shape, is_coalesced=True,
+                                   check_invariants=False)

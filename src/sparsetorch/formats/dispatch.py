@@ -17,6 +17,9 @@ def _map(t, on_index, on_values):
 
 
 def _to_copy(t, dtype=None, device=None, **ignored):
+    from .validate import check_dtype_argument
+
+    check_dtype_argument(dtype, f"SparseTensor.to (format {t.format.name})")
     return _map(t, lambda a: a.to(device=device) if device is not None else a.clone(),
                 lambda v: aten._to_copy(v, dtype=dtype, device=device))
 

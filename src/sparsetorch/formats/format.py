@@ -123,7 +123,9 @@ def _dcsc(n, bs):
 def _coo(n, bs):
     if n == 1:
         return Format((compressed,))
-    return Format((Compressed(unique=False),) + (singleton,) * (n - 1))
+    # TACO's COO: every level but the last repeats coordinates (one per entry below it)
+    return Format((Compressed(unique=False),) + (Singleton(unique=False),) * (n - 2)
+                  + (singleton,))
 
 
 def _csf(n, bs):

@@ -11,16 +11,64 @@ set of *child positions*, each carrying one coordinate of its dimension:
 * ``Singleton``: exactly one child per parent, at the same position; coordinates ``crd``.
   Only valid below a non-unique level (it is COO's second level).
 
-Every kind answers the same three questions, vectorised over all positions of a level:
-``build`` (coordinates -> arrays), ``expand`` (arrays -> coordinates) and ``validate``
-(are user arrays consistent?). The compiler asks the same kinds for loop bounds and locate
-(``compiler/`` keeps that half), so nothing downstream branches on format names.
+Every kind answers the same questions, vectorised over all positions of a level: ``build``
+(sorted coordinates -> arrays), ``expand_all`` / ``expand`` (arrays -> coordinates) and
+``validate`` (are user arrays consistent?). The compiler asks the same kinds for loop bounds
+and locate (``compiler/`` keeps that half), so nothing downstream branches on format names.
+
+Positions: a ``None`` position tensor means the obvious one and is never materialised:
+for ``build`` under the root (``parent_count == 1``) every entry has parent 0, otherwise entry
+``i`` has parent ``i``; ``expand_all`` returns ``owner=None`` when child ``c``'s parent is ``c``.
+Positions are int32 when the level's count fits (half the memory traffic of int64).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+INT32_MAX = 2**31 - 1
+
+
+def index_dtype_for(bound: int) -> torch.dtype:
+    """The smaller integer dtype that holds every value in ``[0, bound]``."""
+    return torch.int32 if bound <= INT32_MAX else torch.int64
+
+
+def _arange(n: int, device) -> torch.Tensor:
+    return torch.arange(n, dtype=index_dtype_for(n), device=device)
+
+
+def _linear(outer, size: int, inner, bound: int):
+    """``outer * size + inner`` in int32 when every result is below ``bound`` <= 2**31."""
+    dtype = index_dtype_for(bound)
+    return outer.to(dtype) * size + inner.to(dtype)
+
+
+def _parents(parent_pos, parent_count: int, n: int, device) -> torch.Tensor:
+    """Materialise an implicit (``None``) parent position tensor."""
+    if parent_pos is not None:
+        return parent_pos
+    if parent_count == 1:
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    if parent_count != n:
+        raise ValueError(f"implicit parent positions need parent_count 1 or {n}, got "
+                         f"{parent_count}")
+    return _arange(n, device)
+
+
+def positions_from_owners(owners, parent_count: int, n: int, device) -> torch.Tensor:
+    """``pos`` (length ``parent_count + 1``) of a level whose ``n`` entries have the sorted
+    parent positions ``owners`` (``None``: implicit, as in ``build``). O(n), no sort."""
+    dtype = index_dtype_for(n)
+    if owners is None and parent_count == 1:
+        return torch.tensor([0, n], dtype=dtype, device=device)
+    if owners is None:
+        return _arange(n + 1, device).to(dtype)
+    if n == 0:
+        return torch.zeros(parent_count + 1, dtype=dtype, device=device)
+    return torch._convert_indices_from_coo_to_csr(owners.contiguous(), parent_count,
+                                                  out_int32=dtype == torch.int32)
 
 
 def _segment_arange(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -56,16 +104,29 @@ class LevelKind:
         return self.name + flags
 
     # -- construction from sorted, unique coordinates --------------------------------------
-    def build(self, parent_pos, parent_count, coord, size, index_dtype):
+    def build(self, parent_pos, parent_count, coord, size, index_dtype=None, *,
+              distinct: bool = False):
         """Place the entries (one per element of ``coord``, sorted lexicographically, with
-        their positions ``parent_pos`` in the level above) in this level.
+        their non-decreasing positions ``parent_pos`` in the level above, ``None`` if implicit)
+        in this level. ``distinct=True`` promises no two entries share (parent, coordinate).
 
-        Returns ``(entry_pos, count, arrays)``: each entry's position here, the number of
-        positions of this level, and the arrays this level stores (dict name -> tensor).
+        Returns ``(entry_pos, count, arrays)``: each entry's position here (``None`` when
+        entry ``i`` is at position ``i``), the number of positions of this level, and the
+        arrays this level stores (dict name -> tensor; coordinates keep ``coord``'s dtype,
+        the caller casts to the final index dtype).
         """
         raise NotImplementedError
 
     # -- expansion to coordinates -----------------------------------------------------------
+    def expand_all(self, parent_count: int, size: int, arrays: dict, device=None):
+        """Every position of this level, in order, given that the level above has
+        ``parent_count`` positions (``device``: where arrays that are made up go).
+
+        Returns ``(owner, coord)``: each child's parent position (``None`` when child ``c``'s
+        parent is ``c``) and its coordinate (``None`` when it equals the child's position).
+        """
+        raise NotImplementedError
+
     def expand(self, parent: torch.Tensor, size: int, arrays: dict):
         """For the positions ``parent`` of the level above, list all child positions.
 
@@ -86,8 +147,19 @@ class LevelKind:
 class Dense(LevelKind):
     name = "dense"
 
-    def build(self, parent_pos, parent_count, coord, size, index_dtype):
-        return parent_pos * size + coord, parent_count * size, {}
+    def build(self, parent_pos, parent_count, coord, size, index_dtype=None, *,
+              distinct=False):
+        count = parent_count * size
+        if parent_pos is None and parent_count == 1:
+            return coord, count, {}
+        parent_pos = _parents(parent_pos, parent_count, coord.numel(), coord.device)
+        return _linear(parent_pos, size, coord, count), count, {}
+
+    def expand_all(self, parent_count, size, arrays, device=None):
+        if parent_count == 1:     # the coordinate is the position itself
+            return torch.zeros(size, dtype=torch.int32, device=device), None
+        owner = _arange(parent_count, device).repeat_interleave(size)
+        return owner, _arange(size, device).repeat(parent_count)
 
     def expand(self, parent, size, arrays):
         n = parent.numel()
@@ -106,37 +178,48 @@ class Compressed(LevelKind):
     has_pos = True
     has_crd = True
 
-    def build(self, parent_pos, parent_count, coord, size, index_dtype):
-        device = coord.device
-        if self.unique:
-            key = parent_pos * size + coord          # non-decreasing: input is sorted
-            if key.numel():
-                new_group = torch.ones_like(key, dtype=torch.bool)
-                new_group[1:] = key[1:] != key[:-1]
-                entry_pos = torch.cumsum(new_group, 0) - 1
-                first = torch.nonzero(new_group).reshape(-1)
-            else:
-                entry_pos = torch.zeros(0, dtype=torch.int64, device=device)
-                first = entry_pos
-            crd, owners = coord[first], parent_pos[first]
+    def build(self, parent_pos, parent_count, coord, size, index_dtype=None, *,
+              distinct=False):
+        device, n = coord.device, coord.numel()
+        if parent_pos is None and parent_count > 1:
+            distinct = True                 # entry i alone under parent i
+        if self.unique and not distinct and n > 1:
+            new = torch.empty(n, dtype=torch.bool, device=device)
+            new[0] = True
+            torch.ne(coord[1:], coord[:-1], out=new[1:])
+            if parent_pos is not None and parent_count > 1:
+                new[1:] |= parent_pos[1:] != parent_pos[:-1]
+            distinct = bool(new.all())
+        if not self.unique or distinct or n <= 1:
+            entry_pos, crd, owners = None, coord, parent_pos
         else:
-            entry_pos = torch.arange(coord.numel(), dtype=torch.int64, device=device)
-            crd, owners = coord, parent_pos
-        per_parent = torch.bincount(owners, minlength=parent_count)
-        pos = torch.zeros(parent_count + 1, dtype=torch.int64, device=device)
-        torch.cumsum(per_parent, 0, out=pos[1:])
-        return entry_pos, crd.numel(), {"pos": pos.to(index_dtype), "crd": crd.to(index_dtype)}
+            first = torch.nonzero(new).reshape(-1)
+            entry_pos = torch.cumsum(new, 0, dtype=index_dtype_for(n)) - 1
+            crd = coord[first]
+            owners = None if parent_pos is None else parent_pos[first]
+        count = crd.numel()
+        if owners is None and parent_count not in (1, count):
+            owners = _parents(parent_pos, parent_count, n, device)
+        pos = positions_from_owners(owners, parent_count, count, device)
+        arrays = {"pos": pos, "crd": crd}
+        if index_dtype is not None:
+            arrays = {k: a.to(index_dtype) for k, a in arrays.items()}
+        return entry_pos, count, arrays
+
+    def expand_all(self, parent_count, size, arrays, device=None):
+        pos, crd = arrays["pos"], arrays["crd"]
+        n = crd.numel()
+        if parent_count == 1:
+            return torch.zeros(n, dtype=torch.int32, device=crd.device), crd
+        owner = torch.repeat_interleave(_arange(parent_count, crd.device), pos.diff(),
+                                        output_size=n)
+        return owner, crd
 
     def expand(self, parent, size, arrays):
         pos = arrays["pos"].to(torch.int64)
         parent = parent.to(torch.int64)
-        if parent.numel() == pos.numel() - 1:
-            # Every position of the parent level, in order: the children are all positions.
-            counts = pos[1:] - pos[:-1]
-            child = torch.arange(int(pos[-1]), dtype=torch.int64, device=pos.device)
-        else:
-            starts, counts = pos[parent], pos[parent + 1] - pos[parent]
-            child = _segment_arange(starts, counts)
+        starts, counts = pos[parent], pos[parent + 1] - pos[parent]
+        child = _segment_arange(starts, counts)
         owner = torch.repeat_interleave(
             torch.arange(parent.numel(), dtype=torch.int64, device=pos.device), counts,
             output_size=child.numel())
@@ -147,37 +230,40 @@ class Compressed(LevelKind):
 
     def validate(self, parent_count, size, arrays):
         pos, crd = arrays["pos"], arrays["crd"]
-        if pos.dim() != 1 or pos.numel() != parent_count + 1:
+        if pos.numel() != parent_count + 1:
             raise _Problem(f"pos has {pos.numel()} entries, expected {parent_count + 1} "
                            "(one per position of the level above, plus one)")
-        if pos.numel() and int(pos[0]) != 0:
+        if int(pos[0]) != 0:
             raise _Problem(f"pos[0] is {int(pos[0])}, expected 0")
-        step = pos[1:] - pos[:-1]
-        bad = torch.nonzero(step < 0).reshape(-1)
+        bad = torch.nonzero(pos[1:] < pos[:-1]).reshape(-1)
         if bad.numel():
             p = int(bad[0])
             raise _Problem(f"pos decreases at position {p + 1} ({int(pos[p])} -> "
                            f"{int(pos[p + 1])}); pos must be non-decreasing")
-        if crd.dim() != 1 or int(pos[-1]) != crd.numel():
+        if int(pos[-1]) != crd.numel():
             raise _Problem(f"pos[-1] is {int(pos[-1])} but crd has {crd.numel()} entries; "
                            "they must match")
         _check_range(crd, size)
-        if self.ordered and crd.numel() > 1:
-            # Within one parent's segment, coordinates increase (strictly when unique).
-            same_segment = torch.ones(crd.numel() - 1, dtype=torch.bool, device=crd.device)
-            boundaries = pos[1:-1].to(torch.int64) - 1
-            boundaries = boundaries[(boundaries >= 0) & (boundaries < crd.numel() - 1)]
-            same_segment[boundaries] = False
-            diff = crd[1:].to(torch.int64) - crd[:-1].to(torch.int64)
-            bad = torch.nonzero(same_segment & ((diff <= 0) if self.unique else (diff < 0)))
+        if crd.numel() < 2:
+            return
+        # Entries p and p+1 are under one parent unless a segment ends at p+1.
+        same_parent = torch.ones(crd.numel() - 1, dtype=torch.bool, device=crd.device)
+        ends = pos[1:-1].to(torch.int64) - 1
+        same_parent[ends[(ends >= 0) & (ends < crd.numel() - 1)]] = False
+        if self.ordered:
+            bad = torch.nonzero(same_parent & ((crd[1:] <= crd[:-1]) if self.unique
+                                               else (crd[1:] < crd[:-1]))).reshape(-1)
             if bad.numel():
                 p = int(bad[0])
-                what = "duplicate" if int(diff[p]) == 0 else "unsorted"
-                raise _Problem(f"{what} coordinates at positions {p} and {p + 1} "
-                               f"({int(crd[p])}, {int(crd[p + 1])}) under one parent; this "
-                               "level is ordered" + (" and unique" if self.unique else "")
+                a, b = int(crd[p]), int(crd[p + 1])
+                what = "duplicate" if a == b else "unsorted"
+                raise _Problem(f"{what} coordinates at positions {p} and {p + 1} ({a}, {b}) "
+                               "under one parent; this level is ordered"
+                               + (" and unique" if self.unique else "")
                                + ": sort and sum duplicates first (e.g. st.tensor on COO "
                                "input does this)")
+        elif self.unique:
+            _check_unordered_unique(pos, crd, size)
 
 
 @dataclass(frozen=True)
@@ -185,10 +271,19 @@ class Singleton(LevelKind):
     name = "singleton"
     has_crd = True
 
-    def build(self, parent_pos, parent_count, coord, size, index_dtype):
-        crd = torch.zeros(parent_count, dtype=torch.int64, device=coord.device)
-        crd[parent_pos] = coord
-        return parent_pos, parent_count, {"crd": crd.to(index_dtype)}
+    def build(self, parent_pos, parent_count, coord, size, index_dtype=None, *,
+              distinct=False):
+        if parent_pos is None and parent_count == coord.numel():
+            crd = coord
+        else:
+            parent_pos = _parents(parent_pos, parent_count, coord.numel(), coord.device)
+            crd = torch.zeros(parent_count, dtype=coord.dtype, device=coord.device)
+            crd[parent_pos] = coord
+        crd = crd if index_dtype is None else crd.to(index_dtype)
+        return parent_pos, parent_count, {"crd": crd}
+
+    def expand_all(self, parent_count, size, arrays, device=None):
+        return None, arrays["crd"]
 
     def expand(self, parent, size, arrays):
         owner = torch.arange(parent.numel(), dtype=torch.int64, device=parent.device)
@@ -200,7 +295,7 @@ class Singleton(LevelKind):
 
     def validate(self, parent_count, size, arrays):
         crd = arrays["crd"]
-        if crd.dim() != 1 or crd.numel() != parent_count:
+        if crd.numel() != parent_count:
             raise _Problem(f"crd has {crd.numel()} entries, expected {parent_count} "
                            "(one per position of the level above)")
         _check_range(crd, size)
@@ -209,11 +304,26 @@ class Singleton(LevelKind):
 def _check_range(crd: torch.Tensor, size: int) -> None:
     if crd.numel() == 0:
         return
+    if int(crd.min()) >= 0 and int(crd.max()) < size:
+        return
     bad = torch.nonzero((crd < 0) | (crd >= size)).reshape(-1)
-    if bad.numel():
-        p = int(bad[0])
-        raise _Problem(f"coordinate {int(crd[p])} at position {p} is out of range "
-                       f"[0, {size})")
+    p = int(bad[0])
+    raise _Problem(f"coordinate {int(crd[p])} at position {p} is out of range [0, {size}); "
+                   "every coordinate must be below the size of its dimension")
+
+
+def _check_unordered_unique(pos: torch.Tensor, crd: torch.Tensor, size: int) -> None:
+    """No coordinate twice under one parent, for a level that may list them in any order."""
+    parent = torch.repeat_interleave(torch.arange(pos.numel() - 1, device=crd.device),
+                                     pos.diff().to(torch.int64), output_size=crd.numel())
+    key = parent * max(size, 1) + crd.to(torch.int64)
+    sorted_key, order = torch.sort(key, stable=True)
+    dup = torch.nonzero(sorted_key[1:] == sorted_key[:-1]).reshape(-1)
+    if dup.numel():
+        p, q = sorted(int(order[int(dup[0]) + i]) for i in (0, 1))
+        raise _Problem(f"duplicate coordinate {int(crd[p])} under one parent at positions {p} "
+                       f"and {q}; this level is unique: sum duplicates first (st.tensor on COO "
+                       "input does this)")
 
 
 def is_ordered_sequence(levels) -> bool:

@@ -1,24 +1,44 @@
 """Coordinates <-> level arrays: the one vectorised path every conversion goes through.
 
-``pack`` takes logical coordinates (``[ndim, nnz]``) and values, maps them to storage
-coordinates (mode order, blocking), sorts and sums duplicates, then lets each level kind
-``build`` its arrays top-down. ``unpack`` does the reverse with each kind's ``expand``.
-Both are a handful of torch kernels over all nonzeros at once: no Python loop over entries.
+``pack`` takes logical coordinates (one row per mode) and values, sorts them into the target's
+storage order (summing duplicates), then lets each level kind ``build`` its arrays top-down.
+``unpack`` does the reverse with each kind's ``expand_all``. Both are a handful of torch
+kernels over all entries at once: no Python loop over entries, no branching on format names.
+
+Cost model (n entries): when the entries come from a format with ordered levels, ``pack`` does
+at most one stable sort, on the smallest key that fixes the order (see ``order.py``), plus one
+gather per stored array; unknown input costs one sort of the full linear key. Coordinates stay
+int32 whenever they fit.
+
+Example:
+    >>> import torch
+    >>> from sparsetorch.formats.format import as_format
+    >>> arrays, vals = pack(as_format("csr", 2), (2, 3), torch.tensor([[1, 0, 1], [2, 1, 2]]),
+    ...                     torch.tensor([1., 2., 3.]))
+    >>> arrays["pos1"].tolist(), arrays["crd1"].tolist(), vals.tolist()
+    ([0, 1, 2], [1, 2], [2.0, 4.0])
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
 from .format import Format
+from .levels import INT32_MAX, index_dtype_for
+from .order import (atom_size, atom_value, decode, linear_key, resort_prefix, stable_sort,
+                    storage_atoms)
 
 INDEX_DTYPES = (torch.int32, torch.int64)
-_INT32_MAX = 2**31 - 1
+_INT32_MAX = INT32_MAX
 
 
 def array_names(fmt: Format) -> tuple[str, ...]:
-    """Names of the index arrays ``fmt`` stores, in level order (``pos1``, ``crd1``, ...)."""
+    """Names of the index arrays ``fmt`` stores, in level order (``pos1``, ``crd1``, ...).
+
+    Example:
+        >>> from sparsetorch.formats.format import as_format
+        >>> array_names(as_format("coo", 2))
+        ('pos0', 'crd0', 'crd1')
+    """
     names = []
     for k, level in enumerate(fmt.levels):
         if level.has_pos:
@@ -35,7 +55,12 @@ def level_arrays(arrays: dict, k: int) -> dict:
 
 def choose_index_dtype(dims, nnz: int, requested=None) -> torch.dtype:
     """int32 when every coordinate and position fits, else int64 (``requested`` overrides,
-    but an int32 request that cannot hold the tensor is an error)."""
+    but an int32 request that cannot hold the tensor is an error).
+
+    Example:
+        >>> choose_index_dtype((10, 2**31 + 1), 5)
+        torch.int64
+    """
     biggest = max([nnz, *dims, 0])
     if requested is not None:
         if requested not in INDEX_DTYPES:
@@ -47,93 +72,211 @@ def choose_index_dtype(dims, nnz: int, requested=None) -> torch.dtype:
     return torch.int32 if biggest <= _INT32_MAX else torch.int64
 
 
-def to_storage(fmt: Format, coords: torch.Tensor) -> torch.Tensor:
+def _rows(coords) -> list[torch.Tensor]:
+    return list(coords.unbind(0)) if isinstance(coords, torch.Tensor) else list(coords)
+
+
+def to_storage(fmt: Format, coords) -> torch.Tensor:
     """Logical coordinates ``[ndim, nnz]`` -> storage coordinates ``[levels, nnz]``."""
-    rows = coords[list(fmt.mode_order)]
-    if fmt.blocksize is None:
-        return rows
-    bs = torch.tensor([fmt.blocksize[m] for m in fmt.mode_order], device=coords.device)[:, None]
-    return torch.cat([rows // bs, rows % bs])
+    rows = _rows(coords)
+    atoms = storage_atoms(fmt)
+    if not atoms:
+        return torch.zeros(0, 0, dtype=torch.int64)
+    return torch.stack([atom_value(rows, a, fmt.blocksize).to(torch.int64) for a in atoms])
 
 
-def from_storage(fmt: Format, storage: torch.Tensor) -> torch.Tensor:
+def from_storage(fmt: Format, storage) -> torch.Tensor:
     """Storage coordinates ``[levels, nnz]`` -> logical coordinates ``[ndim, nnz]``."""
+    rows = _logical_rows(fmt, _rows(storage))
+    return torch.stack([r.to(torch.int64) for r in rows]) if rows else torch.zeros(
+        0, 0, dtype=torch.int64)
+
+
+def _logical_rows(fmt: Format, storage: list) -> list[torch.Tensor]:
     n = fmt.ndim
-    if fmt.blocksize is not None:
-        bs = torch.tensor([fmt.blocksize[m] for m in fmt.mode_order],
-                          device=storage.device)[:, None]
-        storage = storage[:n] * bs + storage[n:]
-    out = torch.empty_like(storage[:n])
-    out[list(fmt.mode_order)] = storage
+    out: list = [None] * n
+    for k, m in enumerate(fmt.mode_order):
+        if fmt.blocksize is None:
+            out[m] = storage[k]
+        else:
+            hi, lo = storage[k], storage[n + k]
+            out[m] = _wide(hi, lo, fmt.blocksize[m]) * fmt.blocksize[m] + lo
     return out
+
+
+def _wide(hi, lo, b):
+    """``hi`` in a dtype where ``hi * b + lo`` cannot overflow."""
+    top = (int(hi.max()) + 1) * b if hi.numel() else 0
+    return hi.to(index_dtype_for(top)) if top > _INT32_MAX or hi.dtype != lo.dtype else hi
 
 
 def sort_and_sum(keys: torch.Tensor, dims, values: torch.Tensor):
     """Sort the columns of ``keys`` (``[L, nnz]``) lexicographically and sum the values of
-    duplicate columns. Returns ``(keys, values)``."""
-    nnz = keys.shape[1]
-    if nnz == 0:
-        return keys, values
-    if math.prod(dims) < 2**62:
-        linear = torch.zeros(nnz, dtype=torch.int64, device=keys.device)
-        for row, size in zip(keys, dims):
-            linear = linear * size + row
-        order = torch.argsort(linear)
-        linear = linear[order]
-        new = torch.ones(nnz, dtype=torch.bool, device=keys.device)
-        new[1:] = linear[1:] != linear[:-1]
-    else:  # too many cells to linearise: stable sorts from the last key to the first
-        order = torch.arange(nnz, device=keys.device)
-        for row in reversed(keys):
-            order = order[torch.sort(row[order], stable=True).indices]
-        sk = keys[:, order]
-        new = torch.ones(nnz, dtype=torch.bool, device=keys.device)
-        new[1:] = (sk[:, 1:] != sk[:, :-1]).any(0)
-    keys, values = keys[:, order], values[order]
+    duplicate columns. Returns ``(keys, values)``.
+
+    Example:
+        >>> k, v = sort_and_sum(torch.tensor([[1, 0, 1]]), (2,), torch.tensor([1., 2., 3.]))
+        >>> k.tolist(), v.tolist()
+        ([[0, 1]], [2.0, 4.0])
+    """
+    rows, values = _sort_sum_rows(_rows(keys), list(dims), values)
+    return (torch.stack(rows) if rows else keys), values
+
+
+def _sort_sum_rows(rows: list, sizes: list, values: torch.Tensor):
+    """Sort entries by ``rows`` (lexicographic), sum duplicates. Skips the sort when the
+    entries are already in order."""
+    n = values.numel()
+    if n <= 1 or not rows:
+        return rows, values
+    key = linear_key(rows, sizes)
+    if key is not None:
+        if not bool((key[1:] > key[:-1]).all()) and not bool((key[1:] >= key[:-1]).all()):
+            key, perm = torch.sort(key, stable=True)
+            values = values.index_select(0, perm)
+            rows = decode(key, sizes)
+        new = torch.ones(n, dtype=torch.bool, device=key.device)
+        torch.ne(key[1:], key[:-1], out=new[1:])
+    else:
+        perm, _ = stable_sort(rows, sizes)
+        rows = [r.index_select(0, perm) for r in rows]
+        values = values.index_select(0, perm)
+        new = torch.ones(n, dtype=torch.bool, device=values.device)
+        for r in rows:
+            new[1:] |= r[1:] != r[:-1]
     if bool(new.all()):
-        return keys, values
+        return rows, values
+    first = torch.nonzero(new).reshape(-1)
     group = torch.cumsum(new, 0) - 1
-    summed = torch.zeros(int(group[-1]) + 1, dtype=values.dtype, device=values.device)
+    summed = torch.zeros(first.numel(), dtype=values.dtype, device=values.device)
     summed.index_add_(0, group, values)
-    return keys[:, new], summed
+    return [r.index_select(0, first) for r in rows], summed
 
 
-def pack(fmt: Format, shape, coords: torch.Tensor, values: torch.Tensor, index_dtype=None,
-         sorted_unique: bool = False):
+def pack(fmt: Format, shape, coords, values: torch.Tensor, index_dtype=None,
+         sorted_unique: bool = False, *, source: Format | None = None):
     """Build the level arrays of ``fmt`` from logical coordinates and values.
 
-    ``coords`` is ``[ndim, nnz]`` int64 and in range (the caller validated it). Duplicates are
-    summed. ``sorted_unique=True`` promises the storage coordinates are already sorted and
-    unique (e.g. they came from ``unpack`` of a format with the same storage order).
-    Returns ``(arrays, values)``.
+    ``coords`` is ``[ndim, nnz]`` (or a list of ``ndim`` 1-D tensors), any integer dtype, in
+    range (the caller validated it). Duplicates are summed. ``source`` promises the entries
+    are unique and sorted in that format's storage order (e.g. they came from ``unpack`` of a
+    format with ordered levels), so at most a partial stable sort is needed;
+    ``sorted_unique=True`` promises they are already in ``fmt``'s order. Returns
+    ``(arrays, values)``; the result never shares memory with ``coords`` or ``values``.
     """
+    rows = _rows(coords)
+    inputs = {_storage_ptr(t) for t in rows + [values]}
     dims = fmt.storage_dims(shape)
-    keys = to_storage(fmt, coords.to(torch.int64))
-    if not sorted_unique:
-        keys, values = sort_and_sum(keys, dims, values)
-    # The stored-entry count is only known after building; pick the dtype on an upper bound.
-    bound = keys.shape[1] * max([1, *(b for b in (fmt.blocksize or ()))]) ** 2
-    index_dtype = choose_index_dtype(dims, bound, index_dtype)
-    parent_pos = torch.zeros(keys.shape[1], dtype=torch.int64, device=keys.device)
-    parent_count = 1
+    atoms = storage_atoms(fmt)
+    prefix = [] if sorted_unique else (resort_prefix(source, fmt) if source is not None
+                                       else None)
+    if prefix is None:                      # unknown order: full sort, sum duplicates
+        keys = [atom_value(rows, a, fmt.blocksize) for a in atoms]
+        keys, values = _sort_sum_rows(keys, list(dims), values)
+    elif prefix:                            # one stable sort on the prefix atoms
+        refine = fmt.blocksize or source.blocksize
+        sizes = [atom_size(a, shape, refine) for a in prefix]
+        perm, sorted_key = stable_sort([atom_value(rows, a, refine) for a in prefix], sizes)
+        values = values.index_select(0, perm)
+        keys = _permuted_keys(fmt, dims, atoms, rows, perm, prefix, sorted_key,
+                              None if fmt.blocksize else refine)
+    else:
+        keys = [atom_value(rows, a, fmt.blocksize) for a in atoms]
+    arrays, stored, biggest = _build(fmt, dims, keys, values)
+    want = choose_index_dtype(dims, biggest, index_dtype)
+    arrays = {k: _fresh(a.to(want), inputs) for k, a in arrays.items()}
+    return arrays, _fresh(stored, inputs)
+
+
+def _permuted_keys(fmt, dims, atoms, rows, perm, prefix, sorted_key, refine):
+    """Target storage keys of the permuted entries: the leading levels decoded from the sorted
+    prefix key when the prefix is exactly those levels, the rest gathered once per mode."""
+    keys: list = [None] * len(atoms)
+    q = _levels_covered(fmt, prefix, refine) if sorted_key is not None else 0
+    if q:
+        keys[:q] = decode(sorted_key, list(dims[:q]))
+    gathered: dict = {}
+    for k, (mode, part) in enumerate(atoms):
+        if keys[k] is None:
+            if mode not in gathered:
+                gathered[mode] = rows[mode].index_select(0, perm)
+            keys[k] = atom_value({mode: gathered[mode]}, (mode, part), fmt.blocksize)
+    return keys
+
+
+def _levels_covered(fmt, prefix, refine) -> int:
+    """``q`` if the prefix atoms are exactly those of storage levels ``0..q-1``, else 0."""
+    groups = ([[a] for a in storage_atoms(fmt)] if fmt.blocksize is not None or refine is None
+              else [[(m, "hi"), (m, "lo")] for m in fmt.mode_order])
+    flat: list = []
+    for q, group in enumerate(groups, 1):
+        flat += group
+        if flat == prefix:
+            return q
+        if len(flat) >= len(prefix):
+            return 0
+    return 0
+
+
+def _build(fmt, dims, keys, values):
+    """Level arrays from sorted, unique storage keys. Returns ``(arrays, stored values,
+    largest count)``."""
+    parent_pos, parent_count, biggest = None, 1, values.numel()
     arrays = {}
+    last = len(fmt.levels) - 1
     for k, level in enumerate(fmt.levels):
         parent_pos, parent_count, level_out = level.build(
-            parent_pos, parent_count, keys[k], dims[k], index_dtype)
+            parent_pos, parent_count, keys[k], dims[k], distinct=(k == last))
+        biggest = max(biggest, parent_count)
         arrays.update({f"{name}{k}": a for name, a in level_out.items()})
+    if parent_pos is None and parent_count == values.numel():
+        return arrays, values, biggest
     stored = torch.zeros(parent_count, dtype=values.dtype, device=values.device)
-    stored.index_put_((parent_pos,), values, accumulate=not sorted_unique)
-    return arrays, stored
+    if parent_pos is None:
+        parent_pos = torch.zeros(values.numel(), dtype=torch.int64, device=values.device)
+    stored[parent_pos] = values
+    return arrays, stored, biggest
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
+
+
+def _fresh(t: torch.Tensor, inputs: set) -> torch.Tensor:
+    """``t``, copied if it shares memory with an input (results must not alias user data)."""
+    return t.clone() if t.numel() and _storage_ptr(t) in inputs else t
+
+
+def unpack_rows(fmt: Format, shape, arrays: dict, device=None) -> list[torch.Tensor]:
+    """Every stored entry's logical coordinates, one tensor per mode (int32 or int64, as
+    stored), in storage order (sorted lexicographically in storage coordinates when the levels
+    are ordered). Entry ``i`` holds ``values[i]``: a full traversal visits every position."""
+    dims = fmt.storage_dims(shape)
+    columns: list = []                      # a tensor, or None while it equals the position
+    count = 1
+    for k, level in enumerate(fmt.levels):
+        owner, coord = level.expand_all(count, dims[k], level_arrays(arrays, k), device)
+        if owner is not None:
+            columns = [owner if c is None else c.index_select(0, owner) for c in columns]
+        columns.append(coord)
+        count = level.count(count, dims[k], level_arrays(arrays, k))
+    columns = [torch.arange(count, dtype=index_dtype_for(count), device=device) if c is None
+               else c for c in columns]
+    return _logical_rows(fmt, columns)
 
 
 def unpack(fmt: Format, shape, arrays: dict, values: torch.Tensor):
     """Every stored entry's logical coordinates (``[ndim, nnz]`` int64) and value, in storage
-    order (lexicographically sorted in storage coordinates when the levels are ordered)."""
-    dims = fmt.storage_dims(shape)
-    parent = torch.zeros(1, dtype=torch.int64, device=values.device)
-    columns: list[torch.Tensor] = []
-    for k, level in enumerate(fmt.levels):
-        owner, parent, coord = level.expand(parent, dims[k], level_arrays(arrays, k))
-        columns = [c[owner] for c in columns] + [coord]
-    storage = torch.stack(columns) if columns else torch.zeros(0, 1, dtype=torch.int64)
-    return from_storage(fmt, storage), values[parent]
+    order (lexicographically sorted in storage coordinates when the levels are ordered).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[0., 2.], [3., 0.]]), format="csc")
+        >>> coords, vals = unpack(A.format, A.shape, A.arrays, A.values)
+        >>> coords.tolist(), vals.tolist()
+        ([[1, 0], [0, 1]], [3.0, 2.0])
+    """
+    rows = unpack_rows(fmt, shape, arrays, values.device)
+    if not rows:
+        return torch.zeros(0, values.numel(), dtype=torch.int64, device=values.device), values
+    return torch.stack([r.to(torch.int64) for r in rows]), values

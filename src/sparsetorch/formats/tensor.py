@@ -66,9 +66,9 @@ class SparseTensor(torch.Tensor):
             5.0
         """
         from .format import as_format
-        from .validate import check_levels
+        from .validate import check_levels, check_shape
 
-        shape = tuple(int(s) for s in shape)
+        shape = check_shape(shape, "SparseTensor.from_levels")
         fmt = as_format(format, len(shape), blocksize)
         arrays = dict(arrays)
         if check:

@@ -1,36 +1,72 @@
 """Checks on user data, run once at construction. Kernels trust what passes.
 
 Every failure is a ``ValueError`` or ``TypeError`` whose message names the tensor, the level
-or position, and the fix.
+or position, and the fix. The checks are vectorised reductions (min/max/any) over the arrays;
+the offending position is only searched for once something is known to be wrong.
+
+Example:
+    >>> import torch
+    >>> check_coords([torch.tensor([0, 2])], (2,), "x")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: x: index 2 in dimension 0 at entry 1 is out of range for shape (2,); ...
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 
 from .format import Format
 from .levels import _Problem
-from .pack import INDEX_DTYPES, level_arrays, unpack
+from .pack import INDEX_DTYPES, level_arrays, unpack_rows
 
 VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32,
                 torch.int64)
 
 
+def _supported() -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in VALUE_DTYPES)
+
+
 def check_value_dtype(values: torch.Tensor, name: str) -> None:
+    """Values must have one of ``VALUE_DTYPES`` (complex, bool and 8-bit types are not)."""
     if values.dtype not in VALUE_DTYPES:
-        supported = ", ".join(str(d).replace("torch.", "") for d in VALUE_DTYPES)
         raise TypeError(f"{name}: values of dtype {values.dtype} are not supported; use one "
-                        f"of {supported} (e.g. convert with .to(torch.float32))")
+                        f"of {_supported()} (e.g. convert with .to(torch.float32))")
+
+
+def check_dtype_argument(dtype, name: str) -> None:
+    """A ``dtype=`` keyword must name a supported value dtype."""
+    if dtype is not None and dtype not in VALUE_DTYPES:
+        raise TypeError(f"{name}: dtype={dtype} is not supported; use one of {_supported()}")
+
+
+def check_shape(shape, name: str) -> tuple[int, ...]:
+    """``shape`` as a tuple of non-negative Python ints."""
+    try:
+        dims = tuple(shape)
+        out = tuple(operator.index(s) for s in dims)
+    except TypeError:
+        raise TypeError(f"{name}: shape {shape!r} must be a sequence of integers") from None
+    if any(s < 0 for s in out):
+        raise ValueError(f"{name}: shape {out} has a negative size; sizes must be non-negative")
+    return out
 
 
 def check_index_tensor(idx: torch.Tensor, name: str) -> None:
     """Indices must be integers; a float index (NaN or not) is a user error, not a cast."""
     if idx.dtype.is_floating_point or idx.dtype.is_complex:
-        if idx.dtype.is_floating_point and bool(torch.isnan(idx).any()):
-            raise ValueError(f"{name} contains NaN; indices must be integers")
+        if idx.dtype.is_floating_point and idx.device.type != "meta":
+            nan = torch.isnan(idx).reshape(-1)
+            if bool(nan.any()):
+                p = int(torch.nonzero(nan)[0]) % max(idx.shape[-1], 1) if idx.dim() else 0
+                raise ValueError(f"{name} contains NaN at entry {p}; indices must be integers")
         raise TypeError(f"{name} has dtype {idx.dtype}; indices must be an integer tensor "
                         "(convert with .long() after checking they are whole numbers)")
     if idx.dtype == torch.bool:
-        raise TypeError(f"{name} has dtype torch.bool; indices must be integers")
+        raise TypeError(f"{name} has dtype torch.bool; indices must be integers (for a mask, "
+                        "pass the masked dense tensor instead)")
 
 
 def check_same_device(name: str, values: torch.Tensor, **others: torch.Tensor) -> None:
@@ -40,21 +76,32 @@ def check_same_device(name: str, values: torch.Tensor, **others: torch.Tensor) -
                              f"{values.device}; move them to one device with .to(device)")
 
 
-def check_coords(coords: torch.Tensor, shape, name: str) -> None:
-    """``coords`` is ``[ndim, nnz]``; every coordinate must lie in ``[0, shape[d])``."""
-    if coords.dim() != 2 or coords.shape[0] != len(shape):
-        raise ValueError(f"{name}: indices must have shape [ndim={len(shape)}, nnz], got "
-                         f"{list(coords.shape)}")
-    if coords.numel() == 0:
-        return
-    limits = torch.tensor(list(shape), dtype=torch.int64, device=coords.device)[:, None]
-    bad = (coords < 0) | (coords >= limits)
-    if bool(bad.any()):
-        dim, pos = (int(v) for v in torch.nonzero(bad)[0])
-        value = int(coords[dim, pos])
+def check_coords(coords, shape, name: str) -> None:
+    """``coords`` is ``[ndim, nnz]`` (or a list of ndim 1-D tensors); every coordinate must lie
+    in ``[0, shape[d])``."""
+    rows = list(coords.unbind(0)) if isinstance(coords, torch.Tensor) and coords.dim() == 2 \
+        else coords
+    if isinstance(rows, torch.Tensor) or len(rows) != len(shape):
+        got = list(coords.shape) if isinstance(coords, torch.Tensor) else len(coords)
+        raise ValueError(f"{name}: indices must have shape [ndim={len(shape)}, nnz], got {got}")
+    for dim, (row, size) in enumerate(zip(rows, shape)):
+        if row.numel() == 0 or (int(row.min()) >= 0 and int(row.max()) < size):
+            continue
+        pos = int(torch.nonzero((row < 0) | (row >= size))[0])
+        value = int(row[pos])
         what = "negative" if value < 0 else "out of range"
         raise ValueError(f"{name}: index {value} in dimension {dim} at entry {pos} is {what} "
-                         f"for shape {tuple(shape)}; indices must lie in [0, {shape[dim]})")
+                         f"for shape {tuple(shape)}; indices must lie in [0, {size})")
+
+
+def check_blocks(fmt: Format, shape, name: str) -> None:
+    """Blocked formats need every dimension divisible by its block size."""
+    if fmt.blocksize is None:
+        return
+    for m, (n, b) in enumerate(zip(shape, fmt.blocksize)):
+        if n % b:
+            raise ValueError(f"{name}: dimension {m} of size {n} is not divisible by the block "
+                             f"size {b}; pad the tensor or pick a block size that divides it")
 
 
 def check_levels(fmt: Format, shape, arrays: dict, values: torch.Tensor, name: str) -> None:
@@ -62,18 +109,16 @@ def check_levels(fmt: Format, shape, arrays: dict, values: torch.Tensor, name: s
     check_value_dtype(values, name)
     if values.dim() != 1:
         raise ValueError(f"{name}: values must be 1-D, got shape {list(values.shape)}")
-    dtypes = {a.dtype for a in arrays.values()}
     for key, a in arrays.items():
         check_index_tensor(a, f"{name}: level array {key}")
         check_same_device(name, values, **{key: a})
+        if a.dim() != 1:
+            raise ValueError(f"{name}: {key} must be 1-D, got shape {list(a.shape)}")
+    dtypes = {a.dtype for a in arrays.values()}
     if len(dtypes) > 1 or not dtypes <= set(INDEX_DTYPES):
         raise TypeError(f"{name}: level arrays have dtypes {sorted(map(str, dtypes))}; use one "
                         "index dtype, torch.int32 or torch.int64, for all of them")
-    if fmt.blocksize is not None:
-        for m, (n, b) in enumerate(zip(shape, fmt.blocksize)):
-            if n % b:
-                raise ValueError(f"{name}: dimension {m} of size {n} is not divisible by the "
-                                 f"block size {b}")
+    check_blocks(fmt, shape, name)
     dims = fmt.storage_dims(shape)
     count = 1
     for k, level in enumerate(fmt.levels):
@@ -90,19 +135,29 @@ def check_levels(fmt: Format, shape, arrays: dict, values: torch.Tensor, name: s
 
 
 def _check_entries_sorted_unique(fmt, shape, arrays, values, name) -> None:
-    """Non-unique levels (COO) promise order and uniqueness only of whole entries."""
-    coords, _ = unpack(fmt, shape, arrays, values)
-    keys = coords[list(fmt.mode_order)]
-    if keys.shape[1] < 2:
+    """Non-unique levels (COO) promise order and uniqueness only of whole entries: check the
+    entries are strictly increasing in storage order (when ordered) and distinct."""
+    rows = unpack_rows(fmt, shape, arrays, values.device)
+    if values.numel() < 2:
         return
-    diff = keys[:, 1:] - keys[:, :-1]
+    keys = [rows[m].to(torch.int64) for m in fmt.mode_order]
+    diff = torch.stack([k[1:] - k[:-1] for k in keys])
     first = torch.argmax((diff != 0).to(torch.int8), 0)          # first differing level
     step = diff.gather(0, first[None]).squeeze(0)
-    bad = torch.nonzero(step <= 0).reshape(-1)
+    ordered = all(lv.ordered for lv in fmt.levels)
+    bad = torch.nonzero((step <= 0) if ordered else (step == 0)).reshape(-1)
+    if not ordered and not bad.numel():
+        sorted_rows = torch.stack(keys).T.unique(dim=0)
+        if sorted_rows.shape[0] == values.numel():
+            return
+        raise ValueError(f"{name}: duplicate entries; format {fmt.name!r} needs unique "
+                         "coordinates: pass COO data through st.tensor((indices, values), "
+                         "shape=...), which sums them")
     if bad.numel():
         p = int(bad[0])
         what = "duplicate" if int(step[p]) == 0 else "unsorted"
+        entry = [[int(r[i]) for r in rows] for i in (p, p + 1)]
         raise ValueError(f"{name}: {what} entries at positions {p} and {p + 1} "
-                         f"({coords[:, p].tolist()}, {coords[:, p + 1].tolist()}); format "
-                         f"{fmt.name!r} needs sorted, unique coordinates: pass COO data through "
-                         "st.tensor((indices, values), shape=...), which sorts and sums them")
+                         f"({entry[0]}, {entry[1]}); format {fmt.name!r} needs sorted, unique "
+                         "coordinates: pass COO data through st.tensor((indices, values), "
+                         "shape=...), which sorts and sums them")

@@ -1,0 +1,385 @@
+"""Round trips between every pair of formats, and to/from numpy, scipy.sparse and torch.sparse,
+all checked against the dense tensor. Bad input lives in test_validation.py."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hst
+
+import sparsetorch as st
+from helpers import one_thread  # noqa: F401 (autouse fixture)
+from helpers import (INDEX_DTYPES, VALUE_DTYPES, assert_same, blocks_fit, check_against_dense,
+                     check_invariants, examples, expected_nnz, formats_for, random_dense,
+                     resolve, stored_pattern)
+
+warnings.filterwarnings("ignore", message=".*is in beta state.*")
+warnings.filterwarnings("ignore", message=".*Sparse invariant checks.*")
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@hst.composite
+def dense_tensors(draw, ndim):
+    """Small random tensors: size-0 and size-1 dimensions, nnz=0, empty rows, full."""
+    shape = tuple(draw(hst.lists(hst.sampled_from([0, 1, 2, 3, 4, 6]), min_size=ndim,
+                                 max_size=ndim)))
+    density = draw(hst.sampled_from([0.0, 0.1, 0.3, 0.7, 1.0]))
+    dtype = draw(hst.sampled_from(VALUE_DTYPES))
+    seed = draw(hst.integers(0, 2**16))
+    return random_dense(shape, density, dtype, seed)
+
+
+def _make(x, fmt, blocksize, index_dtype):
+    """``st.tensor`` or the divisibility error it must raise."""
+    f = resolve(fmt, x.dim(), blocksize)
+    if not blocks_fit(x.shape, f):
+        with pytest.raises(ValueError, match="not divisible by the block size"):
+            st.tensor(x, format=fmt, blocksize=blocksize, index_dtype=index_dtype)
+        return None
+    return st.tensor(x, format=fmt, blocksize=blocksize, index_dtype=index_dtype)
+
+
+def _labels(ndim):
+    return [(ndim, label) for label, _, _ in formats_for(ndim)]
+
+
+@pytest.mark.parametrize("ndim,source", _labels(1) + _labels(2) + _labels(3),
+                         ids=lambda v: str(v))
+@settings(max_examples=examples(6), **SETTINGS)
+@given(data=hst.data())
+def test_roundtrip_every_pair(ndim, source, data):
+    x = data.draw(dense_tensors(ndim), label="x")
+    index_dtype = data.draw(hst.sampled_from(INDEX_DTYPES), label="index_dtype")
+    table = {label: (fmt, bs) for label, fmt, bs in formats_for(ndim)}
+    fmt, bs = table[source]
+    a = _make(x, fmt, bs, index_dtype)
+    if a is None:
+        return
+    check_against_dense(a, x, index_dtype)
+    a_entries = (x != 0) if a.format.is_dense else stored_pattern(a)
+    for label, (tfmt, tbs) in table.items():
+        target = resolve(tfmt, ndim, tbs)
+        if not blocks_fit(x.shape, target):
+            with pytest.raises(ValueError, match="not divisible by the block size"):
+                a.asformat(tfmt, blocksize=tbs, index_dtype=index_dtype)
+            continue
+        b = a.asformat(tfmt, blocksize=tbs, index_dtype=index_dtype)
+        assert b.format == target, (label, b.format)
+        check_against_dense(b, x, index_dtype, pattern=a_entries)
+        back = b.asformat(a.format, index_dtype=index_dtype)
+        b_entries = (x != 0) if b.format.is_dense else stored_pattern(b)
+        check_against_dense(back, x, index_dtype, pattern=b_entries)
+        if torch.equal(stored_pattern(back), stored_pattern(a)):
+            for name, arr in a.arrays.items():   # canonical storage: identical arrays back
+                assert torch.equal(back.arrays[name], arr), (label, name)
+            assert torch.equal(back.values, a.values), label
+
+
+@settings(max_examples=examples(25), **SETTINGS)
+@given(x=dense_tensors(2), index_dtype=hst.sampled_from(INDEX_DTYPES + (None,)))
+def test_index_dtype_default_and_change(x, index_dtype):
+    a = st.tensor(x, format="csr", index_dtype=index_dtype)
+    assert a.index_dtype == (index_dtype or torch.int32)   # int32 when everything fits
+    other = torch.int64 if a.index_dtype == torch.int32 else torch.int32
+    b = a.asformat("csr", index_dtype=other)
+    assert b.index_dtype == other and b.format == a.format
+    check_against_dense(b, x, other)
+    assert a.asformat("csr") is a
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "dcsr", "dense", "bsr"])
+def test_empty_and_degenerate_shapes(fmt):
+    bs = (1, 1) if fmt == "bsr" else None
+    for shape in [(0, 0), (0, 5), (5, 0), (1, 1), (1, 7), (7, 1)]:
+        for x in (torch.zeros(shape), torch.ones(shape)):
+            a = st.tensor(x, format=fmt, blocksize=bs)
+            check_against_dense(a, x)
+            assert a.nnz == expected_nnz(x, a.format)
+
+
+def test_coo_pair_sums_duplicates_in_any_order():
+    idx = torch.tensor([[2, 0, 2, 1, 0, 2], [1, 3, 1, 0, 3, 1]])
+    val = torch.tensor([1., 2., 3., 4., 5., 6.])
+    expected = torch.zeros(3, 4)
+    expected[2, 1], expected[0, 3], expected[1, 0] = 10., 7., 4.
+    for fmt in ["csr", "csc", "coo", "dcsr", "dcsc", "csf", "dense"]:
+        a = st.tensor((idx, val), shape=(3, 4), format=fmt)
+        check_against_dense(a, expected)
+    b = st.tensor((idx, val), format="coo")               # shape inferred from the maximum
+    assert tuple(b.shape) == (3, 4)
+
+
+def test_coo_pair_3d_and_1d():
+    idx = torch.tensor([[1, 0, 1], [2, 2, 2], [0, 1, 0]])
+    val = torch.tensor([1, 2, 3])
+    x = torch.zeros(2, 3, 2, dtype=torch.int64)
+    x[1, 2, 0], x[0, 2, 1] = 4, 2
+    for fmt in ["coo", "csf", "dense"]:
+        check_against_dense(st.tensor((idx, val), shape=(2, 3, 2), format=fmt), x)
+    v = st.tensor((torch.tensor([3, 0, 3]), torch.tensor([1., 2., 3.])), shape=(5,), format="coo")
+    assert_same(v.to_dense(), torch.tensor([2., 0., 0., 4., 0.]))
+
+
+def test_coo_pair_does_not_alias_user_values():
+    val = torch.tensor([1., 2.])
+    a = st.tensor((torch.tensor([[0, 1], [0, 1]]), val), shape=(2, 2), format="coo")
+    val[0] = 100.
+    assert a.to_dense()[0, 0] == 1.
+
+
+# -- numpy ------------------------------------------------------------------------------------
+@settings(max_examples=examples(20), **SETTINGS)
+@given(x=dense_tensors(2), fmt=hst.sampled_from(["csr", "csc", "coo", "dcsc", "dense"]))
+def test_numpy_roundtrip(x, fmt):
+    arr = x.numpy()
+    a = st.tensor(arr, format=fmt)
+    check_against_dense(a, x)
+    out = a.numpy()
+    assert isinstance(out, np.ndarray) and out.dtype == arr.dtype
+    np.testing.assert_array_equal(out, arr)
+
+
+# -- scipy.sparse -----------------------------------------------------------------------------
+SCIPY_FORMATS = ["csr", "csc", "coo", "bsr"]
+
+
+@settings(max_examples=examples(20), **SETTINGS)
+@given(x=dense_tensors(2), kind=hst.sampled_from(SCIPY_FORMATS),
+       target=hst.sampled_from(["csr", "csc", "coo", "dcsr", "dcsc", "dense", "bsr"]))
+def test_from_scipy(x, kind, target):
+    arr = x.numpy()
+    m = sp.coo_array(arr).asformat(kind)
+    bs = (1, 1) if target == "bsr" and kind != "bsr" else None
+    a = st.tensor(m, format=target, blocksize=bs)
+    check_against_dense(a, x)
+
+
+@settings(max_examples=examples(20), **SETTINGS)
+@given(x=dense_tensors(2), fmt=hst.sampled_from(["csr", "csc", "coo", "dcsr", "dcsc", "csf",
+                                                 "dense", "bsr"]))
+def test_to_scipy(x, fmt):
+    bs = (1, 1) if fmt == "bsr" else None
+    a = st.tensor(x, format=fmt, blocksize=bs)
+    m = a.to_scipy()
+    assert sp.issparse(m)
+    expected_kind = fmt if fmt in SCIPY_FORMATS else "coo"
+    assert m.format == expected_kind
+    np.testing.assert_array_equal(m.toarray(), x.numpy())
+    back = st.tensor(m, format=fmt, blocksize=bs)
+    check_against_dense(back, x)
+
+
+def test_scipy_bsr_keeps_blocksize():
+    arr = np.arange(24, dtype=np.float64).reshape(4, 6)
+    a = st.tensor(sp.bsr_array(arr, blocksize=(2, 3)), format="bsr")
+    assert a.format.blocksize == (2, 3)
+    check_against_dense(a, torch.from_numpy(arr))
+    m = a.to_scipy()
+    assert m.format == "bsr" and m.blocksize == (2, 3)
+
+
+@pytest.mark.parametrize("kind", ["csr", "csc", "coo"])
+def test_scipy_non_canonical_input_is_summed(kind):
+    # duplicates and unsorted indices in every kind of scipy input
+    rows = np.array([2, 0, 2, 1, 0, 2, 2])
+    cols = np.array([3, 1, 0, 1, 1, 3, 0])
+    vals = np.array([1., 2., 3., 4., 5., 6., 7.])
+    expected = np.zeros((3, 4))
+    np.add.at(expected, (rows, cols), vals)
+    if kind == "coo":
+        m = sp.coo_matrix((vals, (rows, cols)), shape=(3, 4))
+    elif kind == "csr":
+        order = np.argsort(rows, kind="stable")
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=3))])
+        m = sp.csr_matrix((vals[order], cols[order], indptr), shape=(3, 4))
+    else:
+        order = np.argsort(cols, kind="stable")
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(cols, minlength=4))])
+        m = sp.csc_matrix((vals[order], rows[order], indptr), shape=(3, 4))
+    assert not m.has_canonical_format
+    for fmt in ["csr", "csc", "coo", "dcsr"]:
+        a = st.tensor(m, format=fmt)
+        check_against_dense(a, torch.from_numpy(expected))
+
+
+def test_scipy_index_and_value_dtypes():
+    m = sp.random(20, 30, density=0.2, format="csr", random_state=0, dtype=np.float32)
+    m.indptr, m.indices = m.indptr.astype(np.int64), m.indices.astype(np.int64)
+    a = st.tensor(m, format="csr")
+    assert a.index_dtype == torch.int32 and a.dtype == torch.float32
+    a = st.tensor(m, format="csr", index_dtype=torch.int64)
+    assert a.index_dtype == torch.int64
+    np.testing.assert_array_equal(a.to_scipy().toarray(), m.toarray())
+
+
+# -- torch.sparse -----------------------------------------------------------------------------
+TORCH_LAYOUTS = ["coo", "csr", "csc", "bsr", "bsc"]
+
+
+def _to_torch_layout(x, layout):
+    if layout == "coo":
+        return x.to_sparse_coo()
+    if layout == "csr":
+        return x.to_sparse_csr()
+    if layout == "csc":
+        return x.to_sparse_csc()
+    return x.to_sparse_bsr((1, 1)) if layout == "bsr" else x.to_sparse_bsc((1, 1))
+
+
+@settings(max_examples=examples(20), **SETTINGS)
+@given(x=dense_tensors(2), layout=hst.sampled_from(TORCH_LAYOUTS),
+       target=hst.sampled_from(["csr", "csc", "coo", "dcsr", "dcsc", "dense"]))
+def test_from_torch_sparse(x, layout, target):
+    t = _to_torch_layout(x, layout)
+    a = st.tensor(t, format=target)
+    check_against_dense(a, x)
+
+
+@pytest.mark.parametrize("layout,blocksize", [("bsr", (2, 3)), ("bsc", (2, 3)), ("bsr", (1, 3))])
+def test_from_torch_blocked_keeps_blocksize(layout, blocksize):
+    x = random_dense((4, 6), 0.3, torch.float32, 1)
+    t = x.to_sparse_bsr(blocksize) if layout == "bsr" else x.to_sparse_bsc(blocksize)
+    a = st.tensor(t, format="bsr")
+    assert a.format.blocksize == blocksize
+    check_against_dense(a, x)
+
+
+def test_from_torch_coo_uncoalesced_duplicates():
+    idx = torch.tensor([[1, 0, 1, 1], [2, 1, 2, 0]])
+    t = torch.sparse_coo_tensor(idx, torch.tensor([1., 2., 3., 4.]), (2, 3))
+    assert not t.is_coalesced()
+    expected = torch.tensor([[0., 2., 0.], [4., 0., 4.]])
+    for fmt in ["csr", "csc", "coo", "dcsr", "csf", "dense"]:
+        check_against_dense(st.tensor(t, format=fmt), expected)
+    t3 = torch.sparse_coo_tensor(torch.tensor([[0, 0], [1, 1], [2, 2]]), torch.tensor([1, 2]),
+                                 (1, 2, 3))
+    x3 = torch.zeros(1, 2, 3, dtype=torch.int64)
+    x3[0, 1, 2] = 3
+    check_against_dense(st.tensor(t3, format="csf"), x3)
+
+
+@settings(max_examples=examples(20), **SETTINGS)
+@given(x=dense_tensors(2), fmt=hst.sampled_from(["csr", "csc", "coo", "dcsr", "dcsc", "dense",
+                                                 "bsr"]),
+       index_dtype=hst.sampled_from(INDEX_DTYPES))
+def test_to_torch(x, fmt, index_dtype):
+    bs = (1, 1) if fmt == "bsr" else None
+    a = st.tensor(x, format=fmt, blocksize=bs, index_dtype=index_dtype)
+    t = a.to_torch()
+    layout = {"csr": torch.sparse_csr, "csc": torch.sparse_csc, "bsr": torch.sparse_bsr,
+              "dense": torch.strided}.get(fmt, torch.sparse_coo)
+    assert t.layout == layout
+    if layout == torch.sparse_coo:
+        assert t.is_coalesced()
+    assert_same(t.to_dense(), x)
+    back = st.tensor(t, format=fmt, blocksize=bs)
+    check_against_dense(back, x)
+
+
+@settings(max_examples=examples(10), **SETTINGS)
+@given(x=dense_tensors(3), fmt=hst.sampled_from(["coo", "csf"]))
+def test_to_torch_3d(x, fmt):
+    t = st.tensor(x, format=fmt).to_torch()
+    assert t.layout == torch.sparse_coo and t.is_coalesced()
+    assert_same(t.to_dense(), x)
+    t = st.tensor(x, format=st.Format((st.compressed,) * 3, (2, 0, 1))).to_torch()
+    assert t.is_coalesced()
+    assert_same(t.to_dense(), x)
+
+
+# -- construction keywords, SparseTensor as input --------------------------------------------
+def test_dtype_and_device_keywords():
+    x = random_dense((3, 4), 0.5, torch.float32, 0)
+    a = st.tensor(x, format="csr", dtype=torch.float64, device="cpu")
+    assert a.dtype == torch.float64 and a.values.dtype == torch.float64
+    check_against_dense(a, x.double())
+    b = st.tensor(a, format="coo")
+    check_against_dense(b, x.double())
+    assert st.tensor(a, format="csr") is a or torch.equal(st.tensor(a).to_dense(), a.to_dense())
+
+
+def test_float16_bfloat16_and_int32_values():
+    for dtype in (torch.float16, torch.bfloat16, torch.int32):
+        x = random_dense((5, 4), 0.5, dtype, 3)
+        for fmt in ("csr", "csc", "coo", "dense"):
+            check_against_dense(st.tensor(x, format=fmt), x)
+
+
+# -- structural ops on SparseTensor ----------------------------------------------------------
+def test_detach_clone_to():
+    x = random_dense((4, 5), 0.4, torch.float32, 7)
+    a = st.tensor(x, format="csr")
+    d = a.detach()
+    assert isinstance(d, st.SparseTensor) and d.format == a.format
+    check_against_dense(d, x)
+    c = a.clone()
+    check_against_dense(c, x)
+    assert c.values.data_ptr() != a.values.data_ptr()
+    for name, arr in c.arrays.items():
+        assert arr.data_ptr() != a.arrays[name].data_ptr()
+    for dtype in (torch.float64, torch.int64, torch.float16):
+        b = a.to(dtype)
+        assert isinstance(b, st.SparseTensor) and b.dtype == dtype and b.values.dtype == dtype
+        assert b.index_dtype == a.index_dtype
+        check_against_dense(b, x.to(dtype))
+    assert a.double().dtype == torch.float64
+    same = a.to("cpu")
+    check_against_dense(same, x)
+
+
+def test_requires_grad_and_detach():
+    a = st.tensor(random_dense((3, 3), 0.5, torch.float32, 2), format="coo")
+    a.requires_grad_()
+    assert a.requires_grad
+    assert not a.detach().requires_grad
+
+
+def test_repr_and_accessors():
+    a = st.tensor(torch.eye(3), format="csc")
+    assert "csc" in repr(a) and "nnz=3" in repr(a)
+    assert a.format.name == "csc" and tuple(a.shape) == (3, 3) and a.nnz == 3
+    assert set(a.arrays) == {"pos1", "crd1"}
+    assert a.device == torch.device("cpu") and a.dtype == torch.float32
+
+
+@pytest.mark.parametrize("call,opname", [
+    (lambda a: torch.sin(a), "sin"),
+    (lambda a: torch.cumsum(a, 0), "cumsum"),
+    (lambda a: torch.flip(a, (0,)), "flip"),
+    (lambda a: a.view(-1), "view"),
+])
+def test_unsupported_ops_raise_naming_the_op(call, opname):
+    a = st.tensor(torch.eye(3), format="csr")
+    with pytest.raises(NotImplementedError, match=rf"aten\.{opname}\b.*format csr"):
+        call(a)
+
+
+def test_format_names():
+    assert st.Format((st.dense, st.compressed), (1, 0)).name == "csc"
+    assert st.tensor(torch.eye(2), format="dcsc").format.name == "dcsc"
+    assert st.tensor(torch.eye(4), format="bsr", blocksize=(2, 2)).format.name == "bsr"
+    assert st.tensor(torch.ones(2, 2, 2), format="coo").format.name == "coo"
+    assert st.tensor(torch.ones(2, 2, 2), format="csf").format.name == "csf"
+    assert st.tensor(torch.ones(3), format="csf").format.name in ("csf", "coo")
+    assert st.tensor(torch.eye(2), format="CSR").format.name == "csr"
+
+
+def test_coo_3d_levels():
+    a = st.tensor(torch.ones(2, 1, 2), format="coo")
+    assert [type(lv).__name__ for lv in a.format.levels] == ["Compressed", "Singleton",
+                                                              "Singleton"]
+    assert [lv.unique for lv in a.format.levels] == [False, False, True]
+    assert set(a.arrays) == {"pos0", "crd0", "crd1", "crd2"}
+    check_invariants(a, torch.ones(2, 1, 2))
+
+
+def test_dense_format_to_sparse_drops_zeros():
+    x = torch.tensor([[0., 1.], [0., 0.]])
+    a = st.tensor(x, format="dense")
+    assert a.nnz == 4
+    assert a.asformat("csr").nnz == 1

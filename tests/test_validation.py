@@ -1,0 +1,322 @@
+"""Bad input: every case raises ValueError/TypeError whose message names what is wrong, where,
+and the fix. Kernels trust what passes, so nothing here may slip through or crash."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+
+import sparsetorch as st
+from helpers import examples, one_thread  # noqa: F401 (one_thread: autouse fixture)
+
+X = torch.tensor([[0., 1., 0.], [2., 0., 3.]])
+CSR = {"pos1": torch.tensor([0, 1, 3]), "crd1": torch.tensor([1, 0, 2])}
+VALS = torch.tensor([1., 2., 3.])
+
+
+def from_levels(arrays, values=VALS, shape=(2, 3), fmt="csr", **kw):
+    return st.SparseTensor.from_levels(shape, fmt, arrays, values, **kw)
+
+
+def coo_pair(idx, val, shape=(2, 3), fmt="csr", **kw):
+    return st.tensor((torch.as_tensor(idx), torch.as_tensor(val)), shape=shape, format=fmt, **kw)
+
+
+def test_good_levels_pass():
+    a = from_levels(CSR)
+    assert torch.equal(a.to_dense(), X)
+
+
+# -- shapes -----------------------------------------------------------------------------------
+def test_values_length_vs_indices():
+    with pytest.raises(ValueError, match=r"values has shape \[2\] but indices has 3 entries"):
+        coo_pair([[0, 1, 1], [1, 0, 2]], [1., 2.])
+    with pytest.raises(ValueError, match=r"values must be 1-D"):
+        coo_pair([[0, 1, 1], [1, 0, 2]], [[1., 2., 3.]])
+
+
+def test_indices_rows_vs_shape():
+    with pytest.raises(ValueError, match=r"indices must have shape \[ndim=3, nnz\], got \[2, 3\]"):
+        coo_pair([[0, 1, 1], [1, 0, 2]], [1., 2., 3.], shape=(2, 3, 4))
+
+
+@pytest.mark.parametrize("data", [
+    X, X.numpy(), sp.csr_array(X.numpy()), X.to_sparse(), X.to_sparse_csr(),
+    st.tensor(X, format="coo")], ids=["dense", "numpy", "scipy", "torch_coo", "torch_csr",
+                                      "SparseTensor"])
+def test_shape_keyword_vs_data(data):
+    with pytest.raises(ValueError, match=r"data has shape \(2, 3\) but shape=\(3, 2\)"):
+        st.tensor(data, shape=(3, 2))
+    assert tuple(st.tensor(data, shape=(2, 3)).shape) == (2, 3)
+
+
+def test_negative_or_non_integer_shape():
+    with pytest.raises(ValueError, match=r"shape \(-1, 3\).*non-negative"):
+        coo_pair(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), shape=(-1, 3))
+    with pytest.raises(ValueError, match=r"shape \(-2, 3\).*non-negative"):
+        from_levels(CSR, shape=(-2, 3))
+    with pytest.raises(TypeError, match=r"shape.*integers"):
+        coo_pair([[0], [0]], [1.], shape=(2.5, 3))
+
+
+def test_shape_required_without_entries():
+    with pytest.raises(ValueError, match="shape= is required"):
+        st.tensor((torch.zeros(2, 0, dtype=torch.long), torch.zeros(0)))
+
+
+def test_zero_dim_data():
+    with pytest.raises(ValueError, match="0-d tensor"):
+        st.tensor(torch.tensor(1.))
+
+
+def test_pos_and_values_lengths():
+    with pytest.raises(ValueError, match=r"level 1 \(compressed\): pos has 2 entries, expected 3"):
+        from_levels({"pos1": torch.tensor([0, 1]), "crd1": torch.tensor([1])}, VALS[:1])
+    with pytest.raises(ValueError, match=r"pos\[-1\] is 3 but crd has 2 entries"):
+        from_levels({"pos1": torch.tensor([0, 1, 3]), "crd1": torch.tensor([1, 0])}, VALS[:2])
+    with pytest.raises(ValueError, match=r"values has 2 entries but the levels store 3"):
+        from_levels(CSR, VALS[:2])
+    with pytest.raises(ValueError, match=r"pos\[0\] is 1, expected 0"):
+        from_levels({"pos1": torch.tensor([1, 1, 3]), "crd1": torch.tensor([1, 0])}, VALS[:2])
+    with pytest.raises(ValueError, match=r"pos decreases at position 2 \(3 -> 2\)"):
+        from_levels({"pos1": torch.tensor([0, 3, 2]), "crd1": torch.tensor([0, 1, 2])})
+    with pytest.raises(ValueError, match=r"missing \['crd1'\], unexpected \['crd2'\]"):
+        from_levels({"pos1": CSR["pos1"], "crd2": CSR["crd1"]})
+    with pytest.raises(ValueError, match=r"level 1 \(singleton\): crd has 2 entries, expected 3"):
+        from_levels({"pos0": torch.tensor([0, 3]), "crd0": torch.tensor([0, 1, 1]),
+                     "crd1": torch.tensor([1, 0])}, fmt="coo")
+    with pytest.raises(ValueError, match=r"pos1 must be 1-D"):
+        from_levels({"pos1": CSR["pos1"][None], "crd1": CSR["crd1"]})
+
+
+# -- coordinates ------------------------------------------------------------------------------
+def test_out_of_range_and_negative_coordinates():
+    with pytest.raises(ValueError, match=r"index 3 in dimension 1 at entry 2 is out of range "
+                                         r"for shape \(2, 3\); indices must lie in \[0, 3\)"):
+        coo_pair([[0, 1, 1], [1, 0, 3]], [1., 2., 3.])
+    with pytest.raises(ValueError, match=r"index -1 in dimension 0 at entry 1 is negative"):
+        coo_pair([[0, -1, 1], [1, 0, 2]], [1., 2., 3.])
+    with pytest.raises(ValueError, match=r"level 1 \(compressed\): coordinate 3 at position 2 "
+                                         r"is out of range \[0, 3\)"):
+        from_levels({"pos1": CSR["pos1"], "crd1": torch.tensor([1, 0, 3])})
+    with pytest.raises(ValueError, match=r"coordinate -1 at position 1 is out of range"):
+        from_levels({"pos1": CSR["pos1"], "crd1": torch.tensor([1, -1, 2])})
+    with pytest.raises(ValueError, match=r"level 0 \(compressed\(non-unique\)\): coordinate 2 "
+                                         r"at position 0"):
+        from_levels({"pos0": torch.tensor([0, 1]), "crd0": torch.tensor([2]),
+                     "crd1": torch.tensor([0])}, VALS[:1], fmt="coo")
+    with pytest.raises(ValueError, match=r"level 1 \(singleton\): coordinate 5 at position 0"):
+        from_levels({"pos0": torch.tensor([0, 1]), "crd0": torch.tensor([1]),
+                     "crd1": torch.tensor([5])}, VALS[:1], fmt="coo")
+
+
+def test_pos_out_of_range_never_reads_out_of_bounds():
+    # pos pointing past crd must be caught before anything indexes with it
+    with pytest.raises(ValueError, match=r"pos\[-1\] is 9 but crd has 3 entries"):
+        from_levels({"pos1": torch.tensor([0, 1, 9]), "crd1": torch.tensor([1, 0, 2])})
+    with pytest.raises(ValueError, match=r"pos decreases at position 1 \(0 -> -1\)"):
+        from_levels({"pos1": torch.tensor([0, -1, 3]), "crd1": torch.tensor([1, 0, 2])})
+
+
+def test_unsorted_where_level_is_ordered():
+    with pytest.raises(ValueError, match=r"level 1 \(compressed\): unsorted coordinates at "
+                                         r"positions 1 and 2 \(2, 0\).*sort"):
+        from_levels({"pos1": torch.tensor([0, 1, 3]), "crd1": torch.tensor([1, 2, 0])})
+    # COO: level 0 unsorted, and level 1 unsorted inside one row
+    with pytest.raises(ValueError, match=r"level 0 \(compressed\(non-unique\)\): unsorted "
+                                         r"coordinates at positions 0 and 1 \(1, 0\)"):
+        from_levels({"pos0": torch.tensor([0, 2]), "crd0": torch.tensor([1, 0]),
+                     "crd1": torch.tensor([0, 1])}, VALS[:2], fmt="coo")
+    with pytest.raises(ValueError, match=r"unsorted entries at positions 0 and 1 "
+                                         r"\(\[1, 2\], \[1, 1\]\).*st\.tensor"):
+        from_levels({"pos0": torch.tensor([0, 2]), "crd0": torch.tensor([1, 1]),
+                     "crd1": torch.tensor([2, 1])}, VALS[:2], fmt="coo")
+
+
+def test_duplicates_where_level_is_unique():
+    with pytest.raises(ValueError, match=r"level 1 \(compressed\): duplicate coordinates at "
+                                         r"positions 1 and 2 \(0, 0\)"):
+        from_levels({"pos1": torch.tensor([0, 1, 3]), "crd1": torch.tensor([1, 0, 0])})
+    with pytest.raises(ValueError, match=r"level 0 \(compressed\): duplicate coordinates at "
+                                         r"positions 0 and 1 \(1, 1\)"):
+        from_levels({"pos0": torch.tensor([0, 2]), "crd0": torch.tensor([1, 1]),
+                     "pos1": torch.tensor([0, 1, 2]), "crd1": torch.tensor([0, 2])},
+                    VALS[:2], fmt="dcsr")
+    with pytest.raises(ValueError, match=r"duplicate entries at positions 1 and 2 "
+                                         r"\(\[1, 2\], \[1, 2\]\); format 'coo'"):
+        from_levels({"pos0": torch.tensor([0, 3]), "crd0": torch.tensor([0, 1, 1]),
+                     "crd1": torch.tensor([0, 2, 2])}, fmt="coo")
+
+
+def test_duplicates_in_unordered_unique_level():
+    fmt = st.Format((st.dense, st.Compressed(ordered=False)))
+    ok = from_levels({"pos1": torch.tensor([0, 2, 3]), "crd1": torch.tensor([2, 0, 1])},
+                     fmt=fmt)
+    assert ok.to_dense()[0, 2] == 1.
+    with pytest.raises(ValueError, match=r"level 1 \(compressed\(unordered\)\): duplicate "
+                                         r"coordinate 2 under one parent at positions 0 and 2"):
+        from_levels({"pos1": torch.tensor([0, 3, 3]), "crd1": torch.tensor([2, 0, 2])},
+                    fmt=fmt)
+
+
+# -- dtypes -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [torch.float32, torch.float64])
+def test_non_integer_indices(bad):
+    with pytest.raises(TypeError, match=rf"indices has dtype {bad}; indices must be an integer"):
+        coo_pair(torch.tensor([[0, 1], [1, 0]], dtype=bad), [1., 2.])
+    with pytest.raises(TypeError, match=r"level array crd1 has dtype .*integer tensor"):
+        from_levels({"pos1": CSR["pos1"], "crd1": CSR["crd1"].to(bad)})
+
+
+def test_nan_indices():
+    with pytest.raises(ValueError, match=r"indices contains NaN at entry 1; indices must be "
+                                         r"integers"):
+        coo_pair(torch.tensor([[0., float("nan")], [1., 0.]]), [1., 2.])
+    with pytest.raises(ValueError, match=r"level array pos1 contains NaN"):
+        from_levels({"pos1": torch.tensor([0., float("nan"), 3.]), "crd1": CSR["crd1"]})
+
+
+def test_bool_indices():
+    with pytest.raises(TypeError, match=r"indices has dtype torch.bool"):
+        coo_pair(torch.tensor([[True, False], [False, True]]), [1., 2.])
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128, torch.bool, torch.int8,
+                                   torch.uint8])
+def test_unsupported_value_dtypes(dtype):
+    msg = rf"values of dtype {dtype} are not supported; use one of"
+    with pytest.raises(TypeError, match=msg):
+        st.tensor(X.to(dtype))
+    with pytest.raises(TypeError, match=msg):
+        coo_pair([[0, 1], [1, 0]], torch.ones(2, dtype=dtype))
+    with pytest.raises(TypeError, match=msg):
+        from_levels(CSR, VALS.to(dtype))
+    with pytest.raises(TypeError, match=msg):
+        st.tensor(X.to(dtype).to_sparse())
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.bool])
+def test_unsupported_dtype_keyword(dtype):
+    with pytest.raises(TypeError, match=rf"dtype={dtype} is not supported"):
+        st.tensor(X, dtype=dtype)
+
+
+def test_unsupported_numpy_and_scipy_dtypes():
+    with pytest.raises(TypeError, match=r"numpy arrays of dtype bool are not supported"):
+        st.tensor(X.numpy() > 0)
+    with pytest.raises(TypeError, match=r"values of dtype torch.complex128 are not supported"):
+        st.tensor(sp.csr_array(X.numpy().astype(np.complex128)))
+
+
+def test_mixed_index_dtypes():
+    with pytest.raises(TypeError, match=r"level arrays have dtypes \['torch.int32', "
+                                        r"'torch.int64'\]; use one index dtype"):
+        from_levels({"pos1": CSR["pos1"].int(), "crd1": CSR["crd1"]})
+    with pytest.raises(TypeError, match=r"level arrays have dtypes \['torch.int16'\]"):
+        from_levels({"pos1": CSR["pos1"].short(), "crd1": CSR["crd1"].short()})
+
+
+def test_index_dtype_argument():
+    with pytest.raises(ValueError, match=r"index_dtype=torch.int32 cannot hold 2147483653.*"
+                                         r"use torch.int64"):
+        coo_pair([[0], [1]], [1.], shape=(2, 2**31 + 5), index_dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"index_dtype must be torch.int32 or torch.int64"):
+        st.tensor(X, index_dtype=torch.int16)
+    big = coo_pair([[0], [1]], [1.], shape=(2, 2**31 + 5), fmt="coo")
+    assert big.index_dtype == torch.int64
+    with pytest.raises(ValueError, match=r"index_dtype=torch.int32 cannot hold"):
+        big.asformat("coo", index_dtype=torch.int32)
+
+
+# -- devices ----------------------------------------------------------------------------------
+def test_values_and_indices_on_different_devices():
+    with pytest.raises(ValueError, match=r"indices is on cpu but values are on meta; move them "
+                                         r"to one device"):
+        coo_pair([[0], [1]], torch.ones(1, device="meta"))
+    with pytest.raises(ValueError, match=r"pos1 is on meta but values are on cpu"):
+        from_levels({"pos1": CSR["pos1"].to("meta"), "crd1": CSR["crd1"]})
+
+
+# -- formats and blocks -----------------------------------------------------------------------
+def test_shape_not_divisible_by_blocksize():
+    msg = r"dimension 1 of size 3 is not divisible by the block size 2"
+    with pytest.raises(ValueError, match=msg):
+        st.tensor(X, format="bsr", blocksize=(2, 2))
+    with pytest.raises(ValueError, match=msg):
+        st.tensor(X, format="csr").asformat("bsr", blocksize=(1, 2))
+    with pytest.raises(ValueError, match=msg):
+        from_levels({"pos1": torch.tensor([0, 0]), "crd1": torch.tensor([], dtype=torch.long)},
+                    torch.zeros(0), fmt="bsr", blocksize=(2, 2))
+
+
+def test_blocksize_misuse():
+    with pytest.raises(ValueError, match=r"format 'bsr' needs blocksize=\(rows, cols\)"):
+        st.tensor(X, format="bsr")
+    with pytest.raises(ValueError, match=r"blocksize is only meaningful for format 'bsr'"):
+        st.tensor(X, format="csr", blocksize=(1, 1))
+    with pytest.raises(ValueError, match=r"blocksize \(0, 1\) needs one positive size per mode"):
+        st.tensor(X, format="bsr", blocksize=(0, 1))
+
+
+@pytest.mark.parametrize("name", ["foo", "CSX", "", 3])
+def test_unknown_format_names(name):
+    with pytest.raises(ValueError, match=r"unknown format .*; use one of csr, csc"):
+        st.tensor(X, format=name)
+
+
+def test_format_order_mismatch():
+    with pytest.raises(ValueError, match=r"format 'csr' is for 2-D tensors; this tensor is 3-D"):
+        st.tensor(torch.ones(2, 2, 2), format="csr")
+    with pytest.raises(ValueError, match=r"stores 3-D tensors, but the tensor is 2-D"):
+        st.tensor(X, format=st.Format((st.compressed,) * 3))
+
+
+def test_bad_format_definitions():
+    with pytest.raises(ValueError, match=r"level 1 is singleton but the level above it is unique"):
+        st.Format((st.compressed, st.singleton))
+    with pytest.raises(ValueError, match=r"level 0 is non-unique, so every level below it must "
+                                         r"be singleton"):
+        st.Format((st.Compressed(unique=False), st.compressed))
+    with pytest.raises(ValueError, match=r"not a permutation"):
+        st.Format((st.dense, st.compressed), (0, 0))
+    with pytest.raises(TypeError, match=r"Format levels must be level kinds"):
+        st.Format(("dense", "compressed"))
+    with pytest.raises(ValueError, match=r"in-block levels must all be st.dense"):
+        st.Format((st.dense, st.compressed, st.dense, st.compressed), blocksize=(2, 2))
+
+
+def test_unsupported_inputs():
+    with pytest.raises(TypeError, match=r"cannot make a sparse tensor from list"):
+        st.tensor([[0, 1]])
+    with pytest.raises(ValueError, match=r"only 2-D, non-hybrid torch torch.sparse_csr"):
+        st.tensor(torch.ones(2, 2, 2).to_sparse_csr(), format="csf")
+
+
+def test_hybrid_torch_coo_rejected():
+    t = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2, 3), (2, 3))
+    with pytest.raises(ValueError, match=r"hybrid"):
+        st.tensor(t)
+
+
+# -- fuzz: random corruption of valid arrays is always caught or harmless ------------------------
+@settings(max_examples=examples(60), deadline=None)
+@given(seed=hst.integers(0, 2**16), which=hst.sampled_from(["pos1", "crd1"]),
+       delta=hst.integers(-3, 3), fmt=hst.sampled_from(["csr", "csc"]))
+def test_corrupted_arrays_never_pass_silently(seed, which, delta, fmt):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.rand(5, 4, generator=g) < 0.5).float()
+    a = st.tensor(x, format=fmt, index_dtype=torch.int64)
+    arrays = {k: v.clone() for k, v in a.arrays.items()}
+    if arrays[which].numel() == 0:
+        return
+    i = int(torch.randint(0, arrays[which].numel(), (1,), generator=g))
+    arrays[which][i] += delta
+    try:
+        b = st.SparseTensor.from_levels(a.shape, a.format, arrays, a.values.clone())
+    except ValueError as e:
+        assert "level 1" in str(e) or "values has" in str(e)
+        return
+    b.to_dense()       # whatever passed must be a valid tensor
