@@ -50,7 +50,7 @@ def _labels(ndim):
 
 @pytest.mark.parametrize("ndim,source", _labels(1) + _labels(2) + _labels(3),
                          ids=lambda v: str(v))
-@settings(max_examples=examples(6), **SETTINGS)
+@settings(max_examples=examples(12), **SETTINGS)
 @given(data=hst.data())
 def test_roundtrip_every_pair(ndim, source, data):
     x = data.draw(dense_tensors(ndim), label="x")
@@ -133,7 +133,7 @@ def test_coo_pair_does_not_alias_user_values():
 
 
 # -- numpy ------------------------------------------------------------------------------------
-@settings(max_examples=examples(20), **SETTINGS)
+@settings(max_examples=examples(40), **SETTINGS)
 @given(x=dense_tensors(2), fmt=hst.sampled_from(["csr", "csc", "coo", "dcsc", "dense"]))
 def test_numpy_roundtrip(x, fmt):
     arr = x.numpy()
@@ -148,7 +148,7 @@ def test_numpy_roundtrip(x, fmt):
 SCIPY_FORMATS = ["csr", "csc", "coo", "bsr"]
 
 
-@settings(max_examples=examples(20), **SETTINGS)
+@settings(max_examples=examples(40), **SETTINGS)
 @given(x=dense_tensors(2), kind=hst.sampled_from(SCIPY_FORMATS),
        target=hst.sampled_from(["csr", "csc", "coo", "dcsr", "dcsc", "dense", "bsr"]))
 def test_from_scipy(x, kind, target):
@@ -156,10 +156,12 @@ def test_from_scipy(x, kind, target):
     m = sp.coo_array(arr).asformat(kind)
     bs = (1, 1) if target == "bsr" and kind != "bsr" else None
     a = st.tensor(m, format=target, blocksize=bs)
-    check_against_dense(a, x)
+    stored = m.copy()
+    stored.data[:] = 1          # scipy BSR stores explicit zeros in blocks; they are kept
+    check_against_dense(a, x, pattern=torch.from_numpy(stored.toarray()))
 
 
-@settings(max_examples=examples(20), **SETTINGS)
+@settings(max_examples=examples(40), **SETTINGS)
 @given(x=dense_tensors(2), fmt=hst.sampled_from(["csr", "csc", "coo", "dcsr", "dcsc", "csf",
                                                  "dense", "bsr"]))
 def test_to_scipy(x, fmt):
@@ -231,7 +233,7 @@ def _to_torch_layout(x, layout):
     return x.to_sparse_bsr((1, 1)) if layout == "bsr" else x.to_sparse_bsc((1, 1))
 
 
-@settings(max_examples=examples(20), **SETTINGS)
+@settings(max_examples=examples(40), **SETTINGS)
 @given(x=dense_tensors(2), layout=hst.sampled_from(TORCH_LAYOUTS),
        target=hst.sampled_from(["csr", "csc", "coo", "dcsr", "dcsc", "dense"]))
 def test_from_torch_sparse(x, layout, target):
@@ -263,7 +265,7 @@ def test_from_torch_coo_uncoalesced_duplicates():
     check_against_dense(st.tensor(t3, format="csf"), x3)
 
 
-@settings(max_examples=examples(20), **SETTINGS)
+@settings(max_examples=examples(40), **SETTINGS)
 @given(x=dense_tensors(2), fmt=hst.sampled_from(["csr", "csc", "coo", "dcsr", "dcsc", "dense",
                                                  "bsr"]),
        index_dtype=hst.sampled_from(INDEX_DTYPES))

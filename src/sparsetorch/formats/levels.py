@@ -211,9 +211,10 @@ class Compressed(LevelKind):
         n = crd.numel()
         if parent_count == 1:
             return torch.zeros(n, dtype=torch.int32, device=crd.device), crd
-        owner = torch.repeat_interleave(_arange(parent_count, crd.device), pos.diff(),
-                                        output_size=n)
-        return owner, crd
+        counts = pos.diff()
+        if counts.dtype != index_dtype_for(parent_count):
+            counts = counts.to(torch.int64)
+        return torch.repeat_interleave(counts), crd     # parent p, pos[p+1] - pos[p] times
 
     def expand(self, parent, size, arrays):
         pos = arrays["pos"].to(torch.int64)
