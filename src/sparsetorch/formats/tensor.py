@@ -134,22 +134,43 @@ class SparseTensor(torch.Tensor):
 
     # -- conversions --------------------------------------------------------------------------
     def to_dense(self, dtype=None, *, masked_grad=None) -> torch.Tensor:
-        """The tensor as a dense ``torch.Tensor`` (duplicates impossible; zeros filled)."""
+        """The tensor as a dense ``torch.Tensor`` (duplicates impossible; zeros filled).
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> st.tensor((torch.tensor([[1], [0]]), torch.tensor([7.])), shape=(2, 2)).to_dense()
+            tensor([[0., 0.],
+                    [7., 0.]])
+        """
         from .convert import to_dense
 
         out = to_dense(self)
         return out if dtype is None else out.to(dtype)
 
     def to_scipy(self):
-        """A ``scipy.sparse`` array: csr/csc/coo/bsr keep their format, others become COO.
-        Only for 2-D tensors on the CPU."""
+        """A ``scipy.sparse`` array owning a copy of the data: csr/csc/bsr keep their format,
+        others become COO. Only for 2-D tensors on the CPU.
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> m = st.tensor(torch.eye(2), format="csc").to_scipy()
+            >>> m.format, m.nnz
+            ('csc', 2)
+        """
         from .convert import to_scipy
 
         return to_scipy(self)
 
     def to_torch(self) -> torch.Tensor:
-        """A ``torch.sparse`` tensor: csr, csc and bsr map to their layouts, dense to a strided
-        tensor, everything else to a coalesced ``sparse_coo`` tensor."""
+        """A ``torch.sparse`` tensor (sharing memory where the layouts match): csr, csc and bsr
+        map to their layouts, dense formats to a strided tensor, everything else to a
+        coalesced ``sparse_coo`` tensor.
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> st.tensor(torch.eye(2), format="dcsr").to_torch().layout
+            torch.sparse_coo
+        """
         from .convert import to_torch
 
         return to_torch(self)
@@ -160,6 +181,12 @@ class SparseTensor(torch.Tensor):
 
     def asformat(self, format, *, blocksize=None, index_dtype=None) -> "SparseTensor":
         """The same tensor in another format (vectorised conversion, never a Python loop).
+
+        Stored entries are kept, explicit zeros included (BSR blocks stay in the pattern);
+        a dense *format* converts like a dense tensor (zeros dropped). ``index_dtype=None``
+        picks int32 whenever everything fits. Between formats with ordered levels this costs
+        at most one stable sort (CSR -> CSC sorts the column indices once); returns ``self``
+        when nothing changes.
 
         Example:
             >>> import torch, sparsetorch as st
