@@ -385,3 +385,45 @@ def test_dense_format_to_sparse_drops_zeros():
     a = st.tensor(x, format="dense")
     assert a.nnz == 4
     assert a.asformat("csr").nnz == 1
+
+
+# -- sizes where the fast paths kick in (packed numpy sort from 4096 entries) ------------------
+@pytest.mark.parametrize("n,total,dtype", [(5000, 100, torch.int32), (5000, 2**40, torch.int64),
+                                           (70000, 2**33, torch.int64), (9000, 7, torch.int64),
+                                           (9000, 1, torch.int32), (4096, 2**60, torch.int64)])
+def test_sort_key_is_a_stable_sort(n, total, dtype):
+    from sparsetorch.formats.order import sort_key
+
+    key = torch.randint(0, total, (n,), dtype=dtype, generator=torch.Generator().manual_seed(n))
+    got, perm = sort_key(key, total)
+    want = torch.sort(key, stable=True)
+    assert got.dtype == key.dtype
+    assert torch.equal(got, want.values) and torch.equal(perm.long(), want.indices)
+
+
+@pytest.mark.parametrize("shape,density", [((300, 200), 0.3), ((40, 30, 50), 0.2)])
+def test_medium_roundtrip_every_pair(shape, density):
+    x = random_dense(shape, density, torch.float64, 11)
+    table = formats_for(len(shape))
+    for _, fmt, bs in table:
+        f = resolve(fmt, len(shape), bs)
+        if not blocks_fit(shape, f):
+            continue
+        a = st.tensor(x, format=fmt, blocksize=bs)
+        assert torch.equal(a.to_dense(), x)
+        for _, tfmt, tbs in table:
+            if blocks_fit(shape, resolve(tfmt, len(shape), tbs)):
+                b = a.asformat(tfmt, blocksize=tbs)
+                assert torch.equal(b.to_dense(), x), (f, tfmt)
+                check_invariants(b)
+
+
+def test_medium_coo_pair_with_duplicates_matches_scipy():
+    g = torch.Generator().manual_seed(5)
+    idx = torch.randint(0, 300, (2, 50000), generator=g)
+    vals = torch.randint(-5, 5, (50000,), generator=g).double()
+    m = sp.coo_array((vals.numpy(), (idx[0].numpy(), idx[1].numpy())), shape=(300, 300))
+    for fmt in ["csr", "csc", "coo", "dcsc"]:
+        a = st.tensor((idx, vals), shape=(300, 300), format=fmt)
+        assert torch.equal(a.to_dense(), torch.from_numpy(m.toarray()))
+        check_invariants(a)

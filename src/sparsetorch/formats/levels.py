@@ -316,7 +316,8 @@ class Singleton(LevelKind):
 def _check_range(crd: torch.Tensor, size: int) -> None:
     if crd.numel() == 0:
         return
-    if int(crd.min()) >= 0 and int(crd.max()) < size:
+    low, high = torch.aminmax(crd)
+    if int(low) >= 0 and int(high) < size:
         return
     bad = torch.nonzero((crd < 0) | (crd >= size)).reshape(-1)
     p = int(bad[0])

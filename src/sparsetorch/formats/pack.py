@@ -20,12 +20,14 @@ Example:
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .format import Format
 from .levels import INT32_MAX, index_dtype_for
-from .order import (atom_size, atom_value, decode, linear_key, resort_prefix, stable_sort,
-                    storage_atoms)
+from .order import (atom_size, atom_value, decode, linear_key, resort_prefix, sort_key,
+                    stable_sort, storage_atoms)
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 _INT32_MAX = INT32_MAX
@@ -125,14 +127,14 @@ def sort_and_sum(keys: torch.Tensor, dims, values: torch.Tensor):
 
 def _sort_sum_rows(rows: list, sizes: list, values: torch.Tensor):
     """Sort entries by ``rows`` (lexicographic), sum duplicates. Skips the sort when the
-    entries are already in order."""
+    entries are already in order; duplicates (usually few) cost O(n) streaming passes."""
     n = values.numel()
     if n <= 1 or not rows:
         return rows, values
     key = linear_key(rows, sizes)
     if key is not None:
-        if not bool((key[1:] > key[:-1]).all()) and not bool((key[1:] >= key[:-1]).all()):
-            key, perm = torch.sort(key, stable=True)
+        if not bool((key[1:] >= key[:-1]).all()):
+            key, perm = sort_key(key, math.prod(sizes))
             values = values.index_select(0, perm)
             rows = decode(key, sizes)
         new = torch.ones(n, dtype=torch.bool, device=key.device)
@@ -144,13 +146,13 @@ def _sort_sum_rows(rows: list, sizes: list, values: torch.Tensor):
         new = torch.ones(n, dtype=torch.bool, device=values.device)
         for r in rows:
             new[1:] |= r[1:] != r[:-1]
-    if bool(new.all()):
+    repeat = torch.nonzero(~new).reshape(-1)     # entries equal to the one before them
+    if repeat.numel() == 0:
         return rows, values
-    first = torch.nonzero(new).reshape(-1)
-    group = torch.cumsum(new, 0) - 1
-    summed = torch.zeros(first.numel(), dtype=values.dtype, device=values.device)
-    summed.index_add_(0, group, values)
-    return [r.index_select(0, first) for r in rows], summed
+    # entry i's group is i minus the number of repeats up to and including it
+    group = repeat - torch.arange(1, repeat.numel() + 1, device=repeat.device)
+    summed = values[new].index_add_(0, group, values.index_select(0, repeat))
+    return [r[new] for r in rows], summed
 
 
 def pack(fmt: Format, shape, coords, values: torch.Tensor, index_dtype=None,

@@ -85,7 +85,10 @@ def check_coords(coords, shape, name: str) -> None:
         got = list(coords.shape) if isinstance(coords, torch.Tensor) else len(coords)
         raise ValueError(f"{name}: indices must have shape [ndim={len(shape)}, nnz], got {got}")
     for dim, (row, size) in enumerate(zip(rows, shape)):
-        if row.numel() == 0 or (int(row.min()) >= 0 and int(row.max()) < size):
+        if row.numel() == 0:
+            continue
+        low, high = torch.aminmax(row)
+        if int(low) >= 0 and int(high) < size:
             continue
         pos = int(torch.nonzero((row < 0) | (row >= size))[0])
         value = int(row[pos])
