@@ -135,34 +135,43 @@ def _from_dense_layout(values: torch.Tensor, fmt: Format, shape) -> torch.Tensor
 
 
 def _from_coo_pair(indices, values, format, shape, blocksize, index_dtype) -> SparseTensor:
+    """COO data: ``indices`` is ``[ndim, nnz]`` (or ``[nnz]`` for 1-D; internally also a list
+    of ``ndim`` 1-D tensors), in any order, duplicates summed."""
     name = "st.tensor((indices, values))"
-    indices = torch.as_tensor(indices)
+    rows = [torch.as_tensor(r) for r in indices] if isinstance(indices, list) else None
     values = torch.as_tensor(values)
-    check_index_tensor(indices, f"{name}: indices")
+    if rows is None:
+        indices = torch.as_tensor(indices)
+        check_index_tensor(indices, f"{name}: indices")
+        if indices.dim() == 1:
+            indices = indices[None]
+        if indices.dim() != 2:
+            want = "ndim" if shape is None else f"ndim={len(shape)}"
+            raise ValueError(f"{name}: indices must have shape [{want}, nnz], got "
+                             f"{list(indices.shape)}")
+        rows = list(indices.unbind(0))
+    for r in rows:
+        check_index_tensor(r, f"{name}: indices")
     check_value_dtype(values, name)
-    check_same_device(name, values, indices=indices)
-    if indices.dim() == 1:
-        indices = indices[None]
+    for r in rows[:1]:
+        check_same_device(name, values, indices=r)
     if values.dim() != 1:
         raise ValueError(f"{name}: values must be 1-D (one value per entry), got shape "
                          f"{list(values.shape)}")
-    if values.numel() != indices.shape[-1]:
+    nnz = rows[0].numel() if rows else 0
+    if values.numel() != nnz:
         raise ValueError(f"{name}: values has shape {list(values.shape)} but indices has "
-                         f"{indices.shape[-1]} entries; pass one value per column of indices")
+                         f"{nnz} entries; pass one value per column of indices")
     if shape is None:
-        if indices.numel() == 0:
+        if nnz == 0:
             raise ValueError(f"{name}: shape= is required when there are no entries")
-        shape = tuple(int(m) + 1 for m in indices.max(1).values)
+        shape = tuple(int(r.max()) + 1 for r in rows)
     shape = check_shape(shape, name)
-    if indices.dim() != 2:
-        raise ValueError(f"{name}: indices must have shape [ndim={len(shape)}, nnz], got "
-                         f"{list(indices.shape)}")
-    check_coords(indices, shape, name)
+    check_coords(rows, shape, name)
     fmt = as_format(format, len(shape), blocksize)
     check_blocks(fmt, shape, name)
-    if indices.dtype not in (torch.int32, torch.int64):
-        indices = indices.to(torch.int64)
-    return _pack(fmt, shape, list(indices.unbind(0)), values, index_dtype)
+    rows = [r if r.dtype in (torch.int32, torch.int64) else r.to(torch.int64) for r in rows]
+    return _pack(fmt, shape, rows, values, index_dtype)
 
 
 def _from_torch_compressed(x, format, blocksize, index_dtype) -> SparseTensor:
@@ -209,7 +218,7 @@ def _from_scipy(m, format, blocksize, index_dtype) -> SparseTensor:
         blocksize = m.blocksize
     coo = m.tocoo() if kind != "coo" else m       # keeps duplicates; _from_coo_pair sums them
     coords = getattr(coo, "coords", None) or (coo.row, coo.col)
-    indices = torch.stack([torch.from_numpy(np.ascontiguousarray(c)) for c in coords])
+    indices = [torch.from_numpy(np.ascontiguousarray(c)) for c in coords]
     return _from_coo_pair(indices, torch.from_numpy(np.ascontiguousarray(coo.data)), format,
                           tuple(m.shape), blocksize, index_dtype)
 

@@ -151,8 +151,9 @@ def _sort_sum_rows(rows: list, sizes: list, values: torch.Tensor):
         return rows, values
     # entry i's group is i minus the number of repeats up to and including it
     group = repeat - torch.arange(1, repeat.numel() + 1, device=repeat.device)
-    summed = values[new].index_add_(0, group, values.index_select(0, repeat))
-    return [r[new] for r in rows], summed
+    first = torch.nonzero(new).reshape(-1)      # sorted: the gathers below stream
+    summed = values.index_select(0, first).index_add_(0, group, values.index_select(0, repeat))
+    return [r.index_select(0, first) for r in rows], summed
 
 
 def pack(fmt: Format, shape, coords, values: torch.Tensor, index_dtype=None,

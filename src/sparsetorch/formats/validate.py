@@ -81,8 +81,10 @@ def check_coords(coords, shape, name: str) -> None:
     in ``[0, shape[d])``."""
     rows = list(coords.unbind(0)) if isinstance(coords, torch.Tensor) and coords.dim() == 2 \
         else coords
-    if isinstance(rows, torch.Tensor) or len(rows) != len(shape):
-        got = list(coords.shape) if isinstance(coords, torch.Tensor) else len(coords)
+    if isinstance(rows, torch.Tensor) or len(rows) != len(shape) or any(
+            r.dim() != 1 or r.numel() != rows[0].numel() for r in rows):
+        got = list(coords.shape) if isinstance(coords, torch.Tensor) else \
+            [len(coords), *sorted({r.numel() for r in coords})]
         raise ValueError(f"{name}: indices must have shape [ndim={len(shape)}, nnz], got {got}")
     for dim, (row, size) in enumerate(zip(rows, shape)):
         if row.numel() == 0:
