@@ -123,6 +123,7 @@ def check_invariants(t: st.SparseTensor, pattern: torch.Tensor | None = None) ->
     assert isinstance(t, st.SparseTensor)
     assert t.values.dim() == 1 and t.values.dtype == t.dtype
     assert t.values.device == t.device
+    assert t.values.is_contiguous() and all(a.is_contiguous() for a in t.arrays.values())
     dtypes = {a.dtype for a in t.arrays.values()}
     assert len(dtypes) <= 1 and dtypes <= {torch.int32, torch.int64}, dtypes
     again = st.SparseTensor.from_levels(t.shape, t.format, t.arrays, t.values, check=True)

@@ -114,6 +114,14 @@ def test_coo_pair_sums_duplicates_in_any_order():
     assert tuple(b.shape) == (3, 4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32, torch.int64])
+def test_coo_pair_sums_duplicates_in_every_value_dtype(dtype):
+    idx = torch.tensor([[1, 0, 1, 1], [2, 1, 2, 2]])
+    a = st.tensor((idx, torch.tensor([1, 2, 3, 4]).to(dtype)), shape=(2, 3), format="csr")
+    expected = torch.tensor([[0, 2, 0], [0, 0, 8]]).to(dtype)
+    check_against_dense(a, expected)
+
+
 def test_coo_pair_3d_and_1d():
     idx = torch.tensor([[1, 0, 1], [2, 2, 2], [0, 1, 0]])
     val = torch.tensor([1, 2, 3])

@@ -30,6 +30,19 @@ def test_good_levels_pass():
     assert torch.equal(a.to_dense(), X)
 
 
+def test_strided_user_arrays_are_stored_contiguous():
+    # kernels read data_ptr(): a strided view must not reach them as is
+    pos = torch.tensor([0, 9, 1, 9, 3])[::2]
+    crd = torch.tensor([[1, 0, 2], [7, 7, 7]])[0]
+    vals = torch.tensor([1., 0., 2., 0., 3.])[::2]
+    a = from_levels({"pos1": pos, "crd1": crd}, vals)
+    assert not pos.is_contiguous() and not vals.is_contiguous()
+    assert all(t.is_contiguous() for t in [a.values, *a.arrays.values()])
+    assert torch.equal(a.to_dense(), X)
+    b = st.tensor((torch.tensor([[0, 1, 1], [1, 0, 2]]).T.contiguous().T, vals), shape=(2, 3))
+    assert torch.equal(b.to_dense(), X)
+
+
 # -- shapes -----------------------------------------------------------------------------------
 def test_values_length_vs_indices():
     with pytest.raises(ValueError, match=r"values has shape \[2\] but indices has 3 entries"):

@@ -40,9 +40,9 @@ class SparseTensor(torch.Tensor):
             requires_grad=requires_grad)
         t._format = fmt
         t._array_names = array_names(fmt)
-        for name in t._array_names:
-            setattr(t, "_" + name, arrays[name])
-        t._values = values
+        for name in t._array_names:       # kernels read raw pointers: always contiguous
+            setattr(t, "_" + name, arrays[name].contiguous())
+        t._values = values.contiguous()
         return t
 
     def __init__(self, *args, **kwargs):  # everything happens in __new__
