@@ -138,9 +138,9 @@ class Assignment:
 
     @property
     def all_vars(self) -> tuple[str, ...]:
-        seen = list(self.out_vars)
+        seen = dict.fromkeys(self.out_vars)
         for acc in self.expr.accesses():
-            seen += [v for v in acc.indices if v not in seen]
+            seen.update(dict.fromkeys(acc.indices))
         return tuple(seen)
 
     @property

@@ -45,10 +45,14 @@ def infer_output(assignment: Assignment, order, formats, out_format=None,
     out_vars = assignment.out_vars
     accesses = assignment.expr.accesses()
     sampled = None
+    sparse_ops = [acc.operand for acc in accesses if not formats[acc.operand].is_dense]
     for acc in accesses:
         fmt = formats[acc.operand]
-        if (not fmt.is_dense and fmt.blocksize is None and len(set(acc.indices)) == len(
-                acc.indices) and sorted(acc.indices) == sorted(out_vars)
+        # Sampling keeps the operand's whole pattern, so it is exact only when every other
+        # operand is dense (SDDMM, A * dense); two sparse operands intersect or union.
+        if (sparse_ops == [acc.operand] and fmt.blocksize is None
+                and len(set(acc.indices)) == len(acc.indices)
+                and sorted(acc.indices) == sorted(out_vars)
                 and _requires(assignment, acc.operand)):
             modes = tuple(out_vars.index(acc.indices[m]) for m in fmt.mode_order)
             sampled = (acc.operand, Format(fmt.levels, modes))
@@ -98,14 +102,7 @@ def _infer_levels(assignment, order, formats) -> Format:
     # A sparse level above a dense one becomes dense (nothing to gain from compressing it).
     last_dense = max((k for k, lv in enumerate(levels) if isinstance(lv, Dense)), default=-1)
     levels = [Dense() if k <= last_dense else lv for k, lv in enumerate(levels)]
-    # A singleton level hangs below a non-unique one (COO-like results).
-    for k in range(len(levels) - 1, 0, -1):
-        if isinstance(levels[k], Singleton):
-            levels[k - 1] = (Compressed(unique=False) if isinstance(levels[k - 1], Compressed)
-                             else levels[k - 1])
-    if isinstance(levels[0], Singleton):
-        levels[0] = Compressed()
-    levels = _repair_singletons(levels)
+    levels = _coordinate_runs(levels)
     return Format(tuple(levels), tuple(out_vars.index(v) for v in storage))
 
 
@@ -114,12 +111,24 @@ def _union_with_dense(assignment, sparse_ops) -> bool:
     return presence(assignment.expr, lambda acc: acc.operand not in sparse_ops) is not False
 
 
-def _repair_singletons(levels):
-    """Singletons are only valid below non-unique levels; anything else becomes compressed."""
+def _coordinate_runs(levels):
+    """Make runs of singleton levels valid, COO-style: the level above a run becomes
+    non-unique compressed and every singleton but the run's last is non-unique too. A run
+    with nothing compressed above it, or not reaching the last level, is compressed."""
     out = list(levels)
-    for k, lv in enumerate(out):
-        if isinstance(lv, Singleton) and (k == 0 or out[k - 1].unique):
-            out[k] = Compressed()
-        if not lv.unique and any(not isinstance(x, Singleton) for x in out[k + 1:]):
-            out[k] = Compressed()
+    k = 0
+    while k < len(out):
+        if not isinstance(out[k], Singleton):
+            k += 1
+            continue
+        end = k
+        while end + 1 < len(out) and isinstance(out[end + 1], Singleton):
+            end += 1
+        if k > 0 and isinstance(out[k - 1], Compressed) and end == len(out) - 1:
+            out[k - 1] = Compressed(unique=False)
+            out[k:end] = [Singleton(unique=False)] * (end - k)
+            out[end] = Singleton()
+        else:
+            out[k:end + 1] = [Compressed()] * (end + 1 - k)
+        k = end + 1
     return out

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..compiler.notation import Assignment, parse_einsum
 from ..formats.tensor import SparseTensor
 from .execute import get_kernel, normalize_operands, run
@@ -32,9 +34,16 @@ def einsum(equation: str, *operands, out_format=None):
     """
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    assignment = parse_einsum(equation, [t.dim() if hasattr(t, "dim") else -1
-                                         for t in operands])
+    _check_tensors(operands, f"einsum({equation!r})")
+    assignment = parse_einsum(equation, [t.dim() for t in operands])
     return run(assignment, operands, out_format, what=f"einsum({equation!r})")
+
+
+def _check_tensors(operands, what):
+    for n, t in enumerate(operands):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what}: operand {n} is a {type(t).__name__}; pass torch tensors "
+                            "or SparseTensors (convert with torch.as_tensor or st.tensor)")
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,7 @@ def explain(equation, *operands, out_format=None) -> Explanation:
     if isinstance(equation, LazyExpr):
         assignment, operands = equation.assignment(), equation.operands
     else:
+        _check_tensors(operands, f"explain({equation!r})")
         assignment = parse_einsum(equation, [t.dim() for t in operands])
     tensors, infos, dtype, _ = normalize_operands(operands, "explain")
     extents = var_extents(assignment, [tuple(t.shape) for t in tensors])

@@ -109,8 +109,9 @@ def _signature(assignment, operands, out_format):
     parts = [assignment, _fmt_key(out_format)]
     for t in operands:
         if type(t) is SparseTensor:
-            fmt = t._format
-            parts.append((fmt.name, fmt.blocksize, t.index_dtype, t.dtype, t.device.type))
+            if t._format.blocksize is not None:  # converted on the full path every call
+                return None
+            parts.append((t._format, t.index_dtype, t.dtype, t.device.type))
         elif type(t) is torch.Tensor and t.layout == torch.strided:
             parts.append((t.dim(), t.dtype, t.device.type))
         else:
@@ -226,8 +227,8 @@ class _Prepared:
 def prepare_operands(kernel: CompiledKernel, tensors):
     """Apply the schedule's conversions (re-laying sparse operands in another mode order)."""
     out = list(tensors)
-    for n, fmt in kernel.schedule.conversions:
-        out[n] = tensors[n].asformat(fmt)
+    for n, fmt in kernel.schedule.conversions:  # keep the index width the kernel was built for
+        out[n] = tensors[n].asformat(fmt, index_dtype=tensors[n].index_dtype)
     return out
 
 
