@@ -90,6 +90,10 @@ def test_index_dtype_default_and_change(x, index_dtype):
     assert b.index_dtype == other and b.format == a.format
     check_against_dense(b, x, other)
     assert a.asformat("csr") is a
+    for fmt in ["csc", "coo", "dcsr", "bsr"]:     # a conversion keeps the index dtype
+        assert a.asformat(fmt, blocksize=(1, 1) if fmt == "bsr" else None).index_dtype == \
+            a.index_dtype
+        assert b.asformat(fmt, blocksize=(1, 1) if fmt == "bsr" else None).index_dtype == other
 
 
 @pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "dcsr", "dense", "bsr"])

@@ -267,7 +267,8 @@ def _copy(t: SparseTensor) -> SparseTensor:
 # -- SparseTensor -> other things ------------------------------------------------------------
 def convert(t: SparseTensor, format, *, blocksize=None, index_dtype=None) -> SparseTensor:
     """``t`` in another format (and/or index dtype); returns ``t`` itself when nothing
-    changes. ``format="bsr"`` without ``blocksize`` keeps ``t``'s blocksize.
+    changes. ``format="bsr"`` without ``blocksize`` keeps ``t``'s blocksize;
+    ``index_dtype=None`` keeps int64 indices int64 and otherwise picks int32 when it fits.
 
     Example:
         >>> import torch, sparsetorch as st
@@ -283,6 +284,8 @@ def convert(t: SparseTensor, format, *, blocksize=None, index_dtype=None) -> Spa
             return t
         choose_index_dtype(fmt.storage_dims(t.shape), t.nnz, index_dtype)
         return _with_arrays(t, lambda a: a.to(index_dtype), lambda v: v)
+    if index_dtype is None and t.arrays and t.index_dtype == torch.int64:
+        index_dtype = torch.int64            # keep the caller's wider indices
     if t.format.is_dense or fmt.is_dense:
         return _from_dense(to_dense(t), fmt, None, None, index_dtype)
     rows = unpack_rows(t.format, t.shape, t.arrays, t.device)
