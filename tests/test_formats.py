@@ -439,3 +439,25 @@ def test_medium_coo_pair_with_duplicates_matches_scipy():
         a = st.tensor((idx, vals), shape=(300, 300), format=fmt)
         assert torch.equal(a.to_dense(), torch.from_numpy(m.toarray()))
         check_invariants(a)
+
+
+def test_level_expand_matches_expand_all():
+    # expand (positions of a subset of parents) and expand_all (every position) agree
+    from sparsetorch.formats.pack import level_arrays
+
+    x = random_dense((5, 4, 3), 0.4, torch.float32, 9)
+    for fmt in ["csf", "coo", [st.dense, st.compressed, st.dense]]:
+        a = st.tensor(x, format=fmt)
+        dims = a.format.storage_dims(a.shape)
+        count = 1
+        for k, level in enumerate(a.format.levels):
+            arrays = level_arrays(a.arrays, k)
+            owner_all, coord_all = level.expand_all(count, dims[k], arrays)
+            parents = torch.arange(count)
+            owner, child, coord = level.expand(parents, dims[k], arrays)
+            n = level.count(count, dims[k], arrays)
+            assert torch.equal(child, torch.arange(n))
+            want_owner = torch.arange(n) if owner_all is None else owner_all.long()
+            want_coord = torch.arange(n) if coord_all is None else coord_all.long()
+            assert torch.equal(owner, want_owner) and torch.equal(coord, want_coord)
+            count = n
