@@ -221,6 +221,18 @@ def test_scipy_non_canonical_input_is_summed(kind):
         check_against_dense(a, torch.from_numpy(expected))
 
 
+@pytest.mark.skipif(not hasattr(sp.coo_array((2, 2)), "coords"), reason="scipy without n-D COO")
+def test_scipy_nd_coo():
+    x = random_dense((3, 4, 2), 0.5, torch.float64, 4)
+    nz = np.nonzero(x.numpy())
+    m = sp.coo_array((x.numpy()[nz], nz), shape=(3, 4, 2))
+    for fmt in ["coo", "csf", "dense"]:
+        check_against_dense(st.tensor(m, format=fmt), x)
+    v = sp.coo_array((np.array([1., 2.]), (np.array([3, 0]),)), shape=(5,))
+    check_against_dense(st.tensor(v, format="coo"), torch.tensor([2., 0., 0., 1., 0.],
+                                                                 dtype=torch.float64))
+
+
 def test_scipy_index_and_value_dtypes():
     m = sp.random(20, 30, density=0.2, format="csr", random_state=0, dtype=np.float32)
     m.indptr, m.indices = m.indptr.astype(np.int64), m.indices.astype(np.int64)
@@ -344,6 +356,22 @@ def test_detach_clone_to():
     assert a.double().dtype == torch.float64
     same = a.to("cpu")
     check_against_dense(same, x)
+
+
+def test_copy_pickle_and_meta():
+    import copy
+    import pickle
+
+    x = random_dense((4, 5), 0.4, torch.float64, 8)
+    a = st.tensor(x, format="coo")
+    for b in (copy.deepcopy(a), pickle.loads(pickle.dumps(a))):
+        assert b.format == a.format
+        check_against_dense(b, x)
+    m = a.to("meta")
+    assert isinstance(m, st.SparseTensor) and m.device.type == "meta"
+    assert all(t.device.type == "meta" for t in [m.values, *m.arrays.values()])
+    with pytest.raises(TypeError, match=r"dtype=torch.complex64 is not supported"):
+        a.to(torch.complex64)
 
 
 def test_requires_grad_and_detach():
