@@ -184,9 +184,9 @@ class SparseTensor(torch.Tensor):
 
         Stored entries are kept, explicit zeros included (BSR blocks stay in the pattern);
         a dense *format* converts like a dense tensor (zeros dropped). ``index_dtype=None``
-        keeps int64 indices int64, otherwise picks int32 whenever everything fits. Between formats with ordered levels this costs
-        at most one stable sort (CSR -> CSC sorts the column indices once); returns ``self``
-        when nothing changes.
+        keeps int64 indices int64, otherwise picks int32 whenever everything fits. Between
+        formats with ordered levels this costs at most one stable sort (CSR -> CSC sorts the
+        column indices once); returns ``self`` when nothing changes.
 
         Example:
             >>> import torch, sparsetorch as st
