@@ -2,9 +2,9 @@
 and the same computation through ``torch.einsum`` (or the dense expression) on dense copies,
 and compares values, result type, shape, dtype and -- for sparse results -- the structure.
 
-Also here: the fixtures every compiler test module imports (a private kernel cache for the
-session, a fresh call memo per test), random operand builders, and ``run_isolated`` for the
-few known bugs that crash the interpreter (a segfault must fail one test, not the run).
+Also here: the fixture every compiler test module imports (a private kernel cache for the
+session), random operand builders, and ``run_isolated`` for tests of bugs that crashed the
+interpreter (a segfault must fail one test, not the whole run).
 
 ``SPARSETORCH_LONG_TESTS=1`` multiplies hypothesis budgets (``examples(n)``);
 ``SPARSETORCH_TEST_CACHE=/some/dir`` reuses a kernel cache across runs (default: a fresh
@@ -64,20 +64,14 @@ def private_kernel_cache(tmp_path_factory):
 
 
 def forget_call_memo() -> None:
-    """Empty the ops layer's per-signature call memo (if this version has one). Tests start
-    from it empty so that one test's signature cannot answer another's call; the memo itself
-    is tested in test_kernel_cache.py."""
+    """Empty the ops layer's per-signature call memo (if this version has one), for tests
+    that need the next call to take the cold path (build, schedule). Other tests share the
+    memo across the session on purpose: a long-lived process sees many structures."""
     from sparsetorch.ops import execute
 
     memo = getattr(execute, "_PREPARED", None)
     if isinstance(memo, dict):
         memo.clear()
-
-
-@pytest.fixture(autouse=True)
-def fresh_call_memo():
-    forget_call_memo()
-    yield
 
 
 # -- operands ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sparsetorch as st
-from dense_check import fresh_call_memo, private_kernel_cache  # noqa: F401
+from dense_check import private_kernel_cache  # noqa: F401
 from sparsetorch.codegen.c import render_c
 from sparsetorch.compiler import OperandInfo, compile_kernel, parse_einsum
 from sparsetorch.compiler.ir import (Assign, Bin, Block, Decl, For, Function, If, IRError, Lit,
@@ -156,10 +156,9 @@ def test_parse_einsum():
     assert parse_einsum(" i j , j -> i ", [2, 1]).out_vars == ("i",)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Assignment.all_vars lists a repeated index twice "
-                   "when it is not in the output ('ii->' gives ('i', 'i')), so kernels get "
-                   "duplicate n_i parameters")
 def test_all_vars_has_each_index_once():
+    """Regression: a repeated index not in the output was listed twice ('ii->' gave
+    ('i', 'i')), so kernels got duplicate n_i parameters."""
     assert parse_einsum("ii->", [2]).all_vars == ("i",)
     assert parse_einsum("iij,j->", [3, 1]).all_vars == ("i", "j")
 

@@ -13,12 +13,12 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
 import sparsetorch as st
 from dense_check import (COO3, LONG, check_against_dense, examples, fmt_label,  # noqa: F401
-                         forget_call_memo, fresh_call_memo, make_operand,
+                         forget_call_memo, make_operand,
                          private_kernel_cache, random_dense, run_isolated, seed_of,
                          to_dense)
 
@@ -45,9 +45,6 @@ class Case:
     fmts: tuple          # per operand: None (torch tensor), a format, BSR, or SAME0
     square: bool = False  # every index has the same extent (operands passed twice)
     kind: str | None = None   # expected result kind when DESIGN's rule alone does not say
-    # A product of two sparse operands comes back with the first one's whole pattern
-    # (explicit zeros): tolerated here, reported by test_sparse_product_stores_intersection.
-    sampled_zeros: bool = False
 
     @property
     def id(self):
@@ -76,7 +73,7 @@ def _cases():
     add(Case("spgemm", "ij,jk->ik", ("csr", BSR), kind="sparse"))
     for f in F2_PLAIN:
         add(Case("inner", "ij,ij->", (f, f)))
-        add(Case("times-transpose", "ij,ji->ij", (f, f), square=True, sampled_zeros=True))
+        add(Case("times-transpose", "ij,ji->ij", (f, f), square=True))
     for f in ("csr", "coo", "dcsc"):
         add(Case("hadamard-same-tensor", "ij,ij->ij", (f, SAME0)))
         add(Case("square-same-tensor", "ij,jk->ik", (f, SAME0), square=True))
@@ -106,7 +103,7 @@ def _cases():
     add(Case("implicit-inner", "ij,ij", ("csr", "csr")))
     add(Case("chain", "ij,jk,k->i", ("csr", "csr", None)))
     add(Case("chain", "ij,jk,kl->il", ("csr", None, "csc")))
-    add(Case("three-way-hadamard", "ij,ij,ij->ij", ("csr", "coo", None), sampled_zeros=True))
+    add(Case("three-way-hadamard", "ij,ij,ij->ij", ("csr", "coo", None)))
     add(Case("mixed-orders", "ijk,jk,i->j", (CSF, "csr", None)))
     add(Case("dense-format-transposed", "ij,jk->ik", (DENSE_T, "csr")))
     add(Case("compressed-dense", "ij,jk->ik", (CD, None)))
@@ -166,14 +163,9 @@ def run_case(case_id: str, dtype_name: str = "float64", index_name: str = "int32
     dtype, index_dtype = getattr(torch, dtype_name), getattr(torch, index_name)
     table = BSR_VARIANTS if BSR in case.fmts else VARIANTS
     for variant in variants or table:
-        if BSR in case.fmts:
-            # Every call with a BSR operand must be a first call: a repeated one crashes the
-            # interpreter (test_kernel_cache.py::test_repeated_call_with_bsr_operand).
-            forget_call_memo()
         ops = build_operands(case, variant, dtype, index_dtype)
         try:
-            check_against_dense(case.eq, ops, kind=case.kind,
-                                allow_explicit_outside=case.sampled_zeros)
+            check_against_dense(case.eq, ops, kind=case.kind)
         except AssertionError as e:
             raise AssertionError(f"{case.id} variant {variant!r} ({dtype_name}, "
                                  f"{index_name} indices): {e}") from e
@@ -181,11 +173,8 @@ def run_case(case_id: str, dtype_name: str = "float64", index_name: str = "int32
 
 # Known bugs, by case id: (reason, isolate). isolate=True: the bug crashes the interpreter,
 # so the case runs in a subprocess and fails there instead of killing the test run.
+# Key: case id, or (case id, dtype name, index dtype name). Empty: no known bug today.
 KNOWN: dict = {}
-CONVERSION_INDEX_BUG = (
-    "BUG: an operand converted by the schedule (asformat) gets int32 indices, but the kernel "
-    "was generated for its original int64 indices: garbage reads / segfault")
-KNOWN[("spgemm[csr,csc]", "float64", "int64")] = (CONVERSION_INDEX_BUG, True)
 
 
 def _params(ids, dtype_name="float64", index_name="int32"):
@@ -221,12 +210,14 @@ _F32_IDS = [c.id for c in _cases() if (
      and all(f in ("csr", "coo", "dcsc", None) for f in c.fmts))
     or (c.name == "spgemm" and c.fmts in (("csr", "csr"), ("csc", "dcsr"), ("coo", "coo")))
     or (c.name in ("mttkrp", "ttv", "batched-sparse-left") and c.fmts[0] in (CSF, "coo"))
-    or c.name in ("outer", "inner") and c.fmts in (("csf", "csf"), ("csr", "csc")))]
+    or c.name in ("outer", "inner") and c.fmts in (("csf", "csf"), ("csr", "csc"))
+    or c.name in ("spmv", "sddmm") and c.fmts[0] == BSR)]
 _I64_IDS = [c.id for c in _cases() if (
     (c.name in ("spmv", "spmm-sparse-left", "sddmm", "transpose") and c.fmts[0] in
      ("csr", "csc", "coo", "dcsr"))
     or (c.name == "spgemm" and c.fmts in (("csr", "csr"), ("csr", "csc"), ("dcsr", "coo")))
-    or (c.name in ("mttkrp", "ttv") and c.fmts[0] in (CSF, "coo", CSF201)))]
+    or (c.name in ("mttkrp", "ttv") and c.fmts[0] in (CSF, "coo", CSF201))
+    or (c.name == "spmv" and c.fmts[0] == BSR))]
 # Integer values where einsum makes sense for them (no rounding: compared exactly).
 _INT_IDS = [c.id for c in _cases() if (
     (c.name in ("spmv", "spmm-sparse-left", "spgemm", "total-sum", "row-sums")
@@ -277,7 +268,8 @@ def test_dense_operand_views_and_float16_fallback():
 
 
 def test_coo_3d_by_name():
-    """The named 'coo' format of a 3-D tensor: what MTTKRP users write."""
+    """The named 'coo' format of a 3-D tensor, what MTTKRP users write. Regression: it was
+    rejected (a unique singleton in the middle of the COO chain)."""
     t = random_dense((3, 4, 5), 0.4, F64, torch.Generator().manual_seed(3))
     T = st.tensor(t, "coo")
     check_against_dense("ikl,kj,lj->ij", [T, torch.ones(4, 2, dtype=F64),
@@ -397,10 +389,9 @@ def test_errors():
         st.einsum("ij,jk->ik", A, b.to_sparse())                    # raw torch.sparse
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a non-tensor operand after the first (e.g. a "
-                   "list) gives ValueError 'operand 1 has -1 dimensions' instead of a "
-                   "TypeError naming the operand's type")
 def test_non_tensor_operand_is_a_type_error():
+    """Regression: a list operand after the first gave ValueError 'operand 1 has -1
+    dimensions' instead of a TypeError naming its type."""
     A = st.tensor(torch.eye(4, dtype=F64), "csr")
     with pytest.raises(TypeError, match="list"):
         st.einsum("ij,j->i", A, [1.0, 2.0, 3.0, 4.0])
@@ -430,10 +421,9 @@ def test_repeated_index_in_dense_operand_takes_the_diagonal():
     check_against_dense("ij,ii->j", [d, d])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a repeated index that is summed away ('ii->', "
-                   "trace) is listed twice in Assignment.all_vars, so the generated C "
-                   "declares parameter n_i twice and does not compile (KernelCompileError)")
 def test_trace_of_dense_operand():
+    """Regression: a repeated index summed away ('ii->') was listed twice in
+    Assignment.all_vars, so the generated C declared n_i twice and did not compile."""
     d = torch.randn(4, 4, dtype=F64, generator=torch.Generator().manual_seed(17))
     check_against_dense("ii->", [d])
 
@@ -479,7 +469,7 @@ def test_explain_reports_conversion_for_discordant_product():
     n, fmt = e.conversions[0]
     assert n in (0, 1) and fmt.mode_order == (1, 0)
     assert "conversions:  operand" in str(e)
-    check_against_dense("ij,ji->ij", [A, B], allow_explicit_outside=True)
+    check_against_dense("ij,ji->ij", [A, B])
 
 
 def test_explain_csr_times_csc_converts_one_operand():
@@ -623,7 +613,6 @@ def random_einsums(draw):
 @given(random_einsums())
 def test_random_einsum_matches_torch(spec):
     eq, terms, ext, fmts, density, dtype, index_dtype, out_format, seed = spec
-    forget_call_memo()
     gen = torch.Generator().manual_seed(seed)
     ops = []
     for term, fmt in zip(terms, fmts):
@@ -631,39 +620,29 @@ def test_random_einsum_matches_torch(spec):
                          dtype, gen)
         ops.append(make_operand(x, fmt, index_dtype if fmt is not None else None))
     note = f"{eq} formats={[fmt_label(f) for f in fmts]} ext={ext} out_format={out_format}"
-    plan = st.explain(eq, *ops, out_format=out_format)
-    if index_dtype == torch.int64 and plan.conversions:
-        # Known crash (CONVERSION_INDEX_BUG, isolated in test_conversion_keeps_int64_indices):
-        # skip it here so one known segfault does not end the whole run.
-        assume(False)
-    # Known: sparse x sparse products come back on the first operand's whole pattern
-    # (test_sparse_product_stores_intersection); values are still checked.
-    zeros_ok = plan.output_kind == "sampled"
     try:
         for _ in range(2):        # the second call takes the warm path: same answer
-            check_against_dense(eq, ops, out_format=out_format,
-                                allow_explicit_outside=zeros_ok)
+            check_against_dense(eq, ops, out_format=out_format)
     except AssertionError as e:
         raise AssertionError(f"{note}: {e}") from e
 
 
-# -- regression tests for known bugs -----------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="BUG: a product of two sparse operands indexed like "
-                   "the output (ij,ij->ij; ij,ji->ij) is 'sampled' on the first operand: it "
-                   "stores that operand's whole pattern (explicit zeros) instead of the "
-                   "intersection DESIGN asks for ('* intersects sparse operands')")
+# -- regression tests, each naming the bug it guards ----------------------------------------------
 @pytest.mark.parametrize("eq,fa,fb", [("ij,ij->ij", "csr", "coo"), ("ij,ij->ij", "dcsr", "csr"),
                                       ("ij,ji->ij", "csr", "csr")])
 def test_sparse_product_stores_intersection(eq, fa, fb):
+    """Regression: a product of two sparse operands indexed like the output was 'sampled' on
+    the first operand and stored its whole pattern (explicit zeros), not the intersection."""
     gen = torch.Generator().manual_seed(40)
     a = random_dense((6, 6), 0.6, F64, gen)
     b = random_dense((6, 6), 0.3, F64, gen)
     check_against_dense(eq, [st.tensor(a, fa), st.tensor(b, fb)])
 
 
-@pytest.mark.xfail(strict=True, reason=CONVERSION_INDEX_BUG)
 @pytest.mark.parametrize("eq,fa,fb", [("ij,jk->ik", "csr", "csc"), ("ij,ji->ij", "csr", "csr")])
 def test_conversion_keeps_int64_indices(eq, fa, fb):
+    """Regression: an operand the schedule converted came back with int32 indices while the
+    kernel was built for int64 (garbage reads, segfault). Isolated: a crash fails one test."""
     run_isolated(f"""
         import torch, sparsetorch as st
         from dense_check import check_against_dense, random_dense
@@ -673,7 +652,7 @@ def test_conversion_keeps_int64_indices(eq, fa, fb):
         A = st.tensor(a, {fa!r}, index_dtype=torch.int64)
         B = st.tensor(b, {fb!r}, index_dtype=torch.int64)
         assert st.explain({eq!r}, A, B).conversions        # the schedule converts one
-        check_against_dense({eq!r}, [A, B], allow_explicit_outside=True)
+        check_against_dense({eq!r}, [A, B], kind="sparse")
         """)
 
 
@@ -771,3 +750,32 @@ def test_int32_values():
     check_against_dense("ij,j->i", [A, torch.arange(4, dtype=torch.int32)])
     check_against_dense("ij,jk->ik", [A, st.tensor(random_dense((4, 3), 0.5, torch.int32, gen),
                                                    "csr")], kind="sparse")
+
+
+@pytest.mark.parametrize("fmt", ["dcsr", "coo"])
+def test_dimensions_beyond_int32(fmt):
+    """3e9 rows: coordinates need int64 indices end to end (no level is dense)."""
+    n = 3_000_000_000
+    idx = torch.tensor([[0, 5, n - 1, n - 1], [1, 0, 2, 3]])
+    A = st.tensor((idx, torch.tensor([1.0, 2, 3, 4], dtype=F64)), shape=(n, 4), format=fmt)
+    assert A.index_dtype == torch.int64
+    x = torch.tensor([1.0, 10, 100, 1000], dtype=F64)
+    cases = [("ij,j->i", [A, x], ([[0, 5, n - 1]], [10.0, 2.0, 4300.0])),
+             ("ij->ji", [A], ([[0, 1, 2, 3], [5, 0, n - 1, n - 1]], [2.0, 1.0, 3.0, 4.0])),
+             ("ij,ij->ij", [A, A], ([[0, 5, n - 1, n - 1], [1, 0, 2, 3]], [1.0, 4, 9, 16]))]
+    for eq, ops, (coords, values) in cases:
+        r = st.einsum(eq, *ops)
+        assert isinstance(r, st.SparseTensor) and r.index_dtype == torch.int64
+        st.SparseTensor.from_levels(r.shape, r.format, r.arrays, r.values, check=True)
+        c = r.to_torch().to_sparse_coo().coalesce()
+        assert c.indices().tolist() == coords and c.values().tolist() == values
+
+
+def test_inferred_coo_like_output_is_valid():
+    """Regression (found by the fuzzer): format inference built an invalid Format for a
+    COO-like result with a run of singleton levels (a unique singleton mid-run, 'repaired'
+    into a compressed level below a non-unique one): ValueError."""
+    ones = lambda *s: torch.ones(s, dtype=F64)  # noqa: E731
+    check_against_dense("ki,k,ijl->ijkl", [st.tensor(ones(2, 2), "csr"),
+                                            st.tensor(ones(2), "csf"),
+                                            st.tensor(ones(2, 2, 2), "coo")])

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import sparsetorch as st
-from dense_check import (COO3, check_against_dense, fmt_label, forget_call_memo,  # noqa: F401
-                         fresh_call_memo, make_operand, private_kernel_cache, random_dense,
+from dense_check import (COO3, check_against_dense, fmt_label,  # noqa: F401
+                         make_operand, private_kernel_cache, random_dense,
                          seed_of, stored_pattern)
 
 F64, F32, I64 = torch.float64, torch.float32, torch.int64
@@ -90,15 +90,11 @@ def run_pair(op, fa, fb, dtype=F64, index_dtype=None, variants=None):
     table = BSR_VARIANTS if BSR in (fa, fb) else VARIANTS
     kind, exact = expected(op, fa, fb)
     for variant in variants or table:
-        if BSR in (fa, fb):
-            forget_call_memo()   # a repeated BSR call crashes: see test_kernel_cache.py
         A, B = operand_pair(fa, fb, variant, dtype, index_dtype)
         structure = None
-        if kind == "sparse" and exact is None:
-            # '+' stores at most the union; '*' should store the intersection, but today
-            # stores the first operand's pattern (test_sparse_times_sparse_intersects):
-            # the union bounds both.
-            structure = stored_pattern(A) | stored_pattern(B)
+        if kind == "sparse" and exact is None:   # '+' unions, '*' intersects the patterns
+            pa, pb = stored_pattern(A), stored_pattern(B)
+            structure = pa & pb if op == "mul" else pa | pb
         try:
             check_against_dense(OPS[op], [A, B], kind=kind, structure=structure,
                                 same_pattern_as=(A, B)[exact] if exact is not None else None)
@@ -155,14 +151,13 @@ def test_binary_mixed_index_dtypes():
     B = st.tensor(b, "csr", index_dtype=torch.int64)
     check_against_dense(OPS["add"], [A, B], kind="sparse")
     check_against_dense(OPS["mul"], [B, A], kind="sparse",
-                        structure=stored_pattern(A) | stored_pattern(B))
+                        structure=stored_pattern(A) & stored_pattern(B))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: A * B of two sparse operands is 'sampled' on A: "
-                   "the result stores A's whole pattern (explicit zeros where B is absent) "
-                   "instead of the intersection the operator promises")
 @pytest.mark.parametrize("fa,fb", [("csr", "csr"), ("coo", "dcsc"), ("csf", "csf")])
 def test_sparse_times_sparse_intersects(fa, fb):
+    """Regression: A * B of two sparse operands was 'sampled' on A and stored A's whole
+    pattern (explicit zeros where B is absent) instead of the intersection."""
     gen = torch.Generator().manual_seed(3)
     shape = (6, 5) if fa != "csf" else (3, 4, 5)
     A = st.tensor(random_dense(shape, 0.6, F64, gen), fa)
@@ -292,7 +287,7 @@ def test_three_dimensional(fa, fb):
         both = fb is not None
         check_against_dense(OPS["add"], [A, B], kind="sparse" if both else "dense")
         check_against_dense(OPS["mul"], [A, B], kind="sparse",
-                            structure=stored_pattern(A) | stored_pattern(B),
+                            structure=stored_pattern(A) & stored_pattern(B),
                             same_pattern_as=None if both else A)
         check_against_dense(lambda a, b: (L(a) - b).relu(), [A, B],
                             ref=lambda a, b: (a - b).relu(), kind="sparse" if both else None)
@@ -305,7 +300,7 @@ def test_one_dimensional():
     check_against_dense(OPS["add"], [x, y], kind="sparse")
     check_against_dense(OPS["sub"], [x, y], kind="sparse")
     check_against_dense(OPS["mul"], [x, y], kind="sparse",
-                        structure=stored_pattern(x) | stored_pattern(y))
+                        structure=stored_pattern(x) & stored_pattern(y))
 
 
 # -- out_format on lazy trees --------------------------------------------------------------------
@@ -355,6 +350,7 @@ def test_lazy_is_lazy_and_explainable():
     assert e.output_kind == "emit" and "relu" in e.assignment
     assert "void kernel" in e.source
     assert isinstance(st.relu(L(A)), st.LazyExpr)     # st.relu on a lazy node stays lazy
+    assert st.explain(expr, out_format="csc").output_format == "csc"
 
 
 def test_operator_results_feed_further_operators():

@@ -18,7 +18,7 @@ import torch
 
 import sparsetorch as st
 from dense_check import (TESTS_DIR, check_against_dense, forget_call_memo,  # noqa: F401
-                         fresh_call_memo, private_kernel_cache, random_dense, run_isolated)
+                         private_kernel_cache, random_dense, run_isolated)
 
 F64 = torch.float64
 
@@ -203,11 +203,10 @@ def test_truncated_cached_library_is_rebuilt(tmp_path):
 
 
 # -- the per-call memo must key on everything that shapes the kernel ------------------------------
-@pytest.mark.xfail(strict=True, reason="BUG: the per-signature call memo keys sparse operands "
-                   "by Format.name, which is 'csf' for every mode order: a CSF tensor in "
-                   "another mode order reuses the first kernel (wrong results, heap "
-                   "corruption, segfault)")
 def test_csf_mode_orders_do_not_share_a_memo_entry():
+    """Regression: the call memo keyed sparse operands by Format.name, 'csf' for every mode
+    order, so another mode order reused the first kernel (wrong results, heap corruption,
+    segfault). Isolated: a crash fails this test only."""
     run_isolated("""
         import torch, sparsetorch as st
         from dense_check import check_against_dense, random_dense
@@ -222,10 +221,9 @@ def test_csf_mode_orders_do_not_share_a_memo_entry():
         """)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a repeated call with a BSR operand hits the "
-                   "per-signature call memo, which skips the BSR->CSR conversion and runs "
-                   "the CSR kernel on BSR arrays (segfault on the second call)")
 def test_repeated_call_with_bsr_operand():
+    """Regression: a repeated call with a BSR operand hit the call memo, which skipped the
+    BSR->CSR conversion and ran the CSR kernel on BSR arrays (segfault on the second call)."""
     run_isolated("""
         import torch, sparsetorch as st
         from dense_check import check_against_dense, random_dense
