@@ -277,13 +277,13 @@ def test_from_torch_blocked_keeps_blocksize(layout, blocksize):
 
 def test_from_torch_coo_uncoalesced_duplicates():
     idx = torch.tensor([[1, 0, 1, 1], [2, 1, 2, 0]])
-    t = torch.sparse_coo_tensor(idx, torch.tensor([1., 2., 3., 4.]), (2, 3))
+    t = torch.sparse_coo_tensor(idx, torch.tensor([1., 2., 3., 4.]), (2, 3), check_invariants=True)
     assert not t.is_coalesced()
     expected = torch.tensor([[0., 2., 0.], [4., 0., 4.]])
     for fmt in ["csr", "csc", "coo", "dcsr", "csf", "dense"]:
         check_against_dense(st.tensor(t, format=fmt), expected)
     t3 = torch.sparse_coo_tensor(torch.tensor([[0, 0], [1, 1], [2, 2]]), torch.tensor([1, 2]),
-                                 (1, 2, 3))
+                                 (1, 2, 3), check_invariants=True)
     x3 = torch.zeros(1, 2, 3, dtype=torch.int64)
     x3[0, 1, 2] = 3
     check_against_dense(st.tensor(t3, format="csf"), x3)

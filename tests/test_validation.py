@@ -309,7 +309,8 @@ def test_unsupported_inputs():
 
 
 def test_hybrid_torch_coo_rejected():
-    t = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2, 3), (2, 3))
+    t = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2, 3), (2, 3),
+                                check_invariants=True)
     with pytest.raises(ValueError, match=r"hybrid"):
         st.tensor(t)
 
