@@ -149,12 +149,17 @@ def is_sparse_operand(t) -> bool:
 
 
 # -- what the DESIGN says the result kind is ---------------------------------------------------
-def expected_kind(equation: str, operands, out_format=None) -> str:
+def expected_kind(equation: str, operands, out_format=None, conversions=(),
+                  loop_order=None) -> str:
     """'dense' or 'sparse' for a product einsum, by DESIGN.md "Format inference": per output
     level compressed if an operand indexing that variable stores it sparsely, a sparse level
     above a dense one becomes dense (so the result is sparse iff its innermost level is);
     sampled products keep the sampling operand's pattern; an output variable no sparse
-    operand indexes is a dense (innermost) level; a scalar is dense."""
+    operand indexes is a dense (innermost) level; a scalar is dense. ``conversions``
+    ((operand, Format) pairs, as ``st.explain`` reports them) replace operand formats, and
+    ``loop_order`` (ditto) orders the output levels: the rule applies to what the kernel
+    iterates. Without a loop order, each variable's deepest level position stands in."""
+    converted = dict(conversions)
     lhs, _, out = equation.replace(" ", "").partition("->")
     terms = lhs.split(",")
     if "->" not in equation:
@@ -167,15 +172,16 @@ def expected_kind(equation: str, operands, out_format=None) -> str:
         return "dense" if fmt.is_dense else "sparse"
     if not out:
         return "dense"
-    sparse = [(term, t) for term, t in zip(terms, operands) if is_sparse_operand(t)]
+    sparse = [(n, term, t) for n, (term, t) in enumerate(zip(terms, operands))
+              if is_sparse_operand(t)]
     if not sparse:
         return "dense"
-    for term, t in sparse:   # sampled: a sparse operand indexed by exactly the output vars
+    for _, term, t in sparse:   # sampled: a sparse operand indexed by exactly the output vars
         if sorted(term) == sorted(out) and len(set(term)) == len(term):
             return "sparse"
     klass, depth = {}, {}
-    for term, t in sparse:
-        fmt = t.format
+    for n, term, t in sparse:
+        fmt = converted.get(n, t.format)
         if fmt.blocksize is not None:   # BSR is CSR over blocks
             fmt = st.Format(fmt.levels[: fmt.ndim], fmt.mode_order)
         for k, (lv, m) in enumerate(zip(fmt.levels, fmt.mode_order)):
@@ -185,11 +191,23 @@ def expected_kind(equation: str, operands, out_format=None) -> str:
             depth[v] = max(depth.get(v, -1), k)
     if any(v not in klass for v in out):
         return "dense"
-    inner = max(out, key=lambda v: depth[v])
+    if loop_order is not None:
+        inner = [v for v in loop_order if v in out][-1]
+    else:
+        inner = max(out, key=lambda v: depth[v])
     return "sparse" if klass[inner] == "sparse" else "dense"
 
 
 # -- the check --------------------------------------------------------------------------------
+def _plan(eq, operands, out_format):
+    """(conversions, loop order) the compiler chose, from ``st.explain``."""
+    try:
+        e = st.explain(eq, *operands, out_format=out_format)
+    except (KeyError, TypeError, ValueError, NotImplementedError):
+        return (), None     # e.g. float16: no kernel to explain
+    return e.conversions, e.loop_order
+
+
 def _reference_dtype(dtype):
     return torch.float64 if dtype.is_floating_point else torch.int64
 
@@ -231,10 +249,16 @@ def check_against_dense(equation_or_fn, operands, out_format=None, *, ref=None, 
         out = st.einsum(eq, *operands, out_format=out_format)
         expected = torch.einsum(eq, *dense_ops)
         scale = torch.einsum(eq, *[d.abs() for d in dense_ops])
+        conversions, loop_order = _plan(eq, operands, out_format)
         if kind is None:
-            kind = expected_kind(eq, operands, out_format)
+            kind = expected_kind(eq, operands, out_format, conversions, loop_order)
         if structure is None and kind == "sparse":
-            pats = [stored_pattern(t).to(torch.float64) for t in operands]
+            # what each operand stores in the layout the kernel reads (a conversion into a
+            # layout with a dense inner level stores explicit zeros, and may pass them on)
+            laid = list(operands)
+            for n, f in conversions:
+                laid[n] = operands[n].asformat(f)
+            pats = [stored_pattern(t).to(torch.float64) for t in laid]
             structure = torch.einsum(eq, *pats) != 0
     else:
         fn = equation_or_fn

@@ -579,7 +579,7 @@ def test_missing_compiler_names_cc_and_torch_backend_still_works(monkeypatch, tm
 # -- random equations (hypothesis) -------------------------------------------------------------
 FORMATS_BY_ORDER = {
     1: ["csf", "dense", None],
-    2: ["csr", "csc", "coo", "dcsr", "dcsc", "dense", CD, DENSE_T, None],
+    2: ["csr", "csc", "coo", "dcsr", "dcsc", "dense", CD, DENSE_T, ("bsr", (1, 1)), None],
     3: [CSF, "coo", CSF021, CSF201, CSF120, "dense", None],
 }
 
@@ -596,7 +596,7 @@ def random_einsums(draw):
     used = sorted(set("".join(terms)))
     out = "".join(draw(hst.lists(hst.sampled_from(used), unique=True)))
     eq = ",".join(terms) + "->" + out
-    ext = {c: draw(hst.sampled_from([1, 2, 3, 5])) for c in used}
+    ext = {c: draw(hst.sampled_from([1, 2, 3, 5, 5, 0])) for c in used}
     fmts = [draw(hst.sampled_from(FORMATS_BY_ORDER[len(t)])) for t in terms]
     density = draw(hst.sampled_from([0.0, 0.2, 0.5, 1.0]))
     dtype = draw(hst.sampled_from([F64, F32]))

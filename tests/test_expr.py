@@ -396,3 +396,66 @@ def test_torch_backend(op, fa, fb, monkeypatch):
                         ref=lambda a, b, c: (a * b + c).relu(), kind="sparse")
     check_against_dense(lambda a: st.exp(a), [A], ref=lambda a: a.exp(), kind="dense")
     assert st.runtime.stats()["builds"] == builds
+
+
+# -- random expression trees (hypothesis) --------------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as hst  # noqa: E402
+
+from dense_check import LONG, examples  # noqa: E402
+
+TREE_FORMATS = ["csr", "csc", "coo", "dcsr", "dcsc", "dense", None]
+
+
+def _trees(n_leaves):
+    leaf = hst.integers(0, n_leaves - 1).map(lambda k: ("leaf", k))
+
+    def extend(children):
+        return hst.one_of(
+            hst.tuples(hst.sampled_from(["add", "sub", "mul"]), children, children),
+            hst.tuples(hst.just("scale"), hst.sampled_from([-2.0, 0.5, 3.0]), children),
+            hst.tuples(hst.sampled_from(["relu", "abs", "neg"]), children))
+    return hst.recursive(leaf, extend, max_leaves=5)
+
+
+def _build(tree, leaves, lazy):
+    """The tree over ``leaves``: as LazyExpr nodes (lazy=True) or plain torch arithmetic."""
+    kind = tree[0]
+    if kind == "leaf":
+        return L(leaves[tree[1]]) if lazy else leaves[tree[1]]
+    if kind in ("add", "sub", "mul"):
+        a, b = _build(tree[1], leaves, lazy), _build(tree[2], leaves, lazy)
+        return a + b if kind == "add" else a - b if kind == "sub" else a * b
+    if kind == "scale":
+        return tree[1] * _build(tree[2], leaves, lazy)
+    x = _build(tree[1], leaves, lazy)
+    if kind == "neg":
+        return -x
+    return x.relu() if kind == "relu" else x.abs()
+
+
+def _pattern(tree, leaves):
+    """Where the tree can be nonzero: '+'/'-' union, '*' intersect, maps keep zeros."""
+    kind = tree[0]
+    if kind == "leaf":
+        return stored_pattern(leaves[tree[1]])
+    if kind in ("add", "sub", "mul"):
+        a, b = _pattern(tree[1], leaves), _pattern(tree[2], leaves)
+        return a & b if kind == "mul" else a | b
+    return _pattern(tree[-1], leaves)
+
+
+@settings(max_examples=examples(25), deadline=None, derandomize=not LONG,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(tree=_trees(3), fmts=hst.lists(hst.sampled_from(TREE_FORMATS), min_size=3, max_size=3),
+       shape=hst.sampled_from([(4, 5), (1, 3), (0, 2), (6, 1)]),
+       density=hst.sampled_from([0.0, 0.3, 1.0]), seed=hst.integers(0, 2**16))
+def test_random_expression_trees(tree, fmts, shape, density, seed):
+    gen = torch.Generator().manual_seed(seed)
+    leaves = [make_operand(random_dense(shape, density if f is not None else 0.8, F64, gen), f)
+              for f in fmts]
+    if tree[0] == "leaf":
+        tree = ("relu", tree)          # evaluating a bare leaf is not an expression
+    check_against_dense(lambda *ls: _build(tree, ls, True), leaves,
+                        ref=lambda *ls: _build(tree, ls, False),
+                        structure=_pattern(tree, leaves))
