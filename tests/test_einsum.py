@@ -504,10 +504,8 @@ def test_explain_source_is_what_runs(private_kernel_cache):
     assert e.source in sources
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: explain() hides the BSR->CSR conversion that "
-                   "ops/execute.normalize_operands applies to blocked operands: it lists the "
-                   "operand as 'csr' with no conversion and no note")
 def test_explain_reports_what_happens_to_a_bsr_operand():
+    """Regression: explain() listed a BSR operand as 'csr', hiding its conversion."""
     a = random_dense((4, 6), 0.5, F64, torch.Generator().manual_seed(27))
     e = st.explain("ij,j->i", st.tensor(a, "bsr", blocksize=(2, 3)), torch.ones(6, dtype=F64))
     said = " ".join([e.operand_formats[0], *map(str, e.conversions), *e.notes]).lower()

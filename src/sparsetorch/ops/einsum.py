@@ -98,10 +98,21 @@ def explain(equation, *operands, out_format=None) -> Explanation:
     tensors, infos, dtype, _ = normalize_operands(operands, "explain")
     extents = var_extents(assignment, [tuple(t.shape) for t in tensors])
     kernel = get_kernel(assignment, tensors, infos, dtype, out_format, extents)
-    return _explanation(assignment, kernel, infos)
+    names = tuple(_describe(original, info) for original, info in zip(operands, infos))
+    return _explanation(assignment, kernel, names)
 
 
-def _explanation(assignment: Assignment, kernel, infos) -> Explanation:
+def _describe(operand, info) -> str:
+    if info.strided:
+        return "dense tensor"
+    fmt = operand.format
+    if fmt.blocksize is not None:  # normalize_operands converts blocked operands
+        return f"{fmt.name} {fmt.blocksize} converted to {info.format.name} (blocked " \
+               "iteration is not generated yet)"
+    return fmt.name
+
+
+def _explanation(assignment: Assignment, kernel, names) -> Explanation:
     from ..compiler.ir import For
 
     par = "serial"
@@ -113,8 +124,7 @@ def _explanation(assignment: Assignment, kernel, infos) -> Explanation:
     out = kernel.output
     return Explanation(
         assignment=str(assignment), loop_order=kernel.schedule.order,
-        operand_formats=tuple(("dense tensor" if info.strided else info.format.name)
-                              for info in infos),
+        operand_formats=names,
         conversions=kernel.schedule.conversions, output_kind=out.kind,
         output_format=out.format.name if out.format is not None else "dense tensor",
         workspace=tuple(f"{v} ({kernel.workspace_kind})" for v in kernel.workspace_vars),
