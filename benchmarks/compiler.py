@@ -753,10 +753,11 @@ def main(argv=None) -> int:
         load_end = os.getloadavg()[0]
     except OSError:
         load_end = None
-    if load_end is not None and load_end > 0.5 * len(os.sched_getaffinity(0)):
-        report.notes.append(f"machine busy at end: 1-min load average {load_end:.2f} (this "
-                            "run's own load included); treat the timings as suspect if other "
-                            "processes were running")
+    # This run itself keeps up to --threads cores busy: only load beyond that is someone else.
+    if load_end is not None and load_end > args.threads + 0.5 * len(os.sched_getaffinity(0)):
+        report.notes.append(f"machine busy at end: 1-min load average {load_end:.2f} with this "
+                            f"run using {args.threads} thread(s); other processes were likely "
+                            "running, so treat the timings as suspect")
     print()
     for n in report.notes:
         if not n.endswith("skipped"):
