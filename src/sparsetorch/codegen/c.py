@@ -21,9 +21,26 @@ _PRELUDE = """\
 #include <math.h>
 typedef {val} val_t;
 
-static int st_cmp_i64(const void* a, const void* b) {{
-  int64_t x = *(const int64_t*)a, y = *(const int64_t*)b;
-  return (x > y) - (x < y);
+/* In-place sort of int64 keys: insertion sort on short runs, median-of-3 quicksort above
+   (recursing into the smaller side), no comparator calls. */
+static void st_sort_i64(int64_t* a, int64_t n) {{
+  while (n > 24) {{
+    int64_t m = a[n / 2], x = a[0], z = a[n - 1];
+    int64_t piv = (x < m) ? ((m < z) ? m : (x < z ? z : x)) : ((x < z) ? x : (m < z ? z : m));
+    int64_t i = 0, j = n - 1;
+    while (i <= j) {{
+      while (a[i] < piv) i++;
+      while (a[j] > piv) j--;
+      if (i <= j) {{ int64_t t = a[i]; a[i] = a[j]; a[j] = t; i++; j--; }}
+    }}
+    if (j + 1 < n - i) {{ st_sort_i64(a, j + 1); a += i; n -= i; }}
+    else {{ st_sort_i64(a + i, n - i); n = j + 1; }}
+  }}
+  for (int64_t i = 1; i < n; i++) {{
+    int64_t v = a[i], j = i - 1;
+    while (j >= 0 && a[j] > v) {{ a[j + 1] = a[j]; j--; }}
+    a[j + 1] = v;
+  }}
 }}
 static inline int64_t st_min(int64_t a, int64_t b) {{ return a < b ? a : b; }}
 static inline int64_t st_max(int64_t a, int64_t b) {{ return a > b ? a : b; }}
@@ -31,7 +48,7 @@ static inline int64_t st_max(int64_t a, int64_t b) {{ return a > b ? a : b; }}
 
 # Open-addressing hash workspace (linear probing, load <= 1/2, doubling): memory grows with
 # the cells a row touches, not with the dimension. Sorting copies the keys out, sorts them,
-# and looks each value up again (C99 has no qsort with a context pointer).
+# and looks each value up again (the sort moves keys only).
 _HASH = """\
 typedef struct {
   int64_t *keys, *used, *skeys; val_t *vals, *svals; int64_t cap, n, scap;
@@ -70,7 +87,7 @@ static void st_hash_sort(st_hash* h) {
     h->svals = (val_t*)malloc(h->scap * sizeof(val_t));
   }
   for (int64_t q = 0; q < h->n; q++) h->skeys[q] = h->keys[h->used[q]];
-  qsort(h->skeys, h->n, sizeof(int64_t), st_cmp_i64);
+  st_sort_i64(h->skeys, h->n);
   for (int64_t q = 0; q < h->n; q++) {
     int64_t s = st_hash_slot(h, h->skeys[q]);
     while (h->keys[s] != h->skeys[q]) s = (s + 1) & (h->cap - 1);
@@ -94,7 +111,12 @@ _HELPERS = {
                     "sizeof(int64_t));",
                     "int64_t ws_n = 0;"],
     "free_dense": ["free(ws_vals); free(ws_mark); free(ws_list);"],
-    "dense_sort": ["if (ws_n > 1) qsort(ws_list, ws_n, sizeof(int64_t), st_cmp_i64);"],
+    # A row that touched a large share of the workspace is listed by one in-order scan of
+    # the marks; a sparse row sorts its touched list.
+    "dense_sort": ["if (ws_n * 16 > ws_size) {{",
+                   "  int64_t q = 0;",
+                   "  for (int64_t c = 0; c < ws_size; c++) if (ws_mark[c]) ws_list[q++] = c;",
+                   "}} else st_sort_i64(ws_list, ws_n);"],
     "alloc_hash": ["st_hash ws; st_hash_init(&ws);", "int64_t ws_n = 0;",
                    "int64_t* ws_list = 0; val_t* ws_sorted = 0;"],
     "free_hash": ["st_hash_free(&ws);"],
@@ -144,6 +166,8 @@ class _CRenderer:
         if isinstance(s, Block):
             return [line for x in s.stmts for line in self.stmt(x, pad)]
         if isinstance(s, Decl):
+            if s.ctype == "val[]":
+                return [f"{pad}val_t {s.name}[{self.expr(s.init)}] = {{0}};"]
             ctype = {"idx": "int64_t", "val": "val_t", "i32": "int32_t"}[s.ctype]
             init = f" = {self.expr(s.init)}" if s.init is not None else ""
             return [f"{pad}{ctype} {s.name}{init};"]
@@ -167,22 +191,28 @@ class _CRenderer:
         raise TypeError(f"cannot render statement {s!r}")
 
     def loop(self, s: For, pad: str) -> list[str]:
+        step = f"{s.var}++" if s.step == 1 else f"{s.var} += {s.step}"
         head = (f"{pad}for (int64_t {s.var} = {self.expr(s.start)}; {s.var} < "
-                f"{self.expr(s.end)}; {s.var}++) {{")
+                f"{self.expr(s.end)}; {step}) {{")
         body = [*self.stmt(s.body, pad + "  "), f"{pad}}}"]
+        if s.simd or s.reduction:
+            red = f" reduction(+:{s.reduction})" if s.reduction else ""
+            head = [f"{pad}#pragma omp simd{red}", head]
+        else:
+            head = [head]
         par = s.parallel
         if par is None:
-            return [head, *body]
+            return [*head, *body]
         sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
         if par.workspace is None:
             return [f"{pad}#pragma omp parallel for schedule({sched}) num_threads(nt)",
-                    head, *body]
+                    *head, *body]
         # Each thread owns a workspace for the whole loop.
         inner = pad + "  "
         return [f"{pad}#pragma omp parallel num_threads(nt)", f"{pad}{{",
                 *(inner + line for line in _HELPERS[f"alloc_{par.workspace}"]),
                 f"{inner}#pragma omp for schedule({sched})",
-                *(("  " + line) for line in [head, *body]),
+                *(("  " + line) for line in [*head, *body]),
                 *(inner + line for line in _HELPERS[f"free_{par.workspace}"]), f"{pad}}}"]
 
     def param(self, p) -> str:

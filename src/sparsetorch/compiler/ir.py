@@ -58,7 +58,10 @@ class Call(Node):
 # -- statements -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Decl(Node):
-    ctype: str         # 'idx' (int64_t), 'val' (the value type), 'i32'
+    """A scalar (``ctype`` 'idx' = int64_t, 'val' = the value type) or, with ctype 'val[]',
+    a zero-filled local array of ``init`` (a Lit) values: a register tile."""
+
+    ctype: str
     name: str
     init: Node | None = None
 
@@ -87,11 +90,17 @@ class Parallel:
 
 @dataclass(frozen=True)
 class For(Node):
+    """``for var in [start, end) by step``. ``simd`` asks for vector code; ``reduction``
+    names a scalar the iterations sum into (lets the renderer reassociate that sum)."""
+
     var: str
     start: Node
     end: Node
     body: "Block"
     parallel: Parallel | None = None
+    step: int = 1
+    simd: bool = False
+    reduction: str | None = None
 
 
 @dataclass(frozen=True)
@@ -255,8 +264,12 @@ def dump(node, indent: int = 0) -> str:
     if isinstance(node, Assign):
         return f"{pad}{e(node.target)} {node.op} {e(node.value)}"
     if isinstance(node, For):
-        par = f"  [parallel {node.parallel.schedule}]" if node.parallel else ""
-        return f"{pad}for {node.var} in [{e(node.start)}, {e(node.end)}){par}\n" + \
+        notes = [f"parallel {node.parallel.schedule}"] if node.parallel else []
+        notes += ["simd"] if node.simd else []
+        notes += [f"sum into {node.reduction}"] if node.reduction else []
+        step = f" by {node.step}" if node.step != 1 else ""
+        tag = f"  [{', '.join(notes)}]" if notes else ""
+        return f"{pad}for {node.var} in [{e(node.start)}, {e(node.end)}){step}{tag}\n" + \
             dump(node.body, indent + 1)
     if isinstance(node, While):
         return f"{pad}while {e(node.cond)}\n" + dump(node.body, indent + 1)

@@ -31,11 +31,29 @@ class CompiledKernel:
     emit_sorted: bool                 # emitted entries already sorted and unique
     workspace_vars: tuple[str, ...]
     workspace_kind: str | None
+    tile: tuple | None                # (variable, width) of the register tile, if any
     notes: tuple[str, ...] = field(default=())
     compile_seconds: float = 0.0
 
     def describe_loops(self) -> str:
         return "\n".join(dump(fn) for fn in self.functions)
+
+
+@lru_cache(maxsize=None)
+def simd_bytes() -> int:
+    """Vector register width of this CPU in bytes (64 AVX-512, 32 AVX2, 16 otherwise)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        flags = []
+    return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
+
+
+def tile_width(value_dtype: str) -> int:
+    """Register tile of four vector registers, in values: 64 float32 on AVX-512."""
+    size = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}[value_dtype]
+    return 4 * simd_bytes() // size
 
 
 @lru_cache(maxsize=4096)
@@ -63,7 +81,8 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
     modes = ("count", "fill") if out.kind == "emit" else (out.kind,)
     functions, lowerers = [], []
     for mode in modes:
-        plan = Plan(assignment, sched.order, sched.formats, out, mode, workspace, notes)
+        plan = Plan(assignment, sched.order, sched.formats, out, mode, workspace,
+                    tile_width(value_dtype), notes)
         fn, lw = lower(plan, f"kernel_{mode}")
         verify(fn)
         functions.append(fn)
@@ -80,5 +99,6 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
         emit_sorted = storage == want and dup_free and all(
             lv.ordered for lv in out.format.levels)
     return CompiledKernel(assignment, sched, out, tuple(functions), source, lw.outer_extent,
-                          emit_sorted, lw.ws_vars, lw.ws_kind, tuple(dict.fromkeys(notes)),
+                          emit_sorted, lw.ws_vars, lw.ws_kind,
+                          (lw.tile_var, lw.plan.tile) if lw.tile_var else None, tuple(dict.fromkeys(notes)),
                           time.perf_counter() - t0)

@@ -55,7 +55,8 @@ def _cond(p):
 @dataclass
 class Plan:
     """Everything lowering needs; ``mode`` is 'dense', 'sampled', 'count' or 'fill';
-    ``workspace`` is the kind of row accumulator ('dense' array or 'hash' table)."""
+    ``workspace`` is the kind of row accumulator ('dense' array or 'hash' table); ``tile`` is
+    the register tile width in values (four SIMD registers of the build target)."""
 
     assignment: Assignment
     order: tuple
@@ -63,6 +64,7 @@ class Plan:
     output: OutputSpec
     mode: str
     workspace: str = "dense"
+    tile: int = 1
     notes: list = field(default_factory=list)
 
 
@@ -107,7 +109,25 @@ class _Lowerer:
             suffix -= 1
         self.acc_depth = suffix if (suffix < len(self.order) and self.ws_depth is None) \
             else None
+        self.tile_depth, self.tile_var = self._tiling()
         self.names = 0
+
+    def _tiling(self):
+        """Mixed sparse-dense tiling (DESIGN.md, Compiler 5): when the innermost loop is a
+        dense output variable that no sparse operand indexes (the k of SpMM, the j of
+        MTTKRP) and reduction loops sit right above it, strip-mine it into register tiles
+        of ``plan.tile`` values and move the tile loop above those reductions, so every
+        nonzero is loaded once per tile and the output tile stays in registers."""
+        order, n = self.order, len(self.order)
+        if self.plan.mode != "dense" or self.plan.tile < 2 or n < 2:
+            return None, None
+        k = order[-1]
+        if k not in self.out_vars or any(k in self.levels[m] for m in self.sparse):
+            return None, None
+        start = n - 1
+        while start > 0 and order[start - 1] not in self.out_vars:
+            start -= 1
+        return (start, k) if start < n - 1 else (None, None)
 
     def fresh(self, base):
         self.names += 1
@@ -154,6 +174,8 @@ class _Lowerer:
                 Assign(Load("ws_mark", at), Lit(1)),
                 Assign(Load("ws_list", Sym("ws_n")), at),
                 Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Lit(1)))))] + add
+        if st.tile is not None:
+            return [Assign(Load(st.tile[2], Sym(st.tile[3])), value, "+=")]
         if kind == "dense":
             return [Assign(Load("out_vals", _horner(self.out_vars)), value, "+=")]
         if kind == "sampled":
@@ -210,6 +232,8 @@ class _Lowerer:
 
     # -- loops -------------------------------------------------------------------------------
     def loops(self, depth, st):
+        if depth == self.tile_depth and st.tile is None:
+            return self.tiled(depth, st)
         if depth == self.acc_depth:
             st = st.copy(acc=self.fresh("acc"), hit=self.fresh("hit") if self.emitting
                          else None)
@@ -222,10 +246,39 @@ class _Lowerer:
             out = out + self.flush_workspace(st)
         return out
 
+    def tiled(self, depth, st):
+        """Full tiles of constant width (they vectorise and stay in registers), then one
+        remainder tile of variable width."""
+        k, width = self.tile_var, self.plan.tile
+        full = Bin("-", dim(k), Bin("%", dim(k), Lit(width)))
+        out = []
+        for start, length, step in ((Lit(0), Lit(width), width), (full, None, None)):
+            k0, acc, kk = self.fresh("k0_"), self.fresh("tile"), self.fresh("kk")
+            length = length if length is not None else Bin("-", dim(k), Sym(k0))
+            inner = st.copy(tile=(k0, length, acc, kk))
+            flush = For(kk, Lit(0), length, block(
+                Decl("idx", k, Bin("+", Sym(k0), Sym(kk))),
+                Assign(Load("out_vals", _horner(self.out_vars)), Load(acc, Sym(kk)), "+=")))
+            body = block(Decl("val[]", acc, Lit(width)), self.loops_at(depth, inner), flush)
+            if step is not None:
+                out.append(For(k0, start, full, body, step=step))
+            else:
+                out.append(If(Bin("<", full, dim(k)), block(Decl("idx", k0, full), body)))
+        return out
+
+    def tile_loop(self, st):
+        """The innermost loop over one tile: ``tile[kk] += value`` for every kk."""
+        k0, length, acc, kk = st.tile
+        body = block(Decl("idx", self.tile_var, Bin("+", Sym(k0), Sym(kk))),
+                     self.store(self.value(self.a.expr, st), st))
+        return [For(kk, Lit(0), length, body, simd=True)]
+
     def loops_at(self, depth, st):
         if depth == len(self.order):
             return self.store(self.value(self.a.expr, st), st)
         v = self.order[depth]
+        if st.tile is not None and v == self.tile_var:
+            return self.tile_loop(st)
         iters = [n for n in sorted(self.sparse)
                  if st.lvl[n] < len(self.levels[n]) and self.levels[n][st.lvl[n]] == v]
         code = {n: _LevelCode(self, n, st.lvl[n]) for n in iters}
@@ -278,7 +331,8 @@ class _Lowerer:
         par = self.parallel(depth, v) if not cursors else None
         if depth == 0:
             self.outer_extent = ("dim", v)
-        return pre + [For(v, Lit(0), dim(v), block(body), par)]
+        red = self.vector_sum(depth, st) if not cursors else None
+        return pre + [For(v, Lit(0), dim(v), block(body), par, reduction=red)]
 
     def sparse_loop(self, depth, v, iters, code, n, st):
         c = code[n]
@@ -302,7 +356,15 @@ class _Lowerer:
             self.loops(depth + 1, inner)
         if depth == 0:
             self.outer_extent = ("level", n)
-        return [For(p, lo, hi, block(body), self.parallel(depth, v, sparse=True))]
+        return [For(p, lo, hi, block(body), self.parallel(depth, v, sparse=True),
+                    reduction=self.vector_sum(depth, st))]
+
+    def vector_sum(self, depth, st):
+        """The innermost loop of a scalar reduction may reassociate its sum (SIMD)."""
+        if depth == len(self.order) - 1 and st.acc is not None and st.hit is None and \
+                not st.flag and depth != 0:
+            return st.acc
+        return None
 
     def merge_loop(self, depth, v, iters, code, sparse_iters, formula, st):
         pre, body, state = [], [], {}
@@ -373,6 +435,7 @@ class _State:
         self.flag = {}
         self.acc = None
         self.hit = None
+        self.tile = None          # (k0, length, tile array, lane var) inside a register tile
         self.outer = Lit(0)
 
     def copy(self, **changes):

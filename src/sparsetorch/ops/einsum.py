@@ -129,7 +129,8 @@ def _explanation(assignment: Assignment, kernel, names) -> Explanation:
         output_format=out.format.name if out.format is not None else "dense tensor",
         workspace=tuple(f"{v} ({kernel.workspace_kind})" for v in kernel.workspace_vars),
         parallel=par,
-        tiles="none (untiled loops)", notes=kernel.notes,
+        tiles=(f"{kernel.tile[0]} in register tiles of {kernel.tile[1]} values"
+               if kernel.tile else "none"), notes=kernel.notes,
         loops=kernel.describe_loops(), source=kernel.source)
 
 

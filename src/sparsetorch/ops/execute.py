@@ -23,8 +23,8 @@ from ..formats.validate import VALUE_DTYPES
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.int32: "int32",
                 torch.int64: "int64"}
 COMPILED_DTYPES = tuple(_DTYPE_NAMES)
-# Below this much work a kernel runs on one thread: waking a team costs more than it saves.
-_PARALLEL_WORK = 1 << 15
+# Below this many multiply-adds a kernel runs on one thread: waking a team costs more.
+_PARALLEL_WORK = 1 << 16
 
 
 def backend() -> str:
@@ -153,6 +153,12 @@ class _Prepared:
             for d, v in enumerate(acc.indices):
                 self.uses.setdefault(v, []).append((acc.operand, d))
         self.var_order = a.all_vars
+        # Work estimate: stored entries of the sparse operands times the extents of the
+        # variables only dense operands index (the k of SpMM and SDDMM), plus dense operands.
+        sparse_vars = {v for acc in a.expr.accesses()
+                       if not kernel.schedule.formats[acc.operand].is_dense
+                       for v in acc.indices}
+        self.dense_only = tuple(v for v in a.all_vars if v not in sparse_vars)
         self.out_vars = a.out_vars
         self.fns = [runtime.load_kernel(kernel.source, fn.name,
                                         [runtime.PTR if p.ctype.endswith("*") else runtime.I64
@@ -181,23 +187,23 @@ class _Prepared:
         args = [0]
         args += [extents[v] for v in self.var_order]
         keep = []          # tensors whose pointers we pass must outlive the call
-        work = 0
+        sparse_work = dense_work = 0
         for t in tensors:
             if type(t) is SparseTensor:
                 for name in t._array_names:
                     args.append(getattr(t, "_" + name).data_ptr())
                 vals = t._values
+                sparse_work += vals.numel()
             else:
                 vals = t
+                dense_work += vals.numel()
             if not vals.is_contiguous():
                 vals = vals.contiguous()
             keep.append(vals)
-            work += vals.numel()
             args.append(vals.data_ptr())
         out_shape = tuple(extents[v] for v in self.out_vars)
         kind = kernel.output.kind
-        if kind == "dense":
-            work += _prod(out_shape)
+        work = sparse_work * _prod(extents[v] for v in self.dense_only) + dense_work
         args[0] = self.num_threads() if work >= _PARALLEL_WORK else 1
         ws = [_prod(extents[v] for v in kernel.workspace_vars)] if kernel.workspace_vars \
             else []
