@@ -56,7 +56,7 @@ def _cond(p):
 class Plan:
     """Everything lowering needs; ``mode`` is 'dense', 'sampled', 'count' or 'fill';
     ``workspace`` is the kind of row accumulator ('dense' array or 'hash' table); ``tile`` is
-    the register tile width in values (four SIMD registers of the build target)."""
+    the register tile width in values (one SIMD register of the build target)."""
 
     assignment: Assignment
     order: tuple

@@ -109,11 +109,16 @@ def _signature(assignment, operands, out_format):
     parts = [assignment, _fmt_key(out_format)]
     for t in operands:
         if type(t) is SparseTensor:
-            if t._format.blocksize is not None:  # converted on the full path every call
-                return None
-            parts.append((t._format, t.index_dtype, t.dtype, t.device.type))
+            # A SparseTensor's structure never changes: its part of the key is computed once.
+            part = t.__dict__.get("_call_key")
+            if part is None:
+                if t._format.blocksize is not None:  # converted on the full path every call
+                    return None
+                part = (t._format, t.index_dtype, t.dtype, t.device.type)
+                t.__dict__["_call_key"] = part
+            parts.append(part)
         elif type(t) is torch.Tensor and t.layout == torch.strided:
-            parts.append((t.dim(), t.dtype, t.device.type))
+            parts.append((t.dim(), t.dtype, t.is_cpu))
         else:
             return None
     try:
@@ -148,65 +153,61 @@ class _Prepared:
 
         self.kernel, self.dtype = kernel, dtype
         a = kernel.assignment
-        self.uses = {}
+        # Where each index extent comes from, and which other uses must agree with it.
+        uses = {}
         for acc in a.expr.accesses():
             for d, v in enumerate(acc.indices):
-                self.uses.setdefault(v, []).append((acc.operand, d))
+                uses.setdefault(v, []).append((acc.operand, d))
         self.var_order = a.all_vars
+        self.sources = [uses[v][0] for v in a.all_vars]
+        self.agree = [(v, first, other) for v in a.all_vars for first in uses[v][:1]
+                      for other in uses[v][1:]]
         # Work estimate: stored entries of the sparse operands times the extents of the
         # variables only dense operands index (the k of SpMM and SDDMM), plus dense operands.
         sparse_vars = {v for acc in a.expr.accesses()
                        if not kernel.schedule.formats[acc.operand].is_dense
                        for v in acc.indices}
-        self.dense_only = tuple(v for v in a.all_vars if v not in sparse_vars)
-        self.out_vars = a.out_vars
+        self.dense_only = [a.all_vars.index(v) for v in a.all_vars if v not in sparse_vars]
+        self.out_index = [a.all_vars.index(v) for v in a.out_vars]
+        self.ws_index = [a.all_vars.index(v) for v in kernel.workspace_vars]
         self.fns = [runtime.load_kernel(kernel.source, fn.name,
                                         [runtime.PTR if p.ctype.endswith("*") else runtime.I64
                                          for p in fn.params])
                     for fn in kernel.functions]
         self.num_threads = runtime.num_threads
 
-    def extents(self, tensors):
-        ext = {}
-        for v, uses in self.uses.items():
-            n, d = uses[0]
-            size = tensors[n].shape[d]
-            for n2, d2 in uses[1:]:
-                if tensors[n2].shape[d2] != size:
-                    raise ValueError(f"index {v!r} has size {size} in operand {n} but "
-                                     f"{tensors[n2].shape[d2]} in operand {n2} "
-                                     f"(dimension {d2})")
-            ext[v] = size
-        return ext
+    def extents(self, tensors) -> list:
+        """Index extents in ``all_vars`` order, checking that every use agrees."""
+        shapes = [t.shape for t in tensors]
+        for v, (n, d), (n2, d2) in self.agree:
+            if shapes[n2][d2] != shapes[n][d]:
+                raise ValueError(f"index {v!r} has size {shapes[n][d]} in operand {n} but "
+                                 f"{shapes[n2][d2]} in operand {n2} (dimension {d2})")
+        return [shapes[n][d] for n, d in self.sources]
 
     def __call__(self, tensors):
         kernel = self.kernel
-        extents = self.extents(tensors)
+        ext = self.extents(tensors)
         if kernel.schedule.conversions:
             tensors = prepare_operands(kernel, tensors)
-        args = [0]
-        args += [extents[v] for v in self.var_order]
+        args = [0, *ext]
         keep = []          # tensors whose pointers we pass must outlive the call
         sparse_work = dense_work = 0
         for t in tensors:
-            if type(t) is SparseTensor:
-                for name in t._array_names:
-                    args.append(getattr(t, "_" + name).data_ptr())
+            if type(t) is SparseTensor:   # level arrays and values are always contiguous
+                args += [getattr(t, "_" + name).data_ptr() for name in t._array_names]
                 vals = t._values
                 sparse_work += vals.numel()
             else:
-                vals = t
+                vals = t if t.is_contiguous() else t.contiguous()
                 dense_work += vals.numel()
-            if not vals.is_contiguous():
-                vals = vals.contiguous()
-            keep.append(vals)
+                keep.append(vals)
             args.append(vals.data_ptr())
-        out_shape = tuple(extents[v] for v in self.out_vars)
+        out_shape = tuple([ext[d] for d in self.out_index])
         kind = kernel.output.kind
-        work = sparse_work * _prod(extents[v] for v in self.dense_only) + dense_work
+        work = dense_work + sparse_work * _prod([ext[d] for d in self.dense_only])
         args[0] = self.num_threads() if work >= _PARALLEL_WORK else 1
-        ws = [_prod(extents[v] for v in kernel.workspace_vars)] if kernel.workspace_vars \
-            else []
+        ws = [_prod([ext[d] for d in self.ws_index])] if self.ws_index else []
         if kind == "dense":
             out = torch.zeros(out_shape, dtype=self.dtype)
             self.fns[0](*args, out.data_ptr(), *ws)
@@ -216,6 +217,7 @@ class _Prepared:
             out_vals = torch.zeros(source.nnz, dtype=self.dtype)
             self.fns[0](*args, out_vals.data_ptr(), *ws)
             return SparseTensor(out_shape, kernel.output.format, source.arrays, out_vals)
+        extents = dict(zip(self.var_order, ext))
         counts = torch.zeros(_outer_extent(kernel, tensors, extents), dtype=torch.int64)
         self.fns[0](*args, counts.data_ptr(), *ws)
         offsets = torch.cumsum(counts, 0) - counts
