@@ -126,6 +126,8 @@ _HELPERS = {
     "hash_clear": ["st_hash_clear(&ws); ws_n = 0;"],
 }
 
+_SIMD_MIN_TRIP = 16
+
 _MATH = {"float": {"fabs": "fabsf", "exp": "expf", "sqrt": "sqrtf"},
          "double": {"fabs": "fabs", "exp": "exp", "sqrt": "sqrt"},
          "int32_t": {"fabs": "abs", "exp": "exp", "sqrt": "sqrt"},
@@ -195,11 +197,15 @@ class _CRenderer:
         head = (f"{pad}for (int64_t {s.var} = {self.expr(s.start)}; {s.var} < "
                 f"{self.expr(s.end)}; {step}) {{")
         body = [*self.stmt(s.body, pad + "  "), f"{pad}}}"]
-        if s.simd or s.reduction:
-            red = f" reduction(+:{s.reduction})" if s.reduction else ""
-            head = [f"{pad}#pragma omp simd{red}", head]
-        else:
-            head = [head]
+        if s.reduction and s.parallel is None:
+            # A vectorised sum pays a horizontal add and masked tails per loop; short loops
+            # (graph rows of a few nonzeros) run faster scalar, so version on trip count.
+            trip = f"({self.expr(s.end)}) - ({self.expr(s.start)})"
+            return [f"{pad}if ({trip} >= {_SIMD_MIN_TRIP}) {{",
+                    f"{pad}  #pragma omp simd reduction(+:{s.reduction})",
+                    *("  " + line for line in [head, *body]),
+                    f"{pad}}} else {{", *("  " + line for line in [head, *body]), f"{pad}}}"]
+        head = [f"{pad}#pragma omp simd", head] if s.simd else [head]
         par = s.parallel
         if par is None:
             return [*head, *body]
