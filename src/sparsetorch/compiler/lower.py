@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..formats.levels import Compressed, Dense, Singleton
-from .ir import (Assign, Bin, Block, Call, Comment, Cond, Decl, For, Function, If, Lit, Load,
+from .ir import (Assign, Bin, Call, Comment, Cond, Decl, For, Function, If, Lit, Load,
                  Param, Parallel, Helper, Sym, While, WORKSPACE_NAMES, block)
 from .notation import UNARY, Access, Add, Assignment, Mul, Scale, Unary, presence
 from .output import OutputSpec
@@ -288,8 +288,9 @@ class _Lowerer:
             return presence(self.a.expr, lambda acc: _B(test(acc.operand))
                             if acc.operand in sparse_iters else True)
 
-        p_all = formula(lambda n: None)
-        if not sparse_iters or p_all is True:
+        # With placeholder tokens only constant folding matters: True means the expression
+        # can be nonzero where every sparse iterator is absent, so the space is dense.
+        if not sparse_iters or formula(lambda n: None) is True:
             return self.dense_loop(depth, v, iters, code, st)
         if len(sparse_iters) == 1:
             return self.sparse_loop(depth, v, iters, code, sparse_iters[0], st)

@@ -70,53 +70,51 @@ class Access(Expr):
         return f"T{self.operand}[{','.join(self.indices)}]"
 
 
-@dataclass(frozen=True)
-class Add(Expr):
-    a: Expr
-    b: Expr
+class _Node(Expr):
+    """An inner node: its accesses are its children's, left to right."""
+
+    def children(self):
+        return [v for v in vars(self).values() if isinstance(v, Expr)]
 
     def accesses(self):
-        return self.a.accesses() + self.b.accesses()
+        return [acc for child in self.children() for acc in child.accesses()]
+
+
+@dataclass(frozen=True)
+class Add(_Node):
+    a: Expr
+    b: Expr
 
     def __str__(self):
         return f"({self.a} + {self.b})"
 
 
 @dataclass(frozen=True)
-class Mul(Expr):
+class Mul(_Node):
     a: Expr
     b: Expr
-
-    def accesses(self):
-        return self.a.accesses() + self.b.accesses()
 
     def __str__(self):
         return f"{self.a} * {self.b}"
 
 
 @dataclass(frozen=True)
-class Scale(Expr):
+class Scale(_Node):
     factor: float
     a: Expr
-
-    def accesses(self):
-        return self.a.accesses()
 
     def __str__(self):
         return f"{self.factor:g} * {self.a}"
 
 
 @dataclass(frozen=True)
-class Unary(Expr):
+class Unary(_Node):
     fn: str
     a: Expr
 
     def __post_init__(self):
         if self.fn not in UNARY:
             raise ValueError(f"unknown unary map {self.fn!r}; supported: {', '.join(UNARY)}")
-
-    def accesses(self):
-        return self.a.accesses()
 
     def __str__(self):
         return f"{self.fn}({self.a})"

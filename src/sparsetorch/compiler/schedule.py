@@ -50,7 +50,6 @@ class Schedule:
 
 def level_vars(fmt: Format, indices) -> tuple[str, ...]:
     """The index variable each storage level of an operand iterates."""
-    n = fmt.ndim
     outer = tuple(indices[m] for m in fmt.mode_order)
     return outer if fmt.blocksize is None else outer + outer
 
@@ -96,7 +95,6 @@ def _rule_order(assignment: Assignment, formats, infos):
 
 def _cost(assignment: Assignment, order, formats, infos) -> tuple[int, int]:
     """Dominant term of the loop nest's trip count as (power of N, power of d)."""
-    bound = set()
     level_at = {}
     for acc in assignment.expr.accesses():
         if not formats[acc.operand].is_dense:
@@ -110,7 +108,6 @@ def _cost(assignment: Assignment, order, formats, infos) -> tuple[int, int]:
             n_pow += 1
         else:
             d_pow += 1
-        bound.add(v)
         worst = max(worst, (n_pow, d_pow))
     if all(not f.is_dense for f in formats):
         # The result is likely sparse: free variables after a reduction need a workspace,
