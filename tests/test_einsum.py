@@ -1,6 +1,7 @@
 """``st.einsum`` against ``torch.einsum`` on dense copies: equations x formats of every sparse
 operand x dtypes x index dtypes x shapes (nnz = 0, empty rows, size-1 and size-0 dims), out_format
-overrides, random equations (hypothesis), ``st.explain``, errors, and the pure-torch backend.
+overrides, random equations (hypothesis) and the pure-torch backend (errors and ``st.explain``:
+``test_einsum_api.py``).
 
 Every case runs all its shape variants in one test: shapes do not change the generated
 kernel, so the kernel is built once per (equation, formats, dtypes) and the variants exercise
@@ -9,7 +10,6 @@ the warm (memoised) call path too.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -357,168 +357,6 @@ def test_out_format_on_scalar_result_is_an_error():
         st.einsum("ij,ij->", A, A, out_format="csr")
     with pytest.raises(ValueError):
         st.einsum("ij,j->i", A, torch.ones(4, dtype=F64), out_format="csr")  # 2-D format, 1-D
-
-
-# -- errors ------------------------------------------------------------------------------------
-def test_errors():
-    a, b = _pair(14, (4, 4), (4, 4))
-    A, B = st.tensor(a, "csr"), st.tensor(b, "csr")
-    with pytest.raises(ValueError, match="size"):
-        st.einsum("ij,j->i", A, torch.ones(3, dtype=F64))           # mismatched extents
-    with pytest.raises(ValueError, match="size"):
-        st.einsum("ij,jk->ik", A, st.tensor(torch.ones(3, 2, dtype=F64), "csr"))
-    with pytest.raises(ValueError, match="operand"):
-        st.einsum("ij,j->i", A)                                     # too few operands
-    with pytest.raises(ValueError, match="operand"):
-        st.einsum("ij->i", A, B)                                    # too many
-    with pytest.raises(TypeError, match="dtype"):
-        st.einsum("ij,j->i", A, torch.ones(4))                      # float64 vs float32
-    with pytest.raises(TypeError, match="dtype"):
-        st.einsum("ij,jk->ik", A, st.tensor(b.float(), "csr"))
-    with pytest.raises(NotImplementedError, match="repeat"):
-        st.einsum("ii->i", A)                                       # diagonal of sparse
-    with pytest.raises(NotImplementedError):
-        st.einsum("iij->j", st.tensor(torch.ones(2, 2, 3, dtype=F64), "csf"))
-    with pytest.raises(ValueError):
-        st.einsum("ij,j->k", A, torch.ones(4, dtype=F64))           # output index unused
-    with pytest.raises(ValueError):
-        st.einsum("ij->ii", A)                                      # repeated output index
-    with pytest.raises(ValueError):
-        st.einsum("ijk,j->i", A, torch.ones(4, dtype=F64))          # order mismatch
-    with pytest.raises(ValueError):
-        st.einsum("...j,j->...", A, torch.ones(4, dtype=F64))       # ellipsis
-    with pytest.raises(TypeError):
-        st.einsum("ij,jk->ik", A, b.to_sparse())                    # raw torch.sparse
-
-
-def test_non_tensor_operand_is_a_type_error():
-    """Regression: a list operand after the first gave ValueError 'operand 1 has -1
-    dimensions' instead of a TypeError naming its type."""
-    A = st.tensor(torch.eye(4, dtype=F64), "csr")
-    with pytest.raises(TypeError, match="list"):
-        st.einsum("ij,j->i", A, [1.0, 2.0, 3.0, 4.0])
-    with pytest.raises(TypeError, match="ndarray"):
-        st.einsum("ij,jk->ik", A, torch.ones(4, 4, dtype=F64).numpy())
-
-
-def test_errors_are_raised_again_on_repeat():
-    """An error must not be swallowed by a warm path (the second identical bad call)."""
-    a, _ = _pair(15, (4, 4))
-    A = st.tensor(a, "csr")
-    good = torch.ones(4, dtype=F64)
-    st.einsum("ij,j->i", A, good)
-    for _ in range(2):
-        with pytest.raises(ValueError):
-            st.einsum("ij,j->i", A, torch.ones(5, dtype=F64))
-        with pytest.raises(TypeError):
-            st.einsum("ij,j->i", A, torch.ones(4, dtype=torch.float32))
-
-
-def test_repeated_index_in_dense_operand_takes_the_diagonal():
-    gen = torch.Generator().manual_seed(16)
-    d = torch.randn(4, 4, dtype=F64, generator=gen)
-    v = st.tensor(random_dense((4,), 0.5, F64, gen), "csf")
-    check_against_dense("ii,i->i", [d, v])
-    check_against_dense("ii->i", [d])
-    check_against_dense("ij,ii->j", [d, d])
-
-
-def test_trace_of_dense_operand():
-    """Regression: a repeated index summed away ('ii->') was listed twice in
-    Assignment.all_vars, so the generated C declared n_i twice and did not compile."""
-    d = torch.randn(4, 4, dtype=F64, generator=torch.Generator().manual_seed(17))
-    check_against_dense("ii->", [d])
-
-
-def test_operands_as_a_list():
-    a, _ = _pair(17)
-    A, x = st.tensor(a, "csr"), torch.arange(4, dtype=F64)
-    torch.testing.assert_close(st.einsum("ij,j->i", [A, x]), a @ x, rtol=1e-10, atol=0)
-
-
-# -- explain -----------------------------------------------------------------------------------
-def test_explain_spmm():
-    a, _ = _pair(20)
-    A = st.tensor(a, "csr")
-    e = st.explain("ij,jk->ik", A, torch.ones(4, 3, dtype=F64))
-    assert e.loop_order == ("i", "j", "k")
-    assert e.operand_formats == ("csr", "dense tensor")
-    assert e.conversions == ()
-    assert e.output_kind == "dense"
-    assert "void kernel" in e.source and "#pragma omp" in e.source
-    assert "for" in e.loops
-    text = str(e)
-    for word in ("loop order", "operands", "conversions", "output", "C source", "loop IR"):
-        assert word in text
-
-
-def test_explain_concordant_orders():
-    a, _ = _pair(21, (4, 4))
-    x = torch.ones(4, dtype=F64)
-    assert st.explain("ij,j->i", st.tensor(a, "csr"), x).loop_order == ("i", "j")
-    assert st.explain("ij,j->i", st.tensor(a, "csc"), x).loop_order == ("j", "i")
-    t = st.tensor(random_dense((2, 3, 4), 0.5, F64, torch.Generator().manual_seed(0)), CSF201)
-    e = st.explain("ijk,k->ij", t, x)
-    assert e.loop_order == ("k", "i", "j") and e.conversions == ()
-
-
-def test_explain_reports_conversion_for_discordant_product():
-    """``ij,ji->ij`` with both CSR has no concordant order: one operand is converted."""
-    a, b = _pair(22, (4, 4), (4, 4))
-    A, B = st.tensor(a, "csr"), st.tensor(b, "csr")
-    e = st.explain("ij,ji->ij", A, B)
-    assert len(e.conversions) == 1
-    n, fmt = e.conversions[0]
-    assert n in (0, 1) and fmt.mode_order == (1, 0)
-    assert "conversions:  operand" in str(e)
-    check_against_dense("ij,ji->ij", [A, B])
-
-
-def test_explain_csr_times_csc_converts_one_operand():
-    a, b = _pair(23)
-    e = st.explain("ij,jk->ik", st.tensor(a, "csr"), st.tensor(b, "csc"))
-    assert len(e.conversions) == 1
-    assert e.output_kind == "emit" and e.workspace     # Gustavson with a row workspace
-    e2 = st.explain("ij,jk->ik", st.tensor(a, "csr"), st.tensor(b, "csr"))
-    assert e2.conversions == () and e2.loop_order == ("i", "j", "k")
-    assert e2.output_format == "csr"
-    assert len(e2.workspace) == 1 and e2.workspace[0].split()[0] == "k"
-
-
-def test_explain_sddmm_is_sampled():
-    gen = torch.Generator().manual_seed(24)
-    A = st.tensor(random_dense((5, 4), 0.5, F64, gen), "csr")
-    e = st.explain("ij,ik,jk->ij", A, torch.ones(5, 3, dtype=F64), torch.ones(4, 3, dtype=F64))
-    assert e.output_kind == "sampled" and e.output_format == "csr"
-
-
-def test_explain_source_is_what_runs(private_kernel_cache):
-    """The C source explain() shows is the one the runtime compiled and cached."""
-    a, _ = _pair(25)
-    A = st.tensor(a, "dcsc")
-    x = torch.ones(4, dtype=F64)
-    e = st.explain("ij,j->i", A, x)
-    st.einsum("ij,j->i", A, x)
-    sources = [open(os.path.join(private_kernel_cache, f)).read()
-               for f in os.listdir(private_kernel_cache) if f.endswith(".c")]
-    assert e.source in sources
-
-
-def test_explain_reports_what_happens_to_a_bsr_operand():
-    """Regression: explain() listed a BSR operand as 'csr', hiding its conversion."""
-    a = random_dense((4, 6), 0.5, F64, torch.Generator().manual_seed(27))
-    e = st.explain("ij,j->i", st.tensor(a, "bsr", blocksize=(2, 3)), torch.ones(6, dtype=F64))
-    said = " ".join([e.operand_formats[0], *map(str, e.conversions), *e.notes]).lower()
-    assert "bsr" in said or "block" in said
-
-
-def test_explain_errors_like_einsum():
-    a, _ = _pair(26)
-    A = st.tensor(a, "csr")
-    with pytest.raises(ValueError):
-        st.explain("ij,j->i", A, torch.ones(3, dtype=F64))
-    with pytest.raises(TypeError):
-        st.explain("ij,j->i", A, torch.ones(4))
 
 
 # -- the pure-torch backend --------------------------------------------------------------------
