@@ -13,7 +13,7 @@ import torch
 
 from ..compiler.notation import Assignment, parse_einsum
 from ..formats.tensor import SparseTensor
-from .execute import get_kernel, normalize_operands, run
+from .execute import get_kernel, lookup, normalize_operands, run
 from ..compiler.notation import var_extents
 
 
@@ -34,9 +34,12 @@ def einsum(equation: str, *operands, out_format=None):
     """
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    prepared = lookup(equation, operands, out_format)
+    if prepared is not None:
+        return prepared(operands)
     _check_tensors(operands, f"einsum({equation!r})")
     assignment = parse_einsum(equation, [t.dim() for t in operands])
-    return run(assignment, operands, out_format, what=f"einsum({equation!r})")
+    return run(assignment, operands, out_format, what=f"einsum({equation!r})", alias=equation)
 
 
 def _check_tensors(operands, what):

@@ -30,7 +30,10 @@ _PARALLEL_WORK = 1 << 16
 def backend() -> str:
     """The active backend: ``"c"`` (generated C/OpenMP, default) or ``"torch"`` (pure-PyTorch
     fallback, correct but slow), from ``SPARSETORCH_BACKEND``."""
-    name = os.environ.get("SPARSETORCH_BACKEND", "c").lower()
+    name = os.environ.get("SPARSETORCH_BACKEND")
+    if name is None:  # the common case, on every call: no string work
+        return "c"
+    name = name.lower()
     if name not in ("c", "torch"):
         raise ValueError(f"SPARSETORCH_BACKEND={name!r} is not a backend; use 'c' or 'torch'")
     return name
@@ -77,14 +80,22 @@ def _check_repeated(assignment: Assignment, infos, what):
                 "diagonals of sparse operands are not supported: take .to_dense() first")
 
 
-def run(assignment: Assignment, operands, out_format=None, what="einsum"):
+def lookup(head, operands, out_format):
+    """The memoised call recipe for this expression (an ``Assignment``, or an einsum string
+    with which one was registered) and these operands, or None."""
+    if backend() != "c":
+        return None
+    key = _signature(head, operands, out_format)
+    return _PREPARED.get(key) if key is not None else None
+
+
+def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=None):
     """Evaluate ``assignment`` on ``operands``; dense results are torch tensors, sparse ones
-    SparseTensors."""
-    if backend() == "c":
-        key = _signature(assignment, operands, out_format)
-        prepared = _PREPARED.get(key) if key is not None else None
-        if prepared is not None:
-            return prepared(operands)
+    SparseTensors. ``alias`` (an einsum string) also keys the call memo, so a repeated
+    ``st.einsum`` skips parsing and operand checks."""
+    prepared = lookup(assignment, operands, out_format)
+    if prepared is not None:
+        return prepared(operands)
     tensors, infos, dtype, device = normalize_operands(operands, what)
     _check_repeated(assignment, infos, what)
     extents = var_extents(assignment, [tuple(t.shape) for t in tensors])
@@ -97,11 +108,14 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum"):
     key = _signature(assignment, operands, out_format)
     if key is not None and not kernel.workspace_vars:  # workspace choice depends on sizes
         _PREPARED[key] = prepared
+        if alias is not None:
+            _PREPARED[_signature(alias, operands, out_format)] = prepared
     return prepared(tensors)
 
 
-# Memo of everything decided for one call signature (expression, operand formats, dtypes,
-# index widths, out_format): a repeated call skips checks, scheduling and kernel lookup.
+# Memo of everything decided for one call signature (expression or einsum string, operand
+# formats, dtypes, index widths, out_format): a repeated call skips checks, scheduling and
+# kernel lookup. Operand ranks are part of the signature, so a string names one assignment.
 _PREPARED: dict = {}
 
 
