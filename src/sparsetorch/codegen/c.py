@@ -106,16 +106,17 @@ static void st_hash_free(st_hash* h) {
 # Runtime helper statements, by name (see ir.Helper); {0}, {1} are the rendered arguments.
 _HELPERS = {
     "alloc_dense": ["val_t* ws_vals = (val_t*)calloc(ws_size ? ws_size : 1, sizeof(val_t));",
-                    "char* ws_mark = (char*)calloc(ws_size ? ws_size : 1, 1);",
+                    "int64_t* ws_mark = (int64_t*)calloc(ws_size ? ws_size : 1, "
+                    "sizeof(int64_t));",
                     "int64_t* ws_list = (int64_t*)malloc((ws_size ? ws_size : 1) * "
                     "sizeof(int64_t));",
-                    "int64_t ws_n = 0;"],
+                    "int64_t ws_n = 0, ws_stamp = 1;"],
     "free_dense": ["free(ws_vals); free(ws_mark); free(ws_list);"],
     # A row that touched a large share of the workspace is listed by one in-order scan of
     # the marks; a sparse row sorts its touched list.
     "dense_sort": ["if (ws_n * 16 > ws_size) {{",
                    "  int64_t q = 0;",
-                   "  for (int64_t c = 0; c < ws_size; c++) if (ws_mark[c]) ws_list[q++] = c;",
+                   "  for (int64_t c = 0; c < ws_size; c++) if (ws_mark[c] == ws_stamp) ws_list[q++] = c;",
                    "}} else st_sort_i64(ws_list, ws_n);"],
     "alloc_hash": ["st_hash ws; st_hash_init(&ws);", "int64_t ws_n = 0;",
                    "int64_t* ws_list = 0; val_t* ws_sorted = 0;"],

@@ -169,11 +169,16 @@ class _Lowerer:
             if self.ws_kind == "hash":
                 return out + [Helper("hash_mark", (at,), ("ws",)) if counting else
                               Helper("hash_add", (at, value), ("ws",))]
-            add = [] if counting else [Assign(Load("ws_vals", at), value, "+=")]
-            return out + [If(Bin("==", Load("ws_mark", at), Lit(0)), block(
-                Assign(Load("ws_mark", at), Lit(1)),
-                Assign(Load("ws_list", Sym("ws_n")), at),
-                Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Lit(1)))))] + add
+            # Marks hold the stamp of the row that last touched a cell, so rows never reset
+            # them; the first touch of a row assigns the value, later ones add.
+            first = [Assign(Load("ws_mark", at), Sym("ws_stamp"))]
+            if not counting:
+                first += [Assign(Load("ws_list", Sym("ws_n")), at),
+                          Assign(Load("ws_vals", at), value)]
+            first.append(Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Lit(1))))
+            again = None if counting else block(Assign(Load("ws_vals", at), value, "+="))
+            return out + [If(Bin("!=", Load("ws_mark", at), Sym("ws_stamp")), block(first),
+                             again)]
         if st.tile is not None:
             return [Assign(Load(st.tile[2], Sym(st.tile[3])), value, "+=")]
         if kind == "dense":
@@ -206,29 +211,30 @@ class _Lowerer:
         return [If(Sym(st.hit), block(self.emit(acc, {v: Sym(v) for v in self.out_vars}, st)))]
 
     def flush_workspace(self, st):
-        """After the reduction loop: emit the touched cells in order, then reset them."""
-        at, hashed = Sym("ws_at"), self.ws_kind == "hash"
+        """After the reduction loop: emit the touched cells in order, then start a new row."""
+        names = WORKSPACE_NAMES[self.ws_kind]
+        if self.ws_kind == "dense":
+            next_row = [Assign(Sym("ws_n"), Lit(0)),
+                        Assign(Sym("ws_stamp"), Bin("+", Sym("ws_stamp"), Lit(1)))]
+            if self.plan.mode == "count":
+                return [Assign(Load("out_count", st.outer), Sym("ws_n"), "+=")] + next_row
+            value = Load("ws_vals", Sym("ws_at"))
+        else:
+            next_row = [Helper("hash_clear", (), names)]
+            value = Load("ws_sorted", Sym("ws_q"))
         body = [Decl("idx", "ws_at", Load("ws_list", Sym("ws_q")))]
-        if not hashed:
-            body.append(Assign(Load("ws_mark", at), Lit(0)))
         if self.plan.mode == "count":
             body += self.emit(None, None, st)
         else:
             coords = {v: Sym(v) for v in self.out_vars if v not in self.ws_vars}
-            body.append(Decl("idx", "ws_rest", at))
+            body.append(Decl("idx", "ws_rest", Sym("ws_at")))
             for v in reversed(self.ws_vars):
                 body.append(Decl("idx", f"{v}_ws", Bin("%", Sym("ws_rest"), dim(v))))
                 body.append(Assign(Sym("ws_rest"), Bin("/", Sym("ws_rest"), dim(v))))
                 coords[v] = Sym(f"{v}_ws")
-            value = Load("ws_sorted", Sym("ws_q")) if hashed else Load("ws_vals", at)
             body += self.emit(value, coords, st)
-            if not hashed:
-                body.append(Assign(Load("ws_vals", at), Lit(0)))
-        names = WORKSPACE_NAMES[self.ws_kind]
-        sort = [] if (self.plan.mode == "count" and not hashed) else \
-            [Helper(f"{self.ws_kind}_sort", (), names)]
-        reset = Helper("hash_clear", (), names) if hashed else Assign(Sym("ws_n"), Lit(0))
-        return sort + [For("ws_q", Lit(0), Sym("ws_n"), block(body)), reset]
+        return [Helper(f"{self.ws_kind}_sort", (), names),
+                For("ws_q", Lit(0), Sym("ws_n"), block(body))] + next_row
 
     # -- loops -------------------------------------------------------------------------------
     def loops(self, depth, st):
