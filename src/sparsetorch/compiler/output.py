@@ -26,13 +26,13 @@ class OutputSpec:
     sampled_operand: int | None = None
 
 
-def _requires(assignment, n) -> bool:
-    """True when the expression is zero wherever operand ``n`` is absent."""
-    return presence(assignment.expr, lambda acc: acc.operand != n) is False
+def _can_be_nonzero_without(assignment, operands) -> bool:
+    """Whether the expression can be nonzero where all of ``operands`` are absent (every
+    other operand present)."""
+    return presence(assignment.expr, lambda acc: acc.operand not in operands) is not False
 
 
-def infer_output(assignment: Assignment, order, formats, out_format=None,
-                 blocksize=None) -> OutputSpec:
+def infer_output(assignment: Assignment, order, formats, out_format=None) -> OutputSpec:
     """Pick the output format and writing strategy.
 
     Example:
@@ -53,14 +53,14 @@ def infer_output(assignment: Assignment, order, formats, out_format=None,
         if (sparse_ops == [acc.operand] and fmt.blocksize is None
                 and len(set(acc.indices)) == len(acc.indices)
                 and sorted(acc.indices) == sorted(out_vars)
-                and _requires(assignment, acc.operand)):
+                and not _can_be_nonzero_without(assignment, {acc.operand})):
             modes = tuple(out_vars.index(acc.indices[m]) for m in fmt.mode_order)
             sampled = (acc.operand, Format(fmt.levels, modes))
             break
     if out_format is not None:
         if not out_vars:
             raise ValueError("out_format was given but the result is a scalar")
-        fmt = as_format(out_format, len(out_vars), blocksize)
+        fmt = as_format(out_format, len(out_vars))
         if fmt.blocksize is not None:
             raise NotImplementedError("blocked output formats (bsr) are not generated yet; "
                                       "compute in 'csr' and call .asformat('bsr')")
@@ -91,7 +91,7 @@ def _infer_levels(assignment, order, formats) -> Format:
     for v in storage:
         entries = kinds_at.get(v, [])
         sparse_ops = {n for n, lv in entries if not isinstance(lv, Dense)}
-        if not sparse_ops or _union_with_dense(assignment, sparse_ops):
+        if not sparse_ops or _can_be_nonzero_without(assignment, sparse_ops):
             levels.append(Dense())
         elif any(isinstance(lv, Compressed) for _, lv in entries):
             levels.append(Compressed())
@@ -104,11 +104,6 @@ def _infer_levels(assignment, order, formats) -> Format:
     levels = [Dense() if k <= last_dense else lv for k, lv in enumerate(levels)]
     levels = _coordinate_runs(levels)
     return Format(tuple(levels), tuple(out_vars.index(v) for v in storage))
-
-
-def _union_with_dense(assignment, sparse_ops) -> bool:
-    """True when the expression can be nonzero where all of ``sparse_ops`` are absent."""
-    return presence(assignment.expr, lambda acc: acc.operand not in sparse_ops) is not False
 
 
 def _coordinate_runs(levels):
