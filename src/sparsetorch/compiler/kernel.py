@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..codegen.c import INDEX_CTYPES, VALUE_CTYPES, render_c
+from ..formats.levels import Compressed, Dense
 from .ir import Function, dump, verify
 from .lower import Plan, lower
 from .notation import Assignment
@@ -29,6 +30,8 @@ class CompiledKernel:
     source: str
     outer_extent: tuple               # ('dim', v) | ('level', n) | ('one',): emit slices
     emit_sorted: bool                 # emitted entries already sorted and unique
+    emit_rows: bool                   # ...and one row per outer iteration of a CSR-like
+                                      # result: pos is the running count, no packing
     workspace_vars: tuple[str, ...]
     workspace_kind: str | None
     tile: tuple | None                # (variable, width) of the register tile, if any
@@ -100,7 +103,11 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
         dup_free = lw.ws_depth is not None or not lw.later_free
         emit_sorted = storage == want and dup_free and all(
             lv.ordered for lv in out.format.levels)
+    levels = out.format.levels if out.format is not None else ()
+    emit_rows = (emit_sorted and len(levels) == 2 and isinstance(levels[0], Dense)
+                 and isinstance(levels[1], Compressed) and levels[1].unique
+                 and lw.outer_extent == ("dim", storage[0]))
     return CompiledKernel(assignment, sched, out, tuple(functions), source, lw.outer_extent,
-                          emit_sorted, lw.ws_vars, lw.ws_kind,
+                          emit_sorted, emit_rows, lw.ws_vars, lw.ws_kind,
                           (lw.tile_var, lw.plan.tile) if lw.tile_var else None, tuple(dict.fromkeys(notes)),
                           time.perf_counter() - t0)

@@ -16,7 +16,7 @@ from ..compiler.notation import Assignment, var_extents
 from ..compiler.schedule import OperandInfo
 from ..compiler.lower import MAX_WORKSPACE
 from ..formats.format import Format, as_format
-from ..formats.pack import pack
+from ..formats.pack import choose_index_dtype, pack
 from ..formats.tensor import SparseTensor
 from ..formats.validate import VALUE_DTYPES
 
@@ -104,9 +104,10 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
 
         return run_dense(assignment, tensors, infos, extents, out_format)
     kernel = get_kernel(assignment, tensors, infos, dtype, out_format, extents)
-    prepared = _Prepared(kernel, dtype)
+    prepared = _Prepared(kernel, dtype, _compile_args(assignment, tensors, infos, dtype,
+                                                      out_format))
     key = _signature(assignment, operands, out_format)
-    if key is not None and not kernel.workspace_vars:  # workspace choice depends on sizes
+    if key is not None:
         _PREPARED[key] = prepared
         if alias is not None:
             _PREPARED[_signature(alias, operands, out_format)] = prepared
@@ -146,15 +147,24 @@ def _fmt_key(out_format):
         else tuple(out_format)
 
 
-def get_kernel(assignment, tensors, infos, dtype, out_format, extents) -> CompiledKernel:
+def _compile_args(assignment, tensors, infos, dtype, out_format) -> tuple:
     index = tuple("int32" if isinstance(t, SparseTensor) and t.index_dtype == torch.int32
                   else "int64" for t in tensors)
-    kernel = compile_kernel(assignment, infos, _DTYPE_NAMES[dtype], index, _fmt_key(out_format))
+    return assignment, infos, _DTYPE_NAMES[dtype], index, _fmt_key(out_format)
+
+
+def _workspace_kind(cells: int) -> str:
+    """A dense row accumulator per thread, or a hash table when that would be too big."""
+    return "hash" if cells > MAX_WORKSPACE else "dense"
+
+
+def get_kernel(assignment, tensors, infos, dtype, out_format, extents) -> CompiledKernel:
+    args = _compile_args(assignment, tensors, infos, dtype, out_format)
+    kernel = compile_kernel(*args)
     if kernel.workspace_vars:
-        cells = _prod(extents[v] for v in kernel.workspace_vars)
-        if cells > MAX_WORKSPACE:  # too big to allocate per thread: hash the touched cells
-            kernel = compile_kernel(assignment, infos, _DTYPE_NAMES[dtype], index,
-                                    _fmt_key(out_format), "hash")
+        kind = _workspace_kind(_prod(extents[v] for v in kernel.workspace_vars))
+        if kind != kernel.workspace_kind:
+            kernel = compile_kernel(*args, kind)
     return kernel
 
 
@@ -162,10 +172,11 @@ class _Prepared:
     """A built kernel plus the recipe to marshal one call: which operand dimension gives each
     index extent, which arrays to pass, how to allocate the output."""
 
-    def __init__(self, kernel: CompiledKernel, dtype):
+    def __init__(self, kernel: CompiledKernel, dtype, compile_args: tuple):
         from .. import runtime
 
-        self.kernel, self.dtype = kernel, dtype
+        self.kernel, self.dtype, self.compile_args = kernel, dtype, compile_args
+        self.variants = {kernel.workspace_kind: self}   # same call, other workspace kind
         a = kernel.assignment
         # Where each index extent comes from, and which other uses must agree with it.
         uses = {}
@@ -199,9 +210,22 @@ class _Prepared:
                                  f"{shapes[n2][d2]} in operand {n2} (dimension {d2})")
         return [shapes[n][d] for n, d in self.sources]
 
+    def variant(self, workspace: str) -> "_Prepared":
+        other = self.variants.get(workspace)
+        if other is None:
+            other = _Prepared(compile_kernel(*self.compile_args, workspace), self.dtype,
+                              self.compile_args)
+            other.variants = self.variants
+            self.variants[workspace] = other
+        return other
+
     def __call__(self, tensors):
         kernel = self.kernel
         ext = self.extents(tensors)
+        if self.ws_index:   # the workspace kind follows this call's sizes
+            kind = _workspace_kind(_prod([ext[d] for d in self.ws_index]))
+            if kind != kernel.workspace_kind:
+                return self.variant(kind)(tensors)
         if kernel.schedule.conversions:
             tensors = prepare_operands(kernel, tensors)
         args = [0, *ext]
@@ -241,9 +265,15 @@ class _Prepared:
         counts.zero_()
         self.fns[1](*args, counts.data_ptr(), offsets.data_ptr(),
                     *(c.data_ptr() for c in coords), vals.data_ptr(), *ws)
-        arrays, stored = pack(kernel.output.format, out_shape, coords, vals,
-                              sorted_unique=kernel.emit_sorted)
-        return SparseTensor(out_shape, kernel.output.format, arrays, stored)
+        fmt = kernel.output.format
+        if kernel.emit_rows:  # CSR-like: the counts are the row lengths, coordinates sorted
+            rows = extents[kernel.outer_extent[1]]
+            index = choose_index_dtype(fmt.storage_dims(out_shape), total)
+            pos = torch.cat([offsets[:rows], torch.tensor([total])]).to(index)
+            crd = coords[fmt.mode_order[1]].to(index)
+            return SparseTensor(out_shape, fmt, {"pos1": pos, "crd1": crd}, vals)
+        arrays, stored = pack(fmt, out_shape, coords, vals, sorted_unique=kernel.emit_sorted)
+        return SparseTensor(out_shape, fmt, arrays, stored)
 
 
 def prepare_operands(kernel: CompiledKernel, tensors):
