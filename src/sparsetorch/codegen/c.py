@@ -172,7 +172,7 @@ class _CRenderer:
         if isinstance(s, Decl):
             if s.ctype == "val[]":
                 return [f"{pad}val_t {s.name}[{self.expr(s.init)}] = {{0}};"]
-            ctype = {"idx": "int64_t", "val": "val_t", "i32": "int32_t"}[s.ctype]
+            ctype = {"idx": "int64_t", "val": "val_t"}[s.ctype]
             init = f" = {self.expr(s.init)}" if s.init is not None else ""
             return [f"{pad}{ctype} {s.name}{init};"]
         if isinstance(s, Assign):

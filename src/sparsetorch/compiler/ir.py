@@ -141,7 +141,7 @@ class Helper(Node):
 @dataclass(frozen=True)
 class Param:
     name: str
-    ctype: str         # 'idx' scalar, 'val*', 'idx*', 'i32*', 'i64*', 'int64*'
+    ctype: str         # 'idx' (int64 scalar), 'val*', 'idx{n}*' (operand n's index width), 'i64*'
     const: bool = True
 
 

@@ -22,40 +22,11 @@ UNARY = {
 
 
 class Expr:
-    """Base of expression nodes; operators build bigger trees."""
-
-    def __add__(self, other):
-        return Add(self, _lift(other))
-
-    def __radd__(self, other):
-        return Add(_lift(other), self)
-
-    def __sub__(self, other):
-        return Add(self, Scale(-1.0, _lift(other)))
-
-    def __rsub__(self, other):
-        return Add(_lift(other), Scale(-1.0, self))
-
-    def __mul__(self, other):
-        if isinstance(other, (int, float)):
-            return Scale(float(other), self)
-        return Mul(self, _lift(other))
-
-    def __rmul__(self, other):
-        return self.__mul__(other)
-
-    def __neg__(self):
-        return Scale(-1.0, self)
+    """Base of expression nodes (trees are built by ``ops/expr.py``'s ``LazyExpr``)."""
 
     def accesses(self):
         """Every ``Access`` in the tree, left to right."""
         raise NotImplementedError
-
-
-def _lift(x):
-    if isinstance(x, Expr):
-        return x
-    raise TypeError(f"cannot combine an index expression with {type(x).__name__}")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import torch
 
 from .format import Format, as_format, compressed, dense
 from .pack import choose_index_dtype, pack, unpack_rows
-from .tensor import SparseTensor
+from .tensor import SparseTensor, map_arrays
 from .validate import (check_blocks, check_coords, check_dtype_argument, check_index_tensor,
                        check_same_device, check_shape, check_value_dtype)
 
@@ -49,7 +49,7 @@ def tensor(data, format="csr", *, shape=None, blocksize=None, index_dtype=None,
         shape = check_shape(shape, "st.tensor")
     out = _from_any(data, format, shape, blocksize, index_dtype)
     if dtype is not None or device is not None:
-        out = _with_arrays(out, lambda a: a.to(device=device),
+        out = map_arrays(out, lambda a: a.to(device=device),
                            lambda v: v.to(device=device, dtype=dtype))
     return out
 
@@ -255,13 +255,8 @@ def _pack(fmt, shape, coords, values, index_dtype, source=None) -> SparseTensor:
     return SparseTensor(shape, fmt, arrays, stored)
 
 
-def _with_arrays(t: SparseTensor, on_index, on_values) -> SparseTensor:
-    arrays = {k: on_index(v) for k, v in t.arrays.items()}
-    return SparseTensor(t.shape, t.format, arrays, on_values(t.values))
-
-
 def _copy(t: SparseTensor) -> SparseTensor:
-    return _with_arrays(t, torch.clone, torch.clone)
+    return map_arrays(t, torch.clone, torch.clone)
 
 
 # -- SparseTensor -> other things ------------------------------------------------------------
@@ -283,7 +278,7 @@ def convert(t: SparseTensor, format, *, blocksize=None, index_dtype=None) -> Spa
         if index_dtype is None or index_dtype == t.index_dtype or not t.arrays:
             return t
         choose_index_dtype(fmt.storage_dims(t.shape), t.nnz, index_dtype)
-        return _with_arrays(t, lambda a: a.to(index_dtype), lambda v: v)
+        return map_arrays(t, lambda a: a.to(index_dtype), lambda v: v)
     if index_dtype is None and t.arrays and t.index_dtype == torch.int64:
         index_dtype = torch.int64            # keep the caller's wider indices
     if t.format.is_dense or fmt.is_dense:

@@ -6,28 +6,23 @@ from __future__ import annotations
 
 import torch
 
+from .tensor import map_arrays
+
 aten = torch.ops.aten
-
-
-def _map(t, on_index, on_values):
-    from .tensor import SparseTensor
-
-    arrays = {k: on_index(v) for k, v in t.arrays.items()}
-    return SparseTensor(t.shape, t.format, arrays, on_values(t.values))
 
 
 def _to_copy(t, dtype=None, device=None, **ignored):
     from .validate import check_dtype_argument
 
     check_dtype_argument(dtype, f"SparseTensor.to (format {t.format.name})")
-    return _map(t, lambda a: a.to(device=device) if device is not None else a.clone(),
+    return map_arrays(t, lambda a: a.to(device=device) if device is not None else a.clone(),
                 lambda v: aten._to_copy(v, dtype=dtype, device=device))
 
 
 _STRUCTURAL = {
-    aten.detach.default: lambda t: _map(t, lambda a: a, aten.detach),
-    aten.alias.default: lambda t: _map(t, lambda a: a, aten.alias),
-    aten.clone.default: lambda t, **kw: _map(t, torch.clone, torch.clone),
+    aten.detach.default: lambda t: map_arrays(t, lambda a: a, aten.detach),
+    aten.alias.default: lambda t: map_arrays(t, lambda a: a, aten.alias),
+    aten.clone.default: lambda t, **kw: map_arrays(t, torch.clone, torch.clone),
     aten._to_copy.default: _to_copy,
 }
 

@@ -337,8 +337,3 @@ def _check_unordered_unique(pos: torch.Tensor, crd: torch.Tensor, size: int) -> 
         raise _Problem(f"duplicate coordinate {int(crd[p])} under one parent at positions {p} "
                        f"and {q}; this level is unique: sum duplicates first (st.tensor on COO "
                        "input does this)")
-
-
-def is_ordered_sequence(levels) -> bool:
-    """True when expanding these levels yields coordinates in lexicographic order."""
-    return all(level.ordered for level in levels)

@@ -11,10 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..compiler.notation import Assignment, parse_einsum
-from ..formats.tensor import SparseTensor
+from ..compiler.notation import Assignment, parse_einsum, var_extents
 from .execute import get_kernel, lookup, normalize_operands, run
-from ..compiler.notation import var_extents
 
 
 def einsum(equation: str, *operands, out_format=None):
@@ -137,4 +135,4 @@ def _explanation(assignment: Assignment, kernel, names) -> Explanation:
         loops=kernel.describe_loops(), source=kernel.source)
 
 
-__all__ = ["einsum", "explain", "Explanation", "SparseTensor"]
+__all__ = ["einsum", "explain", "Explanation"]
