@@ -125,6 +125,11 @@ _HELPERS = {
     "hash_add": ["ws.vals[st_hash_find(&ws, {0})] += {1};"],
     "hash_sort": ["st_hash_sort(&ws); ws_n = ws.n; ws_list = ws.skeys; ws_sorted = ws.svals;"],
     "hash_clear": ["st_hash_clear(&ws); ws_n = 0;"],
+    # The kernel zeroes its own dense output, so the caller allocates it uninitialised and
+    # a small call pays no separate fill; large outputs are cleared by the thread team.
+    "zero_out": ["#pragma omp parallel for schedule(static) num_threads(nt) if(nt > 1)",
+                 "for (int64_t z = 0; z < {0}; z += 8192)",
+                 "  memset(out_vals + z, 0, sizeof(val_t) * (size_t)st_min(8192, {0} - z));"],
 }
 
 _SIMD_MIN_TRIP = 16

@@ -509,6 +509,11 @@ def lower(plan: Plan, name: str = "kernel"):
     lw = _Lowerer(plan)
     st = _State(lw)
     body = lw.loops(0, st)
+    if plan.mode == "dense":
+        size = Lit(1)
+        for v in plan.assignment.out_vars:
+            size = Bin("*", size, dim(v))
+        body = [Helper("zero_out", (size,), ("out_vals", "nt"))] + body
     if lw.ws_depth is not None:
         if not any(isinstance(s, For) and s.parallel for s in body):
             names = WORKSPACE_NAMES[lw.ws_kind]

@@ -19,6 +19,7 @@ from ..formats.format import Format, as_format
 from ..formats.pack import choose_index_dtype, pack
 from ..formats.tensor import SparseTensor
 from ..formats.validate import VALUE_DTYPES
+from .shim import make_shim
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.int32: "int32",
                 torch.int64: "int64"}
@@ -27,12 +28,22 @@ COMPILED_DTYPES = tuple(_DTYPE_NAMES)
 _PARALLEL_WORK = 1 << 16
 
 
+# ``os.environ.get`` encodes its key on every call (about 1 us, a tenth of a small call);
+# the mapping it wraps is read directly where CPython exposes it, which sees every change
+# made through ``os.environ`` (pytest's monkeypatch included).
+_ENV_DATA = getattr(os.environ, "_data", None)
+_BACKEND_KEY = os.environ.encodekey("SPARSETORCH_BACKEND") if _ENV_DATA is not None else None
+
+
 def backend() -> str:
     """The active backend: ``"c"`` (generated C/OpenMP, default) or ``"torch"`` (pure-PyTorch
     fallback, correct but slow), from ``SPARSETORCH_BACKEND``."""
-    name = os.environ.get("SPARSETORCH_BACKEND")
+    name = _ENV_DATA.get(_BACKEND_KEY) if _ENV_DATA is not None else \
+        os.environ.get("SPARSETORCH_BACKEND")
     if name is None:  # the common case, on every call: no string work
         return "c"
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
     name = name.lower()
     if name not in ("c", "torch"):
         raise ValueError(f"SPARSETORCH_BACKEND={name!r} is not a backend; use 'c' or 'torch'")
@@ -108,9 +119,10 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
                                                       out_format))
     key = _signature(assignment, operands, out_format)
     if key is not None:
-        _PREPARED[key] = prepared
+        call = make_shim(prepared, tensors, _PARALLEL_WORK) or prepared
+        _PREPARED[key] = call
         if alias is not None:
-            _PREPARED[_signature(alias, operands, out_format)] = prepared
+            _PREPARED[_signature(alias, operands, out_format)] = call
     return prepared(tensors)
 
 
@@ -246,8 +258,8 @@ class _Prepared:
         work = dense_work + sparse_work * _prod([ext[d] for d in self.dense_only])
         args[0] = self.num_threads() if work >= _PARALLEL_WORK else 1
         ws = [_prod([ext[d] for d in self.ws_index])] if self.ws_index else []
-        if kind == "dense":
-            out = torch.zeros(out_shape, dtype=self.dtype)
+        if kind == "dense":  # the kernel zeroes it
+            out = torch.empty(out_shape, dtype=self.dtype)
             self.fns[0](*args, out.data_ptr(), *ws)
             return out
         if kind == "sampled":

@@ -1,0 +1,78 @@
+"""Call shims: a small Python function generated per prepared kernel, so a repeated call
+does only what this kernel needs.
+
+The generic call path (``execute._Prepared.__call__``) loops over operands, extents and
+arrays; at 10-20 us per call that loop costs more than a small SpMV itself. For kernels with
+a dense result and no operand conversion, ``make_shim`` writes the same steps out
+straight-line, specialised on the operand kinds and array names (they are fixed by the call
+signature the shim is memoised under), and ``exec``\\s it once, the way
+``collections.namedtuple`` builds its classes. Example of what it writes for SpMV::
+
+    def call(ops):
+        t0, t1 = ops
+        t1 = t1.contiguous()
+        s0 = t0.shape; s1 = t1.shape
+        e0 = s0[0]; e1 = s0[1]
+        if s1[0] != e1: mismatch(ops)
+        out = empty((e0,), dtype=dtype)
+        nt = threads() if t1.numel() + t0._values.numel() >= 65536 else 1
+        f0(nt, e0, e1, t0._pos1.data_ptr(), ..., t1.data_ptr(), out.data_ptr())
+        return out
+"""
+from __future__ import annotations
+
+import torch
+
+from ..formats.tensor import SparseTensor
+
+
+def make_shim(prepared, tensors, parallel_work: int):
+    """A specialised ``call(ops)`` for ``prepared`` (an ``execute._Prepared``) on operands
+    shaped like ``tensors``, or None when the generic path must run (sparse results,
+    conversions, workspace variants).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> from sparsetorch.ops import execute
+        >>> A = st.tensor(torch.eye(3), format="csr")
+        >>> _ = st.einsum("ij,j->i", A, torch.ones(3))
+        >>> call = execute.lookup("ij,j->i", (A, torch.ones(3)), None)
+        >>> call((A, torch.arange(3.)))
+        tensor([0., 1., 2.])
+    """
+    kernel = prepared.kernel
+    if kernel.output.kind != "dense" or kernel.schedule.conversions or prepared.ws_index:
+        return None
+    n_ops = len(tensors)
+    names = [f"t{n}" for n in range(n_ops)]
+    lines = ["def call(ops):", f"    {', '.join(names)}, = ops"]
+    sparse = [n for n, t in enumerate(tensors) if isinstance(t, SparseTensor)]
+    lines += [f"    t{n} = t{n}.contiguous()" for n in range(n_ops) if n not in sparse]
+    lines.append("    " + "; ".join(f"s{n} = t{n}.shape" for n in range(n_ops)))
+    lines.append("    " + "; ".join(f"e{i} = s{n}[{d}]"
+                                    for i, (n, d) in enumerate(prepared.sources)))
+    first = {v: i for i, v in enumerate(prepared.var_order)}
+    for v, _, (n2, d2) in prepared.agree:
+        lines.append(f"    if s{n2}[{d2}] != e{first[v]}: mismatch(ops)")
+    shape = "".join(f"e{i}, " for i in prepared.out_index)
+    lines.append(f"    out = empty(({shape}), dtype=dtype)")
+    dense_only = "".join(f" * e{i}" for i in prepared.dense_only)
+    work = [f"t{n}.numel()" for n in range(n_ops) if n not in sparse]
+    work += [f"t{n}._values.numel(){dense_only}" for n in sparse]
+    lines.append(f"    nt = threads() if {' + '.join(work)} >= {parallel_work} else 1")
+    args = ["nt", *(f"e{i}" for i in range(len(prepared.sources)))]
+    for n, t in enumerate(tensors):
+        if n in sparse:
+            args += [f"t{n}._{a}.data_ptr()" for a in t._array_names]
+            args.append(f"t{n}._values.data_ptr()")
+        else:
+            args.append(f"t{n}.data_ptr()")
+    args.append("out.data_ptr()")
+    lines += [f"    f0({', '.join(args)})", "    return out"]
+    scope = {"empty": torch.empty, "dtype": prepared.dtype, "threads": prepared.num_threads,
+             "f0": prepared.fns[0], "mismatch": prepared.extents}
+    exec(compile("\n".join(lines), f"<sparsetorch call shim: {kernel.assignment}>", "exec"),
+         scope)
+    call = scope["call"]
+    call.source = "\n".join(lines)
+    return call
