@@ -11,6 +11,12 @@ import torch
 from .format import Format
 from .pack import array_names
 
+# torch functions a SparseTensor handles itself (``torch.matmul``, ``F.linear``, ``torch.sum``,
+# ...), filled by ``sparsetorch.ops`` (``formats/`` must not import the compiler). Anything
+# not here falls through to ``__torch_dispatch__``, which names the op and raises.
+_TORCH_FUNCTIONS: dict = {}
+_DisableTorchFunction = torch._C.DisableTorchFunctionSubclass
+
 
 class SparseTensor(torch.Tensor):
     """A sparse tensor in any level format (CSR, CSC, COO, DCSR, DCSC, CSF, BSR, dense, ...).
@@ -39,6 +45,7 @@ class SparseTensor(torch.Tensor):
             cls, tuple(shape), dtype=values.dtype, device=values.device,
             requires_grad=requires_grad)
         t._format = fmt
+        t._size = torch.Size(shape)
         t._array_names = array_names(fmt)
         for name in t._array_names:       # kernels read raw pointers: always contiguous
             setattr(t, "_" + name, arrays[name].contiguous())
@@ -91,13 +98,110 @@ class SparseTensor(torch.Tensor):
         arrays = {n[1:]: t for n, t in inner.items() if n != "_values"}
         return SparseTensor(outer_size, fmt, arrays, inner["_values"])
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # Route torch-level calls (before autograd) so gradients flow to the values; the
+        # rest goes on to ``__torch_dispatch__`` (structural ops, or a clear error).
+        handler = _TORCH_FUNCTIONS.get(func)
+        if handler is not None:
+            return handler(*args, **(kwargs or {}))
+        with _DisableTorchFunction():
+            return func(*args, **(kwargs or {}))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         from .dispatch import dispatch
 
         return dispatch(func, args, kwargs or {})
+
+    # -- metadata -----------------------------------------------------------------------------
+    # Plain Python reads of what never changes: with ``__torch_function__`` defined, torch's
+    # own getters would each take a trip through it (a microsecond per kernel call).
+    @property
+    def shape(self) -> torch.Size:
+        return self._size
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._values.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._values.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self._size)
+
+    def dim(self) -> int:
+        return len(self._size)
+
+    def size(self, dim=None):
+        return self._size if dim is None else self._size[dim]
+
+    # -- autograd: the values carry it --------------------------------------------------------
+    @property
+    def requires_grad(self) -> bool:
+        """Whether the stored values require grad (gradients live on ``.values``)."""
+        return self._values.requires_grad
+
+    def requires_grad_(self, requires_grad: bool = True) -> "SparseTensor":
+        """Track gradients of the stored values; returns ``self``.
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> A = st.tensor(torch.eye(2, dtype=torch.float64), "csr").requires_grad_()
+            >>> A.requires_grad, A.values.requires_grad
+            (True, True)
+        """
+        self._values.requires_grad_(requires_grad)
+        return self
+
+    @property
+    def grad(self):
+        """The gradient as a SparseTensor with this tensor's pattern (None before backward)."""
+        g = self._values.grad
+        return None if g is None else self.with_values(g)
+
+    @grad.setter
+    def grad(self, value):
+        if value is not None and isinstance(value, SparseTensor):
+            value = value._values
+        self._values.grad = value
+
+    @property
+    def grad_fn(self):
+        return self._values.grad_fn
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._values.is_leaf
+
+    def with_values(self, values: torch.Tensor) -> "SparseTensor":
+        """This tensor's pattern (level arrays shared, not copied) with other ``values``, one
+        per stored entry in storage order; differentiable in ``values``.
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> A = st.tensor(torch.tensor([[0., 2.], [3., 0.]]), "csr")
+            >>> A.with_values(torch.tensor([10., 20.])).to_dense()
+            tensor([[ 0., 10.],
+                    [20.,  0.]])
+        """
+        if not isinstance(values, torch.Tensor) or isinstance(values, SparseTensor):
+            raise TypeError(f"with_values: values must be a dense torch.Tensor, got "
+                            f"{type(values).__name__}")
+        if values.dim() != 1 or values.numel() != self._values.numel():
+            raise ValueError(f"with_values: this {self._format.name} tensor stores "
+                             f"{self._values.numel()} entries, so values must have shape "
+                             f"({self._values.numel()},), got {tuple(values.shape)}")
+        if values.device != self._values.device:
+            raise ValueError(f"with_values: values are on {values.device} but the level "
+                             f"arrays on {self._values.device}; move them with .to()")
+        from .validate import check_value_dtype
+
+        check_value_dtype(values, "with_values")
+        return SparseTensor(self._size, self._format, self.arrays, values)
 
     # -- accessors ----------------------------------------------------------------------------
     @property

@@ -32,12 +32,35 @@ def einsum(equation: str, *operands, out_format=None):
     """
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    if _is_grad_enabled() and _any_requires_grad(operands):   # the one check on the fast path
+        return _einsum_recorded(equation, operands, out_format)
     prepared = lookup(equation, operands, out_format)
     if prepared is not None:
         return prepared(operands)
     _check_tensors(operands, f"einsum({equation!r})")
     assignment = parse_einsum(equation, [t.dim() for t in operands])
     return run(assignment, operands, out_format, what=f"einsum({equation!r})", alias=equation)
+
+
+_is_grad_enabled = torch.is_grad_enabled
+
+
+def _any_requires_grad(operands) -> bool:
+    for t in operands:
+        if getattr(t, "requires_grad", False):
+            return True
+    return False
+
+
+def _einsum_recorded(equation, operands, out_format):
+    """``einsum`` recorded for autograd: one node whose backward is derived from the
+    notation (``sparsetorch.autograd``)."""
+    from ..autograd.function import evaluate
+
+    _check_tensors(operands, f"einsum({equation!r})")
+    assignment = parse_einsum(equation, [t.dim() for t in operands])
+    return evaluate(assignment, operands, out_format, what=f"einsum({equation!r})",
+                    alias=equation)
 
 
 def _check_tensors(operands, what):

@@ -105,8 +105,11 @@ class LazyExpr:
         return self._unary("sqrt")
 
     def eval(self, out_format=None):
-        """Compile and run the whole tree as one kernel."""
-        return run(self.assignment(), self.operands, out_format, what="expression")
+        """Compile and run the whole tree as one kernel (recorded for autograd when an
+        operand requires grad: gradients are derived from the same tree)."""
+        from ..autograd.function import evaluate
+
+        return evaluate(self.assignment(), self.operands, out_format, what="expression")
 
     def __repr__(self):
         return f"LazyExpr({self.assignment()}, shape={self.shape})"

@@ -1,0 +1,79 @@
+"""Values of a gradient placed on a sparse operand's own pattern.
+
+The gradient of a sparse operand is computed as an expression *sampled* on that operand's
+pattern (multiplied by a ones-valued copy of it). The compiler writes such a result straight
+into the operand's positions when it is the only sparse operand (SDDMM); with other sparse
+operands (SpGEMM, sparse ``+``) it lists a subset of those positions, which are matched back
+here by coordinate. Either way the result is one value per stored entry: memory grows with
+nnz, never with the full shape.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..formats.pack import unpack
+from ..formats.tensor import SparseTensor
+
+
+def ones_pattern(t: SparseTensor) -> SparseTensor:
+    """``t``'s pattern (arrays shared) with every stored value 1: a sampling mask.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[0., 2.], [3., 0.]]), "csr")
+        >>> ones_pattern(A).values.tolist()
+        [1.0, 1.0]
+    """
+    return t.with_values(torch.ones(t.nnz, dtype=t.dtype, device=t.device))
+
+
+def _same_storage(a: SparseTensor, b: SparseTensor) -> bool:
+    if a.format != b.format or a.nnz != b.nnz:
+        return False
+    xa, xb = a.arrays, b.arrays
+    return all(xa[k].data_ptr() == xb[k].data_ptr() and xa[k].numel() == xb[k].numel()
+               for k in xa)
+
+
+def _linear_keys(t: SparseTensor) -> torch.Tensor:
+    """Row-major linear index of every stored entry (int64), in storage order."""
+    if math.prod(t.shape) >= 2 ** 62:
+        raise NotImplementedError(
+            f"gradient of a sparse operand of shape {tuple(t.shape)}: its linear index does "
+            "not fit in int64; split the tensor into smaller blocks")
+    coords, _ = unpack(t.format, t.shape, t.arrays, t.values)
+    key = torch.zeros(coords.shape[1], dtype=torch.int64, device=coords.device)
+    for d, size in enumerate(t.shape):
+        key = key * int(size) + coords[d]
+    return key
+
+
+def values_on_pattern(pattern: SparseTensor, result) -> torch.Tensor:
+    """``result`` (a SparseTensor storing a subset of ``pattern``'s entries, or a dense tensor)
+    as one value per entry of ``pattern``, in ``pattern``'s storage order; differentiable.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[0., 2.], [3., 0.]]), "csr")
+        >>> values_on_pattern(A, torch.tensor([[9., 8.], [7., 6.]])).tolist()
+        [8.0, 7.0]
+    """
+    if not isinstance(result, SparseTensor):
+        coords, _ = unpack(pattern.format, pattern.shape, pattern.arrays, pattern.values)
+        return result[tuple(coords)]
+    if _same_storage(pattern, result):
+        return result.values
+    out = torch.zeros(pattern.nnz, dtype=result.dtype, device=result.device)
+    if result.nnz == 0:
+        return out
+    keys = _linear_keys(pattern)
+    wanted = _linear_keys(result)
+    order = torch.argsort(keys)
+    sorted_keys = keys[order]
+    at = torch.searchsorted(sorted_keys, wanted).clamp_max(max(keys.numel() - 1, 0))
+    if keys.numel() == 0 or not bool((sorted_keys[at] == wanted).all()):
+        raise RuntimeError("sparsetorch internal error: a sampled gradient stores entries "
+                           "outside its operand's pattern")
+    return out.index_add(0, order[at], result.values)
