@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..compiler.ir import (Assign, Bin, Block, Call, Comment, Cond, Decl, For, Function, If,
                            Helper, Lit, Load, Sym, While)
+from .vector import PRELUDE as VECTOR_PRELUDE, Unsupported, VectorLoops, full_lanes
 
 VALUE_CTYPES = {"float32": "float", "float64": "double", "int32": "int32_t",
                 "int64": "int64_t"}
@@ -142,10 +143,23 @@ _MATH = {"float": {"fabs": "fabsf", "exp": "expf", "sqrt": "sqrtf"},
 
 
 class _CRenderer:
-    def __init__(self, val_ctype: str, index_ctypes: dict):
+    def __init__(self, val_ctype: str, index_ctypes: dict, isa: str | None = None):
         self.val = val_ctype
         self.index = index_ctypes
         self.math = _MATH[val_ctype]
+        self.isa = isa if full_lanes(val_ctype) else None
+        self.vec = None            # the vector renderer of the function being rendered
+        self.array_types = {}
+        self.used_vector = False
+
+    def array_ctype(self, name):
+        """C element type of an index array parameter, None for a value array."""
+        ctype = self.array_types.get(name)
+        if ctype is None or ctype == "val":
+            if ctype is None:
+                raise Unsupported(f"array {name} is not a parameter")
+            return None
+        return ctype
 
     # -- expressions -----------------------------------------------------------------------
     def expr(self, e) -> str:
@@ -175,6 +189,8 @@ class _CRenderer:
         if isinstance(s, Block):
             return [line for x in s.stmts for line in self.stmt(x, pad)]
         if isinstance(s, Decl):
+            if s.ctype == "val[]" and self.vec is not None:
+                return self.vec.tile_decl(s, pad)
             if s.ctype == "val[]":
                 return [f"{pad}val_t {s.name}[{self.expr(s.init)}] = {{0}};"]
             ctype = {"idx": "int64_t", "val": "val_t"}[s.ctype]
@@ -200,6 +216,11 @@ class _CRenderer:
         raise TypeError(f"cannot render statement {s!r}")
 
     def loop(self, s: For, pad: str) -> list[str]:
+        if self.vec is not None and s.parallel is None:
+            if s.simd:
+                return self.vec.tile_loop(s, pad)
+            if s.reduction:
+                return self.vec.sum_loop(s, pad)
         step = f"{s.var}++" if s.step == 1 else f"{s.var} += {s.step}"
         head = (f"{pad}for (int64_t {s.var} = {self.expr(s.start)}; {s.var} < "
                 f"{self.expr(s.end)}; {step}) {{")
@@ -245,9 +266,27 @@ class _CRenderer:
         return f"{const}{ctype}* restrict {p.name}"
 
     def function(self, fn: Function) -> str:
+        """Vector rendering where the ISA allows, else (or on any unsupported shape) the
+        whole function with OpenMP pragmas only."""
         params = ",\n    ".join(self.param(p) for p in fn.params)
-        lines = [f"void {fn.name}(\n    {params}) {{", *self.stmt(fn.body, "  "), "}"]
-        return "\n".join(lines)
+        self.array_types = {p.name: (self.index[int(p.ctype[3:-1])]
+                                     if p.ctype.startswith("idx") else p.ctype[:-1])
+                            for p in fn.params if p.ctype.endswith("*")}
+        self.array_types = {k: ("int64_t" if v == "i64" else v)
+                            for k, v in self.array_types.items()}
+        body = None
+        if self.isa == "avx512":
+            self.vec = VectorLoops(self)
+            try:
+                body = self.stmt(fn.body, "  ")
+                self.used_vector = self.used_vector or bool(self.vec.names or self.vec.tiles)
+            except Unsupported:
+                body = None
+            finally:
+                self.vec = None
+        if body is None:
+            body = self.stmt(fn.body, "  ")
+        return "\n".join([f"void {fn.name}(\n    {params}) {{", *body, "}"])
 
 
 def _uses_hash(node) -> bool:
@@ -261,7 +300,8 @@ def _uses_hash(node) -> bool:
     return any(_uses_hash(c) for c in children)
 
 
-def render_c(functions, val_ctype: str, index_ctypes: dict, header: str = "") -> str:
+def render_c(functions, val_ctype: str, index_ctypes: dict, header: str = "",
+             isa: str | None = None) -> str:
     """C source for ``functions`` (IR ``Function``s sharing one value type).
 
     ``index_ctypes`` maps operand number to its index C type (``int32_t``/``int64_t``).
@@ -273,10 +313,12 @@ def render_c(functions, val_ctype: str, index_ctypes: dict, header: str = "") ->
         >>> "out_vals[0] = ((val_t)1.0);" in render_c([f], "float", {})
         True
     """
-    r = _CRenderer(val_ctype, index_ctypes)
+    r = _CRenderer(val_ctype, index_ctypes, isa)
+    bodies = [r.function(fn) for fn in functions]
     parts = [f"/* {line} */" for line in header.splitlines()] if header else []
     parts.append(_PRELUDE.format(val=val_ctype))
+    if r.used_vector:
+        parts.append(VECTOR_PRELUDE)
     if any(_uses_hash(fn.body) for fn in functions):
         parts.append(_HASH)
-    parts += [r.function(fn) for fn in functions]
-    return "\n".join(parts) + "\n"
+    return "\n".join(parts + bodies) + "\n"

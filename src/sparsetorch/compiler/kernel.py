@@ -6,6 +6,7 @@ same-structured operands does no scheduling at all.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -43,21 +44,42 @@ class CompiledKernel:
 
 
 @lru_cache(maxsize=None)
-def simd_bytes() -> int:
-    """Vector register width of this CPU in bytes (64 AVX-512, 32 AVX2, 16 otherwise)."""
+def _cpu_flags() -> frozenset:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            return frozenset(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        flags = []
+        return frozenset()
+
+
+def simd_bytes() -> int:
+    """Vector register width of this CPU in bytes (64 AVX-512, 32 AVX2, 16 otherwise)."""
+    flags = _cpu_flags()
     return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
 
 
+@lru_cache(maxsize=None)
+def vector_isa() -> str | None:
+    """'avx512' when generated kernels may use AVX-512 intrinsics (F, DQ and VL present;
+    ``codegen/vector.py``), else None and loops are vectorised by OpenMP pragmas only.
+    ``SPARSETORCH_SIMD=pragma`` forces the latter (read once per process)."""
+    if os.environ.get("SPARSETORCH_SIMD", "").lower() == "pragma":
+        return None
+    return "avx512" if {"avx512f", "avx512dq", "avx512vl"} <= _cpu_flags() else None
+
+
+# Registers per register tile with intrinsics: four independent FMA chains per nonzero hide
+# the FMA latency and reuse each loaded nonzero four times.
+_TILE_REGISTERS = 4
+
+
 def tile_width(value_dtype: str) -> int:
-    """Register tile width in values: one vector register (16 float32 on AVX-512). Wider
-    tiles (2-8 registers) measured 2-5x slower on SpMM here (bayer10, bcsstk13, N=128):
-    gcc spills the wider tile arrays, while one register stays put across the nonzeros."""
+    """Register tile width in values. With AVX-512 intrinsics: four 512-bit registers (64
+    float32). With pragmas only: one vector register, since gcc spills wider tile arrays
+    (2-8 registers measured 2-5x slower on SpMM here: bayer10, bcsstk13, N=128)."""
     size = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}[value_dtype]
+    if vector_isa() and value_dtype in ("float32", "float64"):
+        return _TILE_REGISTERS * 64 // size
     return simd_bytes() // size
 
 
@@ -95,7 +117,8 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
     lw = lowerers[-1]
     header = f"sparsetorch kernel: {assignment}\nloop order: {', '.join(sched.order)}"
     source = render_c(functions, VALUE_CTYPES[value_dtype],
-                      {n: INDEX_CTYPES[d] for n, d in enumerate(index_dtypes)}, header)
+                      {n: INDEX_CTYPES[d] for n, d in enumerate(index_dtypes)}, header,
+                      vector_isa())
     storage = tuple(v for v in sched.order if v in assignment.out_vars)
     emit_sorted = False
     if out.kind == "emit":

@@ -264,7 +264,8 @@ class _Lowerer:
             inner = st.copy(tile=(k0, length, acc, kk))
             flush = For(kk, Lit(0), length, block(
                 Decl("idx", k, Bin("+", Sym(k0), Sym(kk))),
-                Assign(Load("out_vals", _horner(self.out_vars)), Load(acc, Sym(kk)), "+=")))
+                Assign(Load("out_vals", _horner(self.out_vars)), Load(acc, Sym(kk)), "+=")),
+                simd=True)
             body = block(Decl("val[]", acc, Lit(width)), self.loops_at(depth, inner), flush)
             if step is not None:
                 out.append(For(k0, start, full, body, step=step))
