@@ -1,0 +1,89 @@
+"""Free views of a SparseTensor: transpose and permute change only the mode order.
+
+Level ``k`` stores mode ``mode_order[k]``; permuting the modes relabels them, so the same
+level arrays and values describe the permuted tensor (CSR of ``A`` is CSC of ``A^T``). No
+entry moves, nothing is copied, and the values tensor is shared (gradients flow through).
+"""
+from __future__ import annotations
+
+from .format import Format
+from .tensor import SparseTensor
+
+
+def _dim(d, ndim: int, what: str) -> int:
+    if not isinstance(d, int) or isinstance(d, bool):
+        raise TypeError(f"{what}: dimension {d!r} must be an int")
+    if not -max(ndim, 1) <= d < max(ndim, 1):
+        raise IndexError(f"{what}: dimension {d} is out of range for a {ndim}-D SparseTensor "
+                         f"(valid: {-ndim}..{ndim - 1})")
+    return d % max(ndim, 1)
+
+
+def permute(t: SparseTensor, dims) -> SparseTensor:
+    """``t`` with its modes reordered (result dimension ``i`` is ``t``'s dimension
+    ``dims[i]``), sharing every array.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[0., 2., 0.], [3., 0., 0.]]), "csr")
+        >>> B = permute(A, (1, 0))
+        >>> B.format.name, tuple(B.shape), B.values.data_ptr() == A.values.data_ptr()
+        ('csc', (3, 2), True)
+    """
+    n = t.dim()
+    dims = tuple(_dim(d, n, "permute") for d in dims)
+    if sorted(dims) != list(range(n)):
+        raise ValueError(f"permute: dims {dims} are not a permutation of 0..{n - 1} for a "
+                         f"{n}-D SparseTensor")
+    if dims == tuple(range(n)):
+        return t
+    inverse = [0] * n
+    for new, old in enumerate(dims):
+        inverse[old] = new
+    fmt = t.format
+    blocks = None if fmt.blocksize is None else tuple(fmt.blocksize[d] for d in dims)
+    new_fmt = Format(fmt.levels, tuple(inverse[m] for m in fmt.mode_order), blocks)
+    shape = tuple(t.shape[d] for d in dims)
+    return SparseTensor(shape, new_fmt, t.arrays, t.values)
+
+
+def transpose(t: SparseTensor, dim0: int, dim1: int) -> SparseTensor:
+    """``t`` with dimensions ``dim0`` and ``dim1`` swapped, as a free view.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> transpose(st.tensor(torch.eye(2), "csc"), 0, 1).format.name
+        'csr'
+    """
+    n = t.dim()
+    dims = list(range(n))
+    a, b = _dim(dim0, n, "transpose"), _dim(dim1, n, "transpose")
+    dims[a], dims[b] = dims[b], dims[a]
+    return permute(t, dims)
+
+
+def t(x: SparseTensor) -> SparseTensor:
+    """Matrix transpose (``.t()``; a 1-D tensor is returned as is).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> tuple(t(st.tensor(torch.ones(2, 3), "coo")).shape)
+        (3, 2)
+    """
+    if x.dim() > 2:
+        raise ValueError(f"t(): a {x.dim()}-D SparseTensor has no matrix transpose; use "
+                         ".transpose(d0, d1) or .mT")
+    return x if x.dim() < 2 else permute(x, (1, 0))
+
+
+def matrix_transpose(x: SparseTensor) -> SparseTensor:
+    """``.mT``: swap the last two dimensions.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> tuple(matrix_transpose(st.tensor(torch.ones(4, 2, 3), "csf")).shape)
+        (4, 3, 2)
+    """
+    if x.dim() < 2:
+        raise ValueError(f".mT needs at least 2 dimensions, this SparseTensor has {x.dim()}")
+    return transpose(x, -2, -1)

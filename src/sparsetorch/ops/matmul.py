@@ -1,0 +1,153 @@
+"""Matrix products as einsum calls: ``@``/``matmul``, ``mm``, ``bmm``, ``sparse.mm``,
+``sampled_addmm`` and ``F.linear``, for any mix of dense and sparse operands.
+
+Each is one ``st.einsum`` (so it compiles to one kernel and is differentiable through
+``sparsetorch.autograd``); nothing is densified. Shapes follow torch's rules for the ranks
+supported here (1-D to 3-D, no broadcasting of batch dimensions).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..formats.tensor import SparseTensor
+from .einsum import einsum
+
+# (rank of a, rank of b) -> einsum of torch.matmul's semantics
+_MATMUL = {(1, 1): "j,j->", (1, 2): "j,jk->k", (2, 1): "ij,j->i", (2, 2): "ij,jk->ik",
+           (3, 3): "bij,bjk->bik", (3, 2): "bij,jk->bik", (2, 3): "ij,bjk->bik",
+           (3, 1): "bij,j->bi", (1, 3): "j,bjk->bk"}
+
+
+def _check(x, what: str, n: int):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what}: operand {n} is a {type(x).__name__}; pass torch tensors or "
+                        "SparseTensors")
+
+
+def _formats(*xs) -> str:
+    return ", ".join(sorted({x.format.name for x in xs if isinstance(x, SparseTensor)}))
+
+
+def matmul(a, b):
+    """``a @ b`` with torch.matmul's shape rules for 1-D to 3-D operands (sparse or dense).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[1., 0.], [0., 2.]]), "csr")
+        >>> matmul(A, torch.ones(2))
+        tensor([1., 2.])
+    """
+    _check(a, "matmul", 0)
+    _check(b, "matmul", 1)
+    eq = _MATMUL.get((a.dim(), b.dim()))
+    if eq is None:
+        raise NotImplementedError(
+            f"matmul of a {a.dim()}-D and a {b.dim()}-D tensor (format {_formats(a, b)}) is "
+            "not supported; sparse matmul takes 1-D to 3-D operands (reshape the batch "
+            "dimensions into one)")
+    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise ValueError(f"matmul: batch sizes differ ({a.shape[0]} and {b.shape[0]}); "
+                         "broadcasting batch dimensions of sparse operands is not supported")
+    return einsum(eq, a, b)
+
+
+def mm(a, b):
+    """``torch.mm`` / ``torch.sparse.mm``: the product of two 2-D tensors.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> mm(st.tensor(torch.eye(2), "coo"), torch.ones(2, 1)).shape
+        torch.Size([2, 1])
+    """
+    for n, x in enumerate((a, b)):
+        _check(x, "mm", n)
+        if x.dim() != 2:
+            raise ValueError(f"mm: operand {n} must be 2-D, got shape {tuple(x.shape)} "
+                             "(use matmul or bmm for other ranks)")
+    return einsum("ij,jk->ik", a, b)
+
+
+def bmm(a, b):
+    """``torch.bmm``: batched product of two 3-D tensors (sparse 3-D in any format).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> bmm(st.tensor(torch.ones(2, 3, 4), "csf"), torch.ones(2, 4, 5)).shape
+        torch.Size([2, 3, 5])
+    """
+    for n, x in enumerate((a, b)):
+        _check(x, "bmm", n)
+        if x.dim() != 3:
+            raise ValueError(f"bmm: operand {n} must be 3-D, got shape {tuple(x.shape)}")
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"bmm: batch sizes differ ({a.shape[0]} and {b.shape[0]})")
+    return einsum("bij,bjk->bik", a, b)
+
+
+def sampled_addmm(input, mat1, mat2, *, beta=1.0, alpha=1.0, out=None):
+    """``beta * input + alpha * (mat1 @ mat2)`` at ``input``'s stored entries only (SDDMM);
+    the result has ``input``'s pattern (arrays shared).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> S = st.tensor(torch.tensor([[1., 0.], [0., 1.]]), "csr")
+        >>> sampled_addmm(S, torch.ones(2, 3), torch.ones(3, 2), beta=0.5).values.tolist()
+        [3.5, 3.5]
+    """
+    if out is not None:
+        raise NotImplementedError("sampled_addmm(out=...) is not supported for SparseTensor; "
+                                  "use the returned tensor")
+    if not isinstance(input, SparseTensor) or input.dim() != 2:
+        raise TypeError("sampled_addmm: input must be a 2-D SparseTensor (the sampling "
+                        f"pattern), got {type(input).__name__} of shape {tuple(input.shape)}")
+    for n, x in enumerate((mat1, mat2), 1):
+        _check(x, "sampled_addmm", n)
+        if isinstance(x, SparseTensor) or x.dim() != 2:
+            raise TypeError(f"sampled_addmm: operand {n} must be a dense 2-D tensor")
+    from ..autograd.pattern import ones_pattern, values_on_pattern
+
+    product = einsum("ij,ik,kj->ij", ones_pattern(input), mat1, mat2)
+    vals = values_on_pattern(input, product)
+    if alpha != 1:
+        vals = vals * alpha
+    if beta != 0:
+        vals = vals + (input.values if beta == 1 else input.values * beta)
+    return input.with_values(vals)
+
+
+def linear(input, weight, bias=None):
+    """``F.linear``: ``input @ weight.T + bias`` with a sparse weight and/or a sparse 2-D
+    input. A dense input may have any number of leading dimensions.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> W = st.tensor(torch.tensor([[1., 0., 2.], [0., 3., 0.]]), "csr")
+        >>> linear(torch.ones(4, 3), W, torch.tensor([1., 1.]))[0]
+        tensor([4., 4.])
+    """
+    _check(input, "linear", 0)
+    _check(weight, "linear", 1)
+    if weight.dim() != 2:
+        raise ValueError(f"linear: weight must be 2-D (out_features, in_features), got "
+                         f"shape {tuple(weight.shape)}")
+    if isinstance(bias, SparseTensor):
+        raise NotImplementedError(f"linear with a sparse bias (format {bias.format.name}) is "
+                                  "not supported; pass a dense bias")
+    if isinstance(input, SparseTensor):
+        if input.dim() not in (1, 2):
+            raise NotImplementedError(f"linear with a {input.dim()}-D sparse input is not "
+                                      "supported; use a 1-D or 2-D SparseTensor")
+        out = einsum("ni,oi->no" if input.dim() == 2 else "i,oi->o", input, weight)
+    else:
+        lead = input.shape[:-1]
+        x = input.reshape(-1, input.shape[-1]) if input.dim() != 2 else input
+        out = einsum("i,oi->o" if input.dim() == 1 else "ni,oi->no", x, weight)
+        if input.dim() > 2:
+            out = out.reshape(*lead, weight.shape[0])
+    if bias is None:
+        return out
+    if isinstance(out, SparseTensor):   # bias fills every row: the sum is dense by nature
+        from .expr import lazy
+
+        return (lazy(out) + lazy(bias.expand(out.shape))).eval()
+    return out + bias

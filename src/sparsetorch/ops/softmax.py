@@ -1,0 +1,65 @@
+"""Sparse softmax: softmax along one dimension over the *stored* entries only (missing
+entries count as -inf, so they stay missing). The result has the input's pattern.
+
+As einsum calls: the row sums are a reduction of ``exp(values - rowmax)`` and the scaling is
+a product sampled on the pattern, so the gradient comes from ``sparsetorch.autograd``. The
+per-row maximum only shifts the exponent for stability (softmax does not depend on it), so it
+is computed on detached values.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..autograd.pattern import values_on_pattern
+from ..formats.pack import unpack
+from ..formats.tensor import SparseTensor
+from .einsum import einsum
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _group_max(t: SparseTensor, dim: int) -> torch.Tensor:
+    """Max of the stored values in each slice along ``dim``, one per stored entry."""
+    coords, vals = unpack(t.format, t.shape, t.arrays, t.values.detach())
+    key = torch.zeros(t.nnz, dtype=torch.int64)
+    for d, size in enumerate(t.shape):
+        if d != dim:
+            key = key * int(size) + coords[d]
+    groups, inverse = torch.unique(key, return_inverse=True)
+    top = torch.full((groups.numel(),), -torch.inf, dtype=vals.dtype)
+    top = top.scatter_reduce(0, inverse, vals, "amax")
+    return top[inverse]
+
+
+def softmax(input: SparseTensor, dim: int, dtype=None) -> SparseTensor:
+    """Softmax along ``dim`` over stored entries only; same pattern as ``input``.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[1., 0., 1.], [0., 5., 0.]]), "csr")
+        >>> softmax(A, 1).to_dense()
+        tensor([[0.5000, 0.0000, 0.5000],
+                [0.0000, 1.0000, 0.0000]])
+    """
+    if not isinstance(input, SparseTensor):
+        raise TypeError(f"sparse softmax: input must be a SparseTensor, got "
+                        f"{type(input).__name__}; for a dense tensor use torch.softmax")
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"sparse softmax: dim must be an int, got {dim!r}")
+    n = input.dim()
+    if not -n <= dim < n:
+        raise IndexError(f"sparse softmax: dim {dim} is out of range for a {n}-D SparseTensor")
+    dim %= n
+    t = input if dtype is None else input.with_values(input.values.to(dtype))
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"sparse softmax: values of dtype {t.dtype} are not floating point; "
+                        "pass dtype=torch.float32")
+    if t.nnz == 0:
+        return t.with_values(t.values * 0)
+    e = t.with_values(torch.exp(t.values - _group_max(t, dim)))
+    letters = _LETTERS[:n]
+    rest = letters[:dim] + letters[dim + 1:]
+    sums = einsum(f"{letters}->{rest}", e, out_format="dense" if rest else None)
+    inv = 1 / torch.where(sums > 0, sums, torch.ones_like(sums))   # empty slices: unused
+    out = einsum(f"{letters},{rest}->{letters}", e, inv)
+    return t.with_values(values_on_pattern(t, out))   # a no-op when sampled in place

@@ -1,0 +1,105 @@
+"""How torch's own API reaches sparsetorch: the ``__torch_function__`` table of
+``SparseTensor`` and its Python operators.
+
+Every entry routes to an einsum, an expression or a free view, so the result is computed by
+a compiled kernel and is differentiable. A torch function not listed falls through to
+``__torch_dispatch__``, which raises ``NotImplementedError`` naming the op and the format:
+nothing is silently densified.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..formats import views
+from ..formats.tensor import _TORCH_FUNCTIONS, SparseTensor, map_arrays
+from . import elementwise as ew
+from . import matmul as mm_
+from . import reduce as red
+from .softmax import softmax
+
+Tensor = torch.Tensor
+
+
+def _to(t: SparseTensor, *args, **kwargs) -> SparseTensor:
+    """``.to(dtype)`` / ``.to(device)`` / ``.to(other)``: values converted differentiably,
+    level arrays moved with them."""
+    device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+    from ..formats.validate import check_dtype_argument
+
+    check_dtype_argument(dtype, f"SparseTensor.to (format {t.format.name})")
+    if (dtype is None or dtype == t.dtype) and (device is None or device == t.device):
+        return t
+    return map_arrays(t, lambda a: a.to(device=device, non_blocking=non_blocking)
+                      if device is not None else a,
+                      lambda v: v.to(device=device, dtype=dtype, non_blocking=non_blocking))
+
+
+def _clone(t, *, memory_format=None):
+    return map_arrays(t, torch.clone, torch.clone)
+
+
+def _detach(t):
+    return map_arrays(t, lambda a: a, lambda v: v.detach())
+
+
+def _permute(t, *dims):
+    return views.permute(t, dims[0] if len(dims) == 1 and not isinstance(dims[0], int)
+                         else dims)
+
+
+def _sparse_softmax(input, dim, dtype=None):
+    return softmax(input, dim, dtype)
+
+
+def _install():
+    relu, abs_, exp, sqrt = (ew.unary(n) for n in ("relu", "abs", "exp", "sqrt"))
+    table = {
+        # products
+        torch.matmul: mm_.matmul, Tensor.matmul: mm_.matmul, Tensor.__matmul__: mm_.matmul,
+        Tensor.__rmatmul__: lambda a, b: mm_.matmul(b, a),
+        torch.mm: mm_.mm, Tensor.mm: mm_.mm, torch.sparse.mm: mm_.mm,
+        torch.bmm: mm_.bmm, Tensor.bmm: mm_.bmm,
+        torch.sparse.sampled_addmm: mm_.sampled_addmm, F.linear: mm_.linear,
+        # elementwise
+        torch.add: ew.add, Tensor.add: ew.add, Tensor.__add__: ew.add,
+        Tensor.__radd__: lambda a, b: ew.add(b, a),
+        torch.sub: ew.sub, Tensor.sub: ew.sub, Tensor.__sub__: ew.sub,
+        Tensor.__rsub__: lambda a, b: ew.sub(b, a),
+        torch.mul: ew.mul, Tensor.mul: ew.mul, Tensor.__mul__: ew.mul,
+        Tensor.__rmul__: lambda a, b: ew.mul(b, a),
+        torch.div: ew.div, Tensor.div: ew.div, Tensor.__truediv__: ew.div,
+        torch.true_divide: ew.div, Tensor.__rtruediv__: lambda a, b: ew.div(b, a),
+        torch.neg: ew.neg, Tensor.neg: ew.neg, Tensor.__neg__: ew.neg,
+        torch.relu: relu, Tensor.relu: relu, F.relu: relu,
+        torch.abs: abs_, Tensor.abs: abs_, Tensor.__abs__: abs_,
+        torch.exp: exp, Tensor.exp: exp, torch.sqrt: sqrt, Tensor.sqrt: sqrt,
+        # reductions
+        torch.sum: red.sum, Tensor.sum: red.sum, torch.mean: red.mean, Tensor.mean: red.mean,
+        # softmax over stored entries
+        torch.sparse.softmax: _sparse_softmax,
+        # free views
+        torch.t: views.t, Tensor.t: views.t, torch.transpose: views.transpose,
+        Tensor.transpose: views.transpose, torch.swapaxes: views.transpose,
+        Tensor.swapaxes: views.transpose, torch.permute: _permute, Tensor.permute: _permute,
+        Tensor.T.__get__: views.t, Tensor.mT.__get__: views.matrix_transpose,
+        # structure (differentiable in the values)
+        Tensor.to: _to, Tensor.clone: _clone, torch.clone: _clone, Tensor.detach: _detach,
+        torch.detach: _detach,
+        Tensor.double: lambda t, memory_format=None: _to(t, torch.float64),
+        Tensor.float: lambda t, memory_format=None: _to(t, torch.float32),
+    }
+    _TORCH_FUNCTIONS.update(table)
+    # Python operators find these before torch's (a subclass's methods win).
+    SparseTensor.__add__ = lambda a, b: ew.add(a, b)
+    SparseTensor.__radd__ = lambda a, b: ew.add(b, a)
+    SparseTensor.__sub__ = lambda a, b: ew.sub(a, b)
+    SparseTensor.__rsub__ = lambda a, b: ew.sub(b, a)
+    SparseTensor.__mul__ = lambda a, b: ew.mul(a, b)
+    SparseTensor.__rmul__ = lambda a, b: ew.mul(b, a)
+    SparseTensor.__truediv__ = lambda a, b: ew.div(a, b)
+    SparseTensor.__rtruediv__ = lambda a, b: ew.div(b, a)
+    SparseTensor.__neg__ = ew.neg
+    SparseTensor.__abs__ = abs_
+    SparseTensor.__matmul__ = mm_.matmul
+    SparseTensor.__rmatmul__ = lambda a, b: mm_.matmul(b, a)
