@@ -20,6 +20,7 @@ _PRELUDE = """\
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <omp.h>
 typedef {val} val_t;
 
 /* In-place sort of int64 keys: insertion sort on short runs, median-of-3 quicksort above
@@ -43,6 +44,16 @@ static void st_sort_i64(int64_t* a, int64_t n) {{
     a[j + 1] = v;
   }}
 }}
+/* First row r with pos[r] - pos[0] + r >= t/T of pos[n] - pos[0] + n: thread t of T runs
+   rows [row(t), row(t+1)), an equal share of stored entries plus rows. */
+#define ST_BALANCED_ROW(pos, n, t, T, out) do {{ \
+    int64_t lo_ = 0, hi_ = (n); \
+    const double goal_ = (double)((pos)[n] - (pos)[0] + (n)) * (double)(t) / (double)(T); \
+    while (lo_ < hi_) {{ \
+      const int64_t mid_ = lo_ + (hi_ - lo_) / 2; \
+      if ((double)((pos)[mid_] - (pos)[0] + mid_) < goal_) lo_ = mid_ + 1; else hi_ = mid_; \
+    }} \
+    (out) = lo_; }} while (0)
 static inline int64_t st_min(int64_t a, int64_t b) {{ return a < b ? a : b; }}
 static inline int64_t st_max(int64_t a, int64_t b) {{ return a > b ? a : b; }}
 """
@@ -241,16 +252,27 @@ class _CRenderer:
         if par is None:
             return [*head, *body]
         sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
-        if par.workspace is None:
+        if par.workspace is None and par.weights is None:
             return [f"{pad}#pragma omp parallel for schedule({sched}) num_threads(nt)",
                     *head, *body]
-        # Each thread owns a workspace for the whole loop.
+        # One parallel region; each thread owns its workspace for the whole loop.
         inner = pad + "  "
+        alloc, free = ([_HELPERS[f"{kind}_{par.workspace}"] for kind in ("alloc", "free")]
+                       if par.workspace else ([], []))
+        if par.weights is None:
+            split = [f"{inner}#pragma omp for schedule({sched})", *("  " + x for x in head)]
+        else:
+            n, w = self.expr(s.end), par.weights
+            split = [f"{inner}const int64_t st_t = omp_get_thread_num(), "
+                     "st_T = omp_get_num_threads();",
+                     f"{inner}int64_t st_lo, st_hi;",
+                     f"{inner}ST_BALANCED_ROW({w}, {n}, st_t, st_T, st_lo);",
+                     f"{inner}ST_BALANCED_ROW({w}, {n}, st_t + 1, st_T, st_hi);",
+                     f"{inner}for (int64_t {s.var} = st_lo; {s.var} < st_hi; {s.var}++) {{"]
         return [f"{pad}#pragma omp parallel num_threads(nt)", f"{pad}{{",
-                *(inner + line for line in _HELPERS[f"alloc_{par.workspace}"]),
-                f"{inner}#pragma omp for schedule({sched})",
-                *(("  " + line) for line in [*head, *body]),
-                *(inner + line for line in _HELPERS[f"free_{par.workspace}"]), f"{pad}}}"]
+                *(inner + line for line in alloc), *split,
+                *(("  " + line) for line in body),
+                *(inner + line for line in free), f"{pad}}}"]
 
     def param(self, p) -> str:
         if not p.ctype.endswith("*"):

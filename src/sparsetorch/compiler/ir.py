@@ -80,12 +80,16 @@ WORKSPACE_NAMES = {"dense": ("ws_vals", "ws_mark", "ws_list", "ws_n", "ws_stamp"
 
 @dataclass(frozen=True)
 class Parallel:
-    """Run the loop's iterations across threads. ``schedule`` is an OpenMP schedule kind;
-    ``workspace`` ('dense' or 'hash') is allocated privately by each thread."""
+    """Run the loop's iterations across threads. ``schedule`` is an OpenMP schedule kind, or
+    'balanced': each thread takes one contiguous range of rows holding an equal share of
+    ``pos[n] + n`` (stored entries plus rows), found by binary search in the ``weights``
+    position array. ``workspace`` ('dense' or 'hash') is allocated privately by each
+    thread."""
 
     schedule: str = "static"
     chunk: int | None = None
     workspace: str | None = None
+    weights: str | None = None
 
 
 @dataclass(frozen=True)

@@ -423,11 +423,26 @@ class _Lowerer:
             return None
         if not self.emitting and v not in self.out_vars:
             return None
-        # Rows of sparse operands vary in cost: guided chunks balance them at low overhead
-        # (measured better than dynamic,32 and static on graph SpMV here).
+        # Rows of sparse operands vary in cost. When a CSR-like operand's row array is at
+        # hand, each thread takes one range of rows with an equal share of its entries
+        # (graphs are skewed; one partition per thread, no scheduling traffic); otherwise
+        # guided chunks balance them at low overhead.
+        weights = self.row_weights(v) if not sparse else None
+        if weights is not None:
+            return Parallel("balanced", None, self.ws_kind, weights)
         has_sparse_inner = len(self.order) > 1 and bool(self.sparse)
         return Parallel("guided" if (has_sparse_inner or sparse) else "static", None,
                         self.ws_kind)
+
+    def row_weights(self, v):
+        """The position array whose entry ``v`` starts row ``v`` of a sparse operand (a root
+        dense level over ``v`` above a compressed level), or None."""
+        for n in sorted(self.sparse):
+            levels = self.plan.formats[n].levels
+            if self.levels[n][:1] == (v,) and len(levels) > 1 and \
+                    isinstance(levels[0], Dense) and isinstance(levels[1], Compressed):
+                return arr(n, "pos1")
+        return None
 
     def with_outer(self, depth, t, st, body):
         """At the outermost loop, name the iteration number (emission counts per iteration)."""

@@ -25,7 +25,7 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.int32:
                 torch.int64: "int64"}
 COMPILED_DTYPES = tuple(_DTYPE_NAMES)
 # Below this many multiply-adds a kernel runs on one thread: waking a team costs more.
-_PARALLEL_WORK = 1 << 16
+_PARALLEL_WORK = 1 << 14
 
 
 # ``os.environ.get`` encodes its key on every call (about 1 us, a tenth of a small call);
@@ -132,8 +132,13 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
 _PREPARED: dict = {}
 
 
+# Structure descriptions of SparseTensors, interned as small ints: hashing the call key then
+# costs nothing per sparse operand (a Format hashes field by field).
+_STRUCTURES: dict = {}
+
+
 def _signature(assignment, operands, out_format):
-    parts = [assignment, _fmt_key(out_format)]
+    parts = [assignment, out_format if out_format is None else _fmt_key(out_format)]
     for t in operands:
         if type(t) is SparseTensor:
             # A SparseTensor's structure never changes: its part of the key is computed once.
@@ -141,7 +146,8 @@ def _signature(assignment, operands, out_format):
             if part is None:
                 if t._format.blocksize is not None:  # converted on the full path every call
                     return None
-                part = (t._format, t.index_dtype, t.dtype, t.device.type)
+                part = _STRUCTURES.setdefault((t._format, t.index_dtype, t.dtype,
+                                               t.device.type), len(_STRUCTURES))
                 t.__dict__["_call_key"] = part
             parts.append(part)
         elif type(t) is torch.Tensor and t.layout == torch.strided:
