@@ -205,7 +205,8 @@ def _plan(eq, operands, out_format):
         e = st.explain(eq, *operands, out_format=out_format)
     except (KeyError, TypeError, ValueError, NotImplementedError):
         return (), None     # e.g. float16: no kernel to explain
-    return e.conversions, e.loop_order
+    # A blocked operand's variable v runs as v_b (blocks) then v_e (in-block): order by blocks.
+    return e.conversions, tuple(dict.fromkeys(v.split("_")[0] for v in e.loop_order))
 
 
 def _reference_dtype(dtype):

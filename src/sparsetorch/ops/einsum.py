@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..compiler.notation import Assignment, parse_einsum, var_extents
-from .execute import get_kernel, lookup, normalize_operands, run
+from ..compiler.notation import Assignment, parse_einsum
+from .execute import kernel_for, lookup, run
 
 
 def einsum(equation: str, *operands, out_format=None):
@@ -119,20 +119,20 @@ def explain(equation, *operands, out_format=None) -> Explanation:
     else:
         _check_tensors(operands, f"explain({equation!r})")
         assignment = parse_einsum(equation, [t.dim() for t in operands])
-    tensors, infos, dtype, _ = normalize_operands(operands, "explain")
-    extents = var_extents(assignment, [tuple(t.shape) for t in tensors])
-    kernel = get_kernel(assignment, tensors, infos, dtype, out_format, extents)
-    names = tuple(_describe(original, info) for original, info in zip(operands, infos))
-    return _explanation(assignment, kernel, names)
+    kernel, computed, split = kernel_for(assignment, operands, out_format)
+    names = tuple(_describe(t, split) for t in operands)
+    return _explanation(computed, kernel, names)
 
 
-def _describe(operand, info) -> str:
-    if info.strided:
+def _describe(operand, split: bool) -> str:
+    fmt = getattr(operand, "format", None)
+    if fmt is None:
         return "dense tensor"
-    fmt = operand.format
-    if fmt.blocksize is not None:  # normalize_operands converts blocked operands
-        return f"{fmt.name} {fmt.blocksize} converted to {info.format.name} (blocked " \
-               "iteration is not generated yet)"
+    if fmt.blocksize is not None:
+        how = ("split into block (compressed) and in-block (dense) indices" if split
+               else "converted to csr: the expression mixes it with another sparse operand "
+               "over a blocked index, or assembles a sparse result")
+        return f"{fmt.name} {fmt.blocksize} {how}"
     return fmt.name
 
 

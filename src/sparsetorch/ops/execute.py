@@ -19,6 +19,7 @@ from ..formats.format import Format, as_format
 from ..formats.pack import choose_index_dtype, pack
 from ..formats.tensor import SparseTensor
 from ..formats.validate import VALUE_DTYPES
+from .blocked import split_blocked
 from .shim import make_shim
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.int32: "int32",
@@ -50,8 +51,9 @@ def backend() -> str:
     return name
 
 
-def normalize_operands(operands, what: str):
-    """Check dtypes/devices and return (tensors, infos). Dense inputs stay torch tensors."""
+def normalize_operands(operands, what: str, keep_blocked: bool = False):
+    """Check dtypes/devices and return (tensors, infos). Dense inputs stay torch tensors;
+    blocked sparse ones are converted to CSR-like unless ``keep_blocked``."""
     tensors, infos = [], []
     dtype = device = None
     for n, t in enumerate(operands):
@@ -60,8 +62,8 @@ def normalize_operands(operands, what: str):
                             "or SparseTensors")
         if isinstance(t, SparseTensor):
             fmt = t.format
-            if fmt.blocksize is not None:  # blocked iteration arrives with tiling
-                t = t.asformat("csr")
+            if fmt.blocksize is not None and not keep_blocked:
+                t = t.asformat("csr", index_dtype=t.index_dtype)
                 fmt = t.format
             infos.append(OperandInfo(fmt, False))
         else:
@@ -107,7 +109,12 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
     prepared = lookup(assignment, operands, out_format)
     if prepared is not None:
         return prepared(operands)
-    tensors, infos, dtype, device = normalize_operands(operands, what)
+    tensors, infos, dtype, device = normalize_operands(operands, what, keep_blocked=True)
+    if any(info.format.blocksize is not None for info in infos):
+        result = _run_blocked(assignment, tensors, out_format, what)
+        if result is not None:
+            return result
+        tensors, infos, dtype, device = normalize_operands(tensors, what)
     _check_repeated(assignment, infos, what)
     extents = var_extents(assignment, [tuple(t.shape) for t in tensors])
     if backend() == "torch" or device.type != "cpu" or dtype not in COMPILED_DTYPES:
@@ -124,6 +131,61 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
         if alias is not None:
             _PREPARED[_signature(alias, operands, out_format)] = call
     return prepared(tensors)
+
+
+def kernel_for(assignment: Assignment, operands, out_format, what="explain"):
+    """``(kernel, assignment run, split)``: the kernel ``run`` executes for these operands
+    and the assignment it computes, which is the block/in-block split of ``assignment``
+    (``split`` True) when blocked operands allow it (``ops/blocked.py``)."""
+    tensors, infos, dtype, device = normalize_operands(operands, what, keep_blocked=True)
+    if any(info.format.blocksize is not None for info in infos):
+        plan = _blocked_plan(assignment, tensors, out_format, what)
+        if plan is not None:
+            return plan[0], plan[1], True
+        tensors, infos, dtype, device = normalize_operands(tensors, what)
+    extents = var_extents(assignment, [tuple(t.shape) for t in tensors])
+    return get_kernel(assignment, tensors, infos, dtype, out_format, extents), assignment, False
+
+
+def _blocked_plan(assignment, tensors, out_format, what):
+    """(kernel, split assignment, split operands, finish, sampled operand, infos) computing the
+    result with blocked operands split into block and in-block indices, or None where that
+    does not apply (the caller converts them instead)."""
+    if out_format is not None or backend() != "c":
+        return None
+    split = split_blocked(assignment, tensors)
+    if split is None:
+        return None
+    new, new_tensors, finish = split
+    new_tensors, infos, dtype, device = normalize_operands(new_tensors, what)
+    if device.type != "cpu" or dtype not in COMPILED_DTYPES:
+        return None
+    _check_repeated(new, infos, what)
+    extents = var_extents(new, [tuple(t.shape) for t in new_tensors])
+    kernel = get_kernel(new, new_tensors, infos, dtype, None, extents)
+    out = kernel.output
+    sampled = out.sampled_operand if out.kind == "sampled" else None
+    if out.kind == "emit":
+        return None
+    if sampled is not None:  # the result must store its entries in the blocked operand's order
+        acc = next(a for a in new.expr.accesses() if a.operand == sampled)
+        stored = [acc.indices[m] for m in new_tensors[sampled].format.mode_order]
+        if tensors[sampled].format.blocksize is None or \
+                stored != [new.out_vars[m] for m in out.format.mode_order]:
+            return None
+    return kernel, new, new_tensors, finish, sampled, infos
+
+
+def _run_blocked(assignment, tensors, out_format, what):
+    plan = _blocked_plan(assignment, tensors, out_format, what)
+    if plan is None:
+        return None
+    kernel, new, new_tensors, finish, sampled, infos = plan
+    dtype = new_tensors[0].dtype
+    full = var_extents(assignment, [tuple(t.shape) for t in tensors])
+    result = _Prepared(kernel, dtype, _compile_args(new, new_tensors, infos, dtype, None))(
+        new_tensors)
+    return finish(result, tuple(full[v] for v in assignment.out_vars), sampled)
 
 
 # Memo of everything decided for one call signature (expression or einsum string, operand

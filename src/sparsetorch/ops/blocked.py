@@ -1,0 +1,113 @@
+"""Blocked operands (BSR and any blocked format) as unblocked ones of twice the order.
+
+A format with ``blocksize = (b_0, ..., b_{n-1})`` stores ``A[x_0, ..., x_{n-1}]`` at block
+``(x_m // b_m)`` and in-block offset ``(x_m % b_m)``. Its level arrays are exactly those of
+a 2n-order tensor ``A'[o_0.., e_0..]`` (shape ``(n_m / b_m).. + (b_m)..``) in the same level
+kinds, with the outer modes first: so instead of a special blocked loop, every index
+variable ``v`` a blocked operand uses is split into a block variable ``v_b`` and an in-block
+variable ``v_e`` (``v = v_b * b + v_e``), dense operands that use ``v`` are viewed with that
+dimension split (free), and the compiler schedules the result like any other expression:
+dense in-block loops over ``v_e`` inside the compressed block loop, register tiles over the
+dense operand's free dimension, no conversion and no per-entry index arithmetic.
+
+Where the split does not apply (another sparse operand takes part, or the result would be a
+newly assembled sparse tensor), the caller falls back to converting the blocked operand to
+CSR.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from ..compiler.notation import Access, Assignment, Expr
+from ..formats.format import Format
+from ..formats.tensor import SparseTensor
+
+
+def _map_accesses(expr: Expr, fn) -> Expr:
+    if isinstance(expr, Access):
+        return fn(expr)
+    changes = {f.name: _map_accesses(getattr(expr, f.name), fn) for f in fields(expr)
+               if isinstance(getattr(expr, f.name), Expr)}
+    return replace(expr, **changes)
+
+
+def unblocked_format(fmt: Format) -> Format:
+    """The 2n-order format whose level arrays are those of blocked ``fmt``.
+
+    Example:
+        >>> from sparsetorch.formats.format import as_format
+        >>> unblocked_format(as_format("bsr", 2, (2, 2))).mode_order
+        (0, 1, 2, 3)
+    """
+    n = len(fmt.mode_order)
+    return Format(fmt.levels, tuple(fmt.mode_order) + tuple(n + m for m in fmt.mode_order))
+
+
+def split_blocked(assignment: Assignment, tensors):
+    """``(assignment', tensors', finish)`` computing the same result with every blocked
+    operand seen unblocked, or None when the split does not apply. ``finish(result')``
+    turns the rewritten result back into the original one (a view for dense results).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> from sparsetorch.compiler.notation import parse_einsum
+        >>> A = st.tensor(torch.eye(4), format="bsr", blocksize=(2, 2))
+        >>> a, ops, finish = split_blocked(parse_einsum("ij,jk->ik", [2, 2]),
+        ...                                [A, torch.ones(4, 3)])
+        >>> str(a)
+        'out[i_b,i_e,k] = sum_{j_b,j_e} T0[i_b,j_b,i_e,j_e] * T1[j_b,j_e,k]'
+    """
+    block = {}                      # variable -> block size
+    for acc in assignment.expr.accesses():
+        t = tensors[acc.operand]
+        if not isinstance(t, SparseTensor) or t.format.blocksize is None:
+            continue
+        for v, b in zip(acc.indices, t.format.blocksize):
+            if block.setdefault(v, b) != b:
+                return None
+    # One sparse operand, the blocked one: with several, the split result's format (dense
+    # in-block levels) would not be the sparse one their product needs.
+    if not block or sum(isinstance(t, SparseTensor) for t in tensors) != 1:
+        return None
+    for acc in assignment.expr.accesses():
+        shape = tensors[acc.operand].shape
+        if any(v in block and s % block[v] for v, s in zip(acc.indices, shape)):
+            return None             # a shape error: the unsplit path reports it
+
+    def split(indices):
+        return tuple(x for v in indices for x in ((f"{v}_b", f"{v}_e") if v in block
+                                                    else (v,)))
+
+    new_tensors = list(tensors)
+    done = set()
+
+    def rewrite(acc: Access) -> Access:
+        t = tensors[acc.operand]
+        if isinstance(t, SparseTensor) and t.format.blocksize is not None:
+            indices = tuple(f"{v}_b" for v in acc.indices) + \
+                tuple(f"{v}_e" for v in acc.indices)
+            if acc.operand not in done:
+                fmt = t.format
+                shape = tuple(s // b for s, b in zip(t.shape, fmt.blocksize)) + \
+                    tuple(fmt.blocksize)
+                new_tensors[acc.operand] = SparseTensor(
+                    shape, unblocked_format(fmt), t.arrays, t._values)
+            done.add(acc.operand)
+            return Access(acc.operand, indices)
+        if acc.operand not in done:
+            shape = []
+            for v, s in zip(acc.indices, t.shape):
+                shape += [s // block[v], block[v]] if v in block else [s]
+            new_tensors[acc.operand] = t.reshape(shape)
+            done.add(acc.operand)
+        return Access(acc.operand, split(acc.indices))
+
+    new = Assignment(split(assignment.out_vars), _map_accesses(assignment.expr, rewrite))
+
+    def finish(result, out_shape, sampled: int | None):
+        if sampled is not None:   # the blocked operand's pattern, with new values
+            source = tensors[sampled]
+            return SparseTensor(out_shape, source.format, source.arrays, result._values)
+        return result.reshape(out_shape)
+
+    return new, new_tensors, finish
