@@ -7,9 +7,9 @@ Rules (zeros stay zeros, nothing is silently densified):
   into the sparse shape (``A * row_vector``: an einsum sampled on ``A``).
 * ``A + B`` unions patterns; ``A + dense`` is dense (it is, entry by entry).
 * ``A * c`` and ``A / c`` scale the values; ``A + c`` with ``c != 0`` would fill every missing
-  entry, so it raises (say ``A.to_dense() + c`` or ``A.with_values(A.values + c)``).
+  entry, so it raises TypeError (say ``A.to_dense() + c`` or ``A.with_values(A.values + c)``).
 * ``A / dense`` multiplies by the reciprocal; dividing *by* a sparse tensor divides by its
-  missing zeros and raises.
+  missing zeros and raises TypeError.
 * ``relu``, ``abs``, ``sqrt``, ``neg`` keep the pattern; ``exp`` (exp(0) = 1) is dense.
 """
 from __future__ import annotations
@@ -98,7 +98,7 @@ def add(a, b, *, alpha=1):
     for x, y in ((a, b), (b, a)):
         if _is_scalar(y):
             if y != 0:
-                raise NotImplementedError(
+                raise TypeError(
                     f"add: adding the nonzero scalar {y} to a SparseTensor (format "
                     f"{_fmt(x)}) fills every missing entry (a dense result); write "
                     "A.to_dense() + c for that, or A.with_values(A.values + c) to change "
@@ -161,7 +161,7 @@ def div(a, b, *, rounding_mode=None):
         raise NotImplementedError(f"div(rounding_mode={rounding_mode!r}) is not supported "
                                   "for SparseTensor")
     if isinstance(b, SparseTensor) or _is_scalar(a):
-        raise NotImplementedError(
+        raise TypeError(
             f"div: dividing by a SparseTensor (format {_fmt(a, b)}) divides by its missing "
             "zeros; divide the values instead: B.with_values(x / B.values)")
     if _is_scalar(b):

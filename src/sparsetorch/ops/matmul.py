@@ -28,6 +28,14 @@ def _formats(*xs) -> str:
     return ", ".join(sorted({x.format.name for x in xs if isinstance(x, SparseTensor)}))
 
 
+def _product(eq, a, b):
+    # torch's products with a dense operand return dense tensors; keep that contract even
+    # where format inference would pick a sparse vector (CSC @ v)
+    dense = not (isinstance(a, SparseTensor) and isinstance(b, SparseTensor))
+    return einsum(eq, a, b, out_format="dense" if dense and "->" in eq and eq[-1] != ">"
+                  else None)
+
+
 def matmul(a, b):
     """``a @ b`` with torch.matmul's shape rules for 1-D to 3-D operands (sparse or dense).
 
@@ -48,7 +56,7 @@ def matmul(a, b):
     if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
         raise ValueError(f"matmul: batch sizes differ ({a.shape[0]} and {b.shape[0]}); "
                          "broadcasting batch dimensions of sparse operands is not supported")
-    return einsum(eq, a, b)
+    return _product(eq, a, b)
 
 
 def mm(a, b):
@@ -64,7 +72,7 @@ def mm(a, b):
         if x.dim() != 2:
             raise ValueError(f"mm: operand {n} must be 2-D, got shape {tuple(x.shape)} "
                              "(use matmul or bmm for other ranks)")
-    return einsum("ij,jk->ik", a, b)
+    return _product("ij,jk->ik", a, b)
 
 
 def bmm(a, b):
@@ -81,7 +89,7 @@ def bmm(a, b):
             raise ValueError(f"bmm: operand {n} must be 3-D, got shape {tuple(x.shape)}")
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"bmm: batch sizes differ ({a.shape[0]} and {b.shape[0]})")
-    return einsum("bij,bjk->bik", a, b)
+    return _product("bij,bjk->bik", a, b)
 
 
 def sampled_addmm(input, mat1, mat2, *, beta=1.0, alpha=1.0, out=None):
@@ -137,11 +145,11 @@ def linear(input, weight, bias=None):
         if input.dim() not in (1, 2):
             raise NotImplementedError(f"linear with a {input.dim()}-D sparse input is not "
                                       "supported; use a 1-D or 2-D SparseTensor")
-        out = einsum("ni,oi->no" if input.dim() == 2 else "i,oi->o", input, weight)
+        out = _product("ni,oi->no" if input.dim() == 2 else "i,oi->o", input, weight)
     else:
         lead = input.shape[:-1]
-        x = input.reshape(-1, input.shape[-1]) if input.dim() != 2 else input
-        out = einsum("i,oi->o" if input.dim() == 1 else "ni,oi->no", x, weight)
+        x = input.reshape(-1, input.shape[-1]) if input.dim() > 2 else input
+        out = _product("i,oi->o" if input.dim() == 1 else "ni,oi->no", x, weight)
         if input.dim() > 2:
             out = out.reshape(*lead, weight.shape[0])
     if bias is None:

@@ -58,8 +58,8 @@ def mean(t: SparseTensor, dim=None, keepdim: bool = False, *, dtype=None):
         tensor([1.5000, 1.5000])
     """
     if not (dtype or t.dtype).is_floating_point:
-        raise TypeError(f"mean: a SparseTensor of dtype {t.dtype} has no mean; pass "
-                        "dtype=torch.float32 or convert with .to(torch.float32)")
+        raise TypeError(f"mean: a SparseTensor of dtype {t.dtype} has no mean (not floating "
+                        "point); pass dtype=torch.float32 or convert with .to(torch.float32)")
     total = sum(t, dim, keepdim, dtype=dtype)
     count = math.prod(t.shape[d] for d in _reduced_dims(t, dim))
     return total / count

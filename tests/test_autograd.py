@@ -1,0 +1,234 @@
+"""Autograd derived from the notation: gradients of ``st.einsum`` and lazy expressions with
+respect to every operand, checked by ``torch.autograd.gradcheck`` (float64) and against
+torch autograd on dense copies; gradients of sparse operands keep the operand's pattern and
+never allocate its full shape.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sparsetorch as st
+from dense_check import private_kernel_cache, random_dense, stored_pattern  # noqa: F401
+
+F64 = torch.float64
+FORMATS = ["csr", "csc", "coo", "dcsr"]
+
+
+def _sparse(shape, density, fmt, seed, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    x = random_dense(shape, density, dtype, g, integer=False, empty_slices=True)
+    return st.tensor(x, fmt)
+
+
+def _dense(shape, seed, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=dtype)
+
+
+def gradcheck_mixed(fn, operands):
+    """gradcheck ``fn(*operands)`` w.r.t. every dense operand and every sparse operand's
+    values (through ``with_values``); a sparse result is compared by its values."""
+    leaves = [(t.values if isinstance(t, st.SparseTensor) else t).detach().clone()
+              .requires_grad_() for t in operands]
+
+    def f(*xs):
+        ops = [t.with_values(x) if isinstance(t, st.SparseTensor) else x
+               for t, x in zip(operands, xs)]
+        out = fn(*ops)
+        return out.values if isinstance(out, st.SparseTensor) else out
+    assert torch.autograd.gradcheck(f, leaves, atol=1e-7, rtol=1e-6)
+
+
+def dense_grads(fn, operands, grad_out):
+    """Gradients by torch autograd on dense copies (reference)."""
+    xs = [(t.to_dense() if isinstance(t, st.SparseTensor) else t).detach().clone()
+          .requires_grad_() for t in operands]
+    out = fn(*xs)
+    out = out.to_dense() if isinstance(out, st.SparseTensor) else out
+    return torch.autograd.grad(out, xs, grad_out)
+
+
+EINSUMS = {   # name: (equation, operand specs: (shape, format or None, density))
+    "spmv": ("ij,j->i", [((6, 5), "S", 0.4), ((5,), None, 1)]),
+    "spmm": ("ij,jk->ik", [((6, 5), "S", 0.4), ((5, 3), None, 1)]),
+    "dense@sparse": ("ij,jk->ik", [((3, 6), None, 1), ((6, 5), "S", 0.4)]),
+    "sddmm": ("ij,ik,jk->ij", [((6, 5), "S", 0.4), ((6, 3), None, 1), ((5, 3), None, 1)]),
+    "spgemm": ("ij,jk->ik", [((6, 5), "S", 0.4), ((5, 4), "S", 0.5)]),
+    "hadamard": ("ij,ij->ij", [((6, 5), "S", 0.5), ((6, 5), "S", 0.5)]),
+    "sum": ("ij->", [((6, 5), "S", 0.4)]),
+    "rowsum": ("ij->i", [((6, 5), "S", 0.4)]),
+    "scale-by-0d": ("ij,->ij", [((6, 5), "S", 0.4), ((), None, 1)]),
+    "size1": ("ij,jk->ik", [((1, 1), "S", 1.0), ((1, 2), None, 1)]),
+    "nnz0": ("ij,jk->ik", [((4, 3), "S", 0.0), ((3, 2), None, 1)]),
+}
+
+
+def _operands(spec, fmt, seed):
+    ops = []
+    for n, (shape, kind, density) in enumerate(spec):
+        ops.append(_sparse(shape, density, fmt, seed + n) if kind == "S"
+                   else _dense(shape, seed + n))
+    return ops
+
+
+# Every format for the core products; the other equations rotate through the formats (each
+# new kernel costs a compile, and the suite must stay fast).
+_CORE = ("spmm", "sddmm", "spgemm")
+EINSUM_CASES = [(n, f) for n in _CORE for f in FORMATS] + [
+    (n, FORMATS[k % len(FORMATS)]) for k, n in enumerate(sorted(set(EINSUMS) - set(_CORE)))]
+
+
+@pytest.mark.parametrize("name,fmt", EINSUM_CASES)
+def test_einsum_gradcheck(name, fmt):
+    eq, spec = EINSUMS[name]
+    ops = _operands(spec, fmt, seed=len(name))
+    gradcheck_mixed(lambda *xs: st.einsum(eq, *xs), ops)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sparse_grad_has_operand_pattern_and_matches_dense(fmt):
+    A = _sparse((7, 6), 0.4, fmt, 1).requires_grad_()
+    B = _dense((6, 3), 2).requires_grad_()
+    G = _dense((7, 3), 3)
+    st.einsum("ij,jk->ik", A, B).backward(G)
+    assert isinstance(A.grad, st.SparseTensor)
+    assert A.grad.nnz == A.nnz and A.grad.format == A.format
+    assert all(A.grad.arrays[k] is A.arrays[k] for k in A.arrays)     # shared, not copied
+    gA, gB = dense_grads(lambda a, b: a @ b, [A, B], G)
+    mask = stored_pattern(A)
+    torch.testing.assert_close(A.grad.to_dense(), gA * mask)          # sampled on A
+    torch.testing.assert_close(B.grad, gB)
+
+
+@pytest.mark.parametrize("fmt", ["coo"])
+def test_repeated_operand_and_three_operands(fmt):
+    A = _sparse((5, 4), 0.5, fmt, 4)
+    gradcheck_mixed(lambda a: st.einsum("ij,kj->ik", a, a), [A])      # A A^T, one tensor
+    X, Y = _dense((5, 2), 5), _dense((4, 2), 6)
+    gradcheck_mixed(lambda a, x, y: st.einsum("ij,ik,jk,ij->ij", a, x, y, a), [A, X, Y])
+    D = _dense((4, 4), 7)
+    gradcheck_mixed(lambda d, a: st.einsum("ii,ji->j", d, a), [D, A])  # a dense diagonal
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_spgemm_grad_scatters_into_pattern(fmt):
+    A = _sparse((6, 5), 0.3, fmt, 8).requires_grad_()
+    B = _sparse((5, 4), 0.3, fmt, 9).requires_grad_()
+    C = st.einsum("ij,jk->ik", A, B)
+    assert isinstance(C, st.SparseTensor)
+    C.values.sum().backward()
+    pat = stored_pattern(C).to(F64)
+    gA, gB = dense_grads(lambda a, b: a @ b, [A, B], pat)
+    assert A.grad.nnz == A.nnz and B.grad.nnz == B.nnz
+    torch.testing.assert_close(A.grad.to_dense(), gA * stored_pattern(A))
+    torch.testing.assert_close(B.grad.to_dense(), gB * stored_pattern(B))
+
+
+LAZY = {
+    "affine": lambda a, b, x: st.lazy(a) * 2 - st.lazy(b) + st.lazy(x) * st.lazy(a),
+    "relu": lambda a, b, x: (st.lazy(a) + st.lazy(b)).relu() * st.lazy(x),
+    "abs": lambda a, b, x: (st.lazy(a) - st.lazy(b) * 3).abs(),
+    "exp": lambda a, b, x: (st.lazy(a) * st.lazy(x)).exp(),
+    "sqrt": lambda a, b, x: (st.lazy(a) * st.lazy(a)).sqrt() + st.lazy(b),
+    "neg": lambda a, b, x: -(st.lazy(a) * st.lazy(b)),
+}
+
+
+@pytest.mark.parametrize("name,fmt", [(n, FORMATS[(k + j) % len(FORMATS)])
+                                      for k, n in enumerate(sorted(LAZY)) for j in (0, 2)])
+def test_lazy_expression_gradcheck(name, fmt):
+    A, B = _sparse((5, 4), 0.5, fmt, 10), _sparse((5, 4), 0.5, fmt, 11)
+    X = _dense((5, 4), 12)
+    gradcheck_mixed(lambda a, b, x: LAZY[name](a, b, x).eval(), [A, B, X])
+
+
+def test_operators_record_gradients():
+    A = _sparse((5, 4), 0.5, "csr", 13).requires_grad_()
+    X = _dense((5, 4), 14).requires_grad_()
+    out = ((A * X + A * 2) - A / 4).relu()
+    assert isinstance(out, st.SparseTensor) and out.requires_grad
+    out.values.sum().backward()
+    gA, gX = dense_grads(lambda a, x: ((a * x + a * 2) - a / 4).relu(), [A, X],
+                         stored_pattern(out).to(F64))
+    torch.testing.assert_close(A.grad.to_dense(), gA * stored_pattern(A))
+    torch.testing.assert_close(X.grad, gX * stored_pattern(A))
+
+
+def test_no_grad_path_records_nothing():
+    A = _sparse((5, 4), 0.5, "csr", 15).requires_grad_()
+    with torch.no_grad():
+        out = st.einsum("ij,jk->ik", A, _dense((4, 2), 16))
+    assert out.grad_fn is None and not out.requires_grad
+    assert st.einsum("ij,jk->ik", A.detach(), _dense((4, 2), 16)).grad_fn is None
+
+
+def test_second_derivative():
+    A = _sparse((4, 3), 0.6, "csr", 17)
+    x = _dense((3,), 18).requires_grad_()
+    v = A.values.detach().clone().requires_grad_()
+
+    def f(v, x):
+        return (st.einsum("ij,j->i", A.with_values(v), x) ** 2).sum()
+    assert torch.autograd.gradgradcheck(f, (v, x))
+
+
+def test_with_values_shares_arrays_and_checks_input():
+    A = _sparse((5, 4), 0.5, "coo", 19)
+    v = torch.arange(A.nnz, dtype=F64)
+    B = A.with_values(v)
+    assert all(B.arrays[k] is A.arrays[k] for k in A.arrays) and B.values is v
+    with pytest.raises(ValueError, match="stores"):
+        A.with_values(torch.ones(A.nnz + 1, dtype=F64))
+    with pytest.raises(ValueError, match="shape"):
+        A.with_values(torch.ones(1, A.nnz, dtype=F64))
+    with pytest.raises(TypeError, match="dtype"):
+        A.with_values(torch.ones(A.nnz, dtype=torch.complex64))
+    with pytest.raises(TypeError, match="dense"):
+        A.with_values(A)
+
+
+def test_large_sparse_gradient_stays_sparse(monkeypatch):
+    """A 200000 x 200000 operand with 1e5 nonzeros: the gradient is one value per stored
+    entry and nothing of the full shape (4e10 entries) is ever allocated."""
+    n, nnz, k = 200_000, 100_000, 4
+    g = torch.Generator().manual_seed(20)
+    idx = torch.randint(0, n, (2, nnz), generator=g)
+    A = st.tensor((idx, torch.rand(nnz, generator=g, dtype=F64)), "csr", shape=(n, n))
+    X = torch.rand(n, k, generator=g, dtype=F64)
+    A.requires_grad_()
+    limit = 50 * n * k
+
+    def guard(make):
+        def wrapped(*size, **kw):
+            shape = size[0] if len(size) == 1 and not isinstance(size[0], int) else size
+            total = 1
+            for s in shape:
+                total *= int(s)
+            assert total <= limit, f"allocation of {tuple(shape)} elements"
+            return make(*size, **kw)
+        return wrapped
+    for name in ("zeros", "empty", "ones", "full"):
+        monkeypatch.setattr(torch, name, guard(getattr(torch, name)))
+    monkeypatch.setattr(st.SparseTensor, "to_dense", lambda *a, **k: pytest.fail("densified"))
+    (A @ X).sum().backward()
+    grad = A.grad
+    assert isinstance(grad, st.SparseTensor) and grad.nnz == A.nnz
+    assert grad.values.shape == (A.nnz,)
+    monkeypatch.undo()
+    # d sum(A @ X) / dA[i, j] = sum_k X[j, k], at the stored entries
+    coords = st.formats.pack.unpack(A.format, A.shape, A.arrays, A.values)[0]
+    torch.testing.assert_close(grad.values, X.sum(1)[coords[1]])
+
+
+def test_requires_grad_errors_and_grad_setter():
+    A = _sparse((3, 3), 0.6, "csr", 21).requires_grad_()
+    st.einsum("ij->", A).backward()
+    assert torch.equal(A.grad.values, torch.ones(A.nnz, dtype=F64))
+    A.grad = None
+    assert A.grad is None and A.values.grad is None
+    with pytest.raises(NotImplementedError, match="repeat"):
+        st.einsum("ii->i", A)                     # sparse diagonal: clear error, grad or not
+    I = st.tensor(torch.ones(3, 3, dtype=torch.int64), "csr")
+    with pytest.raises(RuntimeError):
+        I.requires_grad_()                        # integer values cannot require grad

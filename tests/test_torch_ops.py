@@ -1,0 +1,275 @@
+"""torch's API on SparseTensor (``__torch_function__``): products, linear, elementwise
+arithmetic and maps, reductions, sparse softmax, free transpose views and structural ops,
+each against the same computation on dense copies over formats, dtypes and shapes (nnz = 0,
+empty rows, size-1 dims), plus gradcheck w.r.t. every input and the errors.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sparsetorch as st
+from dense_check import (check_against_dense, private_kernel_cache,  # noqa: F401
+                         random_dense, stored_pattern)
+from test_autograd import gradcheck_mixed
+
+F64, F32 = torch.float64, torch.float32
+FORMATS = ["csr", "csc", "coo", "dcsr"]
+SHAPES = {"small": ((6, 5), 0.4), "nnz0": ((4, 3), 0.0), "size1": ((1, 1), 1.0),
+          "column": ((3, 1), 0.7)}
+
+
+def sp(shape, density, fmt, seed, dtype=F64, positive=False):
+    g = torch.Generator().manual_seed(seed)
+    x = random_dense(shape, density, dtype, g, integer=False, empty_slices=True)
+    return st.tensor(x.abs() if positive else x, fmt)
+
+
+def dn(shape, seed, dtype=F64):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+# -- products -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_products(shape, fmt, dtype):
+    (m, k), density = SHAPES[shape]
+    A = sp((m, k), density, fmt, 1, dtype)
+    X, v, Y = dn((k, 3), 2, dtype), dn((k,), 3, dtype), dn((2, m), 4, dtype)
+    check_against_dense(lambda a, x: a @ x, [A, X], kind="dense")
+    check_against_dense(lambda a, x: torch.matmul(a, x), [A, v], kind="dense")
+    check_against_dense(lambda y, a: y @ a, [Y, A], kind="dense")
+    check_against_dense(lambda a, x: torch.mm(a, x), [A, X], kind="dense")
+    check_against_dense(lambda a, x: torch.sparse.mm(a, x), [A, X], kind="dense",
+                        ref=lambda a, x: a @ x)
+    B = sp((k, 3), 0.5, fmt, 5, dtype)
+    check_against_dense(lambda a, b: a @ b, [A, B], kind="sparse")
+
+
+@pytest.mark.parametrize("fmt", ["csf", "coo"])
+def test_bmm_3d(fmt):
+    A = sp((2, 4, 3), 0.5, fmt, 6)
+    X = dn((2, 3, 5), 7)
+    check_against_dense(lambda a, x: torch.bmm(a, x), [A, X], kind="dense")
+    check_against_dense(lambda a, x: a @ x, [A, X], kind="dense")
+    gradcheck_mixed(torch.bmm, [A, X])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sampled_addmm(fmt):
+    S = sp((5, 4), 0.5, fmt, 8)
+    M1, M2 = dn((5, 3), 9), dn((3, 4), 10)
+    mask = stored_pattern(S).to(F64)
+    out = check_against_dense(
+        lambda s, a, b: torch.sparse.sampled_addmm(s, a, b, beta=0.5, alpha=2.0), [S, M1, M2],
+        ref=lambda s, a, b: 0.5 * s + 2.0 * (a @ b) * mask, kind="sparse", same_pattern_as=S)
+    assert all(out.arrays[k] is S.arrays[k] for k in S.arrays)
+    gradcheck_mixed(lambda s, a, b: torch.sparse.sampled_addmm(s, a, b, beta=0.5, alpha=2.0),
+                    [S, M1, M2])
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_linear(fmt, dtype):
+    W = sp((4, 5), 0.5, fmt, 11, dtype)
+    X3, b = dn((2, 3, 5), 12, dtype), dn((4,), 13, dtype)
+    check_against_dense(lambda x, w, bb: F.linear(x, w, bb), [X3, W, b], kind="dense")
+    check_against_dense(lambda x, w: F.linear(x, w), [dn((5,), 14, dtype), W], kind="dense")
+    Xs = sp((3, 5), 0.5, fmt, 15, dtype)
+    check_against_dense(lambda x, w, bb: F.linear(x, w, bb), [Xs, dn((4, 5), 16, dtype), b],
+                        kind="dense")
+    check_against_dense(lambda x, w: F.linear(x, w), [Xs, W], kind="sparse")
+    check_against_dense(lambda x, w, bb: F.linear(x, w, bb), [Xs, W, b], kind="dense")
+    if dtype == F64 and fmt in ("csr", "coo"):
+        gradcheck_mixed(lambda x, w, bb: F.linear(x, w, bb), [dn((3, 5), 17), W, b])
+        gradcheck_mixed(lambda x, w: F.linear(x, w), [Xs, W])
+
+
+@pytest.mark.parametrize("fmt", ["csr", "dcsr"])
+def test_product_gradchecks(fmt):
+    A, X = sp((5, 4), 0.5, fmt, 18), dn((4, 3), 19)
+    gradcheck_mixed(lambda a, x: a @ x, [A, X])
+    gradcheck_mixed(lambda y, a: y @ a, [dn((2, 5), 20), A])
+    gradcheck_mixed(torch.mm, [A, sp((4, 3), 0.5, fmt, 21)])
+
+
+# -- elementwise -------------------------------------------------------------------------------
+ELEMENTWISE = {
+    "scale": (lambda a, b, x: a * 3, "sparse"),
+    "rscale": (lambda a, b, x: 0.5 * a, "sparse"),
+    "div-scalar": (lambda a, b, x: a / 4, "sparse"),
+    "neg": (lambda a, b, x: -a, "sparse"),
+    "mul-dense": (lambda a, b, x: a * x, "sparse"),
+    "mul-row": (lambda a, b, x: a * x[0], "sparse"),
+    "mul-col": (lambda a, b, x: torch.mul(a, x[:, :1]), "sparse"),
+    "div-dense": (lambda a, b, x: a / (x.abs() + 1), "sparse"),
+    "add-sparse": (lambda a, b, x: a + b, "sparse"),
+    "sub-sparse": (lambda a, b, x: torch.sub(a, b, alpha=2), "sparse"),
+    "mul-sparse": (lambda a, b, x: a * b, "sparse"),
+    "add-dense": (lambda a, b, x: a + x, "dense"),
+    "radd-dense": (lambda a, b, x: x + a, "dense"),
+    "add-row": (lambda a, b, x: torch.add(a, x[0]), "dense"),
+    "relu": (lambda a, b, x: F.relu(a), "sparse"),
+    "torch-relu": (lambda a, b, x: torch.relu(a - b), "sparse"),
+    "abs": (lambda a, b, x: torch.abs(a), "sparse"),
+    "exp": (lambda a, b, x: torch.exp(a), "dense"),
+    "sqrt": (lambda a, b, x: torch.sqrt(a * a), "sparse"),
+    "neg-fn": (lambda a, b, x: torch.neg(a), "sparse"),
+}
+
+
+@pytest.mark.parametrize("shape,fmt,dtype", [(s, f, F64) for s in ("small", "nnz0", "size1")
+                                             for f in FORMATS]
+                         + [("small", f, F32) for f in FORMATS])
+def test_elementwise(shape, fmt, dtype):
+    sh, density = SHAPES[shape]
+    A, B = sp(sh, density, fmt, 22, dtype), sp(sh, 0.5, fmt, 23, dtype)
+    X = dn(sh, 24, dtype)
+    for name, (fn, kind) in ELEMENTWISE.items():
+        check_against_dense(fn, [A, B, X], kind=kind)
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
+def test_elementwise_gradcheck(name):
+    fmt = FORMATS[sorted(ELEMENTWISE).index(name) % len(FORMATS)]
+    A, B = sp((4, 3), 0.6, fmt, 25, positive=True), sp((4, 3), 0.6, fmt, 26)
+    gradcheck_mixed(ELEMENTWISE[name][0], [A, B, dn((4, 3), 27)])
+
+
+# -- reductions --------------------------------------------------------------------------------
+REDUCTIONS = {
+    "sum": lambda a: torch.sum(a), "sum0": lambda a: a.sum(0), "sum1": lambda a: a.sum(dim=1),
+    "sum-keep": lambda a: a.sum(-1, keepdim=True), "sum-both": lambda a: a.sum((0, 1)),
+    "mean": lambda a: a.mean(), "mean0": lambda a: torch.mean(a, 0),
+    "mean-keep": lambda a: a.mean(1, keepdim=True),
+}
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_reductions(shape, fmt, dtype):
+    sh, density = SHAPES[shape]
+    A = sp(sh, density, fmt, 28, dtype)
+    for fn in REDUCTIONS.values():
+        check_against_dense(fn, [A], kind="dense")
+
+
+@pytest.mark.parametrize("fmt", ["csc", "coo"])
+def test_reduction_gradcheck(fmt):
+    A = sp((5, 4), 0.5, fmt, 29)
+    for fn in REDUCTIONS.values():
+        gradcheck_mixed(fn, [A])
+
+
+# -- sparse softmax ----------------------------------------------------------------------------
+def _masked_softmax(mask, dim):
+    def ref(a):
+        out = a.masked_fill(~mask, -torch.inf).softmax(dim)
+        return torch.nan_to_num(out, nan=0.0) * mask
+    return ref
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_softmax(shape, fmt, dtype):
+    sh, density = SHAPES[shape]
+    A = sp(sh, density, fmt, 30, dtype)
+    mask = stored_pattern(A)
+    for dim in (0, 1, -1):
+        check_against_dense(lambda a: st.ops.softmax(a, dim), [A], kind="sparse",
+                            ref=_masked_softmax(mask, dim), same_pattern_as=A)
+        check_against_dense(lambda a: torch.sparse.softmax(a, dim), [A], kind="sparse",
+                            ref=_masked_softmax(mask, dim), same_pattern_as=A)
+
+
+def test_softmax_3d_and_gradcheck():
+    A = sp((3, 4, 2), 0.6, "csf", 31)
+    check_against_dense(lambda a: st.ops.softmax(a, 1), [A], kind="sparse",
+                        ref=_masked_softmax(stored_pattern(A), 1), same_pattern_as=A)
+    for fmt in ("csr", "coo"):
+        B = sp((5, 4), 0.5, fmt, 32)
+        gradcheck_mixed(lambda b: st.ops.softmax(b, 1), [B])
+        gradcheck_mixed(lambda b: torch.sparse.softmax(b, 0), [B])
+
+
+# -- views and structure -----------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", FORMATS + ["csf"])
+def test_transpose_is_a_free_view(fmt):
+    A = sp((5, 3), 0.5, fmt, 33)
+    for T in (A.t(), A.mT, A.T, A.transpose(0, 1), torch.transpose(A, 1, 0), torch.t(A),
+              A.permute(1, 0)):
+        assert isinstance(T, st.SparseTensor) and tuple(T.shape) == (3, 5)
+        assert T.values is A.values
+        assert all(T.arrays[k] is A.arrays[k] for k in A.arrays)
+        assert torch.equal(T.to_dense(), A.to_dense().t())
+    if fmt == "csr":
+        assert A.t().format.name == "csc" and A.t().t().format == A.format
+    X = dn((5, 2), 34)
+    check_against_dense(lambda a, x: a.t() @ x, [A, X], kind="dense")
+    gradcheck_mixed(lambda a, x: a.mT @ x, [A, X])
+    C = sp((2, 3, 4), 0.5, fmt if fmt in ("coo", "csf") else "csf", 35)
+    P = C.permute(2, 0, 1)
+    assert torch.equal(P.to_dense(), C.to_dense().permute(2, 0, 1)) and P.values is C.values
+    assert torch.equal(C.mT.to_dense(), C.to_dense().mT)
+
+
+def test_structural_ops():
+    A = sp((4, 3), 0.5, "csr", 36).requires_grad_()
+    assert A.requires_grad and A.values.requires_grad
+    B = A.to(F32)
+    assert B.dtype == F32 and B.values.dtype == F32 and B.grad_fn is not None
+    assert A.to("cpu") is A and A.to(F64) is A and A.double() is A
+    C = A.clone()
+    assert C.values.data_ptr() != A.values.data_ptr() and torch.equal(C.to_dense(), A.to_dense())
+    assert C.arrays["crd1"].data_ptr() != A.arrays["crd1"].data_ptr()
+    D = A.detach()
+    assert not D.requires_grad and D.values.data_ptr() == A.values.data_ptr()
+    (B.sum() + C.sum()).backward()
+    assert torch.equal(A.grad.values, 2 * torch.ones(A.nnz, dtype=F64))
+
+
+# -- errors ------------------------------------------------------------------------------------
+def test_errors():
+    A = sp((4, 3), 0.5, "csr", 37)
+    with pytest.raises(NotImplementedError, match="sin.*csr"):
+        torch.sin(A)                                       # unsupported: named, never densified
+    with pytest.raises(NotImplementedError, match="softmax.*csr"):
+        torch.softmax(A, 1)                                # dense softmax semantics differ
+    with pytest.raises(TypeError, match="nonzero scalar"):
+        A + 1
+    with pytest.raises(TypeError, match="dividing by a SparseTensor"):
+        torch.ones(4, 3, dtype=F64) / A
+    with pytest.raises(ValueError, match="broadcast"):
+        A * torch.ones(2, 4, 3, dtype=F64)
+    with pytest.raises(ValueError, match="size"):
+        A @ torch.ones(4, 2, dtype=F64)
+    with pytest.raises(ValueError, match="2-D"):
+        torch.mm(A, torch.ones(3, dtype=F64))
+    with pytest.raises(ValueError, match="3-D"):
+        torch.bmm(A, torch.ones(3, 2, dtype=F64))
+    with pytest.raises(NotImplementedError, match="4-D"):
+        A @ torch.ones(2, 2, 3, 2, dtype=F64)
+    with pytest.raises(TypeError, match="SparseTensor"):
+        st.ops.softmax(torch.ones(2, 2), 0)
+    with pytest.raises(TypeError, match="SparseTensor"):
+        st.ops.matmul.sampled_addmm(torch.ones(4, 3), torch.ones(4, 2), torch.ones(2, 3))
+    with pytest.raises(IndexError, match="out of range"):
+        st.ops.softmax(A, 2)
+    with pytest.raises(IndexError, match="out of range"):
+        A.sum(3)
+    with pytest.raises(ValueError, match="permutation"):
+        A.permute(0, 0)
+    with pytest.raises(ValueError, match="matrix transpose"):
+        sp((2, 2, 2), 0.5, "csf", 38).t()
+    with pytest.raises(TypeError, match="dtype"):
+        A.to(torch.complex64)
+    with pytest.raises(TypeError, match="dtype"):
+        A @ torch.ones(3, 2, dtype=F32)
+    with pytest.raises(TypeError, match="str"):
+        A * "x"
+    with pytest.raises(TypeError, match="floating"):
+        st.tensor(torch.ones(2, 2, dtype=torch.int64), "csr").mean()
