@@ -175,7 +175,7 @@ def neg(a):
     Example:
         >>> import torch, sparsetorch as st
         >>> neg(st.tensor(torch.tensor([1., 0.]), "coo")).to_dense()
-        tensor([-1., -0.])
+        tensor([-1.,  0.])
     """
     return (-lazy(a)).eval()
 
