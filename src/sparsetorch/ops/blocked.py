@@ -104,10 +104,40 @@ def split_blocked(assignment: Assignment, tensors):
 
     new = Assignment(split(assignment.out_vars), _map_accesses(assignment.expr, rewrite))
 
-    def finish(result, out_shape, sampled: int | None):
-        if sampled is not None:   # the blocked operand's pattern, with new values
-            source = tensors[sampled]
-            return SparseTensor(out_shape, source.format, source.arrays, result._values)
+    def finish(result, out_shape, sampled):
+        """``sampled``: (operand, blocked result format) for a result on a blocked
+        operand's pattern (its arrays, new values), else (None, None)."""
+        n, fmt = sampled
+        if n is not None:
+            return SparseTensor(out_shape, fmt, tensors[n].arrays, result._values)
         return result.reshape(out_shape)
 
     return new, new_tensors, finish
+
+
+def blocked_result_format(assignment: Assignment, split: Assignment, out_format: Format,
+                          source: Format) -> Format | None:
+    """The blocked format of a result sampled on a blocked operand, in the original output's
+    modes (a transposed result gets the transposed mode order and block shape), or None if
+    the split result's storage is not block-major.
+
+    Example:
+        >>> from sparsetorch.compiler.notation import parse_einsum
+        >>> from sparsetorch.formats.format import as_format
+        >>> bsr = as_format("bsr", 2, (2, 3))
+        >>> a = parse_einsum("ij->ji", [2])
+        >>> s = Assignment(("j_b", "j_e", "i_b", "i_e"), Access(0, ("i_b", "j_b", "i_e", "j_e")))
+        >>> f = blocked_result_format(a, s, Format(bsr.levels, (2, 0, 3, 1)), bsr)
+        >>> f.mode_order, f.blocksize
+        ((1, 0), (3, 2))
+    """
+    stored = [split.out_vars[m] for m in out_format.mode_order]
+    n = len(assignment.out_vars)
+    outer, inner = stored[:n], stored[n:]
+    if not all(v.endswith("_b") for v in outer) or [v[:-2] for v in outer] != \
+            [v[:-2] for v in inner]:
+        return None
+    order = tuple(assignment.out_vars.index(v[:-2]) for v in outer)
+    # The result shares the source's arrays: its k-th stored level is the source's k-th.
+    blocks = {v[:-2]: source.blocksize[source.mode_order[k]] for k, v in enumerate(outer)}
+    return Format(source.levels, order, tuple(blocks[v] for v in assignment.out_vars))

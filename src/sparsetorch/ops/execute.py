@@ -19,7 +19,7 @@ from ..formats.format import Format, as_format
 from ..formats.pack import choose_index_dtype, pack
 from ..formats.tensor import SparseTensor
 from ..formats.validate import VALUE_DTYPES
-from .blocked import split_blocked
+from .blocked import blocked_result_format, split_blocked
 from .shim import make_shim
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.int32: "int32",
@@ -148,7 +148,8 @@ def kernel_for(assignment: Assignment, operands, out_format, what="explain"):
 
 
 def _blocked_plan(assignment, tensors, out_format, what):
-    """(kernel, split assignment, split operands, finish, sampled operand, infos) computing the
+    """(kernel, split assignment, split operands, finish, (sampled operand, its blocked
+    result format) or (None, None), infos) computing the
     result with blocked operands split into block and in-block indices, or None where that
     does not apply (the caller converts them instead)."""
     if out_format is not None or backend() != "c":
@@ -165,15 +166,27 @@ def _blocked_plan(assignment, tensors, out_format, what):
     kernel = get_kernel(new, new_tensors, infos, dtype, None, extents)
     out = kernel.output
     sampled = out.sampled_operand if out.kind == "sampled" else None
-    if out.kind == "emit":
+    if out.kind == "emit" or (out.kind == "dense" and
+                              _unblocked_kind(assignment, tensors, dtype) != "dense"):
         return None
-    if sampled is not None:  # the result must store its entries in the blocked operand's order
-        acc = next(a for a in new.expr.accesses() if a.operand == sampled)
-        stored = [acc.indices[m] for m in new_tensors[sampled].format.mode_order]
-        if tensors[sampled].format.blocksize is None or \
-                stored != [new.out_vars[m] for m in out.format.mode_order]:
+    result_format = None
+    if sampled is not None:
+        result_format = blocked_result_format(assignment, new, out.format,
+                                              tensors[sampled].format)
+        if result_format is None:
             return None
-    return kernel, new, new_tensors, finish, sampled, infos
+    return kernel, new, new_tensors, finish, (sampled, result_format), infos
+
+
+def _unblocked_kind(assignment, tensors, dtype) -> str:
+    """The output kind with blocked operands seen as CSR over blocks: a blocked operand
+    gives the same kind of result as its unblocked format would (column sums of BSR stay
+    sparse, as they are for CSR)."""
+    infos = tuple(OperandInfo(Format(t.format.levels[: t.format.ndim], t.format.mode_order),
+                              False) if isinstance(t, SparseTensor)
+                  else OperandInfo(as_format("dense", t.dim()), True) for t in tensors)
+    index = ("int64",) * len(tensors)
+    return compile_kernel(assignment, infos, _DTYPE_NAMES[dtype], index).output.kind
 
 
 def _run_blocked(assignment, tensors, out_format, what):
