@@ -3,7 +3,7 @@
 SpGEMM, BSR SpMM and a sparse 1x1 convolution, on real graphs, SuiteSparse and DLMC weights,
 against torch.sparse, scipy.sparse and dense torch. float32, 2 threads by default.
 
-    python benchmarks/kernels.py                   # full run, ~10-15 minutes on 2 cores
+    python benchmarks/kernels.py                   # full run, ~4-5 minutes on 2 cores (193 cases)
     python benchmarks/kernels.py --quick           # few matrices, < 3 minutes
     python benchmarks/kernels.py --kernels spmm,sddmm --threads 1 --out /tmp/k.json
     python benchmarks/kernels.py --data /path/to/shared/data --wait-idle 300
@@ -228,6 +228,7 @@ def run_case(args, case: kc.Case, report: Report, failures: list) -> dict:
         w["gflops"] = case.info["flop_nnz"] / med[OURS] / 1e9
         w["dense_gflops"] = case.info["flop_dense"] / med["dense"] / 1e9
         w["frac_sgemm"] = w["gflops"] / w["dense_gflops"]
+    w["load1"] = os.getloadavg()[0]   # 1-min load average right after timing this case
     w["spread"] = _spread(res["impls"][OURS])
     primary = best if kc.PRIMARY[case.kernel] == "torch" else kc.PRIMARY[case.kernel]
     if primary in res["impls"]:
@@ -379,7 +380,7 @@ COLUMNS = ["group", "name", "shape", "nnz", "density", "inner", "flops", "sparse
            "torch_s", "torch_idx", "scipy_s", "dense_s", "conv2d_s", "torch_bsr_s",
            "scipy_bsr_s", "x_torch", "x_scipy", "x_dense", "x_conv2d", "x_torch_bsr",
            "x_scipy_bsr", "gflops", "dense_gflops", "frac_sgemm", "spread", "base_spread",
-           "flag", "check"]
+           "load1", "flag", "check"]
 
 
 def print_results(args, wide, summary, worst):
