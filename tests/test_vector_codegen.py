@@ -75,8 +75,9 @@ def test_pragma_only_rendering_matches_dense():
         assert vector_isa() is None
         A = st.tensor(torch.eye(5), format="csr")
         assert "immintrin" not in st.explain("ij,jk->ik", A, torch.ones(5, 3)).source
-        import test_vector_codegen as T
+        import test_vector_codegen as T, test_epilogue as E
         T.run_cases()
+        E.run_cases()
     """)
 
 

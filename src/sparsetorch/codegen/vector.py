@@ -349,6 +349,8 @@ class _Body:
             return _V("vv", lanes.op("andnot", lanes.set1("-0.0"), x))
         if fn == "sqrt":
             return _V("vv", lanes.op("sqrt", x))
+        if fn == "relu6":
+            return _V("vv", lanes.op("max", lanes.op("min", x, lanes.set1("6")), lanes.zero()))
         raise Unsupported(f"vector {fn or e.template}")
 
     # -- conversions -----------------------------------------------------------------------

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from ..formats.levels import Compressed, Dense, Singleton
 from .ir import (Assign, Bin, Call, Comment, Cond, Decl, For, Function, If, Lit, Load,
                  Param, Parallel, Helper, Sym, While, WORKSPACE_NAMES, block)
-from .notation import UNARY, Access, Add, Assignment, Mul, Scale, Unary, presence
+from .notation import (UNARY, Access, Add, Assignment, Epilogue, Mul, Result, Scale, Unary,
+                       presence)
 from .output import OutputSpec
 from .schedule import level_vars
 
@@ -90,7 +91,10 @@ class _Lowerer:
         self.a = plan.assignment
         self.order = plan.order
         self.out_vars = plan.assignment.out_vars
-        self.accesses = {acc.operand: acc for acc in plan.assignment.expr.accesses()}
+        expr = plan.assignment.expr
+        self.body, self.epilogue = (expr.body, expr.fn) if isinstance(expr, Epilogue) else \
+            (expr, None)
+        self.accesses = {acc.operand: acc for acc in expr.accesses()}
         self.levels = {n: level_vars(plan.formats[n], acc.indices)
                        for n, acc in self.accesses.items()}
         self.sparse = {n for n in self.accesses if not plan.formats[n].is_dense}
@@ -110,7 +114,27 @@ class _Lowerer:
         self.acc_depth = suffix if (suffix < len(self.order) and self.ws_depth is None) \
             else None
         self.tile_depth, self.tile_var = self._tiling()
+        self.epilogue_at = self._epilogue_placement()
         self.names = 0
+
+    def _epilogue_placement(self):
+        """Where the epilogue runs: at the one write of each output element ('flush' of
+        its accumulator or register tile, or 'store' when nothing is summed), or in a final
+        'pass' over the output when an element may be written several times or never (an
+        output variable a sparse level iterates skips absent rows, which still need it)."""
+        if self.epilogue is None:
+            return None
+        for n in self.sparse:
+            for level, v in zip(self.plan.formats[n].levels, self.levels[n]):
+                if v in self.out_vars and not isinstance(level, Dense):
+                    return "pass"
+        red = [d for d, v in enumerate(self.order) if v not in self.out_vars]
+        if not red:
+            return "store"
+        for depth in (self.tile_depth, self.acc_depth):
+            if depth is not None and min(red) >= depth:
+                return "flush"
+        return "pass"
 
     def _tiling(self):
         """Mixed sparse-dense tiling (DESIGN.md, Compiler 5): when the innermost loop is a
@@ -134,7 +158,11 @@ class _Lowerer:
         return f"{base}{self.names}"
 
     # -- values ------------------------------------------------------------------------------
-    def value(self, e, st):
+    def value(self, e, st, result=None):
+        """IR for expression ``e`` at the current point; ``result`` stands for ``Result()``
+        (the completed sum) inside an epilogue."""
+        if isinstance(e, Result):
+            return result
         if isinstance(e, Access):
             n = e.operand
             fmt = self.plan.formats[n]
@@ -146,13 +174,13 @@ class _Lowerer:
             flag = st.flag.get(n)
             return Cond(flag, load, Lit(0)) if flag is not None else load
         if isinstance(e, Mul):
-            return Bin("*", self.value(e.a, st), self.value(e.b, st))
+            return Bin("*", self.value(e.a, st, result), self.value(e.b, st, result))
         if isinstance(e, Add):
-            return Bin("+", self.value(e.a, st), self.value(e.b, st))
+            return Bin("+", self.value(e.a, st, result), self.value(e.b, st, result))
         if isinstance(e, Scale):
-            return Bin("*", Lit(e.factor), self.value(e.a, st))
+            return Bin("*", Lit(e.factor), self.value(e.a, st, result))
         if isinstance(e, Unary):
-            return Call(UNARY[e.fn][0], self.value(e.a, st))
+            return Call(UNARY[e.fn][0], self.value(e.a, st, result))
         raise TypeError(e)
 
     # -- output ------------------------------------------------------------------------------
@@ -182,7 +210,7 @@ class _Lowerer:
         if st.tile is not None:
             return [Assign(Load(st.tile[2], Sym(st.tile[3])), value, "+=")]
         if kind == "dense":
-            return [Assign(Load("out_vals", _horner(self.out_vars)), value, "+=")]
+            return [self.write_out(value, st, "store")]
         if kind == "sampled":
             return [Assign(Load("out_vals", st.pos[self.plan.output.sampled_operand]), value,
                            "+=")]
@@ -200,11 +228,28 @@ class _Lowerer:
         out.append(Assign(Load("out_vals", slot), value))
         return out
 
+    def write_out(self, value, st, where):
+        """Add ``value`` into the dense output, or, where the epilogue is placed, write
+        ``epilogue(value)`` (this is the element's only write)."""
+        target = Load("out_vals", _horner(self.out_vars))
+        if self.epilogue_at == where:
+            return Assign(target, self.value(self.epilogue, st, value))
+        return Assign(target, value, "+=")
+
+    def final_pass(self):
+        """``out = epilogue(out)`` over every output element, after the loop nest."""
+        target = Load("out_vals", _horner(self.out_vars))
+        body = block(Assign(target, self.value(self.epilogue, _State(self), target)))
+        for d, v in reversed(list(enumerate(self.out_vars))):
+            par = Parallel("static") if d == 0 else None
+            body = block(For(v, Lit(0), dim(v), body, par))
+        return list(body.stmts)
+
     def flush_accumulator(self, st):
         kind = self.plan.mode
         acc = Sym(st.acc)
         if kind == "dense":
-            return [Assign(Load("out_vals", _horner(self.out_vars)), acc, "+=")]
+            return [self.write_out(acc, st, "flush")]
         if kind == "sampled":
             return [Assign(Load("out_vals", st.pos[self.plan.output.sampled_operand]), acc,
                            "+=")]
@@ -264,8 +309,7 @@ class _Lowerer:
             inner = st.copy(tile=(k0, length, acc, kk))
             flush = For(kk, Lit(0), length, block(
                 Decl("idx", k, Bin("+", Sym(k0), Sym(kk))),
-                Assign(Load("out_vals", _horner(self.out_vars)), Load(acc, Sym(kk)), "+=")),
-                simd=True)
+                self.write_out(Load(acc, Sym(kk)), st, "flush")), simd=True)
             body = block(Decl("val[]", acc, Lit(width)), self.loops_at(depth, inner), flush)
             if step is not None:
                 out.append(For(k0, start, full, body, step=step))
@@ -277,12 +321,12 @@ class _Lowerer:
         """The innermost loop over one tile: ``tile[kk] += value`` for every kk."""
         k0, length, acc, kk = st.tile
         body = block(Decl("idx", self.tile_var, Bin("+", Sym(k0), Sym(kk))),
-                     self.store(self.value(self.a.expr, st), st))
+                     self.store(self.value(self.body, st), st))
         return [For(kk, Lit(0), length, body, simd=True)]
 
     def loops_at(self, depth, st):
         if depth == len(self.order):
-            return self.store(self.value(self.a.expr, st), st)
+            return self.store(self.value(self.body, st), st)
         v = self.order[depth]
         if st.tile is not None and v == self.tile_var:
             return self.tile_loop(st)
@@ -292,7 +336,7 @@ class _Lowerer:
         sparse_iters = [n for n in iters if not code[n].is_dense]
 
         def formula(test):
-            return presence(self.a.expr, lambda acc: _B(test(acc.operand))
+            return presence(self.body, lambda acc: _B(test(acc.operand))
                             if acc.operand in sparse_iters else True)
 
         # With placeholder tokens only constant folding matters: True means the expression
@@ -401,7 +445,7 @@ class _Lowerer:
             segs[n] = code[n].segment_end(Sym(p), Sym(end), body, guard=Sym(flag))
             flags[n] = Sym(flag)
             # Under the guard an operand the formula requires is certainly here: no flag.
-            required = presence(self.a.expr, lambda acc, n=n: acc.operand != n) is False
+            required = presence(self.body, lambda acc, n=n: acc.operand != n) is False
             inner.enter(n, Sym(p), segs[n], None if required else Sym(flag))
         guard = _cond(formula(lambda n: Bin("==", Sym(coords[n]), Sym(v))))
         inner_body = self.bind_dense_levels(v, iters, code, inner)
@@ -530,6 +574,8 @@ def lower(plan: Plan, name: str = "kernel"):
         for v in plan.assignment.out_vars:
             size = Bin("*", size, dim(v))
         body = [Helper("zero_out", (size,), ("out_vals", "nt"))] + body
+        if lw.epilogue_at == "pass":
+            body = body + lw.final_pass()
     if lw.ws_depth is not None:
         if not any(isinstance(s, For) and s.parallel for s in body):
             names = WORKSPACE_NAMES[lw.ws_kind]

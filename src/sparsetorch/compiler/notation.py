@@ -2,7 +2,9 @@
 
 An ``Assignment`` says ``out[out_vars] = sum over the other variables of expr``. Expressions
 are immutable trees: ``Access`` (operand number + index variables), ``Add``, ``Mul``,
-``Scale`` (by a constant), ``Unary`` (a named elementwise map). Operands are referred to by
+``Scale`` (by a constant), ``Unary`` (a named elementwise map), and at the root only
+``Epilogue`` (a map applied to each output element once its sum is complete: bias,
+activation), whose function refers to that sum as ``Result()``. Operands are referred to by
 position, so one tree describes every call with same-structured inputs and can key caches.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ UNARY = {
     "relu": ("(({x}) > 0 ? ({x}) : 0)", lambda t: t.clamp_min(0), True),
     "exp": ("{exp}({x})", lambda t: t.exp(), False),
     "sqrt": ("{sqrt}({x})", lambda t: t.sqrt(), True),
+    "relu6": ("(({x}) < 0 ? 0 : (({x}) > 6 ? 6 : ({x})))", lambda t: t.clamp(0, 6), True),
 }
 
 
@@ -92,6 +95,38 @@ class Unary(_Node):
 
 
 @dataclass(frozen=True)
+class Result(Expr):
+    """Inside an ``Epilogue``'s function: the completed sum of the epilogue's body."""
+
+    def accesses(self):
+        return []
+
+    def __str__(self):
+        return "sum"
+
+
+@dataclass(frozen=True)
+class Epilogue(_Node):
+    """``fn`` applied to each output element after ``body`` is summed into it: the bias add
+    and activation of a layer, fused into the kernel's output write. Only at the root of an
+    assignment; the result is dense (the function may be nonzero where the sum is not).
+    ``fn`` may read dense operands indexed by output variables only (a bias ``b[k]``).
+
+    Example:
+        >>> e = Epilogue(Mul(Access(0, ("i", "j")), Access(1, ("j",))),
+        ...              Unary("relu", Add(Result(), Access(2, ("i",)))))
+        >>> str(Assignment(("i",), e))
+        'out[i] = sum_{j} relu((sum + T2[i])) <- T0[i,j] * T1[j]'
+    """
+
+    body: Expr
+    fn: Expr
+
+    def __str__(self):
+        return f"{self.fn} <- {self.body}"
+
+
+@dataclass(frozen=True)
 class Assignment:
     """``out[out_vars] = sum_{other vars} expr``."""
 
@@ -130,6 +165,8 @@ def presence(expr: Expr, present) -> object:
     """
     if isinstance(expr, Access):
         return present(expr)
+    if isinstance(expr, Epilogue):   # e.g. a bias: nonzero where the sum is absent
+        return True
     if isinstance(expr, Scale):
         return presence(expr.a, present)
     if isinstance(expr, Unary):

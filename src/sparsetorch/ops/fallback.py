@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..compiler.notation import UNARY, Access, Add, Mul, Scale, Unary
+from ..compiler.notation import UNARY, Access, Add, Epilogue, Mul, Result, Scale, Unary
 from ..compiler.output import infer_output
 from ..compiler.schedule import schedule
 from ..formats.convert import _from_dense
@@ -33,22 +33,29 @@ def evaluate_dense(assignment, dense_operands, extents) -> torch.Tensor:
         shape = [extents[v] if v in order else 1 for v in all_vars]
         return t.reshape(shape)
 
-    def ev(e):
+    def ev(e, result=None):
+        if isinstance(e, Result):
+            return result
         if isinstance(e, Access):
             return broadcast(e)
         if isinstance(e, Mul):
-            return ev(e.a) * ev(e.b)
+            return ev(e.a, result) * ev(e.b, result)
         if isinstance(e, Add):
-            return ev(e.a) + ev(e.b)
+            return ev(e.a, result) + ev(e.b, result)
         if isinstance(e, Scale):
-            return ev(e.a) * e.factor
+            return ev(e.a, result) * e.factor
         if isinstance(e, Unary):
-            return UNARY[e.fn][1](ev(e.a))
+            return UNARY[e.fn][1](ev(e.a, result))
         raise TypeError(e)
 
-    full = ev(assignment.expr).expand([extents[v] for v in all_vars])
+    body, epilogue = (assignment.expr.body, assignment.expr.fn) \
+        if isinstance(assignment.expr, Epilogue) else (assignment.expr, None)
+    full = ev(body).expand([extents[v] for v in all_vars])
     red = [d for d, v in enumerate(all_vars) if v not in assignment.out_vars]
-    out = full.sum(dim=red) if red else full
+    out = full.sum(dim=red, keepdim=True) if red else full
+    if epilogue is not None:   # its accesses use output variables only: broadcast over them
+        out = ev(epilogue, out).expand(out.shape)
+    out = out.sum(dim=red) if red else out   # drop the kept (size-1) reduction dims
     kept = [v for v in all_vars if v in assignment.out_vars]
     return out.permute([kept.index(v) for v in assignment.out_vars]).contiguous()
 
