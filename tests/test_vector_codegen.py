@@ -75,9 +75,11 @@ def test_pragma_only_rendering_matches_dense():
         assert vector_isa() is None
         A = st.tensor(torch.eye(5), format="csr")
         assert "immintrin" not in st.explain("ij,jk->ik", A, torch.ones(5, 3)).source
-        import test_vector_codegen as T, test_epilogue as E
+        import test_vector_codegen as T, test_epilogue as E, test_attention as At
         T.run_cases()
         E.run_cases()
+        for dtype in (torch.float32, torch.float64):
+            At.test_matches_dense("csr", dtype, torch.int32)
     """)
 
 

@@ -298,31 +298,14 @@ class _Lowerer:
         return out
 
     def tiled(self, depth, st):
-        """Full tiles of constant width (they vectorise and stay in registers), then one
-        remainder tile of variable width."""
-        k, width = self.tile_var, self.plan.tile
-        full = Bin("-", dim(k), Bin("%", dim(k), Lit(width)))
-        out = []
-        for start, length, step in ((Lit(0), Lit(width), width), (full, None, None)):
-            k0, acc, kk = self.fresh("k0_"), self.fresh("tile"), self.fresh("kk")
-            length = length if length is not None else Bin("-", dim(k), Sym(k0))
-            inner = st.copy(tile=(k0, length, acc, kk))
-            flush = For(kk, Lit(0), length, block(
-                Decl("idx", k, Bin("+", Sym(k0), Sym(kk))),
-                self.write_out(Load(acc, Sym(kk)), st, "flush")), simd=True)
-            body = block(Decl("val[]", acc, Lit(width)), self.loops_at(depth, inner), flush)
-            if step is not None:
-                out.append(For(k0, start, full, body, step=step))
-            else:
-                out.append(If(Bin("<", full, dim(k)), block(Decl("idx", k0, full), body)))
-        return out
+        return register_tiles(
+            self.tile_var, self.plan.tile, self.fresh,
+            lambda tile: self.loops_at(depth, st.copy(tile=tile)),
+            lambda tile: self.write_out(Load(tile[2], Sym(tile[3])), st, "flush"))
 
     def tile_loop(self, st):
         """The innermost loop over one tile: ``tile[kk] += value`` for every kk."""
-        k0, length, acc, kk = st.tile
-        body = block(Decl("idx", self.tile_var, Bin("+", Sym(k0), Sym(kk))),
-                     self.store(self.value(self.body, st), st))
-        return [For(kk, Lit(0), length, body, simd=True)]
+        return [lane_loop(self.tile_var, st.tile, self.store(self.value(self.body, st), st))]
 
     def loops_at(self, depth, st):
         if depth == len(self.order):
@@ -494,6 +477,35 @@ class _Lowerer:
             return body
         st.outer = Sym("t_outer")
         return body + [Decl("idx", "t_outer", t)]
+
+
+def register_tiles(k: str, width: int, fresh, body_for, flush_for) -> list:
+    """Strip-mine dense variable ``k`` (extent ``n_k``) into register tiles: full tiles of
+    constant ``width`` (they vectorise and stay in registers), then one remainder tile of
+    variable width. A tile is ``(k0, length, tile array, lane variable)``;
+    ``body_for(tile)`` gives the statements that accumulate into it (their innermost loop is
+    a ``lane_loop``), ``flush_for(tile)`` the statement writing lane ``kk`` (with ``k``
+    declared) once the tile is complete."""
+    full = Bin("-", dim(k), Bin("%", dim(k), Lit(width)))
+    out = []
+    for start, length, step in ((Lit(0), Lit(width), width), (full, None, None)):
+        k0, acc, kk = fresh("k0_"), fresh("tile"), fresh("kk")
+        length = length if length is not None else Bin("-", dim(k), Sym(k0))
+        tile = (k0, length, acc, kk)
+        body = block(Decl("val[]", acc, Lit(width)), body_for(tile),
+                     lane_loop(k, tile, [flush_for(tile)]))
+        if step is not None:
+            out.append(For(k0, start, full, body, step=step))
+        else:
+            out.append(If(Bin("<", full, dim(k)), block(Decl("idx", k0, full), body)))
+    return out
+
+
+def lane_loop(k: str, tile, stmts) -> For:
+    """``for kk in tile: k = k0 + kk; stmts`` -- one vector step per register of the tile."""
+    k0, length, _, kk = tile
+    return For(kk, Lit(0), length, block(Decl("idx", k, Bin("+", Sym(k0), Sym(kk))), *stmts),
+               simd=True)
 
 
 class _State:

@@ -7,10 +7,11 @@ the compiler, so that wiring happens here, where both are known.
 """
 from .einsum import Explanation, einsum, explain
 from .expr import LazyExpr, abs, exp, lazy, relu, sqrt
+from .attention import masked_attention
 from .softmax import softmax
 from .torch_api import _install
 
 _install()
 
 __all__ = ["einsum", "explain", "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp",
-           "sqrt", "softmax"]
+           "sqrt", "softmax", "masked_attention"]

@@ -1,0 +1,89 @@
+"""Masked attention as one loop nest: SDDMM -> row softmax -> SpMM, fused per row.
+
+``out[i, :] = sum_j softmax_j(A[i, j] * (Q[i, :] . K[j, :])) V[j, :]`` over the stored
+entries ``j`` of row ``i`` of a CSR mask ``A`` (missing entries are -inf before the softmax;
+an empty row gives zeros). Each row runs three passes over its own entries while they are
+in L1: scores (a vector sum over the head dimension, kept in a scratch array of nnz values,
+never a dense score matrix), max-shifted exponentials and their sum, then the weighted sum
+of V rows in register tiles over the value dimension. The three stages are the ones the
+compiler generates separately (an SDDMM sum loop, a sampled map, an SpMM tile), sharing the
+row loop and the IR, so the same renderers vectorise them.
+
+Memory traffic per row: its entries' indices and values twice, each K row and V row touched
+once, Q row once, the output row written once. Parallel strategy: rows split by stored
+entries (one balanced range per thread, as for CSR kernels).
+"""
+from __future__ import annotations
+
+from .ir import (Assign, Bin, Call, Cond, Decl, For, Function, Lit, Load, Param, Parallel,
+                 Sym, block, verify)
+from .lower import lane_loop, register_tiles
+from .notation import UNARY
+
+
+def attention_function(tile_width: int) -> Function:
+    """The fused kernel over operands A (CSR: ``t0_pos1``, ``t0_crd1``, ``t0_vals``), Q
+    (``t1``, n_i x n_k), K (``t2``, n_j x n_k), V (``t3``, n_j x n_d), a scratch array of
+    nnz values (``t4_vals``) and the output (n_i x n_d).
+
+    Example:
+        >>> from sparsetorch.compiler.ir import dump
+        >>> "parallel balanced" in dump(attention_function(16))
+        True
+    """
+    names = iter(range(1, 1 << 30))
+
+    def fresh(base):
+        return f"{base}{next(names)}"
+
+    def row(array, var, width):
+        return Load(array, Bin("+", Bin("*", Sym("i" if var == "q" else "j"), Sym(width)),
+                               Sym("k" if var != "v" else "d")))
+
+    i, lo, hi = Sym("i"), Sym("lo"), Sym("hi")
+    scores = [
+        Decl("idx", "j", Load("t0_crd1", Sym("p"))),
+        Decl("val", "dot", Lit(0)),
+        For("k", Lit(0), Sym("n_k"), block(
+            Assign(Sym("dot"), Bin("*", row("t1_vals", "q", "n_k"),
+                                   row("t2_vals", "k", "n_k")), "+=")), reduction="dot"),
+        Decl("val", "s", Bin("*", Load("t0_vals", Sym("p")), Sym("dot"))),
+        Assign(Load("t4_vals", Sym("p")), Sym("s")),
+        Assign(Sym("m"), Cond(Bin(">", Sym("s"), Sym("m")), Sym("s"), Sym("m")))]
+    exps = [Decl("val", "e", Call(UNARY["exp"][0], Bin("-", Load("t4_vals", Sym("p")),
+                                                         Sym("m")))),
+            Assign(Load("t4_vals", Sym("p")), Sym("e")),
+            Assign(Sym("z"), Sym("e"), "+=")]
+
+    def weighted_sum(tile):
+        k0, length, acc, kk = tile
+        return [For("p", lo, hi, block(
+            Decl("idx", "j", Load("t0_crd1", Sym("p"))),
+            Decl("val", "w", Bin("*", Load("t4_vals", Sym("p")), Sym("inv"))),
+            lane_loop("d", tile, [Assign(Load(acc, Sym(kk)),
+                                         Bin("*", Sym("w"), row("t3_vals", "v", "n_d")),
+                                         "+=")])))]
+
+    def write(tile):
+        return Assign(Load("out_vals", Bin("+", Bin("*", i, Sym("n_d")), Sym("d"))),
+                      Load(tile[2], Sym(tile[3])))
+
+    body = block(
+        Decl("idx", "lo", Load("t0_pos1", i)),
+        Decl("idx", "hi", Load("t0_pos1", Bin("+", i, Lit(1)))),
+        Decl("val", "m", Lit(float("-inf"))),
+        For("p", lo, hi, block(*scores)),
+        Decl("val", "z", Lit(0)),
+        For("p", lo, hi, block(*exps)),
+        Decl("val", "inv", Cond(Bin(">", Sym("z"), Lit(0)), Bin("/", Lit(1.0), Sym("z")),
+                                Lit(0))),
+        register_tiles("d", tile_width, fresh, weighted_sum, write))
+    params = (Param("nt", "idx"), Param("n_i", "idx"), Param("n_j", "idx"),
+              Param("n_k", "idx"), Param("n_d", "idx"), Param("t0_pos1", "idx0*"),
+              Param("t0_crd1", "idx0*"), Param("t0_vals", "val*"), Param("t1_vals", "val*"),
+              Param("t2_vals", "val*"), Param("t3_vals", "val*"),
+              Param("t4_vals", "val*", const=False), Param("out_vals", "val*", const=False))
+    fn = Function("attention", params, block(
+        For("i", Lit(0), Sym("n_i"), body, Parallel("balanced", weights="t0_pos1"))))
+    verify(fn)
+    return fn

@@ -1,0 +1,95 @@
+"""``st.ops.masked_attention``: SDDMM -> row softmax -> SpMM in one fused kernel.
+
+The fused path (``compiler/attention.py``) keeps scores as nnz values, never a dense
+matrix, and reads each row's entries while they are in cache. With gradients required, or
+off the compiled path (other devices, float16), it evaluates the same thing unfused through
+differentiable ops: ``st.einsum`` SDDMM, ``st.ops.softmax`` over stored entries, SpMM.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from ..formats.tensor import SparseTensor
+
+
+@lru_cache(maxsize=None)
+def _kernel(value_ctype: str, index_ctype: str):
+    from .. import runtime
+    from ..codegen.c import render_c
+    from ..compiler.attention import attention_function
+    from ..compiler.kernel import tile_width, vector_isa
+
+    dtype = {"float": "float32", "double": "float64"}[value_ctype]
+    fn = attention_function(tile_width(dtype))
+    source = render_c([fn], value_ctype, {0: index_ctype}, "fused masked attention",
+                      vector_isa())
+    return runtime.load_kernel(source, fn.name, [runtime.PTR if p.ctype.endswith("*")
+                                                 else runtime.I64 for p in fn.params])
+
+
+def _check(A, Q, K, V):
+    what = "masked_attention"
+    if not isinstance(A, SparseTensor) or A.dim() != 2:
+        raise TypeError(f"{what}: the mask A must be a 2-D SparseTensor, got "
+                        f"{type(A).__name__}; build one with st.tensor(mask, format='csr')")
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if not isinstance(t, torch.Tensor) or isinstance(t, SparseTensor) or t.dim() != 2:
+            raise TypeError(f"{what}: {name} must be a dense 2-D torch.Tensor")
+        if t.dtype != A.dtype or t.device != A.device:
+            raise TypeError(f"{what}: {name} is {t.dtype} on {t.device} but A is {A.dtype} on "
+                            f"{A.device}; convert them to one dtype and device")
+    (n, m), d = A.shape, Q.shape[1]
+    if Q.shape[0] != n or K.shape != (m, d) or V.shape[0] != m:
+        raise ValueError(f"{what}: shapes do not agree: A {tuple(A.shape)}, Q {tuple(Q.shape)}"
+                         f", K {tuple(K.shape)}, V {tuple(V.shape)}; need A (n, m), Q (n, d), "
+                         "K (m, d), V (m, e)")
+
+
+def masked_attention(A, Q, K, V):
+    """``softmax_rows(A * (Q Kᵀ)) V`` with the softmax over the stored entries of each row
+    of the sparse mask ``A`` (scores are sampled on A's pattern and scaled by its values;
+    missing entries count as -inf; an empty row gives zeros).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[1., 1.], [0., 1.]]), format="csr")
+        >>> Q = K = torch.zeros(2, 3); V = torch.tensor([[2.], [4.]])
+        >>> st.ops.masked_attention(A, Q, K, V)
+        tensor([[3.],
+                [4.]])
+    """
+    _check(A, Q, K, V)
+    fused = (A.device.type == "cpu" and A.dtype in (torch.float32, torch.float64)
+             and not (torch.is_grad_enabled() and any(t.requires_grad for t in (A, Q, K, V))))
+    if not fused or _backend() != "c":
+        return _unfused(A, Q, K, V)
+    if A.format.name != "csr":
+        A = A.asformat("csr", index_dtype=A.index_dtype)
+    Q, K, V = Q.contiguous(), K.contiguous(), V.contiguous()
+    (n, m), d, e = A.shape, Q.shape[1], V.shape[1]
+    scratch = torch.empty(A.nnz, dtype=A.dtype)
+    out = torch.empty((n, e), dtype=A.dtype)
+    fn = _kernel("float" if A.dtype == torch.float32 else "double",
+                 "int32_t" if A.index_dtype == torch.int32 else "int64_t")
+    from ..runtime import num_threads
+
+    nt = num_threads() if A.nnz * (d + e) >= (1 << 14) else 1
+    fn(nt, n, m, d, e, A.arrays["pos1"].data_ptr(), A.arrays["crd1"].data_ptr(),
+       A.values.data_ptr(), Q.data_ptr(), K.data_ptr(), V.data_ptr(), scratch.data_ptr(),
+       out.data_ptr())
+    return out
+
+
+def _unfused(A, Q, K, V):
+    from .einsum import einsum
+    from .softmax import softmax
+
+    return softmax(einsum("ij,ik,jk->ij", A, Q, K), 1) @ V
+
+
+def _backend():
+    from .execute import backend
+
+    return backend()

@@ -1,0 +1,64 @@
+"""Fused masked attention (SDDMM -> row softmax -> SpMM) against dense, and its fallbacks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sparsetorch as st
+
+
+def reference(mask_dense, A_dense, Q, K, V):
+    scores = (A_dense * (Q @ K.T)).masked_fill(~mask_dense, float("-inf"))
+    return torch.softmax(scores, 1).nan_to_num(0.0) @ V     # empty rows: zeros
+
+
+def operands(n, m, d, e, dtype, fmt, seed, density=0.3, index=torch.int64):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(n, m, generator=g) < density
+    if n > 2:
+        mask[n // 2] = False                                 # an empty row
+    dense = mask * (torch.rand(n, m, generator=g, dtype=dtype) + 0.5)
+    A = st.tensor(dense, format=fmt, index_dtype=index)
+    Q, K = (torch.randn(s, d, generator=g, dtype=dtype) for s in (n, m))
+    V = torch.randn(m, e, generator=g, dtype=dtype)
+    return mask, dense, A, Q, K, V
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo", "dcsr"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+def test_matches_dense(fmt, dtype, index):
+    for n, m, d, e in [(13, 11, 5, 3), (40, 31, 16, 64), (9, 70, 33, 65), (1, 1, 1, 1)]:
+        mask, dense, A, Q, K, V = operands(n, m, d, e, dtype, fmt, seed=n + e, index=index)
+        tol = 1e-4 if dtype == torch.float32 else 1e-10
+        torch.testing.assert_close(st.ops.masked_attention(A, Q, K, V),
+                                   reference(mask, dense, Q, K, V), rtol=tol, atol=tol)
+
+
+def test_empty_mask_gives_zeros():
+    A = st.tensor(torch.zeros(4, 5), format="csr")
+    out = st.ops.masked_attention(A, torch.ones(4, 2), torch.ones(5, 2), torch.ones(5, 3))
+    assert torch.equal(out, torch.zeros(4, 3))
+
+
+def test_fused_matches_unfused_and_gradients_flow():
+    mask, dense, A, Q, K, V = operands(12, 10, 4, 6, torch.float64, "csr", seed=3)
+    from sparsetorch.ops.attention import _unfused
+    torch.testing.assert_close(st.ops.masked_attention(A, Q, K, V), _unfused(A, Q, K, V))
+    Q.requires_grad_(), V.requires_grad_()
+    values = A.values.clone().requires_grad_()
+    torch.autograd.gradcheck(
+        lambda v, q, w: st.ops.masked_attention(A.with_values(v), q, K, w),
+        (values, Q, V))
+
+
+def test_bad_input():
+    A = st.tensor(torch.eye(3), format="csr")
+    with pytest.raises(TypeError, match="SparseTensor"):
+        st.ops.masked_attention(torch.eye(3), torch.ones(3, 2), torch.ones(3, 2),
+                                torch.ones(3, 2))
+    with pytest.raises(ValueError, match="shapes do not agree"):
+        st.ops.masked_attention(A, torch.ones(3, 2), torch.ones(3, 4), torch.ones(3, 2))
+    with pytest.raises(TypeError, match="dtype"):
+        st.ops.masked_attention(A, torch.ones(3, 2, dtype=torch.float64), torch.ones(3, 2),
+                                torch.ones(3, 2))
