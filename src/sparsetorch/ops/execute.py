@@ -20,6 +20,8 @@ from ..formats.pack import choose_index_dtype, pack
 from ..formats.tensor import SparseTensor
 from ..formats.validate import VALUE_DTYPES
 from .blocked import blocked_result_format, split_blocked
+from . import custom_ops
+from .custom_ops import is_tracing
 from .shim import make_shim
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.int32: "int32",
@@ -124,6 +126,8 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
     kernel = get_kernel(assignment, tensors, infos, dtype, out_format, extents)
     prepared = _Prepared(kernel, dtype, _compile_args(assignment, tensors, infos, dtype,
                                                       out_format))
+    if is_tracing(tensors):   # record a custom op instead of calling the kernel
+        return custom_ops.call(prepared, tensors)
     key = _signature(assignment, operands, out_format)
     if key is not None:
         call = make_shim(prepared, tensors, _PARALLEL_WORK) or prepared
@@ -196,8 +200,9 @@ def _run_blocked(assignment, tensors, out_format, what):
     kernel, new, new_tensors, finish, sampled, infos = plan
     dtype = new_tensors[0].dtype
     full = var_extents(assignment, [tuple(t.shape) for t in tensors])
-    result = _Prepared(kernel, dtype, _compile_args(new, new_tensors, infos, dtype, None))(
-        new_tensors)
+    prepared = _Prepared(kernel, dtype, _compile_args(new, new_tensors, infos, dtype, None))
+    result = (custom_ops.call(prepared, new_tensors) if is_tracing(new_tensors)
+              else prepared(new_tensors))
     return finish(result, tuple(full[v] for v in assignment.out_vars), sampled)
 
 
@@ -221,6 +226,9 @@ def _signature(assignment, operands, out_format):
             if part is None:
                 if t._format.blocksize is not None:  # converted on the full path every call
                     return None
+                if type(t._values) is not torch.Tensor and is_tracing((t,)):
+                    return None   # fake or functional arrays: the custom-op path
+
                 part = _STRUCTURES.setdefault((t._format, t.index_dtype, t.dtype,
                                                t.device.type), len(_STRUCTURES))
                 t.__dict__["_call_key"] = part

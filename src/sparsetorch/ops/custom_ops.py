@@ -1,0 +1,325 @@
+"""Compiled kernels as ``torch.library`` custom ops, so traced programs (``torch.compile``,
+``torch.export``, ``make_fx``) record them as opaque calls with a shape rule.
+
+Three generic ops, keyed by a kernel id string (the registry ``_KERNELS`` maps it to the
+prepared kernel; it is filled when ``execute.run`` meets a kernel while tracing, which runs
+the Python of every op, so a traced graph never names a kernel this process has not built):
+
+* ``sparsetorch::dense_kernel(str kernel, Tensor[] inputs, SymInt[] extents) -> Tensor``: a
+  dense result, shaped by the extents of the output's index variables.
+* ``sparsetorch::sampled_kernel(...) -> Tensor``: the values of a result on a sparse
+  operand's own pattern (SDDMM), one per stored entry of that operand.
+* ``sparsetorch::emit_kernel(...) -> Tensor[]``: a newly assembled sparse result (SpGEMM,
+  sparse + sparse): its level arrays then its values, with data-dependent sizes (the fake
+  kernel asks ``torch.library.get_ctx().new_dynamic_size()`` for each stored-entry count).
+
+``inputs`` is every operand flattened: a dense operand as itself, a sparse one as its level
+arrays (``array_names`` order) then its values. ``extents`` gives every index variable's
+size in ``Assignment.all_vars`` order; sparse operands' shapes are rebuilt from it.
+
+Why eager calls do not use these ops: the custom-op dispatcher costs several microseconds a
+call, as much as a whole small SpMV (about 7 us through the generated shim, ``shim.py``).
+So ``execute.run`` calls the ctypes kernel directly on real tensors and takes the custom ops
+only while tracing: when ``torch.compiler.is_compiling()``, when an operand is a
+``FakeTensor`` or ``FunctionalTensor``, or when a fake or proxy dispatch mode is active
+(``is_tracing``). That check sits on the memo-miss path only; the memo key itself refuses
+fake and functional operands (``execute._signature``), so the fast path costs nothing more.
+
+Example:
+    >>> import torch, sparsetorch as st
+    >>> from torch._subclasses.fake_tensor import FakeTensorMode
+    >>> A = st.tensor(torch.eye(3), "csr")
+    >>> with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+    ...     x = mode.from_tensor(torch.ones(3, 2))
+    ...     y = st.einsum("ij,jk->ik", A, x)
+    >>> type(y).__name__, tuple(y.shape)
+    ('FakeTensor', (3, 2))
+"""
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
+
+from ..formats.pack import array_names, choose_index_dtype
+from ..formats.tensor import SparseTensor
+
+# kernel id -> _Entry. Ids are content hashes of the compile arguments, so a graph cached on
+# disk (inductor's FX graph cache) names the same kernel in the next process.
+_KERNELS: dict = {}
+# Counts real (non-fake) executions of each op: tests use it to show eager calls skip them.
+CALLS = {"dense": 0, "sampled": 0, "emit": 0}
+
+_TRACED_TYPES = (FakeTensor, FunctionalTensor)
+_PROXY = torch._C._TorchDispatchModeKey.PROXY
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+
+
+def is_tracing(tensors) -> bool:
+    """Whether these operands are being traced (compile, export, fake propagation) rather
+    than computed: then kernels run as custom ops instead of direct ctypes calls.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> is_tracing([st.tensor(torch.eye(2), "csr"), torch.ones(2)])
+        False
+    """
+    if torch.compiler.is_compiling():
+        return True
+    for t in tensors:
+        v = t._values if type(t) is SparseTensor else t
+        if type(v) is not torch.Tensor and isinstance(v, _TRACED_TYPES):
+            return True
+    return (torch._C._get_dispatch_mode(_PROXY) is not None
+            or torch._C._get_dispatch_mode(_FAKE) is not None)
+
+
+class _Entry:
+    """A prepared kernel plus how to rebuild its operands from the flat inputs."""
+
+    def __init__(self, prepared):
+        self.prepared = prepared
+        kernel = prepared.kernel
+        assignment, infos = prepared.compile_args[0], prepared.compile_args[1]
+        var_order = list(prepared.var_order)
+        self.formats = [None if info.strided else info.format for info in infos]
+        self.names = [None if f is None else array_names(f) for f in self.formats]
+        dims = {}
+        for acc in assignment.expr.accesses():
+            dims.setdefault(acc.operand, [var_order.index(v) for v in acc.indices])
+        self.dims = [dims[n] for n in range(len(infos))]
+        self.out_index = prepared.out_index
+        self.output = kernel.output
+        out = kernel.output
+        sampled = out.sampled_operand if out.kind == "sampled" else None
+        converted = {n for n, _ in kernel.schedule.conversions}
+        # A sampled result shares its operand's arrays, unless the schedule re-lays that
+        # operand out: then its arrays are new, and returned like an emitted result's.
+        self.kind = ("sampled" if sampled is not None and sampled not in converted
+                     else "dense" if out.kind == "dense" else "emit")
+
+    def operands(self, inputs, extents):
+        out, at = [], 0
+        for fmt, names, dims in zip(self.formats, self.names, self.dims):
+            if fmt is None:
+                out.append(inputs[at])
+                at += 1
+                continue
+            arrays = dict(zip(names, inputs[at: at + len(names)]))
+            values = inputs[at + len(names)]
+            at += len(names) + 1
+            out.append(SparseTensor([extents[d] for d in dims], fmt, arrays, values))
+        return out
+
+    def out_shape(self, extents):
+        return [extents[d] for d in self.out_index]
+
+    def index_dtype(self, extents):
+        """The index dtype of an emitted result: fixed from the shape alone (the entry count
+        is unknown when tracing), int32 whenever the full shape's count fits."""
+        shape = self.out_shape(extents)
+        fmt = self.output.format
+        total = 1
+        for s in shape:
+            total *= s
+        return choose_index_dtype(fmt.storage_dims(shape), total)
+
+
+def kernel_id(prepared) -> str:
+    """The registry id of ``prepared`` (an ``execute._Prepared``), registering it.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> from sparsetorch.ops import execute
+        >>> A = st.tensor(torch.eye(2), "csr")
+        >>> _ = st.einsum("ij,j->i", A, torch.ones(2))
+        >>> kernel_id(execute._Prepared(*_prepared_args(A))).startswith("out[i]")
+        True
+    """
+    key = prepared.__dict__.get("_op_id")
+    if key is None:
+        digest = hashlib.sha1(repr(prepared.compile_args).encode()).hexdigest()[:16]
+        key = f"{prepared.kernel.assignment}#{digest}"
+        prepared._op_id = key
+    if key not in _KERNELS:
+        _KERNELS[key] = _Entry(prepared)
+    return key
+
+
+def _prepared_args(A):
+    """(kernel, dtype, compile args) of SpMV on ``A``: the doctest helper of ``kernel_id``."""
+    from ..compiler.notation import parse_einsum
+    from . import execute
+
+    ops = [A, torch.ones(A.shape[1], dtype=A.dtype)]
+    tensors, infos, dtype, _ = execute.normalize_operands(ops, "doctest")
+    a = parse_einsum("ij,j->i", [2, 1])
+    extents = {"i": A.shape[0], "j": A.shape[1]}
+    kernel = execute.get_kernel(a, tensors, infos, dtype, None, extents)
+    return kernel, dtype, execute._compile_args(a, tensors, infos, dtype, None)
+
+
+def flatten(tensors) -> list:
+    """Operands as the flat tensor list the custom ops take.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> len(flatten([st.tensor(torch.eye(2), "csr"), torch.ones(2)]))  # pos, crd, vals, x
+        4
+    """
+    flat = []
+    for t in tensors:
+        if isinstance(t, SparseTensor):
+            flat += [getattr(t, "_" + n) for n in t._array_names]
+            flat.append(t._values)
+        else:
+            flat.append(t)
+    return flat
+
+
+def call(prepared, tensors):
+    """Run ``prepared`` on ``tensors`` through the custom ops (the tracing path): the same
+    result ``prepared(tensors)`` gives, recorded as one op in the traced graph.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> from sparsetorch.ops import execute
+        >>> A = st.tensor(torch.tensor([[0., 2.], [3., 0.]]), "csr")
+        >>> call(execute._Prepared(*_prepared_args(A)), [A, torch.ones(2)])
+        tensor([2., 3.])
+    """
+    key = kernel_id(prepared)
+    entry = _KERNELS[key]
+    extents = prepared.extents(tensors)
+    flat = flatten(tensors)
+    shape = entry.out_shape(extents)
+    if entry.kind == "dense":
+        return torch.ops.sparsetorch.dense_kernel(key, flat, extents)
+    fmt = entry.output.format
+    if entry.kind == "sampled":
+        source = tensors[entry.output.sampled_operand]
+        values = torch.ops.sparsetorch.sampled_kernel(key, flat, extents)
+        return SparseTensor(shape, fmt, source.arrays, values)
+    out = torch.ops.sparsetorch.emit_kernel(key, flat, extents)
+    return SparseTensor(shape, fmt, dict(zip(array_names(fmt), out[:-1])), out[-1])
+
+
+def _entry(kernel: str) -> _Entry:
+    entry = _KERNELS.get(kernel)
+    if entry is None:
+        raise RuntimeError(
+            f"sparsetorch: kernel {kernel!r} is not registered in this process; a traced "
+            "graph must be traced (torch.compile runs the Python of each op) in the process "
+            "that runs it: re-trace instead of loading a graph saved by another process")
+    return entry
+
+
+def _run(kernel: str, inputs, extents):
+    entry = _entry(kernel)
+    return entry, entry.prepared(entry.operands(inputs, list(extents)))
+
+
+@torch.library.custom_op("sparsetorch::dense_kernel", mutates_args=())
+def dense_kernel(kernel: str, inputs: list[torch.Tensor], extents: list[int]) -> torch.Tensor:
+    """Run registered kernel ``kernel`` (a dense result) on the flat ``inputs``.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> from sparsetorch.ops import execute
+        >>> A = st.tensor(torch.tensor([[0., 2.], [3., 0.]]), "csr")
+        >>> key = kernel_id(execute._Prepared(*_prepared_args(A)))
+        >>> torch.ops.sparsetorch.dense_kernel(key, flatten([A, torch.ones(2)]), [2, 2])
+        tensor([2., 3.])
+    """
+    CALLS["dense"] += 1
+    return _run(kernel, inputs, extents)[1]
+
+
+@dense_kernel.register_fake
+def _(kernel, inputs, extents):
+    entry = _entry(kernel)
+    return inputs[-1].new_empty(entry.out_shape(extents), dtype=entry.prepared.dtype)
+
+
+@torch.library.custom_op("sparsetorch::sampled_kernel", mutates_args=())
+def sampled_kernel(kernel: str, inputs: list[torch.Tensor],
+                   extents: list[int]) -> torch.Tensor:
+    """Run registered kernel ``kernel`` (a result sampled on one sparse operand's pattern);
+    returns one value per stored entry of that operand.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> from torch._subclasses.fake_tensor import FakeTensorMode
+        >>> S = st.tensor(torch.eye(2), "csr")
+        >>> with FakeTensorMode(allow_non_fake_inputs=True) as mode:   # SDDMM, traced
+        ...     x = mode.from_tensor(torch.ones(2, 3))
+        ...     out = st.einsum("ij,ik,jk->ij", S, x, x)
+        >>> tuple(out.values.shape)   # one value per stored entry of S
+        (2,)
+    """
+    CALLS["sampled"] += 1
+    entry, out = _run(kernel, inputs, extents)
+    return out.values
+
+
+@sampled_kernel.register_fake
+def _(kernel, inputs, extents):
+    entry = _entry(kernel)
+    at = 0
+    for n, names in enumerate(entry.names):   # the sampled operand's values
+        width = 1 if names is None else len(names) + 1
+        if n == entry.output.sampled_operand:
+            values = inputs[at + width - 1]
+            return values.new_empty(values.shape, dtype=entry.prepared.dtype)
+        at += width
+    raise AssertionError("sampled operand not found")
+
+
+@torch.library.custom_op("sparsetorch::emit_kernel", mutates_args=())
+def emit_kernel(kernel: str, inputs: list[torch.Tensor],
+                extents: list[int]) -> list[torch.Tensor]:
+    """Run registered kernel ``kernel`` (a newly assembled sparse result); returns its level
+    arrays (``array_names`` order, index dtype fixed by the shape) then its values.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[0., 2.], [3., 0.]]), "csr")
+        >>> B = torch.compile(lambda A: A @ A, backend="aot_eager", fullgraph=True)(A)
+        >>> B.to_dense()
+        tensor([[6., 0.],
+                [0., 6.]])
+    """
+    CALLS["emit"] += 1
+    entry, out = _run(kernel, inputs, extents)
+    index = entry.index_dtype(extents)
+    flat_in = {t.data_ptr() for t in inputs if t.numel()}
+    result = []
+    for t in [*(out.arrays[n] for n in array_names(out.format)), out.values]:
+        t = t.to(index) if t is not out.values and t.dtype != index else t
+        # custom ops must not return their inputs' memory (a sampled pattern re-laid out
+        # may keep an unchanged array)
+        result.append(t.clone() if t.numel() and t.data_ptr() in flat_in else t)
+    return result
+
+
+@emit_kernel.register_fake
+def _(kernel, inputs, extents):
+    entry = _entry(kernel)
+    fmt = entry.output.format
+    shape = entry.out_shape(extents)
+    index = entry.index_dtype(extents)
+    ctx = torch.library.get_ctx()
+    device = inputs[-1].device
+    out, count = [], 1
+    for level, size in zip(fmt.levels, fmt.storage_dims(shape)):
+        if level.has_pos:     # one position per parent, then a data-dependent entry count
+            out.append(torch.empty(count + 1, dtype=index, device=device))
+            count = ctx.new_dynamic_size()
+        elif not level.has_crd:   # dense: every coordinate of every parent
+            count = count * size
+        if level.has_crd:
+            out.append(torch.empty(count, dtype=index, device=device))
+    out.append(torch.empty(count, dtype=entry.prepared.dtype, device=device))
+    return out
