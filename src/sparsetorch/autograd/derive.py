@@ -123,7 +123,10 @@ def operand_grad(assignment: Assignment, operands, n: int, grad_out, evaluate):
         if x is not None:
             expr = Mul(expr, x)
         out_vars = tuple(dict.fromkeys(acc.indices))
-        if sparse:   # sample on the operand's own pattern
+        if sparse and not _on_pattern(grad_out, target, acc.indices, assignment.out_vars):
+            # sample on the operand's own pattern (unless the output gradient already is: a
+            # sampled result shares its operand's arrays; then a second sparse operand would
+            # only add an intersection, and a result of data-dependent size when traced)
             expr = Mul(expr, b.leaf(ones_pattern(target), acc.indices))
         if c != 1.0:
             expr = Scale(c, expr)
@@ -136,6 +139,16 @@ def operand_grad(assignment: Assignment, operands, n: int, grad_out, evaluate):
             part = _embed_diagonal(result, acc.indices, out_vars, target)
         total = part if total is None else total + part
     return total
+
+
+def _on_pattern(grad_out, target, indices, out_vars) -> bool:
+    """Whether ``grad_out`` is stored on exactly ``target``'s pattern, read the same way."""
+    if not isinstance(grad_out, SparseTensor) or tuple(indices) != tuple(out_vars):
+        return False
+    if grad_out.format != target.format:
+        return False
+    mine, theirs = grad_out.arrays, target.arrays
+    return all(mine[k] is theirs[k] for k in mine)
 
 
 def _embed_diagonal(result, indices, out_vars, target):

@@ -15,6 +15,7 @@ import torch
 
 from ..formats.pack import unpack
 from ..formats.tensor import SparseTensor
+from ..ops.custom_ops import is_tracing
 
 
 def ones_pattern(t: SparseTensor) -> SparseTensor:
@@ -30,9 +31,13 @@ def ones_pattern(t: SparseTensor) -> SparseTensor:
 
 
 def _same_storage(a: SparseTensor, b: SparseTensor) -> bool:
-    if a.format != b.format or a.nnz != b.nnz:
+    if a.format != b.format:
         return False
     xa, xb = a.arrays, b.arrays
+    if all(xa[k] is xb[k] for k in xa):   # shared arrays (also the only test while tracing:
+        return True                       # fake arrays have no data, sizes may be symbolic)
+    if is_tracing((a, b)) or a.nnz != b.nnz:
+        return False
     return all(xa[k].data_ptr() == xb[k].data_ptr() and xa[k].numel() == xb[k].numel()
                for k in xa)
 
@@ -66,13 +71,18 @@ def values_on_pattern(pattern: SparseTensor, result) -> torch.Tensor:
     if _same_storage(pattern, result):
         return result.values
     out = torch.zeros(pattern.nnz, dtype=result.dtype, device=result.device)
-    if result.nnz == 0:
+    # While tracing the result's entry count is symbolic and its entries are not known:
+    # skip the shortcut and the check (both read data), the general path covers them.
+    tracing = is_tracing((pattern, result))
+    if not tracing and result.nnz == 0:
         return out
     keys = _linear_keys(pattern)
     wanted = _linear_keys(result)
     order = torch.argsort(keys)
     sorted_keys = keys[order]
     at = torch.searchsorted(sorted_keys, wanted).clamp_max(max(keys.numel() - 1, 0))
+    if tracing:
+        return out.index_add(0, order[at], result.values)
     if keys.numel() == 0 or not bool((sorted_keys[at] == wanted).all()):
         raise RuntimeError("sparsetorch internal error: a sampled gradient stores entries "
                            "outside its operand's pattern")

@@ -225,7 +225,8 @@ class Compressed(LevelKind):
         counts = pos.diff()
         if counts.dtype != index_dtype_for(parent_count):
             counts = counts.to(torch.int64)
-        return torch.repeat_interleave(counts), crd     # parent p, pos[p+1] - pos[p] times
+        # parent p, pos[p+1] - pos[p] times; output_size keeps the size static when traced
+        return torch.repeat_interleave(counts, output_size=n), crd
 
     def expand(self, parent, size, arrays):
         pos = arrays["pos"].to(torch.int64)

@@ -18,13 +18,23 @@ from .einsum import einsum
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
+# Up to this many slices, the maxima go to a table indexed by slice (static sizes, so it
+# traces under torch.compile); more (hypersparse 3-D) go through torch.unique.
+_DIRECT_SLICES = 1 << 24
+
+
 def _group_max(t: SparseTensor, dim: int) -> torch.Tensor:
     """Max of the stored values in each slice along ``dim``, one per stored entry."""
     coords, vals = unpack(t.format, t.shape, t.arrays, t.values.detach())
     key = torch.zeros(t.nnz, dtype=torch.int64)
+    slices = 1
     for d, size in enumerate(t.shape):
         if d != dim:
             key = key * int(size) + coords[d]
+            slices *= int(size)
+    if slices <= _DIRECT_SLICES:
+        top = torch.full((slices,), -torch.inf, dtype=vals.dtype)
+        return top.scatter_reduce(0, key, vals, "amax")[key]
     groups, inverse = torch.unique(key, return_inverse=True)
     top = torch.full((groups.numel(),), -torch.inf, dtype=vals.dtype)
     top = top.scatter_reduce(0, inverse, vals, "amax")
