@@ -16,6 +16,10 @@ from .pack import array_names
 # not here falls through to ``__torch_dispatch__``, which names the op and raises.
 _TORCH_FUNCTIONS: dict = {}
 _DisableTorchFunction = torch._C.DisableTorchFunctionSubclass
+_is_grad_enabled = torch.is_grad_enabled
+# The wrapper's own autograd state (the class overrides the Python properties).
+_wrapper_requires_grad = torch.Tensor.requires_grad.__get__
+_wrapper_grad_fn = torch.Tensor.grad_fn.__get__
 
 
 class SparseTensor(torch.Tensor):
@@ -41,6 +45,11 @@ class SparseTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, shape, fmt: Format, arrays: dict, values: torch.Tensor,
                 requires_grad: bool = False):
+        if values.requires_grad and _is_grad_enabled():
+            # The gradient lives on ``values``; the wrapper is recorded too (one node), so
+            # code that differentiates the wrapper itself sees the same gradient: AOTAutograd
+            # (torch.compile) calls ``autograd.grad`` on a SparseTensor output.
+            return _FromValues.apply(shape, fmt, arrays, values)
         t = torch.Tensor._make_wrapper_subclass(
             cls, tuple(shape), dtype=values.dtype, device=values.device,
             requires_grad=requires_grad)
@@ -143,7 +152,12 @@ class SparseTensor(torch.Tensor):
     @property
     def requires_grad(self) -> bool:
         """Whether the stored values require grad (gradients live on ``.values``)."""
-        return self._values.requires_grad
+        return self._values.requires_grad or _wrapper_requires_grad(self)
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool):
+        # torch.compile's fakification copies the flag onto the fake copy of an input
+        self._values.requires_grad_(value)
 
     def requires_grad_(self, requires_grad: bool = True) -> "SparseTensor":
         """Track gradients of the stored values; returns ``self``.
@@ -171,7 +185,7 @@ class SparseTensor(torch.Tensor):
 
     @property
     def grad_fn(self):
-        return self._values.grad_fn
+        return self._values.grad_fn or _wrapper_grad_fn(self)
 
     @property
     def is_leaf(self) -> bool:
@@ -212,7 +226,12 @@ class SparseTensor(torch.Tensor):
     @property
     def values(self) -> torch.Tensor:
         """The stored values, one per stored entry, in storage order."""
-        return self._values
+        v = self._values
+        if not v.requires_grad and _wrapper_requires_grad(self) and _is_grad_enabled():
+            # A compiled function's output carries its history on the wrapper (AOTAutograd
+            # differentiates SparseTensor outputs as wholes): connect the values to it.
+            return _ValuesOf.apply(self)
+        return v
 
     @property
     def nnz(self) -> int:
@@ -301,6 +320,41 @@ class SparseTensor(torch.Tensor):
         from .convert import convert
 
         return convert(self, format, blocksize=blocksize, index_dtype=index_dtype)
+
+
+class _FromValues(torch.autograd.Function):
+    """A SparseTensor built from values that require grad, as one autograd node: the
+    wrapper's gradient (a SparseTensor on the same pattern) is its values' gradient. The
+    wrapped ``values`` keep their own history, which is what eager code differentiates."""
+
+    @staticmethod
+    def forward(ctx, shape, fmt, arrays, values):
+        return SparseTensor(shape, fmt, arrays, values)   # grad mode is off in here
+
+    @staticmethod
+    def backward(ctx, grad):
+        if isinstance(grad, SparseTensor):
+            grad = grad._values
+        elif grad.layout == torch.strided and grad.dim() != 1:
+            raise RuntimeError(
+                f"SparseTensor: the gradient of a sparse tensor arrived as a dense tensor of "
+                f"shape {tuple(grad.shape)}; pass a SparseTensor with the same pattern (or "
+                "differentiate .values)")
+        return None, None, None, grad
+
+
+class _ValuesOf(torch.autograd.Function):
+    """``t.values`` of a SparseTensor whose history is on the wrapper (an output of a
+    ``torch.compile``d function): the values' gradient is the wrapper's, on its pattern."""
+
+    @staticmethod
+    def forward(ctx, t):
+        ctx.pattern = t.with_values(t._values.detach())
+        return t._values.view_as(t._values)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.pattern.with_values(grad)
 
 
 def map_arrays(t: SparseTensor, on_index, on_values) -> SparseTensor:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..compiler.notation import Assignment, parse_einsum
+from ..formats.tensor import SparseTensor
 from .execute import kernel_for, lookup, run
 
 
@@ -32,6 +33,12 @@ def einsum(equation: str, *operands, out_format=None):
     """
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    if _is_compiling():   # dynamo: record torch.einsum, which routes back here (see below)
+        return _traced_einsum(equation, operands, out_format)
+    return _einsum(equation, operands, out_format)
+
+
+def _einsum(equation, operands, out_format):
     if _is_grad_enabled() and _any_requires_grad(operands):   # the one check on the fast path
         return _einsum_recorded(equation, operands, out_format)
     prepared = lookup(equation, operands, out_format)
@@ -43,6 +50,53 @@ def einsum(equation: str, *operands, out_format=None):
 
 
 _is_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
+# Separates an ``out_format`` name from the equation in the ``torch.einsum`` call recorded
+# while compiling; no einsum equation contains it.
+_FORMAT_MARK = "|"
+
+
+def _traced_einsum(equation, operands, out_format):
+    """``einsum`` as dynamo should see it: a ``torch.einsum`` call, which it records in the
+    graph and whose ``__torch_function__`` (``SparseTensor``) runs ``torch_einsum`` while the
+    graph is traced, below dynamo. Dynamo would otherwise trace this module's Python (memo
+    tables, ctypes) and break the graph. A named ``out_format`` rides in the equation.
+    (``is_compiling()`` stays true while the recorded graph runs on fake tensors, so the
+    handler calls ``_einsum``, not ``einsum``.)"""
+    if not any(isinstance(t, SparseTensor) for t in operands):
+        if out_format not in (None, "dense"):
+            raise NotImplementedError(
+                f"einsum({equation!r}) of dense operands with out_format={out_format!r} "
+                "under torch.compile: wrap the result with st.tensor outside the compiled "
+                "function, or pass a SparseTensor operand")
+        return torch.einsum(equation, *operands)
+    if out_format is not None:
+        if not isinstance(out_format, str):
+            raise NotImplementedError(
+                f"einsum({equation!r}) under torch.compile takes out_format as a format name "
+                f"(e.g. 'csr'), got {out_format!r}; pass its name, or convert the result "
+                "outside the compiled function")
+        equation = f"{equation}{_FORMAT_MARK}{out_format}"
+    return torch.einsum(equation, *operands)
+
+
+def torch_einsum(equation, *operands):
+    """``torch.einsum`` on operands that include a SparseTensor: ``st.einsum``.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> torch.einsum("ij,j->i", st.tensor(torch.eye(2), "csr"), torch.ones(2))
+        tensor([1., 1.])
+    """
+    if isinstance(equation, str) and _FORMAT_MARK in equation:
+        equation, out_format = equation.split(_FORMAT_MARK)
+        return _einsum(equation, operands, out_format)
+    if not isinstance(equation, str):
+        raise TypeError("torch.einsum with SparseTensor operands takes an equation string "
+                        "(the sublist form is not supported)")
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    return _einsum(equation, operands, None)
 
 
 def _any_requires_grad(operands) -> bool:

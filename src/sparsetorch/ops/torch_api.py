@@ -16,6 +16,7 @@ from ..formats.tensor import _TORCH_FUNCTIONS, SparseTensor, map_arrays
 from . import elementwise as ew
 from . import matmul as mm_
 from . import reduce as red
+from .einsum import torch_einsum
 from .softmax import softmax
 
 Tensor = torch.Tensor
@@ -59,7 +60,7 @@ def _install():
         torch.matmul: mm_.matmul, Tensor.matmul: mm_.matmul, Tensor.__matmul__: mm_.matmul,
         Tensor.__rmatmul__: lambda a, b: mm_.matmul(b, a),
         torch.mm: mm_.mm, Tensor.mm: mm_.mm, torch.sparse.mm: mm_.mm,
-        torch.bmm: mm_.bmm, Tensor.bmm: mm_.bmm,
+        torch.bmm: mm_.bmm, Tensor.bmm: mm_.bmm, torch.einsum: torch_einsum,
         torch.sparse.sampled_addmm: mm_.sampled_addmm, F.linear: mm_.linear,
         # elementwise
         torch.add: ew.add, Tensor.add: ew.add, Tensor.__add__: ew.add,
