@@ -1,0 +1,198 @@
+"""torch.compile over SparseTensors: every compiled function matches eager (values and
+gradients, float64), compiles with ``fullgraph=True`` (no graph breaks), runs kernels as the
+``sparsetorch::*`` custom ops whose fake kernels give the right shapes, while eager calls
+keep calling ctypes directly."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+import sparsetorch as st
+from sparsetorch.ops import custom_ops, execute
+
+F64 = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _matrix(rows, cols, seed):
+    g = torch.Generator().manual_seed(seed)
+    d = torch.randn(rows, cols, generator=g, dtype=F64)
+    d[d.abs() < 0.6] = 0
+    return d
+
+
+A = st.tensor(_matrix(6, 5, 0), "csr")
+X = torch.randn(5, 3, generator=torch.Generator().manual_seed(1), dtype=F64)
+U = torch.randn(6, 3, generator=torch.Generator().manual_seed(2), dtype=F64)
+x6 = torch.randn(6, generator=torch.Generator().manual_seed(3), dtype=F64)
+SHAPE = tuple(A.shape)
+
+
+def _dense(t):
+    return t.to_dense() if isinstance(t, st.SparseTensor) else t
+
+
+def _check_same(out, ref):
+    assert type(out) is type(ref)
+    if isinstance(ref, st.SparseTensor):
+        assert out.format == ref.format and out.shape == ref.shape
+    torch.testing.assert_close(_dense(out), _dense(ref))
+
+
+FORWARD = {
+    "relu_spmm": (lambda A, X: torch.relu(A @ X), (A, X)),
+    "transposed_spmv_sum": (lambda A, x: (A.t() @ x).sum(), (A, x6)),
+    "einsum_sddmm_sparse_result": (lambda A, U, X: st.einsum("ij,ik,jk->ij", A, U, X),
+                                   (A, U, X)),
+    "einsum_out_format": (lambda A, X: st.einsum("ij,jk->ik", A, X, out_format="csr"),
+                          (A, X)),
+    "torch_einsum": (lambda A, X: torch.einsum("ij,jk->ik", A, X), (A, X)),
+    "from_levels": (lambda pos, crd, v, X: st.SparseTensor.from_levels(
+        SHAPE, "csr", {"pos1": pos, "crd1": crd}, v, check=False) @ X,
+        (A.arrays["pos1"], A.arrays["crd1"], A.values, X)),
+    "with_values": (lambda A, v, X: A.with_values(v * 2) @ X, (A, A.values, X)),
+    "softmax": (lambda A: torch.sparse.softmax(A, 1), (A,)),
+    "spgemm": (lambda A: A @ A.t(), (A,)),
+    "sparse_add_scale": (lambda A: (A + A.t().t()) * 2.0, (A,)),
+    "linear_bias": (lambda A, X: torch.nn.functional.linear(X.t(), A, x6), (A, X)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORWARD))
+def test_forward_matches_eager(name):
+    fn, args = FORWARD[name]
+    ref = fn(*args)
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(*args)
+    _check_same(out, ref)
+    again = torch.compile(fn, fullgraph=True, backend="aot_eager")(*args)  # cached graph
+    _check_same(again, ref)
+
+
+@pytest.mark.parametrize("name", ["relu_spmm", "einsum_sddmm_sparse_result",
+                                  "transposed_spmv_sum", "softmax"])
+def test_no_graph_breaks(name):
+    fn, args = FORWARD[name]
+    explanation = torch._dynamo.explain(fn)(*args)
+    assert explanation.graph_break_count == 0
+    assert explanation.graph_count == 1
+
+
+def test_compiled_graph_calls_the_custom_ops():
+    before = dict(custom_ops.CALLS)
+    torch.compile(lambda A, X: A @ X, fullgraph=True, backend="aot_eager")(A, X)
+    torch.compile(lambda A: A @ A.t(), fullgraph=True, backend="aot_eager")(A)
+    torch.compile(lambda A, U, X: st.einsum("ij,ik,jk->ij", A, U, X), fullgraph=True,
+                  backend="aot_eager")(A, U, X)
+    for kind in ("dense", "emit", "sampled"):
+        assert custom_ops.CALLS[kind] > before[kind], kind
+
+
+# Gradients: w are the sparse operand's values (through with_values), Y a dense operand.
+BACKWARD = {
+    "spmm_relu": lambda w, Y: torch.relu(A.with_values(w) @ Y).sum(),
+    "sddmm": lambda w, Y: (st.einsum("ij,ik,jk->ij", A.with_values(w), U, Y) * 3.0).sum(),
+    "sddmm_sparse_output": lambda w, Y: st.einsum("ij,ik,jk->ij", A.with_values(w), U, Y),
+    "softmax_spmm": lambda w, Y: (torch.sparse.softmax(A.with_values(w), 1) @ Y).pow(2)
+    .sum(),
+    "transposed": lambda w, Y: ((A.with_values(w).t() @ U) * Y).sum(),
+}
+
+
+def _grads(fn, backend=None):
+    w = A.values.detach().clone().requires_grad_()
+    Y = X.detach().clone().requires_grad_()
+    f = fn if backend is None else torch.compile(fn, fullgraph=True, backend=backend)
+    out = f(w, Y)
+    loss = out.to_dense().pow(2).sum() if isinstance(out, st.SparseTensor) else out
+    loss.backward()
+    return loss.detach(), w.grad, Y.grad
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARD))
+def test_backward_matches_eager(name):
+    ref = _grads(BACKWARD[name])
+    got = _grads(BACKWARD[name], "aot_eager")
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r)
+
+
+def test_inductor_spmm_forward_and_backward():
+    ref = _grads(BACKWARD["spmm_relu"])
+    got = _grads(BACKWARD["spmm_relu"], "inductor")
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r)
+
+
+def test_inductor_sparse_result():
+    fn, args = FORWARD["einsum_sddmm_sparse_result"]
+    _check_same(torch.compile(fn, fullgraph=True)(*args), fn(*args))
+
+
+def _prepared(equation, *operands):
+    """The call recipe ``st.einsum`` builds for these operands (the registry's entry)."""
+    from sparsetorch.compiler.notation import parse_einsum, var_extents
+
+    assignment = parse_einsum(equation, [t.dim() for t in operands])
+    tensors, infos, dtype, _ = execute.normalize_operands(operands, "test")
+    extents = var_extents(assignment, [tuple(t.shape) for t in tensors])
+    kernel = execute.get_kernel(assignment, tensors, infos, dtype, None, extents)
+    return execute._Prepared(kernel, dtype, execute._compile_args(assignment, tensors, infos,
+                                                                   dtype, None))
+
+
+@pytest.mark.parametrize("equation, operands, op", [
+    ("ij,jk->ik", (A, X), "dense_kernel"),
+    ("ij,ik,jk->ij", (A, U, X), "sampled_kernel"),
+    ("ij,jk->ik", (A, st.tensor(_matrix(5, 4, 5), "csr")), "emit_kernel"),
+])
+def test_opcheck(equation, operands, op):
+    prepared = _prepared(equation, *operands)
+    key = custom_ops.kernel_id(prepared)
+    args = (key, custom_ops.flatten(operands), prepared.extents(operands))
+    torch.library.opcheck(getattr(torch.ops.sparsetorch, op), args)
+
+
+def test_fake_kernels_shapes():
+    B = st.tensor(_matrix(5, 4, 5), "csr")
+    eager = st.einsum("ij,jk->ik", A, B)
+    with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv()) as mode:
+        fX, fU = mode.from_tensor(X), mode.from_tensor(U)
+        dense = A @ fX
+        sampled = st.einsum("ij,ik,jk->ij", A, fU, fX)
+        emitted = st.einsum("ij,jk->ik", A, B.with_values(mode.from_tensor(B.values)))
+    assert tuple(dense.shape) == (6, 3) and dense.dtype == F64
+    assert sampled.format == A.format and sampled.values.shape == A.values.shape
+    assert sampled.arrays["crd1"] is A.arrays["crd1"]        # the operand's own pattern
+    assert emitted.format == eager.format and tuple(emitted.shape) == (6, 4)
+    nnz = emitted.values.shape[0]
+    assert isinstance(nnz, torch.SymInt)                       # data-dependent size
+    assert emitted.arrays["crd1"].shape[0] == nnz
+    assert tuple(emitted.arrays["pos1"].shape) == (7,)
+    assert emitted.arrays["pos1"].dtype == eager.arrays["pos1"].dtype
+
+
+def test_eager_calls_skip_the_custom_ops():
+    """The eager path calls the ctypes kernels directly (the dispatcher costs several us)."""
+    B = st.tensor(_matrix(5, 4, 5), "csr")
+    before = dict(custom_ops.CALLS)
+    x = torch.randn(5, dtype=F64)
+    for _ in range(3):
+        st.einsum("ij,j->i", A, x)                    # dense result, memoised shim
+        A @ X
+        st.einsum("ij,ik,jk->ij", A, U, X)            # sampled
+        st.einsum("ij,jk->ik", A, B)                  # emitted
+    w = A.values.detach().clone().requires_grad_()
+    (A.with_values(w) @ X).sum().backward()           # grad mode: forward and backward
+    assert custom_ops.CALLS == before
+    assert not custom_ops.is_tracing([A, X])
+
+
+def test_unknown_kernel_id_names_the_fix():
+    with pytest.raises(RuntimeError, match="not registered in this process"):
+        torch.ops.sparsetorch.dense_kernel("nope#0", [X], [1])
