@@ -330,11 +330,16 @@ class _Lowerer:
             return self.sparse_loop(depth, v, iters, code, sparse_iters[0], st)
         return self.merge_loop(depth, v, iters, code, sparse_iters, formula, st)
 
-    def bind_dense_levels(self, v, iters, code, st):
-        """Locate dense levels of sparse operands at this coordinate."""
-        out = []
+    def bind_dense_levels(self, depth, iters, st):
+        """Locate the dense levels of the operands that advanced here whose variables are
+        bound: this loop's, and ones an outer loop already iterates (the schedule may put a
+        dense level's variable before its compressed parent, e.g. BSR rows before blocks)."""
+        out, bound = [], set(self.order[:depth + 1])
         for n in iters:
-            if code[n].is_dense:
+            kinds, vars_ = self.plan.formats[n].levels, self.levels[n]
+            while st.lvl[n] < len(vars_) and isinstance(kinds[st.lvl[n]], Dense) and \
+                    vars_[st.lvl[n]] in bound:
+                v = vars_[st.lvl[n]]
                 p = self.fresh(f"p{n}_")
                 out.append(Decl("idx", p, Bin("+", Bin("*", st.pos[n], dim(v)), Sym(v))))
                 st.pos[n] = Sym(p)
@@ -358,7 +363,7 @@ class _Lowerer:
             seg = c.segment_end(Sym(p), Sym(end), body, guard=Sym(flag))
             cursors[n] = (p, flag, seg)
             inner.enter(n, Sym(p), seg, Sym(flag))
-        body += self.bind_dense_levels(v, iters, code, inner)
+        body += self.bind_dense_levels(depth, iters, inner)
         body = self.with_outer(depth, Sym(v), inner, body) + self.loops(depth + 1, inner)
         for n, (p, flag, seg) in cursors.items():
             nxt = seg if seg is not None else Bin("+", Sym(p), Lit(1))
@@ -379,14 +384,14 @@ class _Lowerer:
             body = [Decl("idx", v, c.coord(Sym(p)))]
             seg = c.segment_end(Sym(p), Sym(end), body, guard=None)
             inner.enter(n, Sym(p), seg, None)
-            body += self.bind_dense_levels(v, iters, code, inner)
+            body += self.bind_dense_levels(depth, iters, inner)
             body = self.with_outer(depth, Lit(0), inner, body) + self.loops(depth + 1, inner)
             body.append(Assign(Sym(p), seg))
             return [Decl("idx", start, lo), Decl("idx", end, hi), Decl("idx", p, Sym(start)),
                     While(Bin("<", Sym(p), Sym(end)), block(body))]
         body = [Decl("idx", v, c.coord(Sym(p)))]
         inner.enter(n, Sym(p), None, None)
-        body += self.bind_dense_levels(v, iters, code, inner)
+        body += self.bind_dense_levels(depth, iters, inner)
         body = self.with_outer(depth, Bin("-", Sym(p), lo), inner, body) + \
             self.loops(depth + 1, inner)
         if depth == 0:
@@ -431,7 +436,7 @@ class _Lowerer:
             required = presence(self.body, lambda acc, n=n: acc.operand != n) is False
             inner.enter(n, Sym(p), segs[n], None if required else Sym(flag))
         guard = _cond(formula(lambda n: Bin("==", Sym(coords[n]), Sym(v))))
-        inner_body = self.bind_dense_levels(v, iters, code, inner)
+        inner_body = self.bind_dense_levels(depth, iters, inner)
         inner_body = self.with_outer(depth, Lit(0), inner, inner_body) + \
             self.loops(depth + 1, inner)
         body.append(If(guard, block(inner_body)))

@@ -55,13 +55,18 @@ def level_vars(fmt: Format, indices) -> tuple[str, ...]:
 
 
 def _constraints(assignment: Assignment, formats, infos):
-    """Pairs (a, b): variable a must be iterated before b."""
+    """Pairs (a, b): variable a must be iterated before b. A dense level below another one
+    is located, not iterated (its position is parent * extent + coordinate), so its
+    variable may also come earlier: BSR then runs each row of a block row across all its
+    blocks, keeping the output row in registers."""
     pairs = set()
     for acc in assignment.expr.accesses():
-        if infos[acc.operand].strided or formats[acc.operand].is_dense:
+        fmt = formats[acc.operand]
+        if infos[acc.operand].strided or fmt.is_dense:
             continue
-        vs = level_vars(formats[acc.operand], acc.indices)
-        pairs.update((a, b) for a, b in zip(vs, vs[1:]) if a != b)
+        vs = level_vars(fmt, acc.indices)
+        pairs.update((a, b) for k, (a, b) in enumerate(zip(vs, vs[1:]))
+                     if a != b and not isinstance(fmt.levels[k + 1], Dense))
     return pairs
 
 
