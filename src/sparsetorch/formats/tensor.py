@@ -17,9 +17,18 @@ from .pack import array_names
 _TORCH_FUNCTIONS: dict = {}
 _DisableTorchFunction = torch._C.DisableTorchFunctionSubclass
 _is_grad_enabled = torch.is_grad_enabled
-# The wrapper's own autograd state (the class overrides the Python properties).
-_wrapper_requires_grad = torch.Tensor.requires_grad.__get__
-_wrapper_grad_fn = torch.Tensor.grad_fn.__get__
+
+
+# The wrapper's own autograd state (the class overrides the Python properties). Read with
+# torch functions off: through ``__torch_function__`` the getter costs ~1.7 us, ~0.35 here.
+def _wrapper_requires_grad(t) -> bool:
+    with _DisableTorchFunction():
+        return torch.Tensor.requires_grad.__get__(t)
+
+
+def _wrapper_grad_fn(t):
+    with _DisableTorchFunction():
+        return torch.Tensor.grad_fn.__get__(t)
 
 
 class SparseTensor(torch.Tensor):
@@ -41,6 +50,10 @@ class SparseTensor(torch.Tensor):
     _format: Format
     _array_names: tuple[str, ...]
     _values: torch.Tensor
+    # True on wrappers that autograd may have recorded themselves (built by an autograd node:
+    # ``_FromValues``, or AOTAutograd's output rebuilding via ``__tensor_unflatten__``); the
+    # others skip reading the wrapper's own autograd state, which is not free.
+    _wrapper_grad = False
 
     @staticmethod
     def __new__(cls, shape, fmt: Format, arrays: dict, values: torch.Tensor,
@@ -105,7 +118,9 @@ class SparseTensor(torch.Tensor):
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
         (fmt,) = meta
         arrays = {n[1:]: t for n, t in inner.items() if n != "_values"}
-        return SparseTensor(outer_size, fmt, arrays, inner["_values"])
+        t = SparseTensor(outer_size, fmt, arrays, inner["_values"])
+        t._wrapper_grad = True
+        return t
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -152,7 +167,7 @@ class SparseTensor(torch.Tensor):
     @property
     def requires_grad(self) -> bool:
         """Whether the stored values require grad (gradients live on ``.values``)."""
-        return self._values.requires_grad or _wrapper_requires_grad(self)
+        return self._values.requires_grad or (self._wrapper_grad and _wrapper_requires_grad(self))
 
     @requires_grad.setter
     def requires_grad(self, value: bool):
@@ -185,7 +200,7 @@ class SparseTensor(torch.Tensor):
 
     @property
     def grad_fn(self):
-        return self._values.grad_fn or _wrapper_grad_fn(self)
+        return self._values.grad_fn or (_wrapper_grad_fn(self) if self._wrapper_grad else None)
 
     @property
     def is_leaf(self) -> bool:
@@ -227,7 +242,8 @@ class SparseTensor(torch.Tensor):
     def values(self) -> torch.Tensor:
         """The stored values, one per stored entry, in storage order."""
         v = self._values
-        if not v.requires_grad and _wrapper_requires_grad(self) and _is_grad_enabled():
+        if not v.requires_grad and self._wrapper_grad and _is_grad_enabled() and \
+                _wrapper_requires_grad(self):
             # A compiled function's output carries its history on the wrapper (AOTAutograd
             # differentiates SparseTensor outputs as wholes): connect the values to it.
             return _ValuesOf.apply(self)
@@ -329,7 +345,9 @@ class _FromValues(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, shape, fmt, arrays, values):
-        return SparseTensor(shape, fmt, arrays, values)   # grad mode is off in here
+        out = SparseTensor(shape, fmt, arrays, values)   # grad mode is off in here
+        out._wrapper_grad = True
+        return out
 
     @staticmethod
     def backward(ctx, grad):

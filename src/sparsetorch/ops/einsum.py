@@ -35,6 +35,10 @@ def einsum(equation: str, *operands, out_format=None):
         operands = tuple(operands[0])
     if _is_compiling():   # dynamo: record torch.einsum, which routes back here (see below)
         return _traced_einsum(equation, operands, out_format)
+    if not (_is_grad_enabled() and _any_requires_grad(operands)):   # the fast path, inline
+        prepared = lookup(equation, operands, out_format)
+        if prepared is not None:
+            return prepared(operands)
     return _einsum(equation, operands, out_format)
 
 
