@@ -96,3 +96,45 @@ def test_blocked_weight_with_output_channel_bias(block):
                                         Unary("relu", Add(Result(), Access(2, ("o",))))))
     torch.testing.assert_close(run(a, [W, x, b]), (w @ x + b[:, None]).clamp_min(0),
                                rtol=1e-5, atol=1e-5)
+
+
+# -- the public API: st.einsum(..., bias=, activation=) -----------------------------------
+@pytest.mark.parametrize("fmt", ["csr", "coo", "dcsr", "bsr"])
+@pytest.mark.parametrize("bias_shape", [(70,), (20, 1), (), (1, 70), None])
+@pytest.mark.parametrize("act", [None, "relu", "relu6"])
+def test_einsum_bias_activation_matches_torch(fmt, bias_shape, act):
+    g = torch.Generator().manual_seed(7)
+    d = torch.randn(20, 12, generator=g, dtype=torch.float64)
+    d *= torch.rand(20, 12, generator=g) < 0.4
+    A = st.tensor(d, format=fmt, **({"blocksize": (2, 2)} if fmt == "bsr" else {}))
+    x = torch.randn(12, 70, generator=g, dtype=torch.float64)
+    b = None if bias_shape is None else torch.randn(bias_shape, generator=g, dtype=x.dtype)
+    got = st.einsum("ij,jk->ik", A, x, bias=b, activation=act)
+    ref = d @ x + (b if b is not None else 0)
+    ref = UNARY[act][1](ref) if act else ref
+    assert type(got) is torch.Tensor
+    torch.testing.assert_close(got, ref)
+
+
+def test_einsum_epilogue_gradients():
+    g = torch.Generator().manual_seed(8)
+    d = torch.randn(6, 5, generator=g, dtype=torch.float64) * (torch.rand(6, 5, generator=g)
+                                                              < 0.5)
+    A = st.tensor(d, format="csr")
+    x = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    v = A.values.clone().requires_grad_()
+    torch.autograd.gradcheck(lambda v, x, b: st.einsum("ij,jk->ik", A.with_values(v), x,
+                                                       bias=b, activation="relu6"), (v, x, b))
+
+
+def test_einsum_epilogue_errors():
+    A = st.tensor(torch.eye(3), format="csr")
+    with pytest.raises(ValueError, match="activation='gelu'"):
+        st.einsum("ij,jk->ik", A, torch.ones(3, 2), activation="gelu")
+    with pytest.raises(ValueError, match="does not broadcast"):
+        st.einsum("ij,jk->ik", A, torch.ones(3, 2), bias=torch.ones(5))
+    with pytest.raises(ValueError, match="dense result"):
+        st.einsum("ij,jk->ik", A, A, bias=torch.ones(3), out_format="csr")
+    with pytest.raises(TypeError, match="bias must be a dense"):
+        st.einsum("ij,jk->ik", A, torch.ones(3, 2), bias=A)

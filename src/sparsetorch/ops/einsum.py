@@ -11,16 +11,19 @@ from dataclasses import dataclass
 
 import torch
 
-from ..compiler.notation import Assignment, parse_einsum
+from ..compiler.notation import Assignment, parse_einsum, var_extents
 from ..formats.tensor import SparseTensor
-from .execute import kernel_for, lookup, run
+from .execute import backend, kernel_for, lookup, run
 
 
-def einsum(equation: str, *operands, out_format=None):
+def einsum(equation: str, *operands, out_format=None, bias=None, activation=None):
     """Einstein summation over dense tensors and SparseTensors in any format.
 
     Every repeated index not in the output is summed. The loop order, output format and
-    kernel are chosen automatically (see ``st.explain``).
+    kernel are chosen automatically (see ``st.explain``). ``bias`` (a dense tensor that
+    broadcasts against the result) and ``activation`` (``"relu"``, ``"relu6"``, ``"abs"``,
+    ``"neg"``, ``"exp"``, ``"sqrt"``) are fused into the same kernel, applied where each
+    output element is written: ``activation(einsum + bias)``, a dense result.
 
     Example:
         >>> import torch, sparsetorch as st
@@ -30,9 +33,14 @@ def einsum(equation: str, *operands, out_format=None):
                 [2., 2., 2.]])
         >>> st.einsum("ij,jk->ik", A, A).format.name
         'csr'
+        >>> st.einsum("ij,j->i", A, torch.ones(2), bias=torch.tensor([-3., 0.]),
+        ...           activation="relu")
+        tensor([0., 2.])
     """
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    if bias is not None or activation is not None:
+        return _einsum_epilogue(equation, operands, out_format, bias, activation)
     if _is_compiling():   # dynamo: record torch.einsum, which routes back here (see below)
         return _traced_einsum(equation, operands, out_format)
     if not (_is_grad_enabled() and _any_requires_grad(operands)):   # the fast path, inline
@@ -51,6 +59,26 @@ def _einsum(equation, operands, out_format):
     _check_tensors(operands, f"einsum({equation!r})")
     assignment = parse_einsum(equation, [t.dim() for t in operands])
     return run(assignment, operands, out_format, what=f"einsum({equation!r})", alias=equation)
+
+
+def _einsum_epilogue(equation, operands, out_format, bias, activation):
+    """One kernel for ``activation(einsum + bias)`` (``ops/epilogue.py``); with gradients
+    required, under ``torch.compile`` or off the compiled backend, the same ops unfused."""
+    from .epilogue import unfused, with_epilogue
+
+    what = f"einsum({equation!r})"
+    if out_format not in (None, "dense"):
+        raise ValueError(f"{what}: a bias or activation gives a dense result; drop "
+                         f"out_format={out_format!r} or apply them after the einsum")
+    grads = _is_grad_enabled() and _any_requires_grad((*operands, bias))
+    if grads or _is_compiling() or backend() != "c":
+        return unfused(einsum(equation, *operands), bias, activation)
+    _check_tensors(operands, what)
+    assignment = parse_einsum(equation, [t.dim() for t in operands])
+    extents = var_extents(assignment, [tuple(t.shape) for t in operands])
+    out_shape = tuple(extents[v] for v in assignment.out_vars)
+    fused, ops = with_epilogue(assignment, operands, out_shape, bias, activation, what)
+    return run(fused, ops, None, what=what)
 
 
 _is_grad_enabled = torch.is_grad_enabled
