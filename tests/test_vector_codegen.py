@@ -90,6 +90,10 @@ def test_spmm_uses_register_tiles_and_spmv_masked_gathers():
     assert "_mm512_fmadd_ps" in spmm.source and "tile" in spmm.tiles
     assert "64 values" in spmm.tiles      # four 512-bit registers of float32
     spmv = st.explain("ij,j->i", A, torch.ones(4)).source
+    assert "_mm512_mask_i32gather_ps" in spmv    # int32 indices as stored: 16 lanes
+    assert "< 4) {" in spmv                      # rows of 1-3 entries stay scalar
+    A64 = st.tensor(torch.eye(4), format="csr", index_dtype=torch.int64)
+    spmv = st.explain("ij,j->i", A64, torch.ones(4)).source
     assert "_mm512_mask_i64gather_ps" in spmv and "st_hsum256" in spmv
 
 

@@ -19,9 +19,9 @@ Memory traffic is unchanged by this rendering (the IR fixes it); only instructio
 differs. Anything outside the supported shapes raises ``Unsupported`` and the caller renders
 the whole function with pragmas instead, so correctness never depends on this file.
 
-Values are 'lanes' wide (16 float or 8 double per 512-bit register); a loop that needs
-per-lane indices (gathers through ``crd``) runs 8 lanes with int64 index vectors, so index
-arithmetic never overflows.
+Values are 'lanes' wide (16 float or 8 double per 512-bit register). A float32 gather
+through int32 indices used as stored (``x[crd[p]]``) runs 16 lanes; any other per-lane index
+runs 8 lanes with int64 index vectors, so index arithmetic never overflows.
 """
 from __future__ import annotations
 
@@ -44,6 +44,8 @@ static inline float st_hsum256(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 """
+
+SHORT_SUM = 4
 
 _UNARY_BY_TEMPLATE = {template: name for name, (template, *_rest) in UNARY.items()}
 
@@ -97,8 +99,8 @@ def full_lanes(val_ctype: str) -> int | None:
 @dataclass(frozen=True)
 class _V:
     """A rendered operand inside a vector loop: 's' a lane-invariant scalar C expression,
-    'lin' an index equal to ``text`` + lane, 'vi' a vector of int64 indices, 'vv' a vector
-    of values."""
+    'lin' an index equal to ``text`` + lane, 'vi' a vector of int64 indices, 'vi32' 16 int32
+    indices loaded as stored (gathers only), 'vv' a vector of values."""
 
     kind: str
     text: str
@@ -155,13 +157,25 @@ class VectorLoops:
 
     # -- sums ----------------------------------------------------------------------------
     def sum_loop(self, s: For, pad: str) -> list[str]:
-        """``acc += f(p)`` over p in [start, end): masked vector steps, one horizontal add."""
+        """``acc += f(p)`` over p in [start, end): masked vector steps, one horizontal add;
+        runs shorter than ``SHORT_SUM`` (graph rows of 1-3 entries) stay scalar, where the
+        fixed cost of a gather and a horizontal add would dominate."""
         for n in (full_lanes(self.val), 8):
             try:
-                return self._sum_loop(s, pad, _SHAPES[(self.val, n)])
+                vector = self._sum_loop(s, pad + "  ", _SHAPES[(self.val, n)])
+                break
             except _NeedIndexLanes:
                 continue
-        raise Unsupported("index lanes")
+        else:
+            raise Unsupported("index lanes")
+        loops, self.scalar.vec = self.scalar.vec, None
+        try:
+            scalar = self.scalar.stmt(For(s.var, s.start, s.end, s.body), pad + "  ")
+        finally:
+            self.scalar.vec = loops
+        trip = f"({self.scalar.expr(s.end)}) - ({self.scalar.expr(s.start)})"
+        return [f"{pad}if ({trip} < {SHORT_SUM}) {{", *scalar, f"{pad}}} else {{", *vector,
+                f"{pad}}}"]
 
     def _sum_loop(self, s: For, pad, lanes: _Lanes) -> list[str]:
         if s.step != 1:
@@ -222,7 +236,7 @@ class _Body:
                 return []
             name = self.loops.fresh(node.name)
             self.env[node.name] = _V(v.kind, name)
-            vtype = "__m512i" if v.kind == "vi" else self.lanes.vtype
+            vtype = "__m512i" if v.kind in ("vi", "vi32") else self.lanes.vtype
             return [f"{pad}const {vtype} {name} = {v.text};"]
         if isinstance(node, Assign) and node.op in ("=", "+="):
             return [pad + line for line in self.assign(node)]
@@ -299,8 +313,17 @@ class _Body:
         if index_type is None:      # a value array
             if idx.kind == "lin":
                 return _V("vv", self.load(f"({arr} + {idx.text})"))
+            if idx.kind == "vi32":
+                return _V("vv", f"_mm512_mask_i32gather_ps({self.lanes.zero()}, "
+                                f"{self.full_mask()}, {idx.text}, {arr}, 4)")
             self.need_index_lanes()
             return _V("vv", self.lanes.gather(self.mask8(), idx.text, arr))
+        if idx.kind == "lin" and index_type == "int32_t" and self.lanes.n == 16 and \
+                self.tile_reg is None:
+            # 16 int32 indices used as they are (x[crd[p]]): a 16-lane gather, twice the
+            # lanes of int64 index vectors; any arithmetic on them retries with 8 lanes.
+            return _V("vi32", f"_mm512_maskz_loadu_epi32({self.full_mask()}, "
+                              f"({arr} + {idx.text}))")
         self.need_index_lanes()
         if idx.kind == "lin":
             ptr = f"({arr} + {idx.text})"
@@ -323,6 +346,8 @@ class _Body:
             return _V("s", f"({a.text} {op} {b.text})")
         if op not in ("+", "-", "*"):
             raise Unsupported(f"vector {op}")
+        if "vi32" in (a.kind, b.kind):
+            raise _NeedIndexLanes
         if "vv" in (a.kind, b.kind):
             name = {"+": "add", "-": "sub", "*": "mul"}[op]
             return _V("vv", self.lanes.op(name, self.vector(a), self.vector(b)))
@@ -363,6 +388,8 @@ class _Body:
 
     def index_vector(self, v: _V) -> str:
         self.need_index_lanes()
+        if v.kind == "vi32":
+            raise _NeedIndexLanes
         if v.kind == "vi":
             return v.text
         if v.kind == "s":
@@ -385,3 +412,6 @@ class _Body:
 
     def mask8(self):
         return self.mask if self.mask is not None else "(__mmask8)0xFF"
+
+    def full_mask(self):
+        return self.mask if self.mask is not None else f"(__mmask{self.lanes.n})-1"

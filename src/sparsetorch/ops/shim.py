@@ -14,7 +14,7 @@ signature the shim is memoised under), and ``exec``\\s it once, the way
         s0 = t0.shape; s1 = t1.shape
         e0 = s0[0]; e1 = s0[1]
         if s1[0] != e1: mismatch(ops)
-        out = empty((e0,), dtype=dtype)
+        out = empty_strided((e0,), (1,), dtype=dtype)
         nt = threads() if t1.numel() + t0._values.numel() >= 65536 else 1
         f0(nt, e0, e1, t0._pos1.data_ptr(), ..., t1.data_ptr(), out.data_ptr())
         return out
@@ -54,8 +54,13 @@ def make_shim(prepared, tensors, parallel_work: int):
     first = {v: i for i, v in enumerate(prepared.var_order)}
     for v, _, (n2, d2) in prepared.agree:
         lines.append(f"    if s{n2}[{d2}] != e{first[v]}: mismatch(ops)")
-    shape = "".join(f"e{i}, " for i in prepared.out_index)
-    lines.append(f"    out = empty(({shape}), dtype=dtype)")
+    # empty_strided parses its arguments faster than empty(shape, dtype=) (1.1 vs 1.8 us).
+    dims, strides, step = [f"e{i}" for i in prepared.out_index], [], "1"
+    for d in reversed(dims):
+        strides.insert(0, step)
+        step = d if step == "1" else f"{d} * {step}"
+    shape, strides = ("".join(f"{x}, " for x in xs) for xs in (dims, strides))
+    lines.append(f"    out = empty_strided(({shape}), ({strides}), dtype=dtype)")
     dense_only = "".join(f" * e{i}" for i in prepared.dense_only)
     work = [f"t{n}.numel()" for n in range(n_ops) if n not in sparse]
     work += [f"t{n}._values.numel(){dense_only}" for n in sparse]
@@ -69,7 +74,8 @@ def make_shim(prepared, tensors, parallel_work: int):
             args.append(f"t{n}.data_ptr()")
     args.append("out.data_ptr()")
     lines += [f"    f0({', '.join(args)})", "    return out"]
-    scope = {"empty": torch.empty, "dtype": prepared.dtype, "threads": prepared.num_threads,
+    scope = {"empty_strided": torch.empty_strided, "dtype": prepared.dtype,
+             "threads": prepared.num_threads,
              "f0": prepared.fns[0], "mismatch": prepared.extents}
     exec(compile("\n".join(lines), f"<sparsetorch call shim: {kernel.assignment}>", "exec"),
          scope)
