@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 
@@ -33,6 +34,7 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 _INT32_MAX = INT32_MAX
 
 
+@lru_cache(maxsize=None)
 def array_names(fmt: Format) -> tuple[str, ...]:
     """Names of the index arrays ``fmt`` stores, in level order (``pos1``, ``crd1``, ...).
 

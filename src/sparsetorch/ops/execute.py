@@ -356,23 +356,33 @@ class _Prepared:
             out_vals = torch.zeros(source.nnz, dtype=self.dtype)
             self.fns[0](*args, out_vals.data_ptr(), *ws)
             return SparseTensor(out_shape, kernel.output.format, source.arrays, out_vals)
+        return self.emit(tensors, args, ws, ext, out_shape)
+
+    def emit(self, tensors, args, ws, ext, out_shape):
+        """Two passes: count entries per outer iteration (straight into ``pos[1:]``), prefix
+        sum in place, fill. A few torch calls in all: this path's fixed cost is what a small
+        SpGEMM pays."""
+        kernel = self.kernel
         extents = dict(zip(self.var_order, ext))
-        counts = torch.zeros(_outer_extent(kernel, tensors, extents), dtype=torch.int64)
-        self.fns[0](*args, counts.data_ptr(), *ws)
-        offsets = torch.cumsum(counts, 0) - counts
-        total = int(counts.sum())
+        slices = _outer_extent(kernel, tensors, extents)
+        pos = torch.zeros(slices + 1, dtype=torch.int64)
+        self.fns[0](*args, pos.data_ptr() + 8, *ws)
+        pos.cumsum_(0)
+        total = int(pos[slices])
         coords = torch.empty((len(out_shape), total), dtype=torch.int64)
         vals = torch.empty(total, dtype=self.dtype)
-        counts.zero_()
-        self.fns[1](*args, counts.data_ptr(), offsets.data_ptr(),
-                    *(c.data_ptr() for c in coords), vals.data_ptr(), *ws)
+        cursor = torch.zeros(slices, dtype=torch.int64)
+        base = coords.data_ptr()
+        self.fns[1](*args, cursor.data_ptr(), pos.data_ptr(),
+                    *(base + 8 * total * m for m in range(len(out_shape))), vals.data_ptr(),
+                    *ws)
         fmt = kernel.output.format
         if kernel.emit_rows:  # CSR-like: the counts are the row lengths, coordinates sorted
-            rows = extents[kernel.outer_extent[1]]
             index = choose_index_dtype(fmt.storage_dims(out_shape), total)
-            pos = torch.cat([offsets[:rows], torch.tensor([total])]).to(index)
-            crd = coords[fmt.mode_order[1]].to(index)
-            return SparseTensor(out_shape, fmt, {"pos1": pos, "crd1": crd}, vals)
+            rows = extents[kernel.outer_extent[1]]   # slices is at least 1
+            crd = coords[fmt.mode_order[1]]
+            return SparseTensor(out_shape, fmt, {"pos1": pos[: rows + 1].to(index),
+                                                 "crd1": crd.to(index)}, vals)
         arrays, stored = pack(fmt, out_shape, coords, vals, sorted_unique=kernel.emit_sorted)
         return SparseTensor(out_shape, fmt, arrays, stored)
 
