@@ -162,7 +162,7 @@ def test_graph_break_still_fuses_each_piece():
 
     def fn(A, X, b):
         y = torch.relu(A @ X + b)
-        print("", end="")        # a graph break
+        print(end="")        # a graph break
         return torch.relu(A @ X + b) + y
 
     compiled = st.compile(fn)
@@ -229,8 +229,8 @@ def test_bias_that_would_grow_the_result_replays():
         activation=None)
     with runtime.recording() as log:
         out = runtime.epilogue(site, A, X, b)
-    assert log == [("epilogue", False, "the bias would broadcast the result to a larger "
-                                       "shape")]
+    assert log == [("epilogue", False,
+                    "the bias would broadcast the result to a larger shape")]
     torch.testing.assert_close(out, A.to_dense() @ X + b)
 
 
@@ -253,7 +253,7 @@ def test_decorator_forms_and_idempotence():
 
 def test_fullgraph_true_raises_on_a_graph_break():
     def f(A, X):
-        print("", end="")
+        print(end="")
         return A @ X
 
     with pytest.raises(Exception, match="(?i)graph break|print"):
