@@ -10,6 +10,8 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 import sparsetorch as st
 from sparsetorch.ops import custom_ops, execute
 
+from dense_check import run_isolated
+
 F64 = torch.float64
 
 
@@ -127,6 +129,22 @@ def test_inductor_spmm_forward_and_backward():
     got = _grads(BACKWARD["spmm_relu"], "inductor")
     for r, g in zip(ref, got):
         torch.testing.assert_close(g, r)
+
+
+def test_graph_cached_by_another_process_finds_its_kernels(tmp_path, monkeypatch):
+    """Regression: inductor's on-disk graph cache replays a graph in a new process, whose
+    kernel registry is empty; the kernel is rebuilt from the recipe in the kernel cache."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("SPARSETORCH_CACHE", str(tmp_path / "kernels"))
+    code = """
+        import torch, sparsetorch as st
+        A = st.tensor(torch.eye(4) + torch.diag(torch.ones(3), 1), "csr")
+        f = torch.compile(lambda A, X: torch.relu(A @ X), fullgraph=True)
+        X = torch.arange(8.).reshape(4, 2) - 3
+        torch.testing.assert_close(f(A, X), torch.relu(A.to_dense() @ X))
+    """
+    run_isolated(code)
+    run_isolated(code)      # the second process hits inductor's cache
 
 
 def test_inductor_sparse_result():

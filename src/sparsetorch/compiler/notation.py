@@ -140,6 +140,9 @@ class Assignment:
             object.__setattr__(self, "_hash", h)
         return h
 
+    def __getstate__(self):  # string hashes differ between processes: never pickle one
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @property
     def all_vars(self) -> tuple[str, ...]:
         seen = dict.fromkeys(self.out_vars)

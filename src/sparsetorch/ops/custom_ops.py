@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import pickle
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -145,7 +146,41 @@ def kernel_id(prepared) -> str:
         prepared._op_id = key
     if key not in _KERNELS:
         _KERNELS[key] = _Entry(prepared)
+        _persist(key, prepared)
     return key
+
+
+def _op_path(key: str):
+    from ..runtime.cache import cache_dir
+
+    return cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".op")
+
+
+def _persist(key: str, prepared) -> None:
+    """Record what ``key`` was compiled from in the kernel cache: a graph traced by another
+    process (inductor's on-disk graph cache) names kernels this process has not met."""
+    from ..runtime.cache import ensure_dir, write_atomic
+
+    path = _op_path(key)
+    if not path.exists():
+        ensure_dir()
+        recipe = (prepared.compile_args, prepared.kernel.workspace_kind, prepared.dtype)
+        write_atomic(path, pickle.dumps(recipe))
+
+
+def _rebuild(key: str):
+    """The kernel behind ``key`` from its recorded recipe, or None (none, or unreadable)."""
+    from ..compiler.kernel import compile_kernel
+    from .execute import _Prepared
+
+    try:
+        args, workspace, dtype = pickle.loads(_op_path(key).read_bytes())
+        kernel = compile_kernel(*args, workspace or "dense")
+    except (OSError, EOFError, ValueError, TypeError, AttributeError, ImportError,
+            pickle.UnpicklingError):
+        return None
+    prepared = _Prepared(kernel, dtype, args)
+    return prepared if kernel_id(prepared) == key else None
 
 
 def _prepared_args(A):
@@ -208,9 +243,12 @@ def call(prepared, tensors):
 
 def _entry(kernel: str) -> _Entry:
     entry = _KERNELS.get(kernel)
+    if entry is None and _rebuild(kernel) is not None:
+        entry = _KERNELS[kernel]
     if entry is None:
         raise RuntimeError(
-            f"sparsetorch: kernel {kernel!r} is not registered in this process; a traced "
+            f"sparsetorch: kernel {kernel!r} is not registered in this process and the kernel "
+            "cache holds no recipe for it (cleared, or SPARSETORCH_CACHE differs); a traced "
             "graph must be traced (torch.compile runs the Python of each op) in the process "
             "that runs it: re-trace instead of loading a graph saved by another process")
     return entry

@@ -22,7 +22,8 @@ try:
 except ImportError:  # not POSIX: no locking, concurrent builds just duplicate work
     fcntl = None
 
-SUFFIXES = (".so", ".c", ".json", ".lock")
+# ".op": recipes of kernels named by traced graphs (ops/custom_ops.py).
+SUFFIXES = (".so", ".c", ".json", ".lock", ".op")
 TMP_PREFIX = ".tmp-"
 
 
