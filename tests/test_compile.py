@@ -139,9 +139,11 @@ def test_graph_cached_by_another_process_finds_its_kernels(tmp_path, monkeypatch
     code = """
         import torch, sparsetorch as st
         A = st.tensor(torch.eye(4) + torch.diag(torch.ones(3), 1), "csr")
-        f = torch.compile(lambda A, X: torch.relu(A @ X), fullgraph=True)
-        X = torch.arange(8.).reshape(4, 2) - 3
-        torch.testing.assert_close(f(A, X), torch.relu(A.to_dense() @ X))
+        w = A.values.clone().requires_grad_()
+        X = (torch.arange(8.).reshape(4, 2) - 3).requires_grad_()
+        f = torch.compile(lambda w, X: torch.relu(A.with_values(w) @ X).sum(), fullgraph=True)
+        f(w, X).backward()
+        torch.testing.assert_close(X.grad, A.to_dense().T @ (A.to_dense() @ X > 0).float())
     """
     run_isolated(code)
     run_isolated(code)      # the second process hits inductor's cache
