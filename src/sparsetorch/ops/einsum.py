@@ -8,6 +8,7 @@ its variables in order. Formats: inferred per output level (``compiler/output.py
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -64,9 +65,10 @@ def _einsum(equation, operands, out_format):
 def _einsum_epilogue(equation, operands, out_format, bias, activation):
     """One kernel for ``activation(einsum + bias)`` (``ops/epilogue.py``); with gradients
     required, under ``torch.compile`` or off the compiled backend, the same ops unfused."""
-    from .epilogue import unfused, with_epilogue
+    from .epilogue import check_bias, unfused
 
     what = f"einsum({equation!r})"
+    check_bias(bias, what)
     if out_format not in (None, "dense"):
         raise ValueError(f"{what}: a bias or activation gives a dense result; drop "
                          f"out_format={out_format!r} or apply them after the einsum")
@@ -74,11 +76,26 @@ def _einsum_epilogue(equation, operands, out_format, bias, activation):
     if grads or _is_compiling() or backend() != "c":
         return unfused(einsum(equation, *operands), bias, activation)
     _check_tensors(operands, what)
-    assignment = parse_einsum(equation, [t.dim() for t in operands])
-    extents = var_extents(assignment, [tuple(t.shape) for t in operands])
-    out_shape = tuple(extents[v] for v in assignment.out_vars)
-    fused, ops = with_epilogue(assignment, operands, out_shape, bias, activation, what)
+    shapes = tuple(tuple(t.shape) for t in operands)
+    fused, bias_shape = _fused_assignment(equation, shapes, None if bias is None else
+                                          tuple(bias.shape), activation, what)
+    ops = operands if bias is None else (*operands, bias.reshape(bias_shape))
     return run(fused, ops, None, what=what)
+
+
+@lru_cache(maxsize=512)
+def _fused_assignment(equation, shapes, bias_shape, activation, what):
+    """The epilogue assignment for these shapes, built once: the same object every call, so
+    ``run``'s memo finds its kernel without scheduling or hashing a new tree."""
+    from .epilogue import with_epilogue
+
+    assignment = parse_einsum(equation, [len(s) for s in shapes])
+    extents = var_extents(assignment, shapes)
+    out_shape = tuple(extents[v] for v in assignment.out_vars)
+    bias = None if bias_shape is None else torch.empty(bias_shape, device="meta")
+    fused, ops = with_epilogue(assignment, [None] * len(shapes), out_shape, bias, activation,
+                               what)
+    return fused, (None if bias is None else tuple(ops[-1].shape))
 
 
 _is_grad_enabled = torch.is_grad_enabled

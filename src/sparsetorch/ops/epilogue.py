@@ -54,10 +54,16 @@ def unfused(result, bias, activation):
     return _TORCH[activation](result) if activation is not None else result
 
 
-def _bias_access(out_vars, out_shape, bias, operand, what):
-    if not isinstance(bias, torch.Tensor) or getattr(bias, "format", None) is not None:
+def check_bias(bias, what) -> None:
+    """A bias is a dense torch.Tensor (or None)."""
+    if bias is not None and (not isinstance(bias, torch.Tensor)
+                             or getattr(bias, "format", None) is not None):
         raise TypeError(f"{what}: bias must be a dense torch.Tensor, got "
                         f"{type(bias).__name__}")
+
+
+def _bias_access(out_vars, out_shape, bias, operand, what):
+    check_bias(bias, what)
     if bias.dim() > len(out_shape):
         raise ValueError(f"{what}: bias of shape {tuple(bias.shape)} has more dimensions than "
                          f"the result {tuple(out_shape)}")
