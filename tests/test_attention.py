@@ -62,3 +62,10 @@ def test_bad_input():
     with pytest.raises(TypeError, match="dtype"):
         st.ops.masked_attention(A, torch.ones(3, 2, dtype=torch.float64), torch.ones(3, 2),
                                 torch.ones(3, 2))
+
+
+def test_compiles_with_torch_compile():
+    mask, dense, A, Q, K, V = operands(10, 9, 4, 5, torch.float64, "csr", seed=4)
+    f = torch.compile(lambda A, Q, K, V: st.ops.masked_attention(A, Q, K, V),
+                      backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(f(A, Q, K, V), reference(mask, dense, Q, K, V))

@@ -61,7 +61,10 @@ def masked_attention(A, Q, K, V):
                 [4.]])
     """
     _check(A, Q, K, V)
+    # Traced (torch.compile): the unfused ops, which record as custom ops; the fused kernel
+    # reads data pointers, which fake tensors do not have.
     fused = (A.device.type == "cpu" and A.dtype in (torch.float32, torch.float64)
+             and not torch.compiler.is_compiling()
              and not (torch.is_grad_enabled() and any(t.requires_grad for t in (A, Q, K, V))))
     if not fused or _backend() != "c":
         return _unfused(A, Q, K, V)
@@ -84,9 +87,10 @@ def masked_attention(A, Q, K, V):
 
 def _unfused(A, Q, K, V):
     from .einsum import einsum
-    from .softmax import softmax
 
-    return softmax(einsum("ij,ik,jk->ij", A, Q, K), 1) @ V
+    # torch.sparse.softmax routes to st.ops.softmax (__torch_function__), and dynamo records
+    # a torch function on a SparseTensor as one graph node.
+    return torch.sparse.softmax(einsum("ij,ik,jk->ij", A, Q, K), 1) @ V
 
 
 def _backend():
