@@ -305,9 +305,10 @@ def bsr_case(rows: int, cols: int, seed: int) -> Case:
 
 
 def conv_case(cin: int, cout: int, h: int, w: int, seed: int) -> Case:
-    """Fast-Sparse-ConvNets 1x1 convolution in CHW layout: W (Cout x Cin, 90% sparse,
-    unstructured) @ X (Cin x H*W), vs dense conv2d 1x1, dense matmul, torch CSR.
-    No bias / ReLU: ``st.einsum`` has no fused epilogue yet, so only the product is timed."""
+    """Fast-Sparse-ConvNets 1x1 convolution in CHW layout with its bias and ReLU:
+    relu(W (Cout x Cin, 90% sparse, unstructured) @ X (Cin x H*W) + b), ours with the bias
+    and ReLU fused into the kernel (``st.einsum(..., bias=, activation="relu")``), vs dense
+    conv2d 1x1 (+ bias, ReLU), dense addmm + ReLU and torch CSR @ + bias + ReLU."""
     g = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
     Wd = rng.standard_normal((cout, cin)).astype(np.float32)
@@ -319,11 +320,15 @@ def conv_case(cin: int, cout: int, h: int, w: int, seed: int) -> Case:
     W4 = Wt.reshape(cout, cin, 1, 1).contiguous()
     X4 = torch.randn(1, cin, h, w, generator=g)
     X = X4.view(cin, h * w)
-    impls = {OURS: lambda: st.einsum("oc,cp->op", W, X),
-             "conv2d": lambda: torch.nn.functional.conv2d(X4, W4),
-             "dense": lambda: torch.matmul(Wt, X),
-             "torch_csr32": lambda: T32 @ X, "torch_csr64": lambda: T64 @ X}
+    b = torch.randn(cout, generator=g)
+    bc = b[:, None]
+    impls = {OURS: lambda: st.einsum("oc,cp->op", W, X, bias=bc, activation="relu"),
+             "conv2d": lambda: torch.relu(torch.nn.functional.conv2d(X4, W4, b)),
+             "dense": lambda: torch.relu(torch.addmm(bc, Wt, X)),
+             "torch_csr32": lambda: torch.relu(T32 @ X + bc),
+             "torch_csr64": lambda: torch.relu(T64 @ X + bc)}
     ref, bound = _spmm_ref(m, X.numpy())
+    ref = np.maximum(ref + b.numpy().astype(np.float64)[:, None], 0)   # relu is 1-Lipschitz
     info = _info(m, n=h * w, cin=cin, cout=cout, hw=h * w)
     return Case("conv", "generated", f"conv1x1_{cin}to{cout}_{h}x{w}", impls, ref, bound, info)
 
