@@ -114,16 +114,18 @@ class _Lowerer:
         self.acc_depth = suffix if (suffix < len(self.order) and self.ws_depth is None) \
             else None
         self.tile_depth, self.tile_var = self._tiling()
-        self.epilogue_at = self._epilogue_placement()
+        placement = self._write_placement()
+        # A dense output written exactly once per element needs no zeroing pass and no
+        # read-modify-write (SpMM: the register tile is stored, not added).
+        self.write_once = placement if plan.mode == "dense" and placement != "pass" else None
+        self.epilogue_at = placement if self.epilogue is not None else None
         self.names = 0
 
-    def _epilogue_placement(self):
-        """Where the epilogue runs: at the one write of each output element ('flush' of
-        its accumulator or register tile, or 'store' when nothing is summed), or in a final
-        'pass' over the output when an element may be written several times or never (an
-        output variable a sparse level iterates skips absent rows, which still need it)."""
-        if self.epilogue is None:
-            return None
+    def _write_placement(self):
+        """Where each dense output element gets its final value: at its one write ('flush'
+        of its accumulator or register tile, or 'store' when nothing is summed), or only
+        after a final 'pass' when an element may be written several times or never (an
+        output variable a sparse level iterates skips absent rows). The epilogue runs there."""
         for n in self.sparse:
             for level, v in zip(self.plan.formats[n].levels, self.levels[n]):
                 if v in self.out_vars and not isinstance(level, Dense):
@@ -229,11 +231,13 @@ class _Lowerer:
         return out
 
     def write_out(self, value, st, where):
-        """Add ``value`` into the dense output, or, where the epilogue is placed, write
-        ``epilogue(value)`` (this is the element's only write)."""
+        """Add ``value`` into the dense output; at the element's only write, store it (or
+        ``epilogue(value)``) instead."""
         target = Load("out_vals", _horner(self.out_vars))
         if self.epilogue_at == where:
             return Assign(target, self.value(self.epilogue, st, value))
+        if self.write_once == where:
+            return Assign(target, value)
         return Assign(target, value, "+=")
 
     def final_pass(self):
@@ -586,7 +590,7 @@ def lower(plan: Plan, name: str = "kernel"):
     lw = _Lowerer(plan)
     st = _State(lw)
     body = lw.loops(0, st)
-    if plan.mode == "dense":
+    if plan.mode == "dense" and lw.write_once is None:
         size = Lit(1)
         for v in plan.assignment.out_vars:
             size = Bin("*", size, dim(v))
