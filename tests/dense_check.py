@@ -135,6 +135,16 @@ def to_dense(t) -> torch.Tensor:
     return t.to_dense() if isinstance(t, st.SparseTensor) else t
 
 
+def check_same(out, ref) -> None:
+    """``out`` is what eager ``ref`` is: same type, same format and shape when sparse, same
+    values (float32 to 1e-5). For comparing a compiled or fused function with eager."""
+    assert type(out) is type(ref)
+    if isinstance(ref, st.SparseTensor):
+        assert out.format == ref.format and out.shape == ref.shape
+    tol = {} if ref.dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(to_dense(out), to_dense(ref), **tol)
+
+
 def stored_pattern(t) -> torch.Tensor:
     """Boolean mask of the entries a tensor stores (a plain tensor stores everything)."""
     if not isinstance(t, st.SparseTensor):

@@ -10,7 +10,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 import sparsetorch as st
 from sparsetorch.ops import custom_ops, execute
 
-from dense_check import run_isolated
+from dense_check import check_same, run_isolated
 
 F64 = torch.float64
 
@@ -36,15 +36,6 @@ x6 = torch.randn(6, generator=torch.Generator().manual_seed(3), dtype=F64)
 SHAPE = tuple(A.shape)
 
 
-def _dense(t):
-    return t.to_dense() if isinstance(t, st.SparseTensor) else t
-
-
-def _check_same(out, ref):
-    assert type(out) is type(ref)
-    if isinstance(ref, st.SparseTensor):
-        assert out.format == ref.format and out.shape == ref.shape
-    torch.testing.assert_close(_dense(out), _dense(ref))
 
 
 FORWARD = {
@@ -71,9 +62,9 @@ def test_forward_matches_eager(name):
     fn, args = FORWARD[name]
     ref = fn(*args)
     out = torch.compile(fn, fullgraph=True, backend="aot_eager")(*args)
-    _check_same(out, ref)
+    check_same(out, ref)
     again = torch.compile(fn, fullgraph=True, backend="aot_eager")(*args)  # cached graph
-    _check_same(again, ref)
+    check_same(again, ref)
 
 
 @pytest.mark.parametrize("name", ["relu_spmm", "einsum_sddmm_sparse_result",
@@ -151,7 +142,7 @@ def test_graph_cached_by_another_process_finds_its_kernels(tmp_path, monkeypatch
 
 def test_inductor_sparse_result():
     fn, args = FORWARD["einsum_sddmm_sparse_result"]
-    _check_same(torch.compile(fn, fullgraph=True)(*args), fn(*args))
+    check_same(torch.compile(fn, fullgraph=True)(*args), fn(*args))
 
 
 def _prepared(equation, *operands):

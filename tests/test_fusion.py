@@ -10,6 +10,8 @@ import sparsetorch as st
 from sparsetorch.fusion import runtime
 from sparsetorch.fusion.runtime import Replay, Site, _In, _Step
 
+from dense_check import check_same
+
 F64, F32 = torch.float64, torch.float32
 FORMATS = ["csr", "csc", "coo"]
 
@@ -79,18 +81,6 @@ def _args(names, inputs):
     return out
 
 
-def _dense(t):
-    return t.to_dense() if isinstance(t, st.SparseTensor) else t
-
-
-def _check_same(out, ref):
-    assert type(out) is type(ref)
-    if isinstance(ref, st.SparseTensor):
-        assert out.format == ref.format and out.shape == ref.shape
-    tol = {} if ref.dtype == F64 else {"rtol": 1e-5, "atol": 1e-5}
-    torch.testing.assert_close(_dense(out), _dense(ref), **tol)
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_pattern_is_fused_and_matches_eager(name):
     fn, names, patterns = CASES[name]
@@ -99,7 +89,7 @@ def test_pattern_is_fused_and_matches_eager(name):
     assert sorted(report.fused) == sorted(patterns), str(report)
     assert report.replayed == ()
     assert sorted(f.pattern for f in report.fusions) == sorted(patterns)
-    _check_same(report.result, fn(*args))
+    check_same(report.result, fn(*args))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -112,8 +102,8 @@ def test_formats_dtypes_shapes(name, fmt, dtype, empty):
     compiled = st.compile(fn)
     report = compiled.explain(*args)
     assert report.fused == patterns, str(report)
-    _check_same(report.result, fn(*args))
-    _check_same(compiled(*args), fn(*args))          # the cached graph
+    check_same(report.result, fn(*args))
+    check_same(compiled(*args), fn(*args))          # the cached graph
 
 
 def test_intermediate_used_elsewhere_is_not_fused():
@@ -127,7 +117,7 @@ def test_intermediate_used_elsewhere_is_not_fused():
     report = st.compile(fn).explain(A, X, b)
     assert report.fused == () and report.fusions == ()
     for out, ref in zip(report.result, fn(A, X, b)):
-        _check_same(out, ref)
+        check_same(out, ref)
 
 
 def test_attention_scores_returned_are_not_fused():
@@ -140,7 +130,7 @@ def test_attention_scores_returned_are_not_fused():
     report = st.compile(fn).explain(i["A"], i["Q"], i["K"], i["V"])
     assert "attention" not in report.fused
     for out, ref in zip(report.result, fn(i["A"], i["Q"], i["K"], i["V"])):
-        _check_same(out, ref)
+        check_same(out, ref)
 
 
 @pytest.mark.parametrize("fn", [
@@ -154,7 +144,7 @@ def test_non_matching_functions_run_correctly(fn):
     args = (i["A"], i["B"]) if fn.__code__.co_varnames[1] == "B" else (i["A"], i["X"])
     report = st.compile(fn).explain(*args)
     assert "attention" not in report.fused and "elementwise" not in report.fused
-    _check_same(report.result, fn(*args))
+    check_same(report.result, fn(*args))
 
 
 def test_graph_break_still_fuses_each_piece():
@@ -169,7 +159,7 @@ def test_graph_break_still_fuses_each_piece():
     report = compiled.explain(i["A"], i["X"], i["b"])
     assert compiled.split is not None
     assert report.fused == ("epilogue", "epilogue")
-    _check_same(report.result, fn(i["A"], i["X"], i["b"]))
+    check_same(report.result, fn(i["A"], i["X"], i["b"]))
 
 
 # -- gradients: the fused ops fall back to their differentiable forms; gradcheck checks it
