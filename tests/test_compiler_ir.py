@@ -142,7 +142,7 @@ def test_generated_c_uses_64_bit_loops_and_stored_index_width():
     assert "typedef float val_t" in src
     assert "const int32_t* restrict t0_pos1" in src and "const int32_t* restrict t0_crd1" in src
     assert not re.search(r"for \(int32_t|for \(int ", src)    # GCC's vectoriser trap
-    assert "#pragma omp parallel for" in src
+    assert "#pragma omp parallel num_threads(nt)" in src    # rows split across threads
 
 
 # -- notation ----------------------------------------------------------------------------------
