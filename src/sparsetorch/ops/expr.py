@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from ..compiler.notation import Access, Add, Assignment, Expr, Mul, Scale, Unary
-from .execute import run
 
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 
