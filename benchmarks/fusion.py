@@ -151,7 +151,7 @@ def section_epilogue(report, rounds, quick):
     files = sorted(dlmc.glob("*ffn*.smtx*"))[: 1 if quick else 3] if dlmc.is_dir() else []
     for f in files:
         W = st.io.read_smtx(f).asformat("csr", index_dtype=torch.int32).to(torch.float32)
-        W = W.with_values(torch.randn(W.nnz)) if hasattr(W, "with_values") else W
+        W = W.with_values(torch.randn(W.nnz))
         cases.append((f"dlmc0.9/{f.name.split('.')[0][-22:]}", W, 256))
     for name, A, n in cases:
         X, b = torch.randn(A.shape[1], n), torch.randn(n)
@@ -207,7 +207,7 @@ def section_attention(report, rounds, quick):
 def section_chain(report, rounds, quick):
     ratios = []
     for name, A in graphs(quick):
-        B = A.with_values(torch.rand(A.nnz)) if hasattr(A, "with_values") else A
+        B = A.with_values(torch.rand(A.nnz))
         TA, TB = A.to_torch().to_sparse_coo(), B.to_torch().to_sparse_coo()
         f = compiled(lambda A, B: torch.relu(A * 2 - B), "elementwise", (A, B), report,
                      f"chain/{name}")

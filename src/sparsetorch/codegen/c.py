@@ -180,12 +180,19 @@ class _CRenderer:
 
     def array_ctype(self, name):
         """C element type of an index array parameter, None for a value array."""
-        ctype = self.array_types.get(name)
-        if ctype is None or ctype == "val":
-            if ctype is None:
-                raise Unsupported(f"array {name} is not a parameter")
-            return None
-        return ctype
+        if name not in self.array_types:
+            raise Unsupported(f"array {name} is not a parameter")
+        ctype = self.array_types[name]
+        return None if ctype == "val_t" else ctype
+
+    def pointee(self, p) -> str:
+        """The C element type a pointer parameter points to."""
+        base = p.ctype[:-1]
+        if base == "val":
+            return "val_t"
+        if base == "i64":
+            return "int64_t"
+        return self.index[int(base[3:])]   # idx{n}: operand n's index width
 
     # -- expressions -----------------------------------------------------------------------
     def expr(self, e) -> str:
@@ -297,25 +304,15 @@ class _CRenderer:
     def param(self, p) -> str:
         if not p.ctype.endswith("*"):
             return f"int64_t {p.name}"
-        base = p.ctype[:-1]
-        if base == "val":
-            ctype = "val_t"
-        elif base == "i64":
-            ctype = "int64_t"
-        else:  # idx{n}: operand n's index width
-            ctype = self.index[int(base[3:])]
         const = "const " if p.const else ""
-        return f"{const}{ctype}* restrict {p.name}"
+        return f"{const}{self.pointee(p)}* restrict {p.name}"
 
     def function(self, fn: Function) -> str:
         """Vector rendering where the ISA allows, else (or on any unsupported shape) the
         whole function with OpenMP pragmas only."""
         params = ",\n    ".join(self.param(p) for p in fn.params)
-        self.array_types = {p.name: (self.index[int(p.ctype[3:-1])]
-                                     if p.ctype.startswith("idx") else p.ctype[:-1])
-                            for p in fn.params if p.ctype.endswith("*")}
-        self.array_types = {k: ("int64_t" if v == "i64" else v)
-                            for k, v in self.array_types.items()}
+        self.array_types = {p.name: self.pointee(p) for p in fn.params
+                            if p.ctype.endswith("*")}
         body = None
         if self.isa == "avx512":
             self.vec = VectorLoops(self)

@@ -12,6 +12,7 @@ from functools import lru_cache
 import torch
 
 from ..formats.tensor import SparseTensor
+from .execute import backend
 
 
 @lru_cache(maxsize=None)
@@ -66,7 +67,7 @@ def masked_attention(A, Q, K, V):
     fused = (A.device.type == "cpu" and A.dtype in (torch.float32, torch.float64)
              and not torch.compiler.is_compiling()
              and not (torch.is_grad_enabled() and any(t.requires_grad for t in (A, Q, K, V))))
-    if not fused or _backend() != "c":
+    if not fused or backend() != "c":
         return _unfused(A, Q, K, V)
     if A.format.name != "csr":
         A = A.asformat("csr", index_dtype=A.index_dtype)
@@ -92,8 +93,3 @@ def _unfused(A, Q, K, V):
     # a torch function on a SparseTensor as one graph node.
     return torch.sparse.softmax(einsum("ij,ik,jk->ij", A, Q, K), 1) @ V
 
-
-def _backend():
-    from .execute import backend
-
-    return backend()

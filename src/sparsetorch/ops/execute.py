@@ -13,7 +13,8 @@ import torch
 
 from ..compiler.kernel import CompiledKernel, compile_kernel
 from ..compiler.notation import Assignment, var_extents
-from ..compiler.schedule import OperandInfo
+from ..compiler.output import infer_output
+from ..compiler.schedule import OperandInfo, schedule
 from ..compiler.lower import MAX_WORKSPACE
 from ..formats.format import Format, as_format
 from ..formats.pack import choose_index_dtype, pack
@@ -171,7 +172,7 @@ def _blocked_plan(assignment, tensors, out_format, what):
     out = kernel.output
     sampled = out.sampled_operand if out.kind == "sampled" else None
     if out.kind == "emit" or (out.kind == "dense" and
-                              _unblocked_kind(assignment, tensors, dtype) != "dense"):
+                              _unblocked_kind(assignment, tensors) != "dense"):
         return None
     result_format = None
     if sampled is not None:
@@ -182,15 +183,15 @@ def _blocked_plan(assignment, tensors, out_format, what):
     return kernel, new, new_tensors, finish, (sampled, result_format), infos
 
 
-def _unblocked_kind(assignment, tensors, dtype) -> str:
+def _unblocked_kind(assignment, tensors) -> str:
     """The output kind with blocked operands seen as CSR over blocks: a blocked operand
     gives the same kind of result as its unblocked format would (column sums of BSR stay
-    sparse, as they are for CSR)."""
+    sparse, as they are for CSR). Scheduling decides it; nothing is lowered or rendered."""
     infos = tuple(OperandInfo(Format(t.format.levels[: t.format.ndim], t.format.mode_order),
                               False) if isinstance(t, SparseTensor)
                   else OperandInfo(as_format("dense", t.dim()), True) for t in tensors)
-    index = ("int64",) * len(tensors)
-    return compile_kernel(assignment, infos, _DTYPE_NAMES[dtype], index).output.kind
+    sched = schedule(assignment, infos)
+    return infer_output(assignment, sched.order, sched.formats, None).kind
 
 
 def _run_blocked(assignment, tensors, out_format, what):
