@@ -295,7 +295,10 @@ def to_dense(t: SparseTensor) -> torch.Tensor:
     if fmt.is_dense:
         return _from_dense_layout(t.values, fmt, t.shape)
     out = torch.zeros(t.shape, dtype=t.dtype, device=t.device)
-    if out.numel() == 0 or t.nnz == 0:
+    # a result assembled inside a compiled function has a symbolic entry count (not an int),
+    # which the shortcut must not guard on; the general path handles zero entries too
+    nnz = t.nnz
+    if out.numel() == 0 or (type(nnz) is int and nnz == 0):
         return out
     rows = unpack_rows(fmt, t.shape, t.arrays, t.device)
     linear = rows[0].to(torch.int64)

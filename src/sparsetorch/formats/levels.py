@@ -239,7 +239,9 @@ class Compressed(LevelKind):
         return owner, child, arrays["crd"].to(torch.int64)[child]
 
     def count(self, parent_count, size, arrays):
-        return int(arrays["crd"].numel())
+        # numel() is already an int eagerly; int() would force a traced, data-dependent
+        # size (an assembled result's entry count) to a constant and fail the trace
+        return arrays["crd"].numel()
 
     def validate(self, parent_count, size, arrays):
         pos, crd = arrays["pos"], arrays["crd"]
