@@ -54,6 +54,8 @@ class SparseTensor(torch.Tensor):
     # ``_FromValues``, or AOTAutograd's output rebuilding via ``__tensor_unflatten__``); the
     # others skip reading the wrapper's own autograd state, which is not free.
     _wrapper_grad = False
+    # True on wrappers rebuilt by ``__tensor_unflatten__`` (see ``values``).
+    _unflattened = False
 
     @staticmethod
     def __new__(cls, shape, fmt: Format, arrays: dict, values: torch.Tensor,
@@ -63,8 +65,14 @@ class SparseTensor(torch.Tensor):
             # code that differentiates the wrapper itself sees the same gradient: AOTAutograd
             # (torch.compile) calls ``autograd.grad`` on a SparseTensor output.
             return _FromValues.apply(shape, fmt, arrays, values)
+        return cls._wrap(shape, fmt, arrays, values, requires_grad)
+
+    @staticmethod
+    def _wrap(shape, fmt: Format, arrays: dict, values: torch.Tensor,
+              requires_grad: bool) -> "SparseTensor":
+        """The wrapper itself, never recorded by autograd (a leaf)."""
         t = torch.Tensor._make_wrapper_subclass(
-            cls, tuple(shape), dtype=values.dtype, device=values.device,
+            SparseTensor, tuple(shape), dtype=values.dtype, device=values.device,
             requires_grad=requires_grad)
         t._format = fmt
         t._size = torch.Size(shape)
@@ -118,8 +126,11 @@ class SparseTensor(torch.Tensor):
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
         (fmt,) = meta
         arrays = {n[1:]: t for n, t in inner.items() if n != "_values"}
-        t = SparseTensor(outer_size, fmt, arrays, inner["_values"])
-        t._wrapper_grad = True
+        values = inner["_values"]
+        # A leaf, even when the values require grad: AOTAutograd differentiates a compiled
+        # function's SparseTensor inputs as wholes (see ``values``), and fakes them as leaves.
+        t = SparseTensor._wrap(outer_size, fmt, arrays, values, values.requires_grad)
+        t._wrapper_grad = t._unflattened = True
         return t
 
     @classmethod
@@ -172,7 +183,7 @@ class SparseTensor(torch.Tensor):
     @requires_grad.setter
     def requires_grad(self, value: bool):
         # torch.compile's fakification copies the flag onto the fake copy of an input
-        self._values.requires_grad_(value)
+        self.requires_grad_(value)
 
     def requires_grad_(self, requires_grad: bool = True) -> "SparseTensor":
         """Track gradients of the stored values; returns ``self``.
@@ -184,6 +195,12 @@ class SparseTensor(torch.Tensor):
             (True, True)
         """
         self._values.requires_grad_(requires_grad)
+        if not self._wrapper_grad:   # a leaf wrapper: flag it too (see _move_wrapper_grad)
+            with _DisableTorchFunction():
+                torch.Tensor.requires_grad_(self, requires_grad)
+            if requires_grad and "_grad_hook" not in self.__dict__:
+                self.__dict__["_grad_hook"] = torch.Tensor.register_post_accumulate_grad_hook(
+                    self, _move_wrapper_grad)
         return self
 
     @property
@@ -204,7 +221,9 @@ class SparseTensor(torch.Tensor):
 
     @property
     def is_leaf(self) -> bool:
-        return self._values.is_leaf
+        # a wrapper recorded by autograd (``with_values`` of values that require grad) is
+        # derived, like its ``grad_fn`` says; torch.compile reads leaf-only state otherwise
+        return self._values.is_leaf and self.grad_fn is None
 
     def with_values(self, values: torch.Tensor) -> "SparseTensor":
         """This tensor's pattern (level arrays shared, not copied) with other ``values``, one
@@ -241,13 +260,12 @@ class SparseTensor(torch.Tensor):
     @property
     def values(self) -> torch.Tensor:
         """The stored values, one per stored entry, in storage order."""
-        v = self._values
-        if not v.requires_grad and self._wrapper_grad and _is_grad_enabled() and \
-                _wrapper_requires_grad(self):
-            # A compiled function's output carries its history on the wrapper (AOTAutograd
-            # differentiates SparseTensor outputs as wholes): connect the values to it.
+        if self._unflattened and _is_grad_enabled() and _wrapper_requires_grad(self):
+            # AOTAutograd (torch.compile) differentiates the SparseTensors it rebuilds as
+            # wholes: a compiled function's output carries its history on the wrapper, and
+            # an input's gradient is taken with respect to the wrapper. Connect the values.
             return _ValuesOf.apply(self)
-        return v
+        return self._values
 
     @property
     def nnz(self) -> int:
@@ -336,6 +354,23 @@ class SparseTensor(torch.Tensor):
         from .convert import convert
 
         return convert(self, format, blocksize=blocksize, index_dtype=index_dtype)
+
+
+def _move_wrapper_grad(t: SparseTensor) -> None:
+    """Move a gradient that autograd accumulated on the leaf wrapper ``t`` onto its values.
+
+    Eager ops differentiate the values, but a ``torch.compile``d function is one autograd
+    node whose inputs are whole SparseTensors: it can only reach the values through the
+    wrapper, so ``requires_grad_`` flags the wrapper too and this hook (run after each
+    accumulation) keeps ``.grad`` in one place, the values."""
+    with _DisableTorchFunction():
+        grad = torch.Tensor.grad.__get__(t)
+        torch.Tensor.grad.__set__(t, None)
+    if grad is None:
+        return
+    grad = grad._values if isinstance(grad, SparseTensor) else grad
+    old = t._values.grad
+    t._values.grad = grad if old is None else old + grad
 
 
 class _FromValues(torch.autograd.Function):
