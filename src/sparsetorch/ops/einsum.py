@@ -15,6 +15,7 @@ import torch
 from ..compiler.notation import Assignment, parse_einsum, var_extents
 from ..formats.tensor import SparseTensor
 from .execute import backend, kernel_for, lookup, run
+from .expr import EXPR_MARK, recorded_eval
 
 
 def einsum(equation: str, *operands, out_format=None, bias=None, activation=None):
@@ -102,7 +103,7 @@ _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 # Separates an ``out_format`` name from the equation in the ``torch.einsum`` call recorded
 # while compiling; no einsum equation contains it.
-_FORMAT_MARK = "|"
+FORMAT_MARK = "|"
 
 
 def _traced_einsum(equation, operands, out_format):
@@ -125,7 +126,7 @@ def _traced_einsum(equation, operands, out_format):
                 f"einsum({equation!r}) under torch.compile takes out_format as a format name "
                 f"(e.g. 'csr'), got {out_format!r}; pass its name, or convert the result "
                 "outside the compiled function")
-        equation = f"{equation}{_FORMAT_MARK}{out_format}"
+        equation = f"{equation}{FORMAT_MARK}{out_format}"
     return torch.einsum(equation, *operands)
 
 
@@ -137,8 +138,10 @@ def torch_einsum(equation, *operands):
         >>> torch.einsum("ij,j->i", st.tensor(torch.eye(2), "csr"), torch.ones(2))
         tensor([1., 1.])
     """
-    if isinstance(equation, str) and _FORMAT_MARK in equation:
-        equation, out_format = equation.split(_FORMAT_MARK)
+    if isinstance(equation, str) and equation.startswith(EXPR_MARK):   # a lazy expression
+        return recorded_eval(equation, operands)
+    if isinstance(equation, str) and FORMAT_MARK in equation:
+        equation, out_format = equation.split(FORMAT_MARK)
         return _einsum(equation, operands, out_format)
     if not isinstance(equation, str):
         raise TypeError("torch.einsum with SparseTensor operands takes an equation string "

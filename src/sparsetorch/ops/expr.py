@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from ..compiler.notation import Access, Add, Assignment, Expr, Mul, Scale, Unary
+from ..compiler.notation import UNARY, Access, Add, Assignment, Expr, Mul, Scale, Unary
 
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
+# Starts the ``torch.einsum`` equation that records ``LazyExpr.eval`` under torch.compile
+# (``_traced_eval``); no einsum equation contains it.
+EXPR_MARK = "="
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
 def _remap(e: Expr, offset: int) -> Expr:
@@ -108,10 +112,96 @@ class LazyExpr:
         operand requires grad: gradients are derived from the same tree)."""
         from ..autograd.function import evaluate
 
+        if _is_dynamo_compiling():   # one graph node (_traced_eval)
+            return _traced_eval(self, out_format)
         return evaluate(self.assignment(), self.operands, out_format, what="expression")
 
     def __repr__(self):
         return f"LazyExpr({self.assignment()}, shape={self.shape})"
+
+
+def _render(e: Expr) -> str:
+    """``e`` in prefix notation, one token per node (``_parse`` reads it back): how a tree
+    crosses into a traced graph, as a string constant."""
+    if isinstance(e, Access):
+        return f"T{e.operand}"
+    if isinstance(e, Add):
+        return f"+ {_render(e.a)} {_render(e.b)}"
+    if isinstance(e, Mul):
+        return f"* {_render(e.a)} {_render(e.b)}"
+    if isinstance(e, Scale):
+        return f"s{e.factor!r} {_render(e.a)}"
+    return f"u{e.fn} {_render(e.a)}"
+
+
+def _parse(tokens, indices) -> Expr:
+    """The tree ``_render`` wrote (``tokens``: an iterator over its tokens)."""
+    tok = next(tokens)
+    if tok[0] == "T":
+        return Access(int(tok[1:]), indices)
+    if tok in ("+", "*"):
+        a = _parse(tokens, indices)
+        return (Add if tok == "+" else Mul)(a, _parse(tokens, indices))
+    if tok[0] == "s":
+        return Scale(float(tok[1:]), _parse(tokens, indices))
+    return Unary(tok[1:], _parse(tokens, indices))
+
+
+def _dense_eval(e: Expr, operands):
+    """The tree on dense tensors with torch ops (what it means for them)."""
+    if isinstance(e, Access):
+        return operands[e.operand]
+    if isinstance(e, (Add, Mul)):
+        a, b = _dense_eval(e.a, operands), _dense_eval(e.b, operands)
+        return a + b if isinstance(e, Add) else a * b
+    if isinstance(e, Scale):
+        return _dense_eval(e.a, operands) * e.factor
+    return UNARY[e.fn][1](_dense_eval(e.a, operands))
+
+
+def _traced_eval(expr: LazyExpr, out_format):
+    """``expr.eval()`` as dynamo should see it: one ``torch.einsum`` call whose equation
+    carries the tree (``EXPR_MARK``, the rank, the tree in prefix notation, then any
+    ``out_format`` name), which ``SparseTensor.__torch_function__`` hands to
+    ``recorded_eval`` while the graph is traced, below dynamo (the same way ``st.einsum``
+    records itself). Dense operands only: torch ops, which dynamo records as they are."""
+    from ..formats.tensor import SparseTensor
+    from .einsum import FORMAT_MARK
+
+    if not any(isinstance(t, SparseTensor) for t in expr.operands):
+        if out_format not in (None, "dense"):
+            raise NotImplementedError(
+                f"st.lazy(...).eval(out_format={out_format!r}) of dense operands under "
+                "torch.compile: wrap the result with st.tensor outside the compiled function")
+        return _dense_eval(expr.tree, expr.operands)
+    equation = f"{EXPR_MARK}{len(expr.shape)} {_render(expr.tree)}"
+    if out_format is not None:
+        if not isinstance(out_format, str):
+            raise NotImplementedError(
+                f"st.lazy(...).eval() under torch.compile takes out_format as a format name "
+                f"(e.g. 'csr'), got {out_format!r}; pass its name, or convert the result "
+                "outside the compiled function")
+        equation = f"{equation}{FORMAT_MARK}{out_format}"
+    return torch.einsum(equation, *expr.operands)
+
+
+def recorded_eval(equation: str, operands):
+    """Evaluate the lazy expression that ``_traced_eval`` recorded as ``equation``.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[1., -2.]]), "csr")
+        >>> recorded_eval("=2 urelu T0", (A,)).to_dense()
+        tensor([[1., 0.]])
+    """
+    from ..autograd.function import evaluate
+    from .einsum import FORMAT_MARK
+
+    head, _, out_format = equation[len(EXPR_MARK):].partition(FORMAT_MARK)
+    rank, *tokens = head.split()
+    tree = _parse(iter(tokens), tuple(_LETTERS[: int(rank)]))
+    return evaluate(Assignment(tuple(_LETTERS[: int(rank)]), tree), tuple(operands),
+                    out_format or None, what="expression")
 
 
 def lazy(t) -> LazyExpr:
