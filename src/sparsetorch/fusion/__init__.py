@@ -47,24 +47,17 @@ from .runtime import CALLS, recording
 
 __all__ = ["CALLS", "Compiled", "Fusion", "FusionReport", "compile"]
 
-_TRACEABLE = False
 _Unsupported = _InternalError = None   # dynamo's exception types, once it is imported
 
 
-def _make_traceable():
-    """Let dynamo record ``st.ops.softmax`` as one graph node: traced into, its
-    data-dependent Python breaks the graph. (``torch.sparse.softmax`` on a SparseTensor is
-    already one node; ``st.einsum`` records itself as ``torch.einsum``.) Done on the first
-    ``st.compile`` rather than at import: importing dynamo costs about a second."""
-    global _TRACEABLE, _Unsupported, _InternalError
-    if not _TRACEABLE:
-        import torch._dynamo
+def _import_dynamo():
+    """Import dynamo's exception types on the first ``st.compile`` rather than at import:
+    importing dynamo costs about a second."""
+    global _Unsupported, _InternalError
+    if _Unsupported is None:
         from torch._dynamo.exc import InternalTorchDynamoError, Unsupported
 
-        from ..ops.softmax import softmax
-        torch._dynamo.allow_in_graph(softmax)
         _Unsupported, _InternalError = Unsupported, InternalTorchDynamoError
-        _TRACEABLE = True
 
 
 @dataclass
@@ -200,5 +193,5 @@ def compile(fn=None, *, fullgraph: bool = False, dynamic=None):
         raise TypeError(f"st.compile: fn must be a function or module, got "
                         f"{type(fn).__name__}; pass the function itself (st.compile(f)), not "
                         "the result of calling it (st.compile(f(x)))")
-    _make_traceable()
+    _import_dynamo()
     return Compiled(fn, fullgraph=fullgraph, dynamic=dynamic)

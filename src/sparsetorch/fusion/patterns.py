@@ -47,11 +47,6 @@ class Fusion:
         return f"{self.pattern}: {' -> '.join(self.replaced)}  =>  {self.call}"
 
 
-def _st_softmax():
-    from ..ops.softmax import softmax
-    return softmax
-
-
 # Canonical names of the ops the passes look at. Dynamo records Python operators
 # (``operator.matmul``), torch functions (``torch._C._nn.linear`` for ``F.linear``) and
 # method calls (``x.relu()``) as they were written, so all spellings are listed.
@@ -94,8 +89,7 @@ def _kind(node):
         return None
     if node.op == "call_function":
         try:
-            return _FUNCS.get(node.target) or ("softmax" if node.target is _st_softmax()
-                                               else None)
+            return _FUNCS.get(node.target)
         except TypeError:       # an unhashable target
             return None
     if node.op == "call_method":

@@ -16,6 +16,7 @@ from ..formats.tensor import SparseTensor
 from .einsum import einsum
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
 # Up to this many slices, the maxima go to a table indexed by slice (static sizes, so it
@@ -60,6 +61,11 @@ def softmax(input: SparseTensor, dim: int, dtype=None) -> SparseTensor:
     if not -n <= dim < n:
         raise IndexError(f"sparse softmax: dim {dim} is out of range for a {n}-D SparseTensor")
     dim %= n
+    if _is_dynamo_compiling():
+        # Record one torch.sparse.softmax node (dynamo would trace the Python below, whose
+        # data-dependent steps break the graph); SparseTensor's __torch_function__ runs this
+        # function on it while the graph is traced, below dynamo.
+        return torch.sparse.softmax(input, dim, dtype=dtype)
     t = input if dtype is None else input.with_values(input.values.to(dtype))
     if not t.dtype.is_floating_point:
         raise TypeError(f"sparse softmax: values of dtype {t.dtype} are not floating point; "
