@@ -295,3 +295,82 @@ def test_kernels_share_torchs_openmp_runtime(cache):
         pytest.skip("torch is not using GNU libgomp here")
     run_saxpy(rt.load_kernel(saxpy_source(), "saxpy", SAXPY_ARGS))
     assert _gomp_libs() == before
+
+
+# -- Python entry points (runtime/entry.py) -----------------------------------------------
+
+def axpy_source(tag=None):
+    tag = tag or uuid.uuid4().hex
+    return textwrap.dedent(f"""\
+        /* test kernel {tag} */
+        #include <stdint.h>
+        void axpy(int64_t n, int64_t a, const float *restrict x, float *restrict y) {{
+            for (int64_t i = 0; i < n; i++) y[i] += (float)a * x[i];
+        }}
+        void negate(int64_t n, float *restrict y) {{
+            for (int64_t i = 0; i < n; i++) y[i] = -y[i];
+        }}
+        """)
+
+
+AXPY_SIGNATURES = {"axpy": [rt.I64, rt.I64, rt.PTR, rt.PTR], "negate": [rt.I64, rt.PTR]}
+
+
+def run_axpy(fns):
+    x, y = torch.arange(5.0), torch.ones(5)
+    assert fns["axpy"](5, 3, x.data_ptr(), y.data_ptr()) is None
+    fns["negate"](5, y.data_ptr())
+    torch.testing.assert_close(y, -(1 + 3 * torch.arange(5.0)))
+
+
+def test_entries_are_builtins_from_one_library(cache):
+    src = axpy_source()
+    fns = rt.load_entries(src, AXPY_SIGNATURES)
+    assert type(fns["axpy"]).__name__ == "builtin_function_or_method"
+    run_axpy(fns)
+    assert rt.stats()["builds"] == 1                   # both symbols, one library
+    assert rt.load_entries(src, AXPY_SIGNATURES) is fns   # memo hit
+
+
+def test_entries_reject_bad_arguments_without_calling(cache):
+    fns = rt.load_entries(axpy_source(), AXPY_SIGNATURES)
+    y = torch.ones(3)
+    with pytest.raises(TypeError, match="takes 2 integer arguments"):
+        fns["negate"](3)
+    with pytest.raises(TypeError):
+        fns["negate"](3, "not a pointer")
+    with pytest.raises(TypeError, match="PTR and I64 only"):
+        rt.load_entries(axpy_source(), {"axpy": [rt.I64, rt.F64, rt.PTR, rt.PTR]})
+    assert y.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_entries_fall_back_to_ctypes_without_the_c_api(cache, monkeypatch):
+    from sparsetorch.runtime import entry
+
+    monkeypatch.setattr(entry, "_table", False)   # as if ctypes.pythonapi lacked a symbol
+    fns = rt.load_entries(axpy_source(), AXPY_SIGNATURES)
+    assert not type(fns["axpy"]).__name__.startswith("builtin")
+    run_axpy(fns)
+
+
+def test_entries_release_the_gil(cache):
+    """A kernel spinning until another Python thread sets a flag sees it only if the GIL
+    was released while it ran (it gives up after a few seconds, so a failure cannot hang)."""
+    import threading
+
+    src = textwrap.dedent(f"""\
+        /* test kernel {uuid.uuid4().hex} */
+        #include <stdint.h>
+        void spin(int32_t *flag) {{
+            volatile int32_t *f = flag;
+            for (int64_t i = 0; i < 3000000000LL && !f[0]; i++) {{ }}
+            f[1] = f[0];
+        }}
+        """)
+    spin = rt.load_entries(src, {"spin": [rt.PTR]})["spin"]
+    flag = torch.zeros(2, dtype=torch.int32)
+    setter = threading.Timer(0.05, lambda: flag.fill_(1))
+    setter.start()
+    spin(flag.data_ptr())
+    setter.join()
+    assert flag.tolist() == [1, 1]

@@ -12,7 +12,7 @@ from functools import lru_cache
 import torch
 
 from ..formats.tensor import SparseTensor
-from .execute import backend
+from .execute import backend, kernel_argtypes
 
 
 @lru_cache(maxsize=None)
@@ -26,8 +26,7 @@ def _kernel(value_ctype: str, index_ctype: str):
     fn = attention_function(tile_width(dtype))
     source = render_c([fn], value_ctype, {0: index_ctype}, "fused masked attention",
                       vector_isa())
-    return runtime.load_kernel(source, fn.name, [runtime.PTR if p.ctype.endswith("*")
-                                                 else runtime.I64 for p in fn.params])
+    return runtime.load_entries(source, {fn.name: kernel_argtypes(fn)})[fn.name]
 
 
 def _check(A, Q, K, V):

@@ -297,10 +297,9 @@ class _Prepared:
         self.dense_only = [a.all_vars.index(v) for v in a.all_vars if v not in sparse_vars]
         self.out_index = [a.all_vars.index(v) for v in a.out_vars]
         self.ws_index = [a.all_vars.index(v) for v in kernel.workspace_vars]
-        self.fns = [runtime.load_kernel(kernel.source, fn.name,
-                                        [runtime.PTR if p.ctype.endswith("*") else runtime.I64
-                                         for p in fn.params])
-                    for fn in kernel.functions]
+        fns = runtime.load_entries(kernel.source, {fn.name: kernel_argtypes(fn)
+                                                   for fn in kernel.functions})
+        self.fns = [fns[fn.name] for fn in kernel.functions]
         self.num_threads = runtime.num_threads
 
     def extents(self, tensors) -> list:
@@ -386,6 +385,14 @@ class _Prepared:
                                                  "crd1": crd.to(index)}, vals)
         arrays, stored = pack(fmt, out_shape, coords, vals, sorted_unique=kernel.emit_sorted)
         return SparseTensor(out_shape, fmt, arrays, stored)
+
+
+def kernel_argtypes(fn) -> list:
+    """The runtime argument types of a lowered ``Function``: arrays by pointer, the rest
+    (sizes, the thread count) as int64."""
+    from .. import runtime
+
+    return [runtime.PTR if p.ctype.endswith("*") else runtime.I64 for p in fn.params]
 
 
 def prepare_operands(kernel: CompiledKernel, tensors):

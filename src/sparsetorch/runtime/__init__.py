@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import cache as _cache
+from . import entry as _entry
 from .build import (FLAGS, LIBS, CompilerNotFoundError, KernelBuildError, KernelCompileError,
                     Toolchain, compile_library, cpu_features, toolchain)
 from .cache import cache_dir
@@ -50,7 +51,7 @@ PTR = ctypes.c_void_p    # a tensor's data_ptr()
 I64 = ctypes.c_int64     # sizes, strides, the thread count
 F64 = ctypes.c_double    # scalars
 
-__all__ = ["load_kernel", "num_threads", "cache_dir", "clear_cache", "stats", "reset_stats",
+__all__ = ["load_kernel", "load_entries", "num_threads", "cache_dir", "clear_cache", "stats", "reset_stats",
            "KernelLibrary", "PTR", "I64", "F64", "KernelBuildError", "CompilerNotFoundError",
            "KernelCompileError"]
 
@@ -118,6 +119,47 @@ def load_kernel(source: str, symbol: str, argtypes) -> ctypes._CFuncPtr:
         fn.library = info
         _funcs[mkey] = fn
         return fn
+
+
+def load_entries(source: str, signatures: dict) -> dict:
+    """Compile (or find cached) ``source`` and return ``{symbol: function}`` for each
+    ``symbol -> argtypes`` in ``signatures`` (``PTR`` or ``I64`` only), as functions that
+    cost a tenth of a ctypes call: ``METH_FASTCALL`` wrappers generated next to the kernels
+    (``runtime/entry.py``). They take Python ints, release the GIL while the kernel runs and
+    return None. Where the interpreter's C API cannot be bound they are plain ctypes
+    functions instead, with the same behaviour. One library holds all the symbols.
+
+    Example:
+        >>> import torch
+        >>> from sparsetorch import runtime
+        >>> src = ("#include <stdint.h>\\n"
+        ...        "void fill(int64_t n, float *x) { for (int64_t i = 0; i < n; i++) x[i] = 7; }")
+        >>> fill = runtime.load_entries(src, {"fill": [runtime.I64, runtime.PTR]})["fill"]
+        >>> x = torch.zeros(3)
+        >>> fill(3, x.data_ptr())
+        >>> x.tolist()
+        [7.0, 7.0, 7.0]
+    """
+    kinds = {}
+    for symbol, argtypes in signatures.items():
+        if any(t not in (PTR, I64) for t in argtypes):
+            raise TypeError(f"load_entries: {symbol} has argument types {list(argtypes)}; "
+                            "entry points take PTR and I64 only (use load_kernel for others)")
+        kinds[symbol] = ["ptr" if t is PTR else "i64" for t in argtypes]
+    mkey = (source, tuple((s, tuple(k)) for s, k in kinds.items()), os.environ.get("CC"))
+    fns = _funcs.get(mkey)
+    if fns is not None:
+        _stats["memo_hits"] += 1
+        return fns
+    full = "\n".join([source, _entry.PRELUDE,
+                      *(_entry.wrapper(s, k) for s, k in kinds.items())]) + "\n"
+    with _lock:
+        lib, info = _library(full)
+        fns = _entry.entries(lib, kinds)
+        if fns is None:
+            fns = {s: load_kernel(full, s, signatures[s]) for s in kinds}
+        _funcs[mkey] = fns
+        return fns
 
 
 def _library(source: str) -> tuple[ctypes.CDLL, KernelLibrary]:
