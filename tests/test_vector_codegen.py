@@ -92,6 +92,9 @@ def test_spmm_uses_register_tiles_and_spmv_masked_gathers():
     spmv = st.explain("ij,j->i", A, torch.ones(4)).source
     assert "_mm512_mask_i32gather_ps" in spmv    # int32 indices as stored: 16 lanes
     assert "< 4) {" in spmv                      # rows of 1-3 entries stay scalar
+    assert "<= 8) {" in spmv and "_mm256_mmask_i32gather_ps" in spmv   # 4-8: 256-bit step
+    spmv = st.explain("ij,j->i", A.to(torch.float64), torch.ones(4, dtype=torch.float64))
+    assert "_mm512_mask_i32gather_pd" in spmv.source   # 8 doubles through int32 indices
     A64 = st.tensor(torch.eye(4), format="csr", index_dtype=torch.int64)
     spmv = st.explain("ij,j->i", A64, torch.ones(4)).source
     assert "_mm512_mask_i64gather_ps" in spmv and "st_hsum256" in spmv

@@ -46,6 +46,10 @@ static inline float st_hsum256(__m256 v) {
 """
 
 SHORT_SUM = 4
+# Sums of at most this many float32 terms take one 8-lane (256-bit) step: a 256-bit gather
+# and horizontal add cost half of 512-bit ones, which dominate rows of 4-8 entries (graph
+# and FEM rows): 1.3-2x on SpMV of such matrices.
+HALF_SUM = 8
 
 _UNARY_BY_TEMPLATE = {template: name for name, (template, *_rest) in UNARY.items()}
 
@@ -85,6 +89,16 @@ class _Lanes:
         return (f"_mm512_mask_i64gather_{self.suf}({self.zero()}, {mask}, {index}, "
                 f"{base}, {scale})")
 
+    def load_i32(self, mask, ptr):
+        """One int32 index per lane, as stored (``self.n`` of them)."""
+        reg = "_mm512" if self.n == 16 else "_mm256"
+        return f"{reg}_maskz_loadu_epi32({mask}, {ptr})"
+
+    def gather_i32(self, mask, index, base):
+        """Values at ``load_i32`` indices: 16 or 8 lanes of float, 8 of double."""
+        name = "mmask_i32gather" if self.vtype == "__m256" else "mask_i32gather"
+        return f"{self.pre}_{name}_{self.suf}({self.zero()}, {mask}, {index}, {base}, {self.width})"
+
 
 _SHAPES = {("float", 16): _Lanes("__m512", "_mm512", "ps", 16, 4),
            ("float", 8): _Lanes("__m256", "_mm256", "ps", 8, 4),
@@ -99,8 +113,8 @@ def full_lanes(val_ctype: str) -> int | None:
 @dataclass(frozen=True)
 class _V:
     """A rendered operand inside a vector loop: 's' a lane-invariant scalar C expression,
-    'lin' an index equal to ``text`` + lane, 'vi' a vector of int64 indices, 'vi32' 16 int32
-    indices loaded as stored (gathers only), 'vv' a vector of values."""
+    'lin' an index equal to ``text`` + lane, 'vi' a vector of int64 indices, 'vi32' int32
+    indices loaded as stored, one per lane (gathers only), 'vv' a vector of values."""
 
     kind: str
     text: str
@@ -159,31 +173,41 @@ class VectorLoops:
     def sum_loop(self, s: For, pad: str) -> list[str]:
         """``acc += f(p)`` over p in [start, end): masked vector steps, one horizontal add;
         runs shorter than ``SHORT_SUM`` (graph rows of 1-3 entries) stay scalar, where the
-        fixed cost of a gather and a horizontal add would dominate."""
-        for n in (full_lanes(self.val), 8):
-            try:
-                vector = self._sum_loop(s, pad + "  ", _SHAPES[(self.val, n)])
-                break
-            except _NeedIndexLanes:
-                continue
-        else:
-            raise Unsupported("index lanes")
+        fixed cost of a gather and a horizontal add would dominate, and float32 runs of at
+        most ``HALF_SUM`` take 256-bit steps."""
+        full = full_lanes(self.val)
+        vector, lanes = self._first_sum_loop(s, pad + "  ", [(full, True), (8, True),
+                                                             (8, False)])
         loops, self.scalar.vec = self.scalar.vec, None
         try:
             scalar = self.scalar.stmt(For(s.var, s.start, s.end, s.body), pad + "  ")
         finally:
             self.scalar.vec = loops
         trip = f"({self.scalar.expr(s.end)}) - ({self.scalar.expr(s.start)})"
-        return [f"{pad}if ({trip} < {SHORT_SUM}) {{", *scalar, f"{pad}}} else {{", *vector,
-                f"{pad}}}"]
+        half = []
+        if lanes.n > 8:
+            step, _ = self._first_sum_loop(s, pad + "  ", [(8, True), (8, False)])
+            half = [f"{pad}}} else if ({trip} <= {HALF_SUM}) {{", *step]
+        return [f"{pad}if ({trip} < {SHORT_SUM}) {{", *scalar, *half, f"{pad}}} else {{",
+                *vector, f"{pad}}}"]
 
-    def _sum_loop(self, s: For, pad, lanes: _Lanes) -> list[str]:
+    def _first_sum_loop(self, s: For, pad, attempts):
+        """The first (lanes, int32 index lanes allowed) attempt that renders, and its lanes."""
+        for n, i32 in attempts:
+            lanes = _SHAPES[(self.val, n)]
+            try:
+                return self._sum_loop(s, pad, lanes, i32), lanes
+            except _NeedIndexLanes:
+                continue
+        raise Unsupported("index lanes")
+
+    def _sum_loop(self, s: For, pad, lanes: _Lanes, i32: bool) -> list[str]:
         if s.step != 1:
             raise Unsupported("strided sum")
         acc, var = s.reduction, s.var
         vacc, end = self.fresh(acc), self.fresh("end")
         mask = self.fresh("m")
-        body = _Body(self, lanes, mask, var, {var: _V("lin", var)}, acc=(acc, vacc))
+        body = _Body(self, lanes, mask, var, {var: _V("lin", var)}, acc=(acc, vacc), i32=i32)
         inner = body.stmts(s.body, pad + "    ")
         return [f"{pad}{{",
                 f"{pad}  const int64_t {end} = {self.scalar.expr(s.end)};",
@@ -214,11 +238,12 @@ class _Body:
     """Statements and expressions of one vector loop body."""
 
     def __init__(self, loops: VectorLoops, lanes: _Lanes, mask, lane_var, env, acc=None,
-                 tile_reg=None):
+                 tile_reg=None, i32=False):
         self.loops, self.lanes, self.mask, self.lane_var = loops, lanes, mask, lane_var
         self.env = dict(env)
         self.acc = acc              # (scalar accumulator, vector accumulator)
         self.tile_reg = tile_reg    # (tile array, register number)
+        self.i32 = i32              # int32 indices may be gathered with as stored ('vi32')
         self.scalar = loops.scalar
 
     # -- statements ------------------------------------------------------------------------
@@ -236,7 +261,9 @@ class _Body:
                 return []
             name = self.loops.fresh(node.name)
             self.env[node.name] = _V(v.kind, name)
-            vtype = "__m512i" if v.kind in ("vi", "vi32") else self.lanes.vtype
+            vtype = self.lanes.vtype
+            if v.kind in ("vi", "vi32"):
+                vtype = "__m256i" if v.kind == "vi32" and self.lanes.n == 8 else "__m512i"
             return [f"{pad}const {vtype} {name} = {v.text};"]
         if isinstance(node, Assign) and node.op in ("=", "+="):
             return [pad + line for line in self.assign(node)]
@@ -314,16 +341,14 @@ class _Body:
             if idx.kind == "lin":
                 return _V("vv", self.load(f"({arr} + {idx.text})"))
             if idx.kind == "vi32":
-                return _V("vv", f"_mm512_mask_i32gather_ps({self.lanes.zero()}, "
-                                f"{self.full_mask()}, {idx.text}, {arr}, 4)")
+                return _V("vv", self.lanes.gather_i32(self.full_mask(), idx.text, arr))
             self.need_index_lanes()
             return _V("vv", self.lanes.gather(self.mask8(), idx.text, arr))
-        if idx.kind == "lin" and index_type == "int32_t" and self.lanes.n == 16 and \
+        if idx.kind == "lin" and index_type == "int32_t" and self.i32 and \
                 self.tile_reg is None:
-            # 16 int32 indices used as they are (x[crd[p]]): a 16-lane gather, twice the
-            # lanes of int64 index vectors; any arithmetic on them retries with 8 lanes.
-            return _V("vi32", f"_mm512_maskz_loadu_epi32({self.full_mask()}, "
-                              f"({arr} + {idx.text}))")
+            # int32 indices used as they are (x[crd[p]]): 16 float lanes per gather, twice
+            # the lanes of int64 index vectors; arithmetic on them retries without.
+            return _V("vi32", self.lanes.load_i32(self.full_mask(), f"({arr} + {idx.text})"))
         self.need_index_lanes()
         if idx.kind == "lin":
             ptr = f"({arr} + {idx.text})"
