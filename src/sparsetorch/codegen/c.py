@@ -275,8 +275,9 @@ class _CRenderer:
             return [*head, *body]
         sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
         if par.workspace is None and par.weights is None:
-            return [f"{pad}#pragma omp parallel for schedule({sched}) num_threads(nt)",
-                    *head, *body]
+            return _unless_one_thread(
+                pad, [f"{pad}#pragma omp parallel for schedule({sched}) num_threads(nt)"],
+                [*head, *body])
         # One parallel region; each thread owns its workspace for the whole loop.
         inner = pad + "  "
         before, alloc, free, after = [], [], [], []
@@ -295,11 +296,14 @@ class _CRenderer:
                      f"{inner}ST_BALANCED_ROW({w}, {n}, st_t, st_T, st_lo);",
                      f"{inner}ST_BALANCED_ROW({w}, {n}, st_t + 1, st_T, st_hi);",
                      f"{inner}for (int64_t {s.var} = st_lo; {s.var} < st_hi; {s.var}++) {{"]
-        return [*(pad + line for line in before),
-                f"{pad}#pragma omp parallel num_threads(nt)", f"{pad}{{",
-                *(inner + line for line in alloc), *split,
-                *(("  " + line) for line in body),
-                *(inner + line for line in free), f"{pad}}}", *(pad + line for line in after)]
+        region = [f"{pad}{{", *(inner + line for line in alloc), *split,
+                  *(("  " + line) for line in body), *(inner + line for line in free),
+                  f"{pad}}}"]
+        pragma = [f"{pad}#pragma omp parallel num_threads(nt)"]
+        if par.workspace is not None:   # assembly kernels: one copy keeps the build short
+            return [*(pad + line for line in before), *pragma, *region,
+                    *(pad + line for line in after)]
+        return _unless_one_thread(pad, pragma, region)
 
     def param(self, p) -> str:
         if not p.ctype.endswith("*"):
@@ -326,6 +330,14 @@ class _CRenderer:
         if body is None:
             body = self.stmt(fn.body, "  ")
         return "\n".join([f"void {fn.name}(\n    {params}) {{", *body, "}"])
+
+
+def _unless_one_thread(pad: str, pragma: list, code: list) -> list:
+    """``code`` under its OpenMP ``pragma`` when ``nt > 1``, else plainly (thread queries
+    then answer 0 of 1): libgomp spends 0.3 us setting up even a one-thread team, a tenth
+    of a small SpMV call. The code is compiled twice, which costs ~10% more build time."""
+    return [f"{pad}if (nt > 1) {{", *("  " + line for line in (*pragma, *code)),
+            f"{pad}}} else {{", *("  " + line for line in code), f"{pad}}}"]
 
 
 def _uses_hash(node) -> bool:
