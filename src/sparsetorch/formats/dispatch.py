@@ -1,6 +1,7 @@
 """ATen-level dispatch for SparseTensor: the few structural ops that act on every level
-array alike, and the sum autograd uses to accumulate gradients on one pattern. Anything else raises ``NotImplementedError`` naming the op and the format, so a
-sparse tensor is never silently densified.
+array alike, and the sum autograd uses to accumulate gradients on one pattern. Anything else
+raises ``NotImplementedError`` naming the op and the format, so a sparse tensor is never
+silently densified.
 """
 from __future__ import annotations
 
