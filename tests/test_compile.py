@@ -60,6 +60,13 @@ FORWARD = {
     "lazy_map": (lambda A: (st.lazy(A) * -0.5).abs().eval(), (A,)),
     "lazy_out_format": (lambda A: (st.lazy(A) * -0.5).abs().eval(out_format="coo"), (A,)),
     "lazy_dense_operands": (lambda U: (st.lazy(U) * 2).exp().eval(), (U,)),
+    # .values (and a sampled result's .nnz) of SparseTensors computed inside the function
+    "spgemm_values": (lambda A: (A @ A.t()).values.sum(), (A,)),
+    "spgemm_values_returned": (lambda A: (A @ A.t()).values, (A,)),
+    "spgemm_values_count": (lambda A: (A @ A.t()).values.shape[0] * A.values, (A,)),
+    "sddmm_values": (lambda A, U, X: (st.einsum("ij,ik,jk->ij", A, U, X) * 3).values.sum(),
+                     (A, U, X)),
+    "sddmm_nnz": (lambda A, U, X: st.einsum("ij,ik,jk->ij", A, U, X).nnz * X, (A, U, X)),
 }
 
 
@@ -75,7 +82,7 @@ def test_forward_matches_eager(name):
 
 @pytest.mark.parametrize("name", ["relu_spmm", "einsum_sddmm_sparse_result",
                                   "transposed_spmv_sum", "softmax", "st_softmax",
-                                  "lazy_map"])
+                                  "lazy_map", "sddmm_values"])
 def test_no_graph_breaks(name):
     fn, args = FORWARD[name]
     explanation = torch._dynamo.explain(fn)(*args)
@@ -104,6 +111,9 @@ BACKWARD = {
     # regression: int() of the traced entry count of a product's gradient (levels.count)
     "spgemm": lambda w, Y: ((A.with_values(w) @ A.with_values(w).t()) @ (A @ Y)).pow(2).sum(),
     "lazy": lambda w, Y: ((st.lazy(A.with_values(w)) * 2).relu().eval() @ Y).pow(2).sum(),
+    "spgemm_values": lambda w, Y: (A.with_values(w) @ A.t()).values.pow(2).sum(),
+    "sddmm_values": lambda w, Y: (st.einsum("ij,ik,jk->ij", A.with_values(w), U, Y) * 3.0)
+    .values.pow(2).sum(),
 }
 
 
@@ -132,6 +142,7 @@ SPARSE_INPUT = {
     "softmax_spmm": lambda A, Y: (torch.sparse.softmax(A, 1) @ Y).pow(2).sum(),
     "spgemm_twice_used": lambda A, Y: ((A @ A.t()) @ (A @ Y)).pow(2).sum(),
     "sparse_result": lambda A, Y: st.einsum("ij,ik,jk->ij", A, U, Y) * 2.0,
+    "spgemm_values": lambda A, Y: (A @ A.t()).values.pow(2).sum() + (A @ Y).sum(),
 }
 
 
@@ -177,6 +188,31 @@ def test_inductor_spmm_forward_and_backward():
     got = _grads(BACKWARD["spmm_relu"], "inductor")
     for r, g in zip(ref, got):
         torch.testing.assert_close(g, r)
+
+
+def test_inductor_values_of_a_result():
+    ref = _grads(BACKWARD["sddmm_values"])
+    got = _grads(BACKWARD["sddmm_values"], "inductor")
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r)
+
+
+# ``[.]``: dynamo's error quotes the failing source line, which must not match by itself
+@pytest.mark.parametrize("fn, fix", [
+    (lambda A: (A @ A.t()).arrays["crd1"] + 1, "return it and read [.]arrays outside"),
+    (lambda A: (A @ A.t()).nnz, r"read C[.]values[.]shape\[0\] instead"),
+])
+def test_untraceable_attributes_of_a_result_name_the_fix(fn, fix):
+    with pytest.raises(RuntimeError, match=fix):
+        torch.compile(fn, fullgraph=True, backend="aot_eager")(A)
+
+
+def test_eager_values_are_the_stored_tensor():
+    """Outside torch.compile ``.values`` hands out the stored tensor itself, never a copy."""
+    w = A.values.detach().clone().requires_grad_()
+    C = A @ A.t()
+    assert A.values is A._values and C.values is C._values
+    assert A.with_values(w).values is w
 
 
 def test_graph_cached_by_another_process_finds_its_kernels(tmp_path, monkeypatch):

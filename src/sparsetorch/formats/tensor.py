@@ -6,7 +6,11 @@ so ``torch.compile`` and autograd see plain dense tensors, and every kernel is a
 """
 from __future__ import annotations
 
+import sys
+
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 from .format import Format
 from .pack import array_names
@@ -17,6 +21,9 @@ from .pack import array_names
 _TORCH_FUNCTIONS: dict = {}
 _DisableTorchFunction = torch._C.DisableTorchFunctionSubclass
 _is_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
+_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
+_FUNCTIONAL_MODE = torch._C._TorchDispatchModeKey.FUNCTIONAL
 
 
 # The wrapper's own autograd state (the class overrides the Python properties). Read with
@@ -120,13 +127,16 @@ class SparseTensor(torch.Tensor):
 
     # -- traceability -------------------------------------------------------------------------
     def __tensor_flatten__(self):
-        return ["_values", *("_" + n for n in self._array_names)], (self._format,)
+        # "values", the public name: of a SparseTensor computed inside a compiled function,
+        # dynamo can record reading only the attributes named here (``C.values``); the
+        # property hands tracers the stored tensor itself (see ``_outside_tracer``).
+        return ["values", *("_" + n for n in self._array_names)], (self._format,)
 
     @staticmethod
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
         (fmt,) = meta
-        arrays = {n[1:]: t for n, t in inner.items() if n != "_values"}
-        values = inner["_values"]
+        arrays = {n[1:]: t for n, t in inner.items() if n != "values"}
+        values = inner["values"]
         # A leaf, even when the values require grad: AOTAutograd differentiates a compiled
         # function's SparseTensor inputs as wholes (see ``values``), and fakes them as leaves.
         t = SparseTensor._wrap(outer_size, fmt, arrays, values, values.requires_grad)
@@ -260,17 +270,27 @@ class SparseTensor(torch.Tensor):
     @property
     def values(self) -> torch.Tensor:
         """The stored values, one per stored entry, in storage order."""
-        if self._unflattened and _is_grad_enabled() and _wrapper_requires_grad(self):
+        if (self._unflattened and _is_grad_enabled() and _wrapper_requires_grad(self)
+                and not _outside_tracer(self._values)):
             # AOTAutograd (torch.compile) differentiates the SparseTensors it rebuilds as
             # wholes: a compiled function's output carries its history on the wrapper, and
             # an input's gradient is taken with respect to the wrapper. Connect the values.
+            # (Not when AOTAutograd reads them to flatten the wrapper: it needs the inner
+            # tensor itself.)
             return _ValuesOf.apply(self)
         return self._values
 
     @property
     def nnz(self) -> int:
         """Number of stored entries (explicit zeros inside BSR blocks count)."""
-        return self._values.numel()
+        n = self._values.numel()
+        if type(n) is not int and _read_by_dynamo(self):   # a SymInt: data-dependent
+            raise RuntimeError(
+                "SparseTensor.nnz: this SparseTensor is assembled inside the torch.compile'd "
+                "function, so its entry count is data-dependent and dynamo cannot record it "
+                "as an attribute; read C.values.shape[0] instead (traced), or return C and "
+                "read .nnz outside")
+        return n
 
     @property
     def index_dtype(self) -> torch.dtype:
@@ -282,6 +302,12 @@ class SparseTensor(torch.Tensor):
     def arrays(self) -> dict:
         """The level arrays by name (``pos{k}``, ``crd{k}``); level ``k`` stores the mode
         ``format.mode_order[k]`` (or its block/in-block part for blocked formats)."""
+        if type(self._values) is not torch.Tensor and _read_by_dynamo(self):   # fast: eager
+            raise RuntimeError(
+                "SparseTensor.arrays: this SparseTensor is computed inside the torch.compile'd "
+                "function, and dynamo records only tensor attributes, not a dict of them; "
+                "return it and read .arrays outside, or keep to C.values and torch ops "
+                "inside (the level arrays of an input SparseTensor can be read)")
         return {n: getattr(self, "_" + n) for n in self._array_names}
 
     def __repr__(self, *, tensor_contents=None) -> str:
@@ -371,6 +397,29 @@ def _move_wrapper_grad(t: SparseTensor) -> None:
     grad = grad._values if isinstance(grad, SparseTensor) else grad
     old = t._values.grad
     t._values.grad = grad if old is None else old + grad
+
+
+def _outside_tracer(inner: torch.Tensor) -> bool:
+    """Whether ``inner``, an inner tensor of a SparseTensor, is a tracer's tensor (fake or
+    functional) read while that tracer's mode is off: by the tracer itself, not by the
+    traced code. Dynamo looks up attributes of a tensor computed inside the compiled
+    function that way, and AOTAutograd flattens wrappers to check them for mutations."""
+    return ((isinstance(inner, FakeTensor) and torch._C._get_dispatch_mode(_FAKE_MODE) is None)
+            or (isinstance(inner, FunctionalTensor)
+                and torch._C._get_dispatch_mode(_FUNCTIONAL_MODE) is None))
+
+
+def _read_by_dynamo(t: SparseTensor) -> bool:
+    """Whether dynamo is evaluating a property of ``t`` to record it: ``t`` is a SparseTensor
+    computed inside a compiled function, whose attributes dynamo reads on its fake value
+    (in ``TensorVariable.dynamic_getattr``) and can record only when they are tensors
+    ``__tensor_flatten__`` names. Best effort: should dynamo rename that method, the
+    property returns and dynamo reports its own error."""
+    if not (_is_compiling() and _outside_tracer(t._values)):
+        return False
+    # the getter's caller: fakification also reads fakes with no mode on, and must succeed
+    caller = sys._getframe(2).f_code
+    return caller.co_name == "dynamic_getattr" and "_dynamo" in caller.co_filename
 
 
 class _FromValues(torch.autograd.Function):
