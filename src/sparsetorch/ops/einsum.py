@@ -45,15 +45,14 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
         return _einsum_epilogue(equation, operands, out_format, bias, activation)
     if _is_compiling():   # dynamo: record torch.einsum, which routes back here (see below)
         return _traced_einsum(equation, operands, out_format)
-    if not (_is_grad_enabled() and _any_requires_grad(operands)):   # the fast path, inline
-        prepared = lookup(equation, operands, out_format)
-        if prepared is not None:
-            return prepared(operands)
+    prepared = lookup(equation, operands, out_format)   # the fast path (no autograd), inline
+    if prepared is not None:
+        return prepared(operands)
     return _einsum(equation, operands, out_format)
 
 
 def _einsum(equation, operands, out_format):
-    if _is_grad_enabled() and _any_requires_grad(operands):   # the one check on the fast path
+    if _is_grad_enabled() and _any_requires_grad(operands):
         return _einsum_recorded(equation, operands, out_format)
     prepared = lookup(equation, operands, out_format)
     if prepared is not None:

@@ -98,7 +98,8 @@ def _check_repeated(assignment: Assignment, infos, what):
 
 def lookup(head, operands, out_format):
     """The memoised call recipe for this expression (an ``Assignment``, or an einsum string
-    with which one was registered) and these operands, or None."""
+    with which one was registered) and these operands, or None; None also while autograd
+    must record the call (grad mode on and an operand requires grad)."""
     if backend() != "c":
         return None
     key = _signature(head, operands, out_format)
@@ -211,6 +212,7 @@ def _run_blocked(assignment, tensors, out_format, what):
 # formats, dtypes, index widths, out_format): a repeated call skips checks, scheduling and
 # kernel lookup. Operand ranks are part of the signature, so a string names one assignment.
 _PREPARED: dict = {}
+_is_grad_enabled = torch.is_grad_enabled
 
 
 # Structure descriptions of SparseTensors, interned as small ints: hashing the call key then
@@ -219,9 +221,13 @@ _STRUCTURES: dict = {}
 
 
 def _signature(assignment, operands, out_format):
+    grad = _is_grad_enabled()
     parts = [assignment, out_format if out_format is None else _fmt_key(out_format)]
     for t in operands:
         if type(t) is SparseTensor:
+            # (the wrapper's own flag is read only where it may be set: it is not free)
+            if grad and (t._values.requires_grad or (t._wrapper_grad and t.requires_grad)):
+                return None
             # A SparseTensor's structure never changes: its part of the key is computed once.
             part = t.__dict__.get("_call_key")
             if part is None:
@@ -235,6 +241,8 @@ def _signature(assignment, operands, out_format):
                 t.__dict__["_call_key"] = part
             parts.append(part)
         elif type(t) is torch.Tensor and t.layout == torch.strided:
+            if grad and t.requires_grad:
+                return None
             parts.append((t.dim(), t.dtype, t.is_cpu))
         else:
             return None
