@@ -127,9 +127,13 @@ def compare(cases: Mapping[str, Callable[[], Any]], baseline: str | None = None,
                 for name in _rotate(names, r):
                     if name not in errors:
                         last[name] = sample(name, 1)
-            if min_time > 0:  # calibrate from the last warm-up call; time one if none ran
+            if min_time > 0:
+                # Calibrate from the faster of the last warm-up call and one more: a single
+                # cold call (caches and OpenMP workers left cold by the other cases) can be
+                # 10x slow, and a batch sized by it would time single cold calls throughout.
                 for name in names:
-                    t = last[name] if name in last else sample(name, 1)
+                    ts = [t for t in (last.get(name), sample(name, 1)) if t is not None]
+                    t = min(ts) if ts else None
                     if t is not None and name not in errors:
                         number[name] = min(_MAX_NUMBER, max(1, math.ceil(min_time / max(t, 1e-9))))
             # A collection landing inside one case's sample would be charged to that case.
