@@ -192,31 +192,45 @@ class VectorLoops:
                 *vector, f"{pad}}}"]
 
     def _first_sum_loop(self, s: For, pad, attempts):
-        """The first (lanes, int32 index lanes allowed) attempt that renders, and its lanes."""
+        """The first (lanes, int32 index lanes allowed) attempt that renders, and its lanes.
+        Full-width loops run two accumulators (long DLMC rows: ~8% faster)."""
+        full = full_lanes(self.val)
         for n, i32 in attempts:
             lanes = _SHAPES[(self.val, n)]
             try:
-                return self._sum_loop(s, pad, lanes, i32), lanes
+                return self._sum_loop(s, pad, lanes, i32, 2 if n == full else 1), lanes
             except _NeedIndexLanes:
                 continue
         raise Unsupported("index lanes")
 
-    def _sum_loop(self, s: For, pad, lanes: _Lanes, i32: bool) -> list[str]:
+    def _sum_loop(self, s: For, pad, lanes: _Lanes, i32: bool, unroll: int) -> list[str]:
+        """Unmasked steps of ``unroll`` registers (one accumulator each: independent FMA
+        chains), then masked steps for the rest, then one horizontal add."""
         if s.step != 1:
             raise Unsupported("strided sum")
-        acc, var = s.reduction, s.var
-        vacc, end = self.fresh(acc), self.fresh("end")
-        mask = self.fresh("m")
-        body = _Body(self, lanes, mask, var, {var: _V("lin", var)}, acc=(acc, vacc), i32=i32)
-        inner = body.stmts(s.body, pad + "    ")
-        return [f"{pad}{{",
-                f"{pad}  const int64_t {end} = {self.scalar.expr(s.end)};",
-                f"{pad}  {lanes.vtype} {vacc} = {lanes.zero()};",
-                f"{pad}  for (int64_t {var} = {self.scalar.expr(s.start)}; {var} < {end}; "
-                f"{var} += {lanes.n}) {{",
-                f"{pad}    const __mmask{lanes.n} {mask} = st_mask{lanes.n}({end} - {var});",
-                *inner, f"{pad}  }}",
-                f"{pad}  {acc} += {lanes.hsum(vacc)};", f"{pad}}}"]
+        acc, var, n = s.reduction, s.var, lanes.n
+        vaccs = [self.fresh(acc) for _ in range(unroll)]
+        end, mask = self.fresh("end"), self.fresh("m")
+        out = [f"{pad}{{", f"{pad}  const int64_t {end} = {self.scalar.expr(s.end)};",
+               f"{pad}  {lanes.vtype} " + ", ".join(f"{v} = {lanes.zero()}" for v in vaccs)
+               + ";",
+               f"{pad}  int64_t {var} = {self.scalar.expr(s.start)};"]
+        if unroll > 1:
+            out.append(f"{pad}  for (; {var} + {unroll * n} <= {end}; {var} += {unroll * n}) {{")
+            for k, vacc in enumerate(vaccs):
+                lane = _V("lin", f"({var} + {k * n})" if k else var)
+                body = _Body(self, lanes, None, var, {var: lane}, acc=(acc, vacc), i32=i32)
+                out += [f"{pad}    {{", *body.stmts(s.body, pad + "      "), f"{pad}    }}"]
+            out.append(f"{pad}  }}")
+        body = _Body(self, lanes, mask, var, {var: _V("lin", var)}, acc=(acc, vaccs[0]),
+                     i32=i32)
+        total = vaccs[0]
+        for v in vaccs[1:]:
+            total = lanes.op("add", total, v)
+        return [*out, f"{pad}  for (; {var} < {end}; {var} += {n}) {{",
+                f"{pad}    const __mmask{n} {mask} = st_mask{n}({end} - {var});",
+                *body.stmts(s.body, pad + "    "), f"{pad}  }}",
+                f"{pad}  {acc} += {lanes.hsum(total)};", f"{pad}}}"]
 
 
 def _tile_of(node, tiles):
