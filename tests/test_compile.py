@@ -201,6 +201,7 @@ def test_inductor_values_of_a_result():
 @pytest.mark.parametrize("fn, fix", [
     (lambda A: (A @ A.t()).arrays["crd1"] + 1, "return it and read [.]arrays outside"),
     (lambda A: (A @ A.t()).nnz, r"read C[.]values[.]shape\[0\] instead"),
+    (lambda A: (A * 2.0).format.name == "csr", "decide on formats outside"),
 ])
 def test_untraceable_attributes_of_a_result_name_the_fix(fn, fix):
     with pytest.raises(RuntimeError, match=fix):

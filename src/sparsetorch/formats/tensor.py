@@ -265,6 +265,12 @@ class SparseTensor(torch.Tensor):
     @property
     def format(self) -> Format:
         """The storage ``Format`` (``.format.name`` is e.g. ``'csr'``)."""
+        if type(self._values) is not torch.Tensor and _read_by_dynamo(self):   # fast: eager
+            raise RuntimeError(
+                "SparseTensor.format: this SparseTensor is computed inside the torch.compile'd "
+                "function, and dynamo cannot record a Format object read from it; decide on "
+                "formats outside the compiled function (the format of an input SparseTensor "
+                "can be read inside), or return the tensor and read .format outside")
         return self._format
 
     @property
