@@ -117,6 +117,12 @@ BACKWARD = {
 }
 
 
+def _same(ref, got):
+    """Every tensor of ``got`` (a loss and gradients) matches ``ref``."""
+    for r, g in zip(ref, got, strict=True):
+        torch.testing.assert_close(g, r)
+
+
 def _grads(fn, backend=None):
     w = A.values.detach().clone().requires_grad_()
     Y = X.detach().clone().requires_grad_()
@@ -131,8 +137,7 @@ def _grads(fn, backend=None):
 def test_backward_matches_eager(name):
     ref = _grads(BACKWARD[name])
     got = _grads(BACKWARD[name], "aot_eager")
-    for r, g in zip(ref, got):
-        torch.testing.assert_close(g, r)
+    _same(ref, got)
 
 
 # Gradients of a SparseTensor input whose own values require grad (``requires_grad_()``, or
@@ -165,36 +170,31 @@ def _sparse_input_grads(fn, backend=None, leaf=True, calls=1):
 def test_sparse_input_requiring_grad(name):
     ref = _sparse_input_grads(SPARSE_INPUT[name], calls=2)       # gradients accumulate
     got = _sparse_input_grads(SPARSE_INPUT[name], "aot_eager", calls=2)
-    for r, g in zip(ref, got):
-        torch.testing.assert_close(g, r)
+    _same(ref, got)
 
 
 def test_sparse_input_not_a_leaf():
     ref = _sparse_input_grads(SPARSE_INPUT["spgemm_twice_used"], leaf=False)
     got = _sparse_input_grads(SPARSE_INPUT["spgemm_twice_used"], "aot_eager", leaf=False)
-    for r, g in zip(ref, got):
-        torch.testing.assert_close(g, r)
+    _same(ref, got)
 
 
 def test_inductor_sparse_input_requiring_grad():
     ref = _sparse_input_grads(SPARSE_INPUT["spmm"])
     got = _sparse_input_grads(SPARSE_INPUT["spmm"], "inductor")
-    for r, g in zip(ref, got):
-        torch.testing.assert_close(g, r)
+    _same(ref, got)
 
 
 def test_inductor_spmm_forward_and_backward():
     ref = _grads(BACKWARD["spmm_relu"])
     got = _grads(BACKWARD["spmm_relu"], "inductor")
-    for r, g in zip(ref, got):
-        torch.testing.assert_close(g, r)
+    _same(ref, got)
 
 
 def test_inductor_values_of_a_result():
     ref = _grads(BACKWARD["sddmm_values"])
     got = _grads(BACKWARD["sddmm_values"], "inductor")
-    for r, g in zip(ref, got):
-        torch.testing.assert_close(g, r)
+    _same(ref, got)
 
 
 # ``[.]``: dynamo's error quotes the failing source line, which must not match by itself

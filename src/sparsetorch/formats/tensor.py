@@ -265,12 +265,11 @@ class SparseTensor(torch.Tensor):
     @property
     def format(self) -> Format:
         """The storage ``Format`` (``.format.name`` is e.g. ``'csr'``)."""
-        if type(self._values) is not torch.Tensor and _read_by_dynamo(self):   # fast: eager
-            raise RuntimeError(
-                "SparseTensor.format: this SparseTensor is computed inside the torch.compile'd "
-                "function, and dynamo cannot record a Format object read from it; decide on "
-                "formats outside the compiled function (the format of an input SparseTensor "
-                "can be read inside), or return the tensor and read .format outside")
+        if type(self._values) is not torch.Tensor:   # eager tensors skip the check
+            _check_recordable(self, "format", "a Format object", "decide on formats outside "
+                              "the compiled function (the format of an input SparseTensor "
+                              "can be read inside), or return the tensor and read .format "
+                              "outside")
         return self._format
 
     @property
@@ -308,12 +307,10 @@ class SparseTensor(torch.Tensor):
     def arrays(self) -> dict:
         """The level arrays by name (``pos{k}``, ``crd{k}``); level ``k`` stores the mode
         ``format.mode_order[k]`` (or its block/in-block part for blocked formats)."""
-        if type(self._values) is not torch.Tensor and _read_by_dynamo(self):   # fast: eager
-            raise RuntimeError(
-                "SparseTensor.arrays: this SparseTensor is computed inside the torch.compile'd "
-                "function, and dynamo records only tensor attributes, not a dict of them; "
-                "return it and read .arrays outside, or keep to C.values and torch ops "
-                "inside (the level arrays of an input SparseTensor can be read)")
+        if type(self._values) is not torch.Tensor:   # eager tensors skip the check
+            _check_recordable(self, "arrays", "a dict of tensors", "return it and read "
+                              ".arrays outside, or keep to C.values and torch ops inside "
+                              "(the level arrays of an input SparseTensor can be read)")
         return {n: getattr(self, "_" + n) for n in self._array_names}
 
     def __repr__(self, *, tensor_contents=None) -> str:
@@ -415,8 +412,19 @@ def _outside_tracer(inner: torch.Tensor) -> bool:
                 and torch._C._get_dispatch_mode(_FUNCTIONAL_MODE) is None))
 
 
-def _read_by_dynamo(t: SparseTensor) -> bool:
-    """Whether dynamo is evaluating a property of ``t`` to record it: ``t`` is a SparseTensor
+def _check_recordable(t: SparseTensor, attr: str, what: str, fix: str) -> None:
+    """Raise naming ``fix`` when dynamo reads ``attr`` (``what``, not a tensor) of a
+    SparseTensor computed inside the compiled function: it cannot record that, and its own
+    error ('SourcelessBuilder ...') does not say why."""
+    if _read_by_dynamo(t, depth=3):
+        raise RuntimeError(
+            f"SparseTensor.{attr}: this SparseTensor is computed inside the torch.compile'd "
+            f"function, and dynamo cannot record {what} read from it; {fix}")
+
+
+def _read_by_dynamo(t: SparseTensor, depth: int = 2) -> bool:
+    """Whether dynamo is evaluating a property of ``t`` to record it (the property's getter
+    is ``depth - 1`` frames up from here): ``t`` is a SparseTensor
     computed inside a compiled function, whose attributes dynamo reads on its fake value
     (in ``TensorVariable.dynamic_getattr``) and can record only when they are tensors
     ``__tensor_flatten__`` names. Best effort: should dynamo rename that method, the
@@ -424,7 +432,7 @@ def _read_by_dynamo(t: SparseTensor) -> bool:
     if not (_is_compiling() and _outside_tracer(t._values)):
         return False
     # the getter's caller: fakification also reads fakes with no mode on, and must succeed
-    caller = sys._getframe(2).f_code
+    caller = sys._getframe(depth).f_code
     return caller.co_name == "dynamic_getattr" and "_dynamo" in caller.co_filename
 
 

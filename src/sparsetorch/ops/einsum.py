@@ -119,14 +119,22 @@ def _traced_einsum(equation, operands, out_format):
                 "under torch.compile: wrap the result with st.tensor outside the compiled "
                 "function, or pass a SparseTensor operand")
         return torch.einsum(equation, *operands)
-    if out_format is not None:
-        if not isinstance(out_format, str):
-            raise NotImplementedError(
-                f"einsum({equation!r}) under torch.compile takes out_format as a format name "
-                f"(e.g. 'csr'), got {out_format!r}; pass its name, or convert the result "
-                "outside the compiled function")
-        equation = f"{equation}{FORMAT_MARK}{out_format}"
-    return torch.einsum(equation, *operands)
+    return torch.einsum(mark_format(equation, out_format, f"einsum({equation!r})"),
+                        *operands)
+
+
+def mark_format(equation: str, out_format, what: str) -> str:
+    """``equation`` with a named ``out_format`` appended after ``FORMAT_MARK``, for a
+    ``torch.einsum`` call recorded under torch.compile (a graph holds strings, not Format
+    objects)."""
+    if out_format is None:
+        return equation
+    if not isinstance(out_format, str):
+        raise NotImplementedError(
+            f"{what} under torch.compile takes out_format as a format name (e.g. 'csr'), "
+            f"got {out_format!r}; pass its name, or convert the result outside the compiled "
+            "function")
+    return f"{equation}{FORMAT_MARK}{out_format}"
 
 
 def torch_einsum(equation, *operands):

@@ -166,7 +166,7 @@ def _traced_eval(expr: LazyExpr, out_format):
     ``recorded_eval`` while the graph is traced, below dynamo (the same way ``st.einsum``
     records itself). Dense operands only: torch ops, which dynamo records as they are."""
     from ..formats.tensor import SparseTensor
-    from .einsum import FORMAT_MARK
+    from .einsum import mark_format
 
     if not any(isinstance(t, SparseTensor) for t in expr.operands):
         if out_format not in (None, "dense"):
@@ -174,14 +174,8 @@ def _traced_eval(expr: LazyExpr, out_format):
                 f"st.lazy(...).eval(out_format={out_format!r}) of dense operands under "
                 "torch.compile: wrap the result with st.tensor outside the compiled function")
         return _dense_eval(expr.tree, expr.operands)
-    equation = f"{EXPR_MARK}{len(expr.shape)} {_render(expr.tree)}"
-    if out_format is not None:
-        if not isinstance(out_format, str):
-            raise NotImplementedError(
-                f"st.lazy(...).eval() under torch.compile takes out_format as a format name "
-                f"(e.g. 'csr'), got {out_format!r}; pass its name, or convert the result "
-                "outside the compiled function")
-        equation = f"{equation}{FORMAT_MARK}{out_format}"
+    equation = mark_format(f"{EXPR_MARK}{len(expr.shape)} {_render(expr.tree)}", out_format,
+                           "st.lazy(...).eval()")
     return torch.einsum(equation, *expr.operands)
 
 
