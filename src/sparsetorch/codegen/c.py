@@ -154,9 +154,14 @@ _HELPERS = {
     "hash_clear": ["st_hash_clear(&ws); ws_n = 0;"],
     # The kernel zeroes its own dense output, so the caller allocates it uninitialised and
     # a small call pays no separate fill; large outputs are cleared by the thread team.
-    "zero_out": ["#pragma omp parallel for schedule(static) num_threads(nt) if(nt > 1)",
-                 "for (int64_t z = 0; z < {0}; z += 8192)",
-                 "  memset(out_vals + z, 0, sizeof(val_t) * (size_t)st_min(8192, {0} - z));"],
+    # (a one-thread OpenMP team costs ~0.3 us even under if(0): plain memset then)
+    "zero_out": ["if (nt > 1) {{",
+                 "  #pragma omp parallel for schedule(static) num_threads(nt)",
+                 "  for (int64_t z = 0; z < {0}; z += 8192)",
+                 "    memset(out_vals + z, 0, sizeof(val_t) * (size_t)st_min(8192, {0} - z));",
+                 "}} else {{",
+                 "  memset(out_vals, 0, sizeof(val_t) * (size_t)({0}));",
+                 "}}"],
 }
 
 _SIMD_MIN_TRIP = 16
@@ -177,7 +182,7 @@ class _CRenderer:
         self.vec = None            # the vector renderer of the function being rendered
         self.array_types = {}
         self.used_vector = False
-        self.fn, self.outline, self.regions = None, set(), []   # see outlined_rows
+        self.fn, self.outline, self.regions = None, set(), []   # see outlined_loop
 
     def array_ctype(self, name):
         """C element type of an index array parameter, None for a value array."""
@@ -256,7 +261,7 @@ class _CRenderer:
             if s.reduction:
                 return self.vec.sum_loop(s, pad)
         if id(s) in self.outline:
-            return self.outlined_rows(s, pad)
+            return self.outlined_loop(s, pad)
         step = f"{s.var}++" if s.step == 1 else f"{s.var} += {s.step}"
         head = (f"{pad}for (int64_t {s.var} = {self.expr(s.start)}; {s.var} < "
                 f"{self.expr(s.end)}; {step}) {{")
@@ -312,18 +317,26 @@ class _CRenderer:
                 f"{pad}ST_BALANCED_ROW({w}, {n}, st_t + 1, st_T, st_hi);",
                 f"{pad}for (int64_t {s.var} = st_lo; {s.var} < st_hi; {s.var}++) {{"]
 
-    def outlined_rows(self, s: For, pad: str) -> list[str]:
-        """A balanced row loop as a function of its own, called inside an OpenMP region when
+    def outlined_loop(self, s: For, pad: str) -> list[str]:
+        """A parallel loop as a function of its own, called inside an OpenMP region when
         ``nt > 1`` and directly otherwise: libgomp spends ~0.3 us setting up even a
         one-thread team (a tenth of a small SpMV call), and one copy of the loop keeps the
-        build as short as before. Thread queries answer 0 of 1 outside a region."""
-        fn = self.fn
-        name = f"{fn.name}_rows{len(self.regions)}"
+        build as short as before. Outside a region, thread queries answer 0 of 1 and an
+        ``omp for`` runs every iteration."""
+        fn, par = self.fn, s.parallel
+        name = f"{fn.name}_loop{len(self.regions)}"
+        if par.weights is not None:
+            split = self.balanced_split(s, "  ")
+        else:
+            sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
+            split = [f"  #pragma omp for schedule({sched})",
+                     f"  for (int64_t {s.var} = {self.expr(s.start)}; {s.var} < "
+                     f"{self.expr(s.end)}; {s.var}++) {{"]
         body = [*self.stmt(s.body, "    "), "  }"]
         params = ",\n    ".join(self.param(p) for p in fn.params)
         self.regions.append("\n".join([
             f"static __attribute__((noinline)) void {name}(\n    {params}) {{",
-            *self.balanced_split(s, "  "), *body, "}"]))
+            *split, *body, "}"]))
         call = f"{name}({', '.join(p.name for p in fn.params)});"
         return _unless_one_thread(pad, [f"{pad}#pragma omp parallel num_threads(nt)"],
                                   [f"{pad}{call}"])
@@ -359,14 +372,15 @@ class _CRenderer:
 
 
 def _outlinable(fn: Function) -> set:
-    """ids of the balanced row loops of ``fn`` that may become functions of their own: at
-    the top level with nothing declared before them, so they read parameters only."""
+    """ids of the parallel loops of ``fn`` (without team workspaces) that may become
+    functions of their own: at the top level with nothing declared before them, so they
+    read parameters only."""
     found = set()
     for s in fn.body.stmts:
-        if isinstance(s, (Decl, Helper)):
+        if isinstance(s, Decl) or (isinstance(s, Helper) and s.defines):
             break
-        if isinstance(s, For) and s.parallel and s.parallel.weights is not None and \
-                s.parallel.workspace is None:
+        if isinstance(s, For) and s.parallel and s.parallel.workspace is None and \
+                s.step == 1:
             found.add(id(s))
     return found
 
