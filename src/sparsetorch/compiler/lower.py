@@ -201,12 +201,15 @@ class _Lowerer:
                               Helper("hash_add", (at, value), ("ws",))]
             # Marks hold the stamp of the row that last touched a cell, so rows never reset
             # them; the first touch of a row assigns the value, later ones add.
-            first = [Assign(Load("ws_mark", at), Sym("ws_stamp"))]
-            if not counting:
-                first += [Assign(Load("ws_list", Sym("ws_n")), at),
-                          Assign(Load("ws_vals", at), value)]
-            first.append(Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Lit(1))))
-            again = None if counting else block(Assign(Load("ws_vals", at), value, "+="))
+            if counting:   # branch-free: "new cell?" is a coin flip the branch predictor loses
+                return out + [Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Bin(
+                                  "!=", Load("ws_mark", at), Sym("ws_stamp")))),
+                              Assign(Load("ws_mark", at), Sym("ws_stamp"))]
+            first = [Assign(Load("ws_mark", at), Sym("ws_stamp")),
+                     Assign(Load("ws_list", Sym("ws_n")), at),
+                     Assign(Load("ws_vals", at), value),
+                     Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Lit(1)))]
+            again = block(Assign(Load("ws_vals", at), value, "+="))
             return out + [If(Bin("!=", Load("ws_mark", at), Sym("ws_stamp")), block(first),
                              again)]
         if st.tile is not None:
