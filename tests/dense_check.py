@@ -69,9 +69,10 @@ def forget_call_memo() -> None:
     memo across the session on purpose: a long-lived process sees many structures."""
     from sparsetorch.ops import execute
 
-    memo = getattr(execute, "_PREPARED", None)
-    if isinstance(memo, dict):
-        memo.clear()
+    for name in ("_PREPARED", "_BLOCKED"):
+        memo = getattr(execute, name, None)
+        if isinstance(memo, dict):
+            memo.clear()
 
 
 # -- operands ---------------------------------------------------------------------------------

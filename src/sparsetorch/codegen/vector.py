@@ -176,8 +176,8 @@ class VectorLoops:
         fixed cost of a gather and a horizontal add would dominate, and float32 runs of at
         most ``HALF_SUM`` take 256-bit steps."""
         full = full_lanes(self.val)
-        vector, lanes = self._first_sum_loop(s, pad + "  ", [(full, True), (8, True),
-                                                             (8, False)])
+        attempts = list(dict.fromkeys([(full, True), (8, True), (8, False)]))
+        vector, lanes = self._first_sum_loop(s, pad + "  ", attempts)
         loops, self.scalar.vec = self.scalar.vec, None
         try:
             scalar = self.scalar.stmt(For(s.var, s.start, s.end, s.body), pad + "  ")

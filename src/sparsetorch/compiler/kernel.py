@@ -132,5 +132,5 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
                  and lw.outer_extent == ("dim", storage[0]))
     return CompiledKernel(assignment, sched, out, tuple(functions), source, lw.outer_extent,
                           emit_sorted, emit_rows, lw.ws_vars, lw.ws_kind,
-                          (lw.tile_var, lw.plan.tile) if lw.tile_var else None, tuple(dict.fromkeys(notes)),
-                          time.perf_counter() - t0)
+                          (lw.tile_var, lw.plan.tile) if lw.tile_var else None,
+                          tuple(dict.fromkeys(notes)), time.perf_counter() - t0)

@@ -8,6 +8,7 @@ conversions the schedule asked for, and one or two ctypes calls.
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import torch
 
@@ -192,6 +193,12 @@ def _unblocked_kind(assignment, tensors) -> str:
     infos = tuple(OperandInfo(Format(t.format.levels[: t.format.ndim], t.format.mode_order),
                               False) if isinstance(t, SparseTensor)
                   else OperandInfo(as_format("dense", t.dim()), True) for t in tensors)
+    return _output_kind(assignment, infos)
+
+
+@lru_cache(maxsize=1024)
+def _output_kind(assignment, infos) -> str:
+    """Memoised: blocked calls skip the call memo, and scheduling costs ~100 us a call."""
     sched = schedule(assignment, infos)
     return infer_output(assignment, sched.order, sched.formats, None).kind
 
@@ -203,7 +210,10 @@ def _run_blocked(assignment, tensors, out_format, what):
     kernel, new, new_tensors, finish, sampled, infos = plan
     dtype = new_tensors[0].dtype
     full = var_extents(assignment, [tuple(t.shape) for t in tensors])
-    prepared = _Prepared(kernel, dtype, _compile_args(new, new_tensors, infos, dtype, None))
+    args = _compile_args(new, new_tensors, infos, dtype, None)
+    prepared = _BLOCKED.get(args)
+    if prepared is None:   # (blocked calls skip the call memo: keep their recipes here)
+        prepared = _BLOCKED[args] = _Prepared(kernel, dtype, args)
     result = (custom_ops.call(prepared, new_tensors) if is_tracing(new_tensors)
               else prepared(new_tensors))
     return finish(result, tuple(full[v] for v in assignment.out_vars), sampled)
@@ -213,6 +223,7 @@ def _run_blocked(assignment, tensors, out_format, what):
 # formats, dtypes, index widths, out_format): a repeated call skips checks, scheduling and
 # kernel lookup. Operand ranks are part of the signature, so a string names one assignment.
 _PREPARED: dict = {}
+_BLOCKED: dict = {}    # compile arguments -> _Prepared, for blocked operands
 _is_grad_enabled = torch.is_grad_enabled
 
 
@@ -236,7 +247,6 @@ def _signature(assignment, operands, out_format):
                     return None
                 if type(t._values) is not torch.Tensor and is_tracing((t,)):
                     return None   # fake or functional arrays: the custom-op path
-
                 part = _STRUCTURES.setdefault((t._format, t.index_dtype, t.dtype,
                                                t.device.type), len(_STRUCTURES))
                 t.__dict__["_call_key"] = part

@@ -52,8 +52,8 @@ I64 = ctypes.c_int64     # sizes, strides, the thread count
 F64 = ctypes.c_double    # scalars
 
 __all__ = ["load_kernel", "load_entries", "num_threads", "cache_dir", "clear_cache", "stats",
-           "reset_stats", "KernelLibrary", "PTR", "I64", "F64", "KernelBuildError", "CompilerNotFoundError",
-           "KernelCompileError"]
+           "reset_stats", "KernelLibrary", "PTR", "I64", "F64", "KernelBuildError",
+           "CompilerNotFoundError", "KernelCompileError"]
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def load_entries(source: str, signatures: dict) -> dict:
     full = "\n".join([source, _entry.PRELUDE,
                       *(_entry.wrapper(s, k) for s, k in kinds.items())]) + "\n"
     with _lock:
-        lib, info = _library(full)
+        lib, _ = _library(full)
         fns = _entry.entries(lib, kinds)
         if fns is None:
             fns = {s: load_kernel(full, s, signatures[s]) for s in kinds}
