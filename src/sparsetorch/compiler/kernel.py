@@ -73,14 +73,26 @@ def vector_isa() -> str | None:
 _TILE_REGISTERS = 4
 
 
+def vector_lanes(value_dtype: str) -> int:
+    """Values per SIMD register of this CPU (16 float32 with AVX-512).
+
+    Example:
+        >>> vector_lanes("float64") * 2 == vector_lanes("float32")
+        True
+    """
+    return simd_bytes() // _VALUE_BYTES[value_dtype]
+
+
+_VALUE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}
+
+
 def tile_width(value_dtype: str) -> int:
     """Register tile width in values. With AVX-512 intrinsics: four 512-bit registers (64
     float32). With pragmas only: one vector register, since gcc spills wider tile arrays
     (2-8 registers measured 2-5x slower on SpMM here: bayer10, bcsstk13, N=128)."""
-    size = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}[value_dtype]
     if vector_isa() and value_dtype in ("float32", "float64"):
-        return _TILE_REGISTERS * 64 // size
-    return simd_bytes() // size
+        return _TILE_REGISTERS * 64 // _VALUE_BYTES[value_dtype]
+    return vector_lanes(value_dtype)
 
 
 @lru_cache(maxsize=4096)

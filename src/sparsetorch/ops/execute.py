@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from ..compiler.kernel import CompiledKernel, compile_kernel
+from ..compiler.kernel import CompiledKernel, compile_kernel, vector_lanes
 from ..compiler.notation import Assignment, var_extents
 from ..compiler.output import infer_output
 from ..compiler.schedule import OperandInfo, schedule
@@ -29,8 +29,10 @@ from .shim import make_shim
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.int32: "int32",
                 torch.int64: "int64"}
 COMPILED_DTYPES = tuple(_DTYPE_NAMES)
-# Below this many multiply-adds a kernel runs on one thread: waking a team costs more
-# (~1.2 us here). SpMV on 6-17k stored entries measured ~10% faster on two threads.
+# Below this much work a kernel runs on one thread: waking a team costs more (~1.2 us
+# here). Work counts scalar multiply-adds, and vector steps where a register tile covers
+# the dense index: SpMV on 6-17k stored entries measured ~10% faster on two threads, and
+# SpMM with 128 columns from ~1-2k entries (below that, one thread is 1.05-1.3x faster).
 _PARALLEL_WORK = 1 << 13
 
 
@@ -309,11 +311,15 @@ class _Prepared:
         self.agree = [(v, first, other) for v in a.all_vars for first in uses[v][:1]
                       for other in uses[v][1:]]
         # Work estimate: stored entries of the sparse operands times the extents of the
-        # variables only dense operands index (the k of SpMM and SDDMM), plus dense operands.
+        # variables only dense operands index (the k of SpMM and SDDMM), plus dense operands;
+        # a register-tiled variable counts in vector steps of ``lanes`` values.
         sparse_vars = {v for acc in a.expr.accesses()
                        if not kernel.schedule.formats[acc.operand].is_dense
                        for v in acc.indices}
         self.dense_only = [a.all_vars.index(v) for v in a.all_vars if v not in sparse_vars]
+        tiled = kernel.tile[0] if kernel.tile else None
+        self.lanes = vector_lanes(_DTYPE_NAMES[dtype]) if tiled in a.all_vars else 1
+        self.vector_index = a.all_vars.index(tiled) if self.lanes > 1 else None
         self.out_index = [a.all_vars.index(v) for v in a.out_vars]
         self.ws_index = [a.all_vars.index(v) for v in kernel.workspace_vars]
         fns = runtime.load_entries(kernel.source, {fn.name: kernel_argtypes(fn)
@@ -329,6 +335,13 @@ class _Prepared:
                 raise ValueError(f"index {v!r} has size {shapes[n][d]} in operand {n} but "
                                  f"{shapes[n2][d2]} in operand {n2} (dimension {d2})")
         return [shapes[n][d] for n, d in self.sources]
+
+    def work(self, dense_numel: int, stored: int, ext) -> int:
+        """Work of one call (see ``__init__``), compared with ``_PARALLEL_WORK``."""
+        lanes = self.lanes
+        per_entry = _prod([-(-ext[d] // lanes) if d == self.vector_index else ext[d]
+                           for d in self.dense_only])
+        return dense_numel // lanes + stored * per_entry
 
     def variant(self, workspace: str) -> "_Prepared":
         other = self.variants.get(workspace)
@@ -363,7 +376,7 @@ class _Prepared:
             args.append(vals.data_ptr())
         out_shape = tuple([ext[d] for d in self.out_index])
         kind = kernel.output.kind
-        work = dense_work + sparse_work * _prod([ext[d] for d in self.dense_only])
+        work = self.work(dense_work, sparse_work, ext)
         args[0] = self.num_threads() if work >= _PARALLEL_WORK else 1
         ws = [_prod([ext[d] for d in self.ws_index])] if self.ws_index else []
         if kind == "dense":  # the kernel zeroes it

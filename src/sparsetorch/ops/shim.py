@@ -15,7 +15,7 @@ signature the shim is memoised under), and ``exec``\\s it once, the way
         e0 = s0[0]; e1 = s0[1]
         if s1[0] != e1: mismatch(ops)
         out = empty_strided((e0,), (1,), dtype=dtype)
-        nt = threads() if t1.numel() + t0._values.numel() >= 65536 else 1
+        nt = threads() if t1.numel() + t0._values.numel() >= 8192 else 1
         f0(nt, e0, e1, t0._pos1.data_ptr(), ..., t1.data_ptr(), out.data_ptr())
         return out
 """
@@ -61,8 +61,11 @@ def make_shim(prepared, tensors, parallel_work: int):
         step = d if step == "1" else f"{d} * {step}"
     shape, strides = ("".join(f"{x}, " for x in xs) for xs in (dims, strides))
     lines.append(f"    out = empty_strided(({shape}), ({strides}), dtype=dtype)")
-    dense_only = "".join(f" * e{i}" for i in prepared.dense_only)
-    work = [f"t{n}.numel()" for n in range(n_ops) if n not in sparse]
+    lanes = prepared.lanes   # the same estimate as ``prepared.work``
+    dense_only = "".join(f" * ((e{i} + {lanes - 1}) // {lanes})" if i == prepared.vector_index
+                         else f" * e{i}" for i in prepared.dense_only)
+    per = "" if lanes == 1 else f" // {lanes}"
+    work = [f"t{n}.numel(){per}" for n in range(n_ops) if n not in sparse]
     work += [f"t{n}._values.numel(){dense_only}" for n in sparse]
     lines.append(f"    nt = threads() if {' + '.join(work)} >= {parallel_work} else 1")
     args = ["nt", *(f"e{i}" for i in range(len(prepared.sources)))]
