@@ -54,6 +54,12 @@ static void st_sort_i64(int64_t* a, int64_t n) {{
       if ((double)((pos)[mid_] - (pos)[0] + mid_) < goal_) lo_ = mid_ + 1; else hi_ = mid_; \
     }} \
     (out) = lo_; }} while (0)
+/* The next range of a balanced loop: from the shared counter when the call asked for
+   ``nc`` > 1 ranges per thread (taken dynamically), else this thread's one range ``first``
+   and then none (``first`` = the range count). */
+static inline int64_t st_next_range(int64_t* next, int64_t nc, int64_t first) {{
+  return nc > 1 ? __atomic_fetch_add(next, 1, __ATOMIC_RELAXED) : first;
+}}
 static inline int64_t st_min(int64_t a, int64_t b) {{ return a < b ? a : b; }}
 static inline int64_t st_max(int64_t a, int64_t b) {{ return a > b ? a : b; }}
 """
@@ -297,28 +303,51 @@ class _CRenderer:
                                     for kind in ("alloc", "slice", "free"))
         elif par.workspace:
             alloc, free = (_HELPERS[f"{kind}_{par.workspace}"] for kind in ("alloc", "free"))
+        close = []
         if par.weights is None:
             split = [f"{inner}#pragma omp for schedule({sched})", *("  " + x for x in head)]
         else:
-            split = self.balanced_split(s, inner)
+            split, close = self.balanced_split(s, inner)
+            before = [*self.range_counter(), *before]
         region = [f"{pad}{{", *(inner + line for line in alloc), *split,
-                  *(("  " + line) for line in body), *(inner + line for line in free),
-                  f"{pad}}}"]
+                  *(("  " + line) for line in body), *close,
+                  *(inner + line for line in free), f"{pad}}}"]
         pragma = [f"{pad}#pragma omp parallel num_threads(nt)"]
         if par.workspace is not None:   # assembly kernels: one copy keeps the build short
             return [*(pad + line for line in before), *pragma, *region,
                     *(pad + line for line in after)]
-        return _unless_one_thread(pad, pragma, region)
+        return [*(pad + line for line in before), *_unless_one_thread(pad, pragma, region)]
 
-    def balanced_split(self, s: For, pad: str) -> list[str]:
-        """This thread's rows of ``s``: an equal share of stored entries plus rows."""
+    def chunked(self) -> bool:
+        """Whether this function's balanced loop takes ``nc`` ranges per thread."""
+        return any(p.name == "nc" for p in self.fn.params)
+
+    def range_counter(self) -> list[str]:
+        """The shared counter a chunked balanced loop takes its ranges from (declared before
+        the region, so every thread sees the one ``st_next``)."""
+        if not self.chunked():
+            return []
+        return ["int64_t st_next_v = 0, *st_next = &st_next_v;"]
+
+    def balanced_split(self, s: For, pad: str) -> tuple[list[str], list[str]]:
+        """(opening lines, closing lines) around the body of ``s``: this thread's rows, an
+        equal share of stored entries plus rows; with an ``nc`` parameter, its share of
+        ``nc`` ranges per thread taken dynamically (``st_next_range``)."""
         n, w = self.expr(s.end), s.parallel.weights
-        return [f"{pad}const int64_t st_t = omp_get_thread_num(), "
-                "st_T = omp_get_num_threads();",
+        head = [f"{pad}const int64_t st_t = omp_get_thread_num(), "
+                "st_T = omp_get_num_threads();"]
+        rows = f"{pad}for (int64_t {s.var} = st_lo; {s.var} < st_hi; {s.var}++) {{"
+        if not self.chunked():
+            return [*head, f"{pad}int64_t st_lo, st_hi;",
+                    f"{pad}ST_BALANCED_ROW({w}, {n}, st_t, st_T, st_lo);",
+                    f"{pad}ST_BALANCED_ROW({w}, {n}, st_t + 1, st_T, st_hi);", rows], []
+        return [*head, f"{pad}const int64_t st_C = st_T * (nc > 1 ? nc : 1);",
+                f"{pad}for (int64_t st_c = st_next_range(st_next, nc, st_t); st_c < st_C; "
+                "st_c = st_next_range(st_next, nc, st_C)) {",
                 f"{pad}int64_t st_lo, st_hi;",
-                f"{pad}ST_BALANCED_ROW({w}, {n}, st_t, st_T, st_lo);",
-                f"{pad}ST_BALANCED_ROW({w}, {n}, st_t + 1, st_T, st_hi);",
-                f"{pad}for (int64_t {s.var} = st_lo; {s.var} < st_hi; {s.var}++) {{"]
+                f"{pad}ST_BALANCED_ROW({w}, {n}, st_c, st_C, st_lo);",
+                f"{pad}ST_BALANCED_ROW({w}, {n}, st_c + 1, st_C, st_hi);", rows], \
+            [f"{pad}}}"]
 
     def outlined_loop(self, s: For, pad: str) -> list[str]:
         """A parallel loop as a function of its own, called inside an OpenMP region when
@@ -328,21 +357,28 @@ class _CRenderer:
         ``omp for`` runs every iteration."""
         fn, par = self.fn, s.parallel
         name = f"{fn.name}_loop{len(self.regions)}"
+        params, args, close = [self.param(p) for p in fn.params], [p.name for p in fn.params], []
+        counter = []
         if par.weights is not None:
-            split = self.balanced_split(s, "  ")
+            split, close = self.balanced_split(s, "  ")
+            counter = self.range_counter()
+            if counter:
+                params.append("int64_t* st_next")
+                args.append("st_next")
         else:
             sched = par.schedule + (f", {par.chunk}" if par.chunk else "")
             split = [f"  #pragma omp for schedule({sched})",
                      f"  for (int64_t {s.var} = {self.expr(s.start)}; {s.var} < "
                      f"{self.expr(s.end)}; {s.var}++) {{"]
-        body = [*self.stmt(s.body, "    "), "  }"]
-        params = ",\n    ".join(self.param(p) for p in fn.params)
+        body = [*self.stmt(s.body, "    "), "  }", *close]
+        params = ",\n    ".join(params)
         self.regions.append("\n".join([
             f"static __attribute__((noinline)) void {name}(\n    {params}) {{",
             *split, *body, "}"]))
-        call = f"{name}({', '.join(p.name for p in fn.params)});"
-        return _unless_one_thread(pad, [f"{pad}#pragma omp parallel num_threads(nt)"],
-                                  [f"{pad}{call}"])
+        call = f"{name}({', '.join(args)});"
+        return [*(pad + line for line in counter),
+                *_unless_one_thread(pad, [f"{pad}#pragma omp parallel num_threads(nt)"],
+                                    [f"{pad}{call}"])]
 
     def param(self, p) -> str:
         if not p.ctype.endswith("*"):

@@ -81,10 +81,11 @@ WORKSPACE_NAMES = {"dense": ("ws_vals", "ws_mark", "ws_list", "ws_n", "ws_stamp"
 @dataclass(frozen=True)
 class Parallel:
     """Run the loop's iterations across threads. ``schedule`` is an OpenMP schedule kind, or
-    'balanced': each thread takes one contiguous range of rows holding an equal share of
-    ``pos[n] + n`` (stored entries plus rows), found by binary search in the ``weights``
-    position array. ``workspace`` ('dense' or 'hash') is allocated privately by each
-    thread."""
+    'balanced': rows split into ranges holding equal shares of ``pos[n] + n`` (stored
+    entries plus rows), found by binary search in the ``weights`` position array. A function
+    with an ``nc`` parameter splits them into ``nc`` ranges per thread taken dynamically from
+    a shared counter when ``nc > 1``, and one range per thread otherwise (or without it).
+    ``workspace`` ('dense' or 'hash') is allocated privately by each thread."""
 
     schedule: str = "static"
     chunk: int | None = None

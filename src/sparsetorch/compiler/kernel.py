@@ -36,6 +36,7 @@ class CompiledKernel:
     workspace_vars: tuple[str, ...]
     workspace_kind: str | None
     tile: tuple | None                # (variable, width) of the register tile, if any
+    balanced: int | None = None       # operand whose rows the outer loop splits (``nc``)
     notes: tuple[str, ...] = field(default=())
     compile_seconds: float = 0.0
 
@@ -145,4 +146,4 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
     return CompiledKernel(assignment, sched, out, tuple(functions), source, lw.outer_extent,
                           emit_sorted, emit_rows, lw.ws_vars, lw.ws_kind,
                           (lw.tile_var, lw.plan.tile) if lw.tile_var else None,
-                          tuple(dict.fromkeys(notes)), time.perf_counter() - t0)
+                          lw.balanced, tuple(dict.fromkeys(notes)), time.perf_counter() - t0)

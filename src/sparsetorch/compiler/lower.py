@@ -103,6 +103,7 @@ class _Lowerer:
         self.emitting = plan.mode in ("count", "fill")
         self.later_free = later_free
         self.outer_extent = ("one",)          # how many slices emission counts are kept in
+        self.balanced = None     # operand whose rows the outer loop splits by stored entries
         self.ws_depth = later_free[0] if (later_free and self.emitting) else None
         self.ws_kind = plan.workspace if self.ws_depth is not None else None
         self.ws_vars = tuple(v for v in self.order[self.ws_depth:] if v in self.out_vars) \
@@ -468,19 +469,20 @@ class _Lowerer:
         # guided chunks balance them at low overhead.
         weights = self.row_weights(v) if not sparse else None
         if weights is not None:
-            return Parallel("balanced", None, self.ws_kind, weights)
+            self.balanced = weights[0]
+            return Parallel("balanced", None, self.ws_kind, weights[1])
         has_sparse_inner = len(self.order) > 1 and bool(self.sparse)
         return Parallel("guided" if (has_sparse_inner or sparse) else "static", None,
                         self.ws_kind)
 
     def row_weights(self, v):
-        """The position array whose entry ``v`` starts row ``v`` of a sparse operand (a root
-        dense level over ``v`` above a compressed level), or None."""
+        """``(operand, position array)`` whose entry ``v`` starts row ``v`` of a sparse
+        operand (a root dense level over ``v`` above a compressed level), or None."""
         for n in sorted(self.sparse):
             levels = self.plan.formats[n].levels
             if self.levels[n][:1] == (v,) and len(levels) > 1 and \
                     isinstance(levels[0], Dense) and isinstance(levels[1], Compressed):
-                return arr(n, "pos1")
+                return n, arr(n, "pos1")
         return None
 
     def with_outer(self, depth, t, st, body):
@@ -612,6 +614,8 @@ def lower(plan: Plan, name: str = "kernel"):
 
 def _params(plan: Plan, lw: _Lowerer):
     params = [Param("nt", "idx")]
+    if lw.balanced is not None:   # chunks per thread of the balanced outer loop (see Parallel)
+        params.append(Param("nc", "idx"))
     for v in plan.assignment.all_vars:
         params.append(Param(f"n_{v}", "idx"))
     for n in sorted(lw.accesses):

@@ -234,7 +234,8 @@ def explain(equation, *operands, out_format=None) -> Explanation:
         assignment = parse_einsum(equation, [t.dim() for t in operands])
     kernel, computed, split = kernel_for(assignment, operands, out_format)
     names = tuple(_describe(t, split) for t in operands)
-    return _explanation(computed, kernel, names)
+    rows = operands[kernel.balanced] if kernel.balanced is not None and not split else None
+    return _explanation(computed, kernel, names, rows)
 
 
 def _describe(operand, split: bool) -> str:
@@ -249,8 +250,10 @@ def _describe(operand, split: bool) -> str:
     return fmt.name
 
 
-def _explanation(assignment: Assignment, kernel, names) -> Explanation:
+def _explanation(assignment: Assignment, kernel, names, rows=None) -> Explanation:
+    """``rows``: the operand whose rows a balanced outer loop splits, if known as given."""
     from ..compiler.ir import For
+    from .balance import describe
 
     par = "serial"
     top = [s for fn in kernel.functions[:1] for s in fn.body.stmts if isinstance(s, For)]
@@ -258,6 +261,8 @@ def _explanation(assignment: Assignment, kernel, names) -> Explanation:
         p = top[0].parallel
         par = (f"outer loop {top[0].var} across threads, schedule({p.schedule}"
                f"{', ' + str(p.chunk) if p.chunk else ''})")
+        if p.weights is not None and isinstance(rows, SparseTensor):
+            par += f"; {describe(rows)}"
     out = kernel.output
     return Explanation(
         assignment=str(assignment), loop_order=kernel.schedule.order,

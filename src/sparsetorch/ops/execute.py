@@ -21,6 +21,7 @@ from ..formats.format import Format, as_format
 from ..formats.pack import choose_index_dtype, pack
 from ..formats.tensor import SparseTensor
 from ..formats.validate import VALUE_DTYPES
+from .balance import ranges_per_thread
 from .blocked import blocked_result_format, split_blocked
 from . import custom_ops
 from .custom_ops import is_tracing
@@ -326,6 +327,8 @@ class _Prepared:
                                                    for fn in kernel.functions})
         self.fns = [fns[fn.name] for fn in kernel.functions]
         self.num_threads = runtime.num_threads
+        # The operand whose rows a balanced outer loop splits: the call passes ``nc``.
+        self.balanced = kernel.balanced if kernel.functions[0].params[1].name == "nc" else None
 
     def extents(self, tensors) -> list:
         """Index extents in ``all_vars`` order, checking that every use agrees."""
@@ -361,7 +364,7 @@ class _Prepared:
                 return self.variant(kind)(tensors)
         if kernel.schedule.conversions:
             tensors = prepare_operands(kernel, tensors)
-        args = [0, *ext]
+        args = [0, 0, *ext] if self.balanced is not None else [0, *ext]
         keep = []          # tensors whose pointers we pass must outlive the call
         sparse_work = dense_work = 0
         for t in tensors:
@@ -378,6 +381,8 @@ class _Prepared:
         kind = kernel.output.kind
         work = self.work(dense_work, sparse_work, ext)
         args[0] = self.num_threads() if work >= _PARALLEL_WORK else 1
+        if self.balanced is not None:
+            args[1] = ranges_per_thread(tensors[self.balanced], work) if args[0] > 1 else 1
         ws = [_prod([ext[d] for d in self.ws_index])] if self.ws_index else []
         if kind == "dense":  # the kernel zeroes it
             out = torch.empty(out_shape, dtype=self.dtype)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..formats.tensor import SparseTensor
+from .balance import ranges_per_thread
 
 
 def make_shim(prepared, tensors, parallel_work: int):
@@ -67,8 +68,16 @@ def make_shim(prepared, tensors, parallel_work: int):
     per = "" if lanes == 1 else f" // {lanes}"
     work = [f"t{n}.numel(){per}" for n in range(n_ops) if n not in sparse]
     work += [f"t{n}._values.numel(){dense_only}" for n in sparse]
-    lines.append(f"    nt = threads() if {' + '.join(work)} >= {parallel_work} else 1")
+    work = " + ".join(work)
     args = ["nt", *(f"e{i}" for i in range(len(prepared.sources)))]
+    if prepared.balanced is None:
+        lines.append(f"    nt = threads() if {work} >= {parallel_work} else 1")
+    else:   # a balanced outer loop also takes its ranges per thread (``ops/balance.py``)
+        rows = f"t{prepared.balanced}"
+        lines += [f"    w = {work}",
+                  f"    if w >= {parallel_work}: nt = threads(); nc = ranges({rows}, w)",
+                  "    else: nt = nc = 1"]
+        args.insert(1, "nc")
     for n, t in enumerate(tensors):
         if n in sparse:
             args += [f"t{n}._{a}.data_ptr()" for a in t._array_names]
@@ -78,7 +87,7 @@ def make_shim(prepared, tensors, parallel_work: int):
     args.append("out.data_ptr()")
     lines += [f"    f0({', '.join(args)})", "    return out"]
     scope = {"empty_strided": torch.empty_strided, "dtype": prepared.dtype,
-             "threads": prepared.num_threads,
+             "threads": prepared.num_threads, "ranges": ranges_per_thread,
              "f0": prepared.fns[0], "mismatch": prepared.extents}
     exec(compile("\n".join(lines), f"<sparsetorch call shim: {kernel.assignment}>", "exec"),
          scope)

@@ -1,0 +1,83 @@
+"""Row splitting across threads (``ops/balance.py``): the rule that picks one range per
+thread or dynamic ranges, and every kernel kind computing the same results either way."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import sparsetorch as st
+from sparsetorch.ops import balance, execute
+from dense_check import check_against_dense, make_operand, random_dense, seed_of
+
+F64 = torch.float64
+
+
+@pytest.fixture
+def dynamic_ranges(monkeypatch):
+    """Two threads, and every call large enough for dynamic ranges and threads."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    monkeypatch.setattr(balance, "_CHUNKED_WORK", 0)
+    monkeypatch.setattr(execute, "_PARALLEL_WORK", 0)
+    execute._PREPARED.clear()   # shims bake the thresholds in
+    yield
+    execute._PREPARED.clear()
+    torch.set_num_threads(old)
+
+
+def skewed_dense(rows: int, cols: int, gen) -> torch.Tensor:
+    """Mostly empty or one-entry rows, and two hub rows holding most entries."""
+    x = random_dense((rows, cols), 0.03, F64, gen, integer=False, empty_slices=True)
+    x[1] = torch.randn(cols, generator=gen, dtype=F64)
+    x[rows - 2, : cols // 2] = torch.randn(cols // 2, generator=gen, dtype=F64)
+    return x
+
+
+def test_profile_and_rule():
+    gen = torch.Generator().manual_seed(1)
+    hubs = st.tensor(skewed_dense(60, 40, gen), format="csr")
+    banded = st.tensor(torch.eye(60, dtype=F64) + torch.diag(torch.ones(59, dtype=F64), 1),
+                       format="csr")
+    p = balance.row_profile(hubs)
+    assert p.rows == 60 and p.longest == 40 and p.skewed
+    assert balance.row_profile(hubs) is p                      # kept with the tensor
+    assert not balance.row_profile(banded).skewed
+    big = balance._CHUNKED_WORK
+    assert balance.ranges_per_thread(hubs, big - 1) == 1        # small calls: static
+    assert balance.ranges_per_thread(hubs, big) == balance.CHUNKS_PER_THREAD
+    assert balance.ranges_per_thread(banded, big * 100) == 1    # uniform rows: static
+    empty = st.tensor(torch.zeros(3, 4), format="csr")
+    assert balance.row_profile(empty).cv == 0.0 and balance.ranges_per_thread(empty, big) == 1
+    assert "skewed" in st.explain("ij,j->i", hubs, torch.ones(40, dtype=F64)).parallel
+    assert "uniform" in st.explain("ij,j->i", banded, torch.ones(60, dtype=F64)).parallel
+
+
+@pytest.mark.parametrize("eq,fmts", [
+    ("ij,jk->ik", ("csr", None)), ("ij,j->i", ("csr", None)), ("ij,ik,jk->ij", ("csr", None, None)),
+    ("ij,jk->ik", ("csr", "csr")), ("ij,ij->ij", ("csr", "csr")), ("ij->i", ("csr",))])
+def test_dynamic_ranges_match_dense(eq, fmts, dynamic_ranges):
+    """Dense, sampled and assembled results, with ranges taken from the shared counter."""
+    gen = torch.Generator().manual_seed(seed_of(eq, fmts))
+    ext = dict(i=70, j=50, k=33)
+    ops = []
+    for t, f in zip(eq.split("->")[0].split(","), fmts):
+        shape = tuple(ext[c] for c in t)
+        x = skewed_dense(*shape, gen) if f else torch.randn(shape, generator=gen, dtype=F64)
+        ops.append(make_operand(x, f))
+    assert balance.ranges_per_thread(ops[0], 1) == balance.CHUNKS_PER_THREAD
+    assert "st_next_range" in st.explain(eq, *ops).source
+    check_against_dense(eq, ops)
+
+
+def test_concurrent_dynamic_calls(dynamic_ranges):
+    """Each call has its own range counter: concurrent calls do not share ranges."""
+    gen = torch.Generator().manual_seed(7)
+    A = st.tensor(skewed_dense(80, 60, gen), format="csr")
+    xs = [torch.randn(60, 16, generator=gen, dtype=F64) for _ in range(12)]
+    want = [A.to_dense() @ x for x in xs]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda x: st.einsum("ij,jk->ik", A, x), xs * 4))
+    for g, w in zip(got, want * 4):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
