@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..codegen.c import INDEX_CTYPES, VALUE_CTYPES, render_c
 from ..formats.levels import Compressed, Dense
 from .ir import Function, dump, verify
+from .jam import MAX_TILE_REGISTERS, jam_tiles
 from .lower import Plan, lower
 from .notation import Assignment
 from .output import OutputSpec, infer_output
@@ -37,6 +38,7 @@ class CompiledKernel:
     workspace_kind: str | None
     tile: tuple | None                # (variable, width) of the register tile, if any
     balanced: int | None = None       # operand whose rows the outer loop splits (``nc``)
+    jammed: tuple = ()                # (variable, extent) unrolled into the register tile
     notes: tuple[str, ...] = field(default=())
     compile_seconds: float = 0.0
 
@@ -87,22 +89,27 @@ def vector_lanes(value_dtype: str) -> int:
 _VALUE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}
 
 
-def tile_width(value_dtype: str) -> int:
+def tile_width(value_dtype: str, rows: int = 1) -> int:
     """Register tile width in values. With AVX-512 intrinsics: four 512-bit registers (64
-    float32). With pragmas only: one vector register, since gcc spills wider tile arrays
-    (2-8 registers measured 2-5x slower on SpMM here: bayer10, bcsstk13, N=128)."""
+    float32), or fewer when ``rows`` tiles are unrolled side by side (``jam.py``: a block's
+    rows), so all of them stay within ``MAX_TILE_REGISTERS``. With pragmas only: one vector
+    register, since gcc spills wider tile arrays (2-8 registers measured 2-5x slower on SpMM
+    here: bayer10, bcsstk13, N=128)."""
     if vector_isa() and value_dtype in ("float32", "float64"):
-        return _TILE_REGISTERS * 64 // _VALUE_BYTES[value_dtype]
+        regs = max(1, min(_TILE_REGISTERS, MAX_TILE_REGISTERS // rows))
+        return regs * 64 // _VALUE_BYTES[value_dtype]
     return vector_lanes(value_dtype)
 
 
 @lru_cache(maxsize=4096)
 def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_dtype: str,
-                   index_dtypes: tuple[str, ...], out_format=None,
+                   index_dtypes: tuple[str, ...], out_format=None, static: tuple = (),
                    workspace: str = "dense") -> CompiledKernel:
     """Schedule, lower and render ``assignment`` for operands described by ``infos``.
-    ``workspace`` picks the row accumulator of sparse results: a 'dense' array per thread,
-    or a 'hash' table for dimensions too large for that.
+    ``static``: (variable, extent) pairs the operands fix (block sizes); loops over them
+    around a register tile are unrolled into it (``jam.py``). ``workspace`` picks the row
+    accumulator of sparse results: a 'dense' array per thread, or a 'hash' table for
+    dimensions too large for that.
 
     Example:
         >>> from sparsetorch.compiler.notation import parse_einsum
@@ -119,11 +126,17 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
     out = infer_output(assignment, sched.order, sched.formats, out_format)
     notes: list[str] = []
     modes = ("count", "fill") if out.kind == "emit" else (out.kind,)
-    functions, lowerers = [], []
+    functions, lowerers, jammed = [], [], ()
+    # Tiles side by side for the largest static output extent (a block's rows) when jammed.
+    rows = max([e for v, e in static if v in assignment.out_vars], default=1)
+    tile = tile_width(value_dtype, rows)
     for mode in modes:
         plan = Plan(assignment, sched.order, sched.formats, out, mode, workspace,
-                    tile_width(value_dtype), notes)
+                    tile, notes)
         fn, lw = lower(plan, f"kernel_{mode}")
+        if static and mode == "dense" and lw.tile_var is not None:
+            body, jammed = jam_tiles(fn.body, dict(static), tile // vector_lanes(value_dtype))
+            fn = replace(fn, body=body)
         verify(fn)
         functions.append(fn)
         lowerers.append(lw)
@@ -146,4 +159,5 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
     return CompiledKernel(assignment, sched, out, tuple(functions), source, lw.outer_extent,
                           emit_sorted, emit_rows, lw.ws_vars, lw.ws_kind,
                           (lw.tile_var, lw.plan.tile) if lw.tile_var else None,
-                          lw.balanced, tuple(dict.fromkeys(notes)), time.perf_counter() - t0)
+                          lw.balanced, jammed, tuple(dict.fromkeys(notes)),
+                          time.perf_counter() - t0)

@@ -44,18 +44,20 @@ def unblocked_format(fmt: Format) -> Format:
 
 
 def split_blocked(assignment: Assignment, tensors):
-    """``(assignment', tensors', finish)`` computing the same result with every blocked
-    operand seen unblocked, or None when the split does not apply. ``finish(result')``
-    turns the rewritten result back into the original one (a view for dense results).
+    """``(assignment', tensors', finish, static)`` computing the same result with every
+    blocked operand seen unblocked, or None when the split does not apply. ``finish(result')``
+    turns the rewritten result back into the original one (a view for dense results);
+    ``static`` pairs each in-block variable with its extent, the block size (the compiler
+    unrolls on it: ``compiler/jam.py``).
 
     Example:
         >>> import torch, sparsetorch as st
         >>> from sparsetorch.compiler.notation import parse_einsum
         >>> A = st.tensor(torch.eye(4), format="bsr", blocksize=(2, 2))
-        >>> a, ops, finish = split_blocked(parse_einsum("ij,jk->ik", [2, 2]),
-        ...                                [A, torch.ones(4, 3)])
-        >>> str(a)
-        'out[i_b,i_e,k] = sum_{j_b,j_e} T0[i_b,j_b,i_e,j_e] * T1[j_b,j_e,k]'
+        >>> a, ops, finish, static = split_blocked(parse_einsum("ij,jk->ik", [2, 2]),
+        ...                                        [A, torch.ones(4, 3)])
+        >>> str(a), static
+        ('out[i_b,i_e,k] = sum_{j_b,j_e} T0[i_b,j_b,i_e,j_e] * T1[j_b,j_e,k]', (('i_e', 2), ('j_e', 2)))
     """
     block = {}                      # variable -> block size
     for acc in assignment.expr.accesses():
@@ -112,7 +114,7 @@ def split_blocked(assignment: Assignment, tensors):
             return SparseTensor(out_shape, fmt, tensors[n].arrays, result._values)
         return result.reshape(out_shape)
 
-    return new, new_tensors, finish
+    return new, new_tensors, finish, tuple(sorted((f"{v}_e", b) for v, b in block.items()))
 
 
 def blocked_result_format(assignment: Assignment, split: Assignment, out_format: Format,

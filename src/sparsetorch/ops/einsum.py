@@ -271,9 +271,19 @@ def _explanation(assignment: Assignment, kernel, names, rows=None) -> Explanatio
         output_format=out.format.name if out.format is not None else "dense tensor",
         workspace=tuple(f"{v} ({kernel.workspace_kind})" for v in kernel.workspace_vars),
         parallel=par,
-        tiles=(f"{kernel.tile[0]} in register tiles of {kernel.tile[1]} values"
-               if kernel.tile else "none"), notes=kernel.notes,
+        tiles=_tiles(kernel), notes=kernel.notes,
         loops=kernel.describe_loops(), source=kernel.source)
+
+
+def _tiles(kernel) -> str:
+    if not kernel.tile:
+        return "none"
+    text = f"{kernel.tile[0]} in register tiles of {kernel.tile[1]} values"
+    for v, extent in kernel.jammed:
+        text += (f"; {v} unrolled into {extent} of them side by side ({extent} x "
+                 f"{kernel.tile[1]} values in registers: each dense row segment is loaded "
+                 "once per stored block)")
+    return text
 
 
 __all__ = ["einsum", "explain", "Explanation"]

@@ -168,13 +168,13 @@ def _blocked_plan(assignment, tensors, out_format, what):
     split = split_blocked(assignment, tensors)
     if split is None:
         return None
-    new, new_tensors, finish = split
+    new, new_tensors, finish, static = split
     new_tensors, infos, dtype, device = normalize_operands(new_tensors, what)
     if device.type != "cpu" or dtype not in COMPILED_DTYPES:
         return None
     _check_repeated(new, infos, what)
     extents = var_extents(new, [tuple(t.shape) for t in new_tensors])
-    kernel = get_kernel(new, new_tensors, infos, dtype, None, extents)
+    kernel = get_kernel(new, new_tensors, infos, dtype, None, extents, static)
     out = kernel.output
     sampled = out.sampled_operand if out.kind == "sampled" else None
     if out.kind == "emit" or (out.kind == "dense" and
@@ -186,7 +186,7 @@ def _blocked_plan(assignment, tensors, out_format, what):
                                               tensors[sampled].format)
         if result_format is None:
             return None
-    return kernel, new, new_tensors, finish, (sampled, result_format), infos
+    return kernel, new, new_tensors, finish, (sampled, result_format), infos, static
 
 
 def _unblocked_kind(assignment, tensors) -> str:
@@ -210,10 +210,10 @@ def _run_blocked(assignment, tensors, out_format, what):
     plan = _blocked_plan(assignment, tensors, out_format, what)
     if plan is None:
         return None
-    kernel, new, new_tensors, finish, sampled, infos = plan
+    kernel, new, new_tensors, finish, sampled, infos, static = plan
     dtype = new_tensors[0].dtype
     full = var_extents(assignment, [tuple(t.shape) for t in tensors])
-    args = _compile_args(new, new_tensors, infos, dtype, None)
+    args = _compile_args(new, new_tensors, infos, dtype, None, static)
     prepared = _BLOCKED.get(args)
     if prepared is None:   # (blocked calls skip the call memo: keep their recipes here)
         prepared = _BLOCKED[args] = _Prepared(kernel, dtype, args)
@@ -271,10 +271,12 @@ def _fmt_key(out_format):
         else tuple(out_format)
 
 
-def _compile_args(assignment, tensors, infos, dtype, out_format) -> tuple:
+def _compile_args(assignment, tensors, infos, dtype, out_format, static=()) -> tuple:
+    """``compile_kernel``'s arguments (its memo key); ``static``: (variable, extent) pairs
+    fixed by the operands' formats (block sizes)."""
     index = tuple("int32" if isinstance(t, SparseTensor) and t.index_dtype == torch.int32
                   else "int64" for t in tensors)
-    return assignment, infos, _DTYPE_NAMES[dtype], index, _fmt_key(out_format)
+    return assignment, infos, _DTYPE_NAMES[dtype], index, _fmt_key(out_format), static
 
 
 def _workspace_kind(cells: int) -> str:
@@ -282,8 +284,9 @@ def _workspace_kind(cells: int) -> str:
     return "hash" if cells > MAX_WORKSPACE else "dense"
 
 
-def get_kernel(assignment, tensors, infos, dtype, out_format, extents) -> CompiledKernel:
-    args = _compile_args(assignment, tensors, infos, dtype, out_format)
+def get_kernel(assignment, tensors, infos, dtype, out_format, extents,
+               static=()) -> CompiledKernel:
+    args = _compile_args(assignment, tensors, infos, dtype, out_format, static)
     kernel = compile_kernel(*args)
     if kernel.workspace_vars:
         kind = _workspace_kind(_prod(extents[v] for v in kernel.workspace_vars))

@@ -1,0 +1,186 @@
+"""Unroll-and-jam of small static output loops around register tiles: 2-D register tiles.
+
+A blocked operand's in-block loops have extents fixed by its block size (BSR 4x4; output-
+channel blocks of a 1x1 convolution). Lowered as usual, the loop over in-block rows ``i_e``
+sits outside the register tile, so every stored block streams the dense operand's rows
+once per in-block row::
+
+    for i_e in [0, 4):                       for k0 (tile):
+      for k0 (tile):                           tile_0..tile_3 = 0
+        tile = 0                               for p in blocks of the row:
+        for p in blocks of the row:              for j_e in [0, 4):
+          for j_e in [0, 4):          -->          tile_0[kk] += A[p, 0, j_e] * X[j, kk]
+            tile[kk] += A[p,i_e,j_e] * X[j,kk]     ...
+        out[i_e] = tile                            tile_3[kk] += A[p, 3, j_e] * X[j, kk]
+                                               out[0] = tile_0; ...; out[3] = tile_3
+
+Here each dense row segment is loaded once per block and feeds four register tiles (C
+compilers merge the four identical loads): a quarter of the loads per multiply-add, the
+register blocking of a dense GEMM micro-kernel over a block's rows.
+
+The transform is generic on the loop IR: the copies of the loop body for ``i_e = 0..R-1``
+are walked side by side; loops with the same header are fused, pure declarations that agree
+are kept once, anything else (stores, accumulations, ``simd`` lane loops) is repeated per
+copy with the names it declares suffixed. It is legal because the copies write disjoint
+outputs (``i_e`` indexes the output) and only read the operands.
+"""
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from .ir import Assign, Block, Decl, For, Helper, If, Lit, Load, Node, Sym, While
+
+# A jammed loop multiplies the tile's registers by its extent; past this many accumulator
+# registers (of 32 with AVX-512) the C compiler spills them.
+MAX_TILE_REGISTERS = 16
+
+
+def jam_tiles(body: Block, static: dict, tile_registers: int) -> tuple[Block, tuple]:
+    """``(body', jammed)``: ``body`` with every loop over a variable of static extent
+    (``static``: variable -> extent) that directly encloses a register tile of
+    ``tile_registers`` registers unrolled and jammed into it, and every ``n_<var>`` of those
+    variables replaced by its extent; ``jammed`` lists the (variable, extent) pairs unrolled.
+
+    Example:
+        >>> from sparsetorch.compiler.ir import block, dump
+        >>> inner = For("kk", Lit(0), Lit(16), block(
+        ...     Assign(Load("tile", Sym("kk")), Load("x", Sym("i")), "+=")), simd=True)
+        >>> tile = For("k0", Lit(0), Sym("n_k"), block(Decl("val[]", "tile", Lit(16)), inner),
+        ...            step=16)
+        >>> loop = block(For("i", Lit(0), Sym("n_i"), block(tile)))
+        >>> jammed, done = jam_tiles(loop, {"i": 2}, 1)
+        >>> done
+        (('i', 2),)
+        >>> print(dump(jammed))
+        for k0 in [0, n_k) by 16
+          val[] tile_j0 = 16
+          val[] tile_j1 = 16
+          for kk in [0, 16)  [simd]
+            tile_j0[kk] += x[0]
+          for kk in [0, 16)  [simd]
+            tile_j1[kk] += x[1]
+    """
+    sizes = {Sym(f"n_{v}"): Lit(e) for v, e in static.items()}
+    jammed = []
+    body = _substitute(_jam_block(body, static, tile_registers, jammed), sizes)
+    return body, tuple(dict.fromkeys(jammed))
+
+
+def _jam_block(node: Block, static, regs, jammed: list) -> Block:
+    out = []
+    for s in node.stmts:
+        extent = static.get(s.var) if isinstance(s, For) else None
+        if extent is not None and s.parallel is None and s.step == 1 and \
+                s.start == Lit(0) and extent * regs <= MAX_TILE_REGISTERS and \
+                _encloses_tile(s.body):
+            copies = [_substitute(s.body, {Sym(s.var): Lit(r)}).stmts for r in range(extent)]
+            out.extend(_fuse(copies, [{} for _ in range(extent)]))
+            if extent > 1:
+                jammed.append((s.var, extent))
+        else:
+            out.append(_map_blocks(s, lambda b: _jam_block(b, static, regs, jammed)))
+    return Block(tuple(out))
+
+
+def _encloses_tile(body: Block) -> bool:
+    """A register-tile loop (``for k0: val[] tile; ...``) among the loop's statements or the
+    then-branches of its remainder guards."""
+    for s in body.stmts:
+        if isinstance(s, If) and _encloses_tile(s.then):
+            return True
+        if isinstance(s, For) and any(isinstance(t, Decl) and t.ctype == "val[]"
+                                      for t in s.body.stmts):
+            return True
+    return False
+
+
+def _fuse(copies: list, renames: list) -> list:
+    """One statement list doing the work of the statement lists ``copies`` (same shape,
+    differing in the unrolled variable); ``renames[r]``: names copy ``r`` declared anew."""
+    out = []
+    for at in range(len(copies[0])):
+        stmts = [_rename(c[at], rn) for c, rn in zip(copies, renames)]
+        first = stmts[0]
+        same = all(s == first for s in stmts)
+        if isinstance(first, For) and not first.simd and not first.reduction and \
+                all(_header(s) == _header(first) for s in stmts):
+            body = _fuse([s.body.stmts for s in stmts], [dict(rn) for rn in renames])
+            out.append(replace(first, body=Block(tuple(body))))
+        elif isinstance(first, If) and first.orelse is None and \
+                all(isinstance(s, If) and s.cond == first.cond and s.orelse is None
+                    for s in stmts):
+            then = _fuse([s.then.stmts for s in stmts], [dict(rn) for rn in renames])
+            out.append(replace(first, then=Block(tuple(then))))
+        elif isinstance(first, Decl) and first.ctype != "val[]" and same and \
+                not any(_assigns(c, first.name) for c in copies):
+            out.append(first)   # the same value in every copy, never changed: declare once
+        elif isinstance(first, Decl):
+            for r, s in enumerate(stmts):
+                renames[r][s.name] = f"{s.name}_j{r}"
+                out.append(replace(s, name=renames[r][s.name]))
+        elif isinstance(first, (Helper, While)):
+            raise ValueError("jam: helpers and while loops are not unrolled")
+        else:
+            out.extend(stmts)   # stores, accumulations, lane loops: once per copy
+    return out
+
+
+def _header(s: For) -> tuple:
+    return (s.var, s.start, s.end, s.step, s.parallel, s.simd, s.reduction)
+
+
+def _assigns(stmts, name: str) -> bool:
+    """Whether any of ``stmts`` assigns scalar ``name``."""
+    found = []
+
+    def visit(n):
+        if isinstance(n, Assign) and n.target == Sym(name):
+            found.append(n)
+        return n
+    for s in stmts:
+        _walk(s, visit)
+    return bool(found)
+
+
+def _rename(node: Node, names: dict) -> Node:
+    """``node`` with symbols and arrays in ``names`` renamed."""
+    if not names:
+        return node
+
+    def visit(n):
+        if isinstance(n, Sym) and n.name in names:
+            return Sym(names[n.name])
+        if isinstance(n, Load) and n.array in names:
+            return replace(n, array=names[n.array])
+        if isinstance(n, For) and n.reduction in names:
+            return replace(n, reduction=names[n.reduction])
+        return n
+    return _walk(node, visit)
+
+
+def _substitute(node: Node, mapping: dict) -> Node:
+    """``node`` with each expression in ``mapping`` (a Sym) replaced."""
+    return _walk(node, lambda n: mapping.get(n, n) if isinstance(n, Sym) else n)
+
+
+def _map_blocks(node: Node, fn) -> Node:
+    """``node`` with ``fn`` applied to its direct child blocks."""
+    changes = {f.name: fn(getattr(node, f.name)) for f in fields(node)
+               if isinstance(getattr(node, f.name), Block)}
+    return replace(node, **changes) if changes else node
+
+
+def _walk(node, visit):
+    """Bottom-up rewrite: children first, then ``visit`` on the rebuilt node."""
+    if isinstance(node, tuple):
+        items = tuple(_walk(x, visit) for x in node)
+        return node if all(a is b for a, b in zip(items, node)) else items
+    if not isinstance(node, Node):
+        return node
+    changes = {}
+    for f in fields(node):
+        old = getattr(node, f.name)
+        new = _walk(old, visit)
+        if new is not old:
+            changes[f.name] = new
+    return visit(replace(node, **changes) if changes else node)
