@@ -56,8 +56,10 @@ def split_blocked(assignment: Assignment, tensors):
         >>> A = st.tensor(torch.eye(4), format="bsr", blocksize=(2, 2))
         >>> a, ops, finish, static = split_blocked(parse_einsum("ij,jk->ik", [2, 2]),
         ...                                        [A, torch.ones(4, 3)])
-        >>> str(a), static
-        ('out[i_b,i_e,k] = sum_{j_b,j_e} T0[i_b,j_b,i_e,j_e] * T1[j_b,j_e,k]', (('i_e', 2), ('j_e', 2)))
+        >>> str(a)
+        'out[i_b,i_e,k] = sum_{j_b,j_e} T0[i_b,j_b,i_e,j_e] * T1[j_b,j_e,k]'
+        >>> static
+        (('i_e', 2), ('j_e', 2))
     """
     block = {}                      # variable -> block size
     for acc in assignment.expr.accesses():
