@@ -253,41 +253,9 @@ class _Lowerer:
             body = block(For(v, Lit(0), dim(v), body, par))
         return list(body.stmts)
 
-    def hoisted_factors(self, depth, st):
-        """``(outside, summand)``: the factors of a product body that the reduction loops
-        below ``depth`` do not change (SDDMM's ``A[i,j]`` in ``sum_k A[i,j] X[i,k] Y[j,k]``),
-        multiplied once into the finished sum instead of into every term -- one multiply
-        per vector step less -- and the product of the rest; ``(None, None)`` if nothing
-        moves (not a product, nothing invariant, or nothing left)."""
-        if self.emitting or st.flag:
-            return None, None
-        factors, stack = [], [self.body]
-        while stack:
-            e = stack.pop()
-            if isinstance(e, Mul):
-                stack += [e.b, e.a]
-            elif isinstance(e, Access):
-                factors.append(e)
-            else:
-                return None, None
-        bound = set(self.order[:depth])
-        done = [all(v in bound for v in f.indices) and
-                st.lvl[f.operand] == len(self.levels[f.operand]) for f in factors]
-        if all(done) or not any(done):
-            return None, None
-
-        def product(fs):
-            out = fs[0]
-            for f in fs[1:]:
-                out = Mul(out, f)
-            return out
-        return (self.value(product([f for f, d in zip(factors, done) if d]), st),
-                product([f for f, d in zip(factors, done) if not d]))
-
-    def flush_accumulator(self, st, outside=None):
-        """Write the finished sum (times ``outside``, its hoisted factors, if any)."""
+    def flush_accumulator(self, st):
         kind = self.plan.mode
-        acc = Sym(st.acc) if outside is None else Bin("*", outside, Sym(st.acc))
+        acc = Sym(st.acc)
         if kind == "dense":
             return [self.write_out(acc, st, "flush")]
         if kind == "sampled":
@@ -333,11 +301,10 @@ class _Lowerer:
         if depth == self.acc_depth:
             st = st.copy(acc=self.fresh("acc"), hit=self.fresh("hit") if self.emitting
                          else None)
-            outside, st.summand = self.hoisted_factors(depth, st)
             inner = self.loops_at(depth, st)
             pre = [Decl("val", st.acc, Lit(0))] + ([Decl("idx", st.hit, Lit(0))]
                                                   if st.hit else [])
-            return pre + inner + self.flush_accumulator(st, outside)
+            return pre + inner + self.flush_accumulator(st)
         out = self.loops_at(depth, st)
         if depth == self.ws_depth:
             out = out + self.flush_workspace(st)
@@ -351,11 +318,11 @@ class _Lowerer:
 
     def tile_loop(self, st):
         """The innermost loop over one tile: ``tile[kk] += value`` for every kk."""
-        return [lane_loop(self.tile_var, st.tile, self.store(self.value(st.body(self), st), st))]
+        return [lane_loop(self.tile_var, st.tile, self.store(self.value(self.body, st), st))]
 
     def loops_at(self, depth, st):
         if depth == len(self.order):
-            return self.store(self.value(st.body(self), st), st)
+            return self.store(self.value(self.body, st), st)
         v = self.order[depth]
         if st.tile is not None and v == self.tile_var:
             return self.tile_loop(st)
@@ -570,10 +537,6 @@ class _State:
         self.hit = None
         self.tile = None          # (k0, length, tile array, lane var) inside a register tile
         self.outer = Lit(0)
-        self.summand = None       # what the accumulator sums, if not the whole body
-
-    def body(self, lowerer):
-        return self.summand if self.summand is not None else lowerer.body
 
     def copy(self, **changes):
         new = object.__new__(_State)
