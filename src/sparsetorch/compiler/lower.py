@@ -285,11 +285,14 @@ class _Lowerer:
             body += self.emit(None, None, st)
         else:
             coords = {v: Sym(v) for v in self.out_vars if v not in self.ws_vars}
+            # Cell -> coordinates, innermost variable first; the outermost one is what is
+            # left (no division for it: a 64-bit division per entry, for nothing).
             body.append(Decl("idx", "ws_rest", Sym("ws_at")))
-            for v in reversed(self.ws_vars):
+            for v in reversed(self.ws_vars[1:]):
                 body.append(Decl("idx", f"{v}_ws", Bin("%", Sym("ws_rest"), dim(v))))
                 body.append(Assign(Sym("ws_rest"), Bin("/", Sym("ws_rest"), dim(v))))
                 coords[v] = Sym(f"{v}_ws")
+            coords[self.ws_vars[0]] = Sym("ws_rest")
             body += self.emit(value, coords, st)
         return [Helper(f"{self.ws_kind}_sort", (), names),
                 For("ws_q", Lit(0), Sym("ws_n"), block(body))] + next_row
