@@ -321,9 +321,8 @@ class _Prepared:
                        if not kernel.schedule.formats[acc.operand].is_dense
                        for v in acc.indices}
         self.dense_only = [a.all_vars.index(v) for v in a.all_vars if v not in sparse_vars]
-        tiled = kernel.tile[0] if kernel.tile else None
-        self.lanes = vector_lanes(_DTYPE_NAMES[dtype]) if tiled in a.all_vars else 1
-        self.vector_index = a.all_vars.index(tiled) if self.lanes > 1 else None
+        self.lanes = vector_lanes(_DTYPE_NAMES[dtype]) if kernel.tile else 1
+        self.vector_index = a.all_vars.index(kernel.tile[0]) if kernel.tile else None
         self.out_index = [a.all_vars.index(v) for v in a.out_vars]
         self.ws_index = [a.all_vars.index(v) for v in kernel.workspace_vars]
         fns = runtime.load_entries(kernel.source, {fn.name: kernel_argtypes(fn)
@@ -331,7 +330,7 @@ class _Prepared:
         self.fns = [fns[fn.name] for fn in kernel.functions]
         self.num_threads = runtime.num_threads
         # The operand whose rows a balanced outer loop splits: the call passes ``nc``.
-        self.balanced = kernel.balanced if kernel.functions[0].params[1].name == "nc" else None
+        self.balanced = kernel.balanced
 
     def extents(self, tensors) -> list:
         """Index extents in ``all_vars`` order, checking that every use agrees."""

@@ -29,8 +29,8 @@ from .balance import ranges_per_thread
 
 def make_shim(prepared, tensors, parallel_work: int):
     """A specialised ``call(ops)`` for ``prepared`` (an ``execute._Prepared``) on operands
-    shaped like ``tensors``, or None when the generic path must run (sparse results,
-    conversions, workspace variants).
+    shaped like ``tensors``, or None when the generic path must run (assembled sparse
+    results, conversions, workspace variants).
 
     Example:
         >>> import torch, sparsetorch as st
@@ -42,7 +42,8 @@ def make_shim(prepared, tensors, parallel_work: int):
         tensor([0., 1., 2.])
     """
     kernel = prepared.kernel
-    if kernel.output.kind != "dense" or kernel.schedule.conversions or prepared.ws_index:
+    kind = kernel.output.kind
+    if kind not in ("dense", "sampled") or kernel.schedule.conversions or prepared.ws_index:
         return None
     n_ops = len(tensors)
     names = [f"t{n}" for n in range(n_ops)]
@@ -55,13 +56,18 @@ def make_shim(prepared, tensors, parallel_work: int):
     first = {v: i for i, v in enumerate(prepared.var_order)}
     for v, _, (n2, d2) in prepared.agree:
         lines.append(f"    if s{n2}[{d2}] != e{first[v]}: mismatch(ops)")
-    # empty_strided parses its arguments faster than empty(shape, dtype=) (1.1 vs 1.8 us).
     dims, strides, step = [f"e{i}" for i in prepared.out_index], [], "1"
-    for d in reversed(dims):
-        strides.insert(0, step)
-        step = d if step == "1" else f"{d} * {step}"
-    shape, strides = ("".join(f"{x}, " for x in xs) for xs in (dims, strides))
-    lines.append(f"    out = empty_strided(({shape}), ({strides}), dtype=dtype)")
+    shape = "".join(f"{x}, " for x in dims)
+    if kind == "sampled":   # values on the sampled operand's pattern, its arrays shared
+        source = kernel.output.sampled_operand
+        lines.append(f"    out = zeros(t{source}._values.numel(), dtype=dtype)")
+    else:
+        # empty_strided parses its arguments faster than empty(shape, dtype=) (1.1 vs 1.8 us)
+        for d in reversed(dims):
+            strides.insert(0, step)
+            step = d if step == "1" else f"{d} * {step}"
+        strides = "".join(f"{x}, " for x in strides)
+        lines.append(f"    out = empty_strided(({shape}), ({strides}), dtype=dtype)")
     lanes = prepared.lanes   # the same estimate as ``prepared.work``
     dense_only = "".join(f" * ((e{i} + {lanes - 1}) // {lanes})" if i == prepared.vector_index
                          else f" * e{i}" for i in prepared.dense_only)
@@ -85,8 +91,14 @@ def make_shim(prepared, tensors, parallel_work: int):
         else:
             args.append(f"t{n}.data_ptr()")
     args.append("out.data_ptr()")
-    lines += [f"    f0({', '.join(args)})", "    return out"]
-    scope = {"empty_strided": torch.empty_strided, "dtype": prepared.dtype,
+    lines.append(f"    f0({', '.join(args)})")
+    if kind == "sampled":
+        arrays = ", ".join(f"{a!r}: t{source}._{a}" for a in tensors[source]._array_names)
+        lines.append(f"    return wrap(({shape}), fmt, {{{arrays}}}, out, False)")
+    else:
+        lines.append("    return out")
+    scope = {"empty_strided": torch.empty_strided, "zeros": torch.zeros, "dtype": prepared.dtype,
+             "wrap": SparseTensor._wrap, "fmt": kernel.output.format,
              "threads": prepared.num_threads, "ranges": ranges_per_thread,
              "f0": prepared.fns[0], "mismatch": prepared.extents}
     exec(compile("\n".join(lines), f"<sparsetorch call shim: {kernel.assignment}>", "exec"),
