@@ -182,3 +182,33 @@ def test_explain_errors_like_einsum():
         st.explain("ij,j->i", A, torch.ones(3, dtype=F64))
     with pytest.raises(TypeError):
         st.explain("ij,j->i", A, torch.ones(4))
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+def test_copies_compute_with_their_own_arrays(how):
+    """Repeated calls read a SparseTensor's raw pointers once (``ops/shim.raw``); a copy made
+    after such calls, by deepcopy or save and load, must use its own arrays, and in-place
+    changes to values must be seen by the next call."""
+    import copy
+    import io
+
+    A = st.tensor(torch.tensor([[1.0, 0, 2], [0, 3, 0]]), format="csr")
+    x = torch.tensor([1.0, 1.0, 1.0])
+    for _ in range(2):
+        st.einsum("ij,j->i", A, x)
+        st.einsum("ij,ik,jk->ij", A, torch.ones(2, 4), torch.ones(3, 4))
+    if how == "deepcopy":
+        B = copy.deepcopy(A)
+    else:
+        buf = io.BytesIO()
+        torch.save(A, buf)
+        buf.seek(0)
+        B = torch.load(buf, weights_only=False)
+    B.values.mul_(10)
+    assert st.einsum("ij,j->i", B, x).tolist() == [30.0, 30.0]
+    assert st.einsum("ij,ik,jk->ij", B, torch.ones(2, 4), torch.ones(3, 4)).values.tolist() \
+        == [40.0, 80.0, 120.0]
+    A.values.mul_(2)                      # in place: the same pointers, new numbers
+    assert st.einsum("ij,j->i", A, x).tolist() == [6.0, 6.0]
+    del A
+    assert st.einsum("ij,j->i", B, x).tolist() == [30.0, 30.0]

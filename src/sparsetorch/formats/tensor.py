@@ -125,6 +125,13 @@ class SparseTensor(torch.Tensor):
             check_levels(fmt, shape, arrays, values, "SparseTensor.from_levels")
         return cls(shape, fmt, arrays, values)
 
+    def _clear_non_serializable_cached_data(self):
+        # torch calls this before a deepcopy or pickle copies ``__dict__``: the raw data
+        # pointers call shims keep (``ops/shim.raw``) belong to this object's arrays, and a
+        # copy or a loaded tensor must read its own.
+        super()._clear_non_serializable_cached_data()
+        self.__dict__.pop("_raw", None)
+
     # -- traceability -------------------------------------------------------------------------
     def __tensor_flatten__(self):
         # "values", the public name: of a SparseTensor computed inside a compiled function,
