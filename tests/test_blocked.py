@@ -105,3 +105,33 @@ def test_jam_keeps_per_copy_accumulators():
                      "q_j0", "q_j1", "q_j2"]
     adds = [s for s in k0.body.stmts if isinstance(s, Assign)]
     assert [a.target for a in adds] == [Sym("acc_j0"), Sym("acc_j1"), Sym("acc_j2")]
+
+
+def test_repeated_blocked_calls_are_memoised():
+    """A second call with the same kinds of operands skips scheduling and the split
+    (``BlockedCall``); results stay right for new dense operands, in-place value changes and
+    sampled results, shape errors are raised as on a first call, and an expression that
+    converts the blocked operand is not memoised."""
+    from sparsetorch.ops import execute
+    from sparsetorch.ops.blocked import BlockedCall
+
+    d = block_sparse(16, 12, (4, 2), 0.5, torch.float64, seed=3)
+    A = st.tensor(d, format="bsr", blocksize=(4, 2))
+    g = torch.Generator().manual_seed(4)
+    for _ in range(3):
+        x = torch.randn(12, 5, generator=g, dtype=torch.float64)
+        torch.testing.assert_close(st.einsum("ij,jk->ik", A, x), d @ x)
+    assert isinstance(execute.lookup("ij,jk->ik", (A, x), None), BlockedCall)
+    A.values.mul_(-2)
+    torch.testing.assert_close(st.einsum("ij,jk->ik", A, x), -2 * d @ x)
+    u, v = (torch.randn(16, 3, dtype=torch.float64), torch.randn(12, 3, dtype=torch.float64))
+    for _ in range(2):
+        s = st.einsum("ij,ik,jk->ij", A, u, v)
+        assert s.format.blocksize == (4, 2)
+        torch.testing.assert_close(s.to_dense(), -2 * d * (u @ v.T))
+    with pytest.raises(ValueError, match="index 'j' has size"):
+        st.einsum("ij,jk->ik", A, torch.randn(8, 5, dtype=torch.float64))
+    B = st.tensor(torch.eye(12, dtype=torch.float64), format="csr")
+    for _ in range(2):   # BSR @ CSR converts the BSR operand: no memo entry for it
+        torch.testing.assert_close(st.einsum("ij,jk->ik", A, B).to_dense(), -2 * d)
+    assert execute.lookup("ij,jk->ik", (A, B), None) is None

@@ -131,6 +131,7 @@ class SparseTensor(torch.Tensor):
         # copy or a loaded tensor must read its own.
         super()._clear_non_serializable_cached_data()
         self.__dict__.pop("_raw", None)
+        self.__dict__.pop("_unblocked", None)   # a view of this object's arrays: rebuilt
 
     # -- traceability -------------------------------------------------------------------------
     def __tensor_flatten__(self):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from ..compiler.notation import Access, Assignment, Expr
+from ..compiler.notation import Access, Assignment, Expr, var_extents
 from ..formats.format import Format
 from ..formats.tensor import SparseTensor
 
@@ -91,11 +91,7 @@ def split_blocked(assignment: Assignment, tensors):
             indices = tuple(f"{v}_b" for v in acc.indices) + \
                 tuple(f"{v}_e" for v in acc.indices)
             if acc.operand not in done:
-                fmt = t.format
-                shape = tuple(s // b for s, b in zip(t.shape, fmt.blocksize)) + \
-                    tuple(fmt.blocksize)
-                new_tensors[acc.operand] = SparseTensor(
-                    shape, unblocked_format(fmt), t.arrays, t._values)
+                new_tensors[acc.operand] = unblocked(t)
             done.add(acc.operand)
             return Access(acc.operand, indices)
         if acc.operand not in done:
@@ -117,6 +113,57 @@ def split_blocked(assignment: Assignment, tensors):
         return result.reshape(out_shape)
 
     return new, new_tensors, finish, tuple(sorted((f"{v}_e", b) for v, b in block.items()))
+
+
+def unblocked(t: SparseTensor) -> SparseTensor:
+    """Blocked ``t`` as the unblocked tensor of twice the order (module docstring): the same
+    arrays and values, no copy. Kept with ``t`` unless its values require grad (then the
+    wrapper records an autograd node of its own each time).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.eye(4), format="bsr", blocksize=(2, 2))
+        >>> tuple(unblocked(A).shape), unblocked(A) is unblocked(A)
+        ((2, 2, 2, 2), True)
+    """
+    found = t.__dict__.get("_unblocked")
+    if found is None:
+        fmt = t.format
+        shape = tuple(s // b for s, b in zip(t.shape, fmt.blocksize)) + tuple(fmt.blocksize)
+        found = SparseTensor(shape, unblocked_format(fmt), t.arrays, t._values)
+        if not t._values.requires_grad:
+            t.__dict__["_unblocked"] = found
+    return found
+
+
+class BlockedCall:
+    """A repeated call on blocked operands, memoised like any other (``execute.lookup``):
+    the blocked operand seen unblocked (kept with it), dense operands viewed with their
+    blocked dimensions split, ``call`` (the split expression's kernel) run on them, and the
+    result put back in the original modes. Mismatched shapes raise as on a first call."""
+
+    def __init__(self, assignment: Assignment, static: tuple, call, sampled):
+        self.assignment, self.call, self.sampled = assignment, call, sampled
+        self.block = {v[:-2]: b for v, b in static}
+        self.indices = {acc.operand: acc.indices for acc in assignment.expr.accesses()}
+
+    def __call__(self, operands):
+        full = var_extents(self.assignment, [t.shape for t in operands])
+        split = []
+        for n, t in enumerate(operands):
+            if type(t) is SparseTensor:
+                split.append(unblocked(t))
+                continue
+            shape = []
+            for v, size in zip(self.indices[n], t.shape):
+                shape += [size // self.block[v], self.block[v]] if v in self.block else [size]
+            split.append(t.reshape(shape))
+        result = self.call(split)
+        out_shape = tuple(full[v] for v in self.assignment.out_vars)
+        n, fmt = self.sampled
+        if n is not None:
+            return SparseTensor(out_shape, fmt, operands[n].arrays, result._values)
+        return result.reshape(out_shape)
 
 
 def blocked_result_format(assignment: Assignment, split: Assignment, out_format: Format,

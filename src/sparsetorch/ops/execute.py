@@ -22,7 +22,7 @@ from ..formats.pack import choose_index_dtype, pack
 from ..formats.tensor import SparseTensor
 from ..formats.validate import VALUE_DTYPES
 from .balance import ranges_per_thread
-from .blocked import blocked_result_format, split_blocked
+from .blocked import BlockedCall, blocked_result_format, split_blocked
 from . import custom_ops
 from .custom_ops import is_tracing
 from .shim import make_shim
@@ -119,8 +119,9 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
     if prepared is not None:
         return prepared(operands)
     tensors, infos, dtype, device = normalize_operands(operands, what, keep_blocked=True)
-    if any(info.format.blocksize is not None for info in infos):
-        result = _run_blocked(assignment, tensors, out_format, what)
+    converted = any(info.format.blocksize is not None for info in infos)
+    if converted:
+        result = _run_blocked(assignment, tensors, out_format, what, alias)
         if result is not None:
             return result
         tensors, infos, dtype, device = normalize_operands(tensors, what)
@@ -135,7 +136,8 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
                                                       out_format))
     if is_tracing(tensors):   # record a custom op instead of calling the kernel
         return custom_ops.call(prepared, tensors)
-    key = _signature(assignment, operands, out_format)
+    # (a blocked operand converted to CSR here is converted again on every call: no memo)
+    key = None if converted else _signature(assignment, operands, out_format)
     if key is not None:
         call = make_shim(prepared, tensors, _PARALLEL_WORK) or prepared
         _PREPARED[key] = call
@@ -206,7 +208,7 @@ def _output_kind(assignment, infos) -> str:
     return infer_output(assignment, sched.order, sched.formats, None).kind
 
 
-def _run_blocked(assignment, tensors, out_format, what):
+def _run_blocked(assignment, tensors, out_format, what, alias=None):
     plan = _blocked_plan(assignment, tensors, out_format, what)
     if plan is None:
         return None
@@ -215,10 +217,20 @@ def _run_blocked(assignment, tensors, out_format, what):
     full = var_extents(assignment, [tuple(t.shape) for t in tensors])
     args = _compile_args(new, new_tensors, infos, dtype, None, static)
     prepared = _BLOCKED.get(args)
-    if prepared is None:   # (blocked calls skip the call memo: keep their recipes here)
+    if prepared is None:   # (for calls the memo cannot hold: autograd recording them)
         prepared = _BLOCKED[args] = _Prepared(kernel, dtype, args)
-    result = (custom_ops.call(prepared, new_tensors) if is_tracing(new_tensors)
-              else prepared(new_tensors))
+    if is_tracing(new_tensors):
+        result = custom_ops.call(prepared, new_tensors)
+    else:
+        result = prepared(new_tensors)
+        key = _signature(assignment, tensors, out_format)
+        if key is not None:
+            call = BlockedCall(assignment, static,
+                               make_shim(prepared, new_tensors, _PARALLEL_WORK) or prepared,
+                               sampled)
+            _PREPARED[key] = call
+            if alias is not None:
+                _PREPARED[_signature(alias, tensors, out_format)] = call
     return finish(result, tuple(full[v] for v in assignment.out_vars), sampled)
 
 
@@ -246,8 +258,6 @@ def _signature(assignment, operands, out_format):
             # A SparseTensor's structure never changes: its part of the key is computed once.
             part = t.__dict__.get("_call_key")
             if part is None:
-                if t._format.blocksize is not None:  # converted on the full path every call
-                    return None
                 if type(t._values) is not torch.Tensor and is_tracing((t,)):
                     return None   # fake or functional arrays: the custom-op path
                 part = _STRUCTURES.setdefault((t._format, t.index_dtype, t.dtype,
