@@ -135,3 +135,15 @@ def test_repeated_blocked_calls_are_memoised():
     for _ in range(2):   # BSR @ CSR converts the BSR operand: no memo entry for it
         torch.testing.assert_close(st.einsum("ij,jk->ik", A, B).to_dense(), -2 * d)
     assert execute.lookup("ij,jk->ik", (A, B), None) is None
+
+
+def test_jam_leaves_loops_it_cannot_unroll():
+    """A loop body with a while loop (co-iteration of segmented levels) is left as it is."""
+    from sparsetorch.compiler.ir import Block, Decl, For, Lit, Sym, While, block
+    from sparsetorch.compiler.jam import jam_tiles
+
+    tile = For("k0", Lit(0), Sym("n_k"), block(
+        Decl("val[]", "tile", Lit(8)), While(Lit(0), block())), step=8)
+    body, done = jam_tiles(Block((For("i", Lit(0), Sym("n_i"), block(tile)),)), {"i": 2}, 1)
+    assert done == ()   # the loop is kept (its static extent filled in)
+    assert body.stmts == (For("i", Lit(0), Lit(2), block(tile)),)

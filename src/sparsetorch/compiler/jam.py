@@ -74,12 +74,20 @@ def _jam_block(node: Block, static, regs, jammed: list) -> Block:
                 s.start == Lit(0) and extent * regs <= MAX_TILE_REGISTERS and \
                 _encloses_tile(s.body):
             copies = [_substitute(s.body, {Sym(s.var): Lit(r)}).stmts for r in range(extent)]
-            out.extend(_fuse(copies, [{} for _ in range(extent)]))
+            try:
+                out.extend(_fuse(copies, [{} for _ in range(extent)]))
+            except _NotJammable:     # left as it is: correct, only slower
+                out.append(s)
+                continue
             if extent > 1:
                 jammed.append((s.var, extent))
         else:
             out.append(_map_blocks(s, lambda b: _jam_block(b, static, regs, jammed)))
     return Block(tuple(out))
+
+
+class _NotJammable(Exception):
+    """The loop body holds a statement the jam does not handle (helpers, while loops)."""
 
 
 def _encloses_tile(body: Block) -> bool:
@@ -119,7 +127,7 @@ def _fuse(copies: list, renames: list) -> list:
                 renames[r][s.name] = f"{s.name}_j{r}"
                 out.append(replace(s, name=renames[r][s.name]))
         elif isinstance(first, (Helper, While)):
-            raise ValueError("jam: helpers and while loops are not unrolled")
+            raise _NotJammable(type(first).__name__)
         else:
             out.extend(stmts)   # stores, accumulations, lane loops: once per copy
     return out
