@@ -44,7 +44,7 @@ static void st_sort_i64(int64_t* a, int64_t n) {{
     a[j + 1] = v;
   }}
 }}
-/* First row r with pos[r] - pos[0] + r >= t/T of pos[n] - pos[0] + n: thread t of T runs
+/* First row r with pos[r] - pos[0] + r >= t/T of pos[n] - pos[0] + n: range t of T holds
    rows [row(t), row(t+1)), an equal share of stored entries plus rows. */
 #define ST_BALANCED_ROW(pos, n, t, T, out) do {{ \
     int64_t lo_ = 0, hi_ = (n); \
@@ -334,19 +334,17 @@ class _CRenderer:
         equal share of stored entries plus rows; with an ``nc`` parameter, its share of
         ``nc`` ranges per thread taken dynamically (``st_next_range``)."""
         n, w = self.expr(s.end), s.parallel.weights
-        head = [f"{pad}const int64_t st_t = omp_get_thread_num(), "
-                "st_T = omp_get_num_threads();"]
-        rows = f"{pad}for (int64_t {s.var} = st_lo; {s.var} < st_hi; {s.var}++) {{"
-        if not self.chunked():
-            return [*head, f"{pad}int64_t st_lo, st_hi;",
-                    f"{pad}ST_BALANCED_ROW({w}, {n}, st_t, st_T, st_lo);",
-                    f"{pad}ST_BALANCED_ROW({w}, {n}, st_t + 1, st_T, st_hi);", rows], []
-        return [*head, f"{pad}const int64_t st_C = st_T * (nc > 1 ? nc : 1);",
-                f"{pad}for (int64_t st_c = st_next_range(st_next, nc, st_t); st_c < st_C; "
-                "st_c = st_next_range(st_next, nc, st_C)) {",
+        # Without ``nc``: one range per thread (a constant 1 the C compiler folds away).
+        nc, counter = ("nc", "st_next") if self.chunked() else ("1", "(int64_t*)0")
+        return [f"{pad}const int64_t st_t = omp_get_thread_num(), "
+                "st_T = omp_get_num_threads();",
+                f"{pad}const int64_t st_C = st_T * ({nc} > 1 ? {nc} : 1);",
+                f"{pad}for (int64_t st_c = st_next_range({counter}, {nc}, st_t); st_c < st_C; "
+                f"st_c = st_next_range({counter}, {nc}, st_C)) {{",
                 f"{pad}int64_t st_lo, st_hi;",
                 f"{pad}ST_BALANCED_ROW({w}, {n}, st_c, st_C, st_lo);",
-                f"{pad}ST_BALANCED_ROW({w}, {n}, st_c + 1, st_C, st_hi);", rows], \
+                f"{pad}ST_BALANCED_ROW({w}, {n}, st_c + 1, st_C, st_hi);",
+                f"{pad}for (int64_t {s.var} = st_lo; {s.var} < st_hi; {s.var}++) {{"], \
             [f"{pad}}}"]
 
     def outlined_loop(self, s: For, pad: str) -> list[str]:

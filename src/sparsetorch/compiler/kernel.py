@@ -76,6 +76,9 @@ def vector_isa() -> str | None:
 _TILE_REGISTERS = 4
 
 
+_VALUE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}
+
+
 def vector_lanes(value_dtype: str) -> int:
     """Values per SIMD register of this CPU (16 float32 with AVX-512).
 
@@ -84,9 +87,6 @@ def vector_lanes(value_dtype: str) -> int:
         True
     """
     return simd_bytes() // _VALUE_BYTES[value_dtype]
-
-
-_VALUE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}
 
 
 def tile_width(value_dtype: str, rows: int = 1) -> int:

@@ -432,9 +432,9 @@ def _check_recordable(t: SparseTensor, attr: str, what: str, fix: str) -> None:
 
 def _read_by_dynamo(t: SparseTensor, depth: int = 2) -> bool:
     """Whether dynamo is evaluating a property of ``t`` to record it (the property's getter
-    is ``depth - 1`` frames up from here): ``t`` is a SparseTensor
-    computed inside a compiled function, whose attributes dynamo reads on its fake value
-    (in ``TensorVariable.dynamic_getattr``) and can record only when they are tensors
+    is ``depth - 1`` frames up from here): ``t`` is a SparseTensor computed inside a
+    compiled function, whose attributes dynamo reads on its fake value (in
+    ``TensorVariable.dynamic_getattr``) and can record only when they are tensors
     ``__tensor_flatten__`` names. Best effort: should dynamo rename that method, the
     property returns and dynamo reports its own error."""
     if not (_is_compiling() and _outside_tracer(t._values)):

@@ -95,10 +95,7 @@ def split_blocked(assignment: Assignment, tensors):
             done.add(acc.operand)
             return Access(acc.operand, indices)
         if acc.operand not in done:
-            shape = []
-            for v, s in zip(acc.indices, t.shape):
-                shape += [s // block[v], block[v]] if v in block else [s]
-            new_tensors[acc.operand] = t.reshape(shape)
+            new_tensors[acc.operand] = _split_dense(t, acc.indices, block)
             done.add(acc.operand)
         return Access(acc.operand, split(acc.indices))
 
@@ -107,12 +104,27 @@ def split_blocked(assignment: Assignment, tensors):
     def finish(result, out_shape, sampled):
         """``sampled``: (operand, blocked result format) for a result on a blocked
         operand's pattern (its arrays, new values), else (None, None)."""
-        n, fmt = sampled
-        if n is not None:
-            return SparseTensor(out_shape, fmt, tensors[n].arrays, result._values)
-        return result.reshape(out_shape)
+        return _put_back(result, out_shape, sampled, tensors)
 
     return new, new_tensors, finish, tuple(sorted((f"{v}_e", b) for v, b in block.items()))
+
+
+def _split_dense(t, indices, block: dict):
+    """Dense ``t`` (indexed by ``indices``) viewed with each blocked dimension split into
+    (blocks, block size)."""
+    shape = []
+    for v, size in zip(indices, t.shape):
+        shape += [size // block[v], block[v]] if v in block else [size]
+    return t.reshape(shape)
+
+
+def _put_back(result, out_shape, sampled, operands):
+    """The split expression's result in the original modes: a blocked result on operand
+    ``sampled[0]``'s arrays, or the dense result reshaped."""
+    n, fmt = sampled
+    if n is not None:
+        return SparseTensor(out_shape, fmt, operands[n].arrays, result._values)
+    return result.reshape(out_shape)
 
 
 def unblocked(t: SparseTensor) -> SparseTensor:
@@ -149,21 +161,10 @@ class BlockedCall:
 
     def __call__(self, operands):
         full = var_extents(self.assignment, [t.shape for t in operands])
-        split = []
-        for n, t in enumerate(operands):
-            if type(t) is SparseTensor:
-                split.append(unblocked(t))
-                continue
-            shape = []
-            for v, size in zip(self.indices[n], t.shape):
-                shape += [size // self.block[v], self.block[v]] if v in self.block else [size]
-            split.append(t.reshape(shape))
-        result = self.call(split)
+        split = [unblocked(t) if type(t) is SparseTensor else
+                 _split_dense(t, self.indices[n], self.block) for n, t in enumerate(operands)]
         out_shape = tuple(full[v] for v in self.assignment.out_vars)
-        n, fmt = self.sampled
-        if n is not None:
-            return SparseTensor(out_shape, fmt, operands[n].arrays, result._values)
-        return result.reshape(out_shape)
+        return _put_back(self.call(split), out_shape, self.sampled, operands)
 
 
 def blocked_result_format(assignment: Assignment, split: Assignment, out_format: Format,
