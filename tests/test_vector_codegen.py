@@ -93,6 +93,7 @@ def test_spmm_uses_register_tiles_and_spmv_masked_gathers():
     assert "_mm512_mask_i32gather_ps" in spmv    # int32 indices as stored: 16 lanes
     assert "< 4) {" in spmv                      # rows of 1-3 entries stay scalar
     assert "<= 8) {" in spmv and "_mm256_mmask_i32gather_ps" in spmv   # 4-8: 256-bit step
+    assert ">= 32) {" in spmv     # two accumulators only for sums of two registers or more
     spmv = st.explain("ij,j->i", A.to(torch.float64), torch.ones(4, dtype=torch.float64))
     assert "_mm512_mask_i32gather_pd" in spmv.source   # 8 doubles through int32 indices
     A64 = st.tensor(torch.eye(4), format="csr", index_dtype=torch.int64)
