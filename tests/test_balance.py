@@ -9,7 +9,8 @@ import torch
 
 import sparsetorch as st
 from sparsetorch.ops import balance, execute
-from dense_check import check_against_dense, make_operand, random_dense, seed_of
+from dense_check import check_against_dense, forget_call_memo, make_operand, random_dense, \
+    seed_of
 
 F64 = torch.float64
 
@@ -21,9 +22,9 @@ def dynamic_ranges(monkeypatch):
     torch.set_num_threads(2)
     monkeypatch.setattr(balance, "_CHUNKED_WORK", 0)
     monkeypatch.setattr(execute, "_PARALLEL_WORK", 0)
-    execute._PREPARED.clear()   # shims bake the thresholds in
+    forget_call_memo()   # shims bake the thresholds in
     yield
-    execute._PREPARED.clear()
+    forget_call_memo()
     torch.set_num_threads(old)
 
 

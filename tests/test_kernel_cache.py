@@ -276,3 +276,43 @@ def test_unique_equation_letters_do_not_collide():
 def test_session_cache_is_private(private_kernel_cache):
     assert os.environ["SPARSETORCH_CACHE"] == private_kernel_cache
     assert str(st.runtime.cache_dir()) == private_kernel_cache
+
+
+def test_fast_path_answers_only_its_own_signature(monkeypatch):
+    """A repeated ``st.einsum`` call finds its shim by the equation string alone
+    (``execute.fast_calls``); every operand that differs from the shim's signature in type,
+    rank, dtype, device, layout or gradient needs must get what a cold call gets."""
+    from sparsetorch.ops import execute
+
+    forget_call_memo()
+    A, x = _spmv_operands(seed=10, fmt="csr")
+    dense = A.to_dense()
+    check_against_dense("ij,j->i", [A, x])
+    assert len(execute.fast_calls("ij,j->i")) == 1
+    # Non-contiguous and Parameter operands: right answers (the slow path for Parameter).
+    xs = torch.randn(10, dtype=F64)[::2]
+    assert torch.allclose(st.einsum("ij,j->i", A, xs), dense @ xs)
+    p = torch.nn.Parameter(x.clone())
+    out = st.einsum("ij,j->i", A, p)
+    assert out.requires_grad and torch.allclose(out, dense @ x)
+    # Gradients to record: an autograd graph, not the shim's plain result.
+    xg = x.clone().requires_grad_()
+    st.einsum("ij,j->i", A, xg).sum().backward()
+    assert torch.allclose(xg.grad, dense.sum(0))
+    # Other dtype, rank or layout: the same errors and results as a cold call.
+    with pytest.raises(TypeError):
+        st.einsum("ij,j->i", A, x.float())
+    with pytest.raises(ValueError):
+        st.einsum("ij,j->i", A, x[:, None])
+    with pytest.raises(TypeError):   # a torch sparse layout is refused, with the fix
+        st.einsum("ij,j->i", A, x.to_sparse())
+    # Another structure of the same equation gets its own shim, and the first still works.
+    other = torch.int64 if A.index_dtype == torch.int32 else torch.int32
+    B = st.tensor(dense, "csr", index_dtype=other)
+    assert torch.allclose(st.einsum("ij,j->i", B, x), dense @ x)
+    assert len(execute.fast_calls("ij,j->i")) == 2
+    assert torch.allclose(st.einsum("ij,j->i", A, 2 * x), 2 * (dense @ x))
+    # Another backend: no shim answers.
+    monkeypatch.setenv("SPARSETORCH_BACKEND", "torch")
+    assert execute.fast_calls("ij,j->i") == ()
+    assert torch.allclose(st.einsum("ij,j->i", A, x), dense @ x)

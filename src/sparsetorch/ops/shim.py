@@ -16,7 +16,7 @@ signature the shim is memoised under), and ``exec``\\s it once, the way
         e0 = s0[0]; e1 = s0[1]
         if s1[0] != e1: mismatch(ops)
         out = empty_strided((e0,), (1,), dtype=dtype)
-        w = t1.numel() + n0
+        w = (e1) + n0
         if w >= 8192: nt = threads(); nc = ranges(t0, w)
         else: nt = nc = 1
         f0(nt, nc, e0, e1, *p0, t1.data_ptr(), out.data_ptr())
@@ -68,9 +68,9 @@ def make_shim(prepared, tensors, parallel_work: int):
         return None
     n_ops = len(tensors)
     names = [f"t{n}" for n in range(n_ops)]
-    lines = ["def call(ops):", f"    {', '.join(names)}, = ops"]
+    unpack = f"    {', '.join(names)}, = ops"
     sparse = [n for n, t in enumerate(tensors) if isinstance(t, SparseTensor)]
-    lines += [f"    t{n} = t{n}.contiguous()" for n in range(n_ops) if n not in sparse]
+    lines = [f"    t{n} = t{n}.contiguous()" for n in range(n_ops) if n not in sparse]
     # A SparseTensor's entry count and raw pointers never change: read once (``raw``).
     lines += [f"    n{n}, p{n} = t{n}.__dict__.get('_raw') or raw(t{n})" for n in sparse]
     lines.append("    " + "; ".join(f"s{n} = t{n}._size" if n in sparse else f"s{n} = t{n}.shape"
@@ -96,7 +96,10 @@ def make_shim(prepared, tensors, parallel_work: int):
     dense_only = "".join(f" * ((e{i} + {lanes - 1}) // {lanes})" if i == prepared.vector_index
                          else f" * e{i}" for i in prepared.dense_only)
     per = "" if lanes == 1 else f" // {lanes}"
-    work = [f"t{n}.numel(){per}" for n in range(n_ops) if n not in sparse]
+    # A dense operand's size from the extents already read (``numel()`` is a call)
+    indices = {acc.operand: acc.indices for acc in kernel.assignment.expr.accesses()}
+    work = [f"({' * '.join(f'e{first[v]}' for v in indices[n]) or '1'}){per}"
+            for n in range(n_ops) if n not in sparse]
     work += [f"n{n}{dense_only}" for n in sparse]
     work = " + ".join(work)
     args = ["nt", *(f"e{i}" for i in range(len(prepared.sources)))]
@@ -120,12 +123,43 @@ def make_shim(prepared, tensors, parallel_work: int):
         lines.append(f"    return wrap(({shape}), fmt, {{{arrays}}}, out, False)")
     else:
         lines.append("    return out")
+    guard = _guard(tensors, sparse)
+    source = "\n".join(["def call(ops):", unpack, *lines,
+                        *(["def guarded(ops):", f"    if len(ops) != {n_ops}: return None",
+                           unpack, *guard, *lines] if guard else [])])
     scope = {"empty_strided": torch.empty_strided, "zeros": torch.zeros, "dtype": prepared.dtype,
              "wrap": SparseTensor._wrap, "fmt": kernel.output.format,
-             "threads": prepared.num_threads, "ranges": ranges_per_thread, "raw": raw,
-             "f0": prepared.fns[0], "mismatch": prepared.extents}
-    exec(compile("\n".join(lines), f"<sparsetorch call shim: {kernel.assignment}>", "exec"),
-         scope)
+             "threads": torch.get_num_threads,   # what runtime.num_threads answers
+             "ranges": ranges_per_thread, "raw": raw,
+             "f0": prepared.fns[0], "mismatch": prepared.extents, "SparseTensor": SparseTensor,
+             "Tensor": torch.Tensor, "strided": torch.strided, "grad": torch.is_grad_enabled}
+    exec(compile(source, f"<sparsetorch call shim: {kernel.assignment}>", "exec"), scope)
     call = scope["call"]
-    call.source = "\n".join(lines)
+    call.source = source
+    call.guarded = scope.get("guarded")
     return call
+
+
+def _guard(tensors, sparse) -> list[str]:
+    """Lines that return None unless the unpacked operands ``t0, t1, ...`` have the call
+    signature the shim is memoised under (``execute._signature``: exact types, SparseTensor
+    structure keys, dense ranks, dtypes and devices, no gradients to record), so the shim can
+    be found by the einsum string alone (``execute.fast_calls``) without building and
+    hashing the key; [] when an operand has no structure key yet."""
+    keys = {n: tensors[n].__dict__.get("_call_key") for n in sparse}
+    if None in keys.values():
+        return []
+    lines, grads = [], []
+    for n, t in enumerate(tensors):
+        if n in keys:
+            lines.append(f"    if type(t{n}) is not SparseTensor or "
+                         f"t{n}.__dict__.get('_call_key') != {keys[n]}: return None")
+            grads.append(f"t{n}._values.requires_grad or "
+                         f"(t{n}._wrapper_grad and t{n}.requires_grad)")
+        else:
+            lines.append(f"    if type(t{n}) is not Tensor or t{n}.layout is not strided or "
+                         f"t{n}.dtype is not dtype or not t{n}.is_cpu or t{n}.dim() != {t.dim()}:"
+                         " return None")
+            grads.append(f"t{n}.requires_grad")
+    lines.append(f"    if grad() and ({' or '.join(grads)}): return None")
+    return lines
