@@ -56,6 +56,10 @@ def run_cases():
                     check_against_dense("ij,ik,jk->ij", [A, _dense((43, k), dtype, k),
                                                          _dense((40, k), dtype, k + 1)],
                                         kind="sampled")
+            # A factor fixed over the sum (d[i]) is multiplied once per row, after it.
+            A = st.tensor(d, format=fmt, index_dtype=index)
+            check_against_dense("i,ij,j->i", [_dense((43,), dtype, 5), A,
+                                              _dense((40,), dtype, 6)])
             # Three factors in a tile: a scaled product (MTTKRP-like j loop over registers).
             A = st.tensor(d, format="csr", index_dtype=index)
             check_against_dense("ij,jk,jk->ik", [A, _dense((40, 70), dtype, 3),
@@ -99,6 +103,23 @@ def test_spmm_uses_register_tiles_and_spmv_masked_gathers():
     A64 = st.tensor(torch.eye(4), format="csr", index_dtype=torch.int64)
     spmv = st.explain("ij,j->i", A64, torch.ones(4)).source
     assert "_mm512_mask_i64gather_ps" in spmv and "st_hsum256" in spmv
+
+
+def test_sddmm_sums_four_entries_side_by_side():
+    """Loop IR: the mask value leaves the k loop (multiplied once per entry), four entries'
+    inner products share one k loop, a remainder loop takes the last 0-3 of a row."""
+    A = st.tensor(torch.eye(6), format="csr")
+    ex = st.explain("ij,ik,jk->ij", A, torch.ones(6, 32), torch.ones(6, 32))
+    loops = ex.loops if hasattr(ex, "loops") else str(ex)
+    assert "[sum into acc3_j0, acc3_j1, acc3_j2, acc3_j3]" in loops
+    assert "out_vals[p0_2] = (t0_vals[p0_2] * acc3_j0)" in loops
+    assert "acc3 += (t1_vals[((i * n_k) + k)] * t2_vals[((j * n_k) + k)])" in loops
+    if vector_isa() is not None:
+        assert "st_hsum4(" in ex.source
+    # Sums whose ranges differ per entry (a sparse inner level) are left one at a time.
+    B = st.tensor(torch.ones(3, 4, 5), format="csf")
+    ttv = str(st.explain("ijk,k->ij", B, torch.ones(5), out_format="dense"))
+    assert "[sum into acc3]" in ttv and "_j0" not in ttv
 
 
 def _sum_function(body_value):

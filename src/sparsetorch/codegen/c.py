@@ -282,8 +282,9 @@ class _CRenderer:
             # 1.3-1.4x slower on long-row SpMV (bcsstk13, DLMC attention layers).
             trip = f"({self.expr(s.end)}) - ({self.expr(s.start)})"
             lanes = 32 // _SIZES[self.val]
+            sums = ", ".join(s.reduction) if isinstance(s.reduction, tuple) else s.reduction
             return [f"{pad}if ({trip} >= {_SIMD_MIN_TRIP}) {{",
-                    f"{pad}  #pragma omp simd reduction(+:{s.reduction}) simdlen({lanes})",
+                    f"{pad}  #pragma omp simd reduction(+:{sums}) simdlen({lanes})",
                     *("  " + line for line in [head, *body]),
                     f"{pad}}} else {{", *("  " + line for line in [head, *body]), f"{pad}}}"]
         head = [f"{pad}#pragma omp simd", head] if s.simd else [head]

@@ -43,6 +43,21 @@ static inline float st_hsum256(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
+
+/* The four sums of a, b, c, d in one register: halves, then quarters, of the four added
+   pairwise across registers, then the four lanes within each quarter. */
+static inline __m128 st_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44),
+                                  _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44),
+                                  _mm512_shuffle_f32x4(c, d, 0xEE));
+  __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88),
+                           _mm512_shuffle_f32x4(ab, cd, 0xDD));   /* a | b | c | d */
+  q = _mm512_add_ps(q, _mm512_permute_ps(q, 0x4E));
+  q = _mm512_add_ps(q, _mm512_permute_ps(q, 0xB1));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(
+      _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), q));
+}
 """
 
 SHORT_SUM = 4
@@ -175,6 +190,8 @@ class VectorLoops:
         runs shorter than ``SHORT_SUM`` (graph rows of 1-3 entries) stay scalar, where the
         fixed cost of a gather and a horizontal add would dominate, and float32 runs of at
         most ``HALF_SUM`` take 256-bit steps."""
+        if isinstance(s.reduction, tuple):
+            return self.side_by_side_sums(s, pad)
         full = full_lanes(self.val)
         attempts = list(dict.fromkeys([(full, True), (8, True), (8, False)]))
         vector, lanes = self._first_sum_loop(s, pad + "  ", attempts)
@@ -190,6 +207,38 @@ class VectorLoops:
             half = [f"{pad}}} else if ({trip} <= {HALF_SUM}) {{", *step]
         return [f"{pad}if ({trip} < {SHORT_SUM}) {{", *scalar, *half, f"{pad}}} else {{",
                 *vector, f"{pad}}}"]
+
+    def side_by_side_sums(self, s: For, pad: str) -> list[str]:
+        """Several sums over one range (``jam_sums``: the inner products of neighbouring
+        stored entries): one register per sum (independent FMA chains, so no unrolling),
+        masked full-width steps, then the horizontal adds; four float32 sums share one
+        (``st_hsum4``: 11 instructions for four results instead of ~24)."""
+        lanes = _SHAPES[(self.val, full_lanes(self.val))]
+        if s.step != 1:
+            raise Unsupported("strided sum")
+        var, n = s.var, lanes.n
+        vaccs = {acc: self.fresh(acc) for acc in s.reduction}
+        end, mask = self.fresh("end"), self.fresh("m")
+        body = _Body(self, lanes, mask, var, {var: _V("lin", var)}, acc=vaccs, i32=True)
+        try:
+            step = body.stmts(s.body, pad + "    ")
+        except _NeedIndexLanes:
+            raise Unsupported("per-lane index in side-by-side sums") from None
+        out = [f"{pad}{{", f"{pad}  const int64_t {end} = {self.scalar.expr(s.end)};",
+               f"{pad}  {lanes.vtype} " + ", ".join(f"{v} = {lanes.zero()}"
+                                                    for v in vaccs.values()) + ";",
+               f"{pad}  for (int64_t {var} = {self.scalar.expr(s.start)}; {var} < {end}; "
+               f"{var} += {n}) {{",
+               f"{pad}    const __mmask{n} {mask} = st_mask{n}({end} - {var});",
+               *step, f"{pad}  }}"]
+        if lanes.suf == "ps" and len(vaccs) == 4:
+            sums = self.fresh("sums")
+            out += [f"{pad}  float {sums}[4];",
+                    f"{pad}  _mm_storeu_ps({sums}, st_hsum4({', '.join(vaccs.values())}));"]
+            out += [f"{pad}  {acc} += {sums}[{u}];" for u, acc in enumerate(vaccs)]
+        else:
+            out += [f"{pad}  {acc} += {lanes.hsum(v)};" for acc, v in vaccs.items()]
+        return out + [f"{pad}}}"]
 
     def _first_sum_loop(self, s: For, pad, attempts, single=False):
         """The first (lanes, int32 index lanes allowed) attempt that renders, and its lanes.
@@ -227,14 +276,14 @@ class VectorLoops:
                     f"{pad}    for (; {var} + {width} <= {end}; {var} += {width}) {{"]
             for k, vacc in enumerate(vaccs):
                 lane = _V("lin", f"({var} + {k * n})" if k else var)
-                body = _Body(self, lanes, None, var, {var: lane}, acc=(acc, vacc), i32=i32)
+                body = _Body(self, lanes, None, var, {var: lane}, acc={acc: vacc}, i32=i32)
                 out += [f"{pad}      {{", *body.stmts(s.body, pad + "        "),
                         f"{pad}      }}"]
             total = vaccs[0]
             for v in vaccs[1:]:
                 total = lanes.op("add", total, v)
             out += [f"{pad}    }}", f"{pad}    {vaccs[0]} = {total};", f"{pad}  }}"]
-        body = _Body(self, lanes, mask, var, {var: _V("lin", var)}, acc=(acc, vaccs[0]),
+        body = _Body(self, lanes, mask, var, {var: _V("lin", var)}, acc={acc: vaccs[0]},
                      i32=i32)
         step = [f"{pad}    const __mmask{n} {mask} = st_mask{n}({end} - {var});",
                 *body.stmts(s.body, pad + "    ")]
@@ -265,7 +314,7 @@ class _Body:
                  tile_reg=None, i32=False):
         self.loops, self.lanes, self.mask, self.lane_var = loops, lanes, mask, lane_var
         self.env = dict(env)
-        self.acc = acc              # (scalar accumulator, vector accumulator)
+        self.acc = acc or {}        # scalar accumulator -> its vector accumulator
         self.tile_reg = tile_reg    # (tile array, register number)
         self.i32 = i32              # int32 indices may be gathered with as stored ('vi32')
         self.scalar = loops.scalar
@@ -295,9 +344,8 @@ class _Body:
 
     def assign(self, s: Assign) -> list[str]:
         t, lanes = s.target, self.lanes
-        if self.acc is not None and isinstance(t, Sym) and t.name == self.acc[0] \
-                and s.op == "+=":
-            vacc = self.acc[1]
+        if isinstance(t, Sym) and t.name in self.acc and s.op == "+=":
+            vacc = self.acc[t.name]
             return [f"{vacc} = {self.accumulate(vacc, s.value)};"]
         if not isinstance(t, Load):
             raise Unsupported("assignment to a scalar")

@@ -96,7 +96,8 @@ class Parallel:
 @dataclass(frozen=True)
 class For(Node):
     """``for var in [start, end) by step``. ``simd`` asks for vector code; ``reduction``
-    names a scalar the iterations sum into (lets the renderer reassociate that sum)."""
+    names a scalar the iterations sum into (lets the renderer reassociate that sum), or a
+    tuple of scalars when the loop computes several sums side by side (``jam_sums``)."""
 
     var: str
     start: Node
@@ -105,7 +106,7 @@ class For(Node):
     parallel: Parallel | None = None
     step: int = 1
     simd: bool = False
-    reduction: str | None = None
+    reduction: str | tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,9 @@ def dump(node, indent: int = 0) -> str:
     if isinstance(node, For):
         notes = [f"parallel {node.parallel.schedule}"] if node.parallel else []
         notes += ["simd"] if node.simd else []
-        notes += [f"sum into {node.reduction}"] if node.reduction else []
+        if node.reduction:
+            sums = node.reduction if isinstance(node.reduction, tuple) else (node.reduction,)
+            notes.append(f"sum into {', '.join(sums)}")
         step = f" by {node.step}" if node.step != 1 else ""
         tag = f"  [{', '.join(notes)}]" if notes else ""
         return f"{pad}for {node.var} in [{e(node.start)}, {e(node.end)}){step}{tag}\n" + \

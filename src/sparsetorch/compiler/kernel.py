@@ -14,7 +14,7 @@ from functools import lru_cache
 from ..codegen.c import INDEX_CTYPES, VALUE_CTYPES, render_c
 from ..formats.levels import Compressed, Dense
 from .ir import Function, dump, verify
-from .jam import MAX_TILE_REGISTERS, jam_tiles
+from .jam import MAX_TILE_REGISTERS, SUM_COPIES, jam_sums, jam_tiles
 from .lower import Plan, lower
 from .notation import Assignment
 from .output import OutputSpec, infer_output
@@ -137,6 +137,12 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
         if static and mode == "dense" and lw.tile_var is not None:
             body, jammed = jam_tiles(fn.body, dict(static), tile // vector_lanes(value_dtype))
             fn = replace(fn, body=body)
+        if mode in ("dense", "sampled") and lw.acc_depth is not None:
+            body, summed = jam_sums(fn.body)
+            if summed:
+                fn = replace(fn, body=body)
+                notes.append(f"inner products of {SUM_COPIES} stored entries side by side "
+                             "(one loop, one combined horizontal add)")
         verify(fn)
         functions.append(fn)
         lowerers.append(lw)

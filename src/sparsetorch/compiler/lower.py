@@ -114,6 +114,7 @@ class _Lowerer:
             suffix -= 1
         self.acc_depth = suffix if (suffix < len(self.order) and self.ws_depth is None) \
             else None
+        self.summand, self.factor = self._hoisted_factor()
         self.tile_depth, self.tile_var = self._tiling()
         placement = self._write_placement()
         # A dense output written exactly once per element needs no zeroing pass and no
@@ -138,6 +139,35 @@ class _Lowerer:
             if depth is not None and min(red) >= depth:
                 return "flush"
         return "pass"
+
+    def _hoisted_factor(self):
+        """``(summand, factor)``: a sum over the accumulator's loops of ``factor * summand``,
+        ``factor`` a product of terms that do not change inside those loops, is computed as
+        ``factor * sum(summand)``: one multiply per sum instead of one per term (SDDMM's mask
+        value leaves the inner-product loop, whose vector step is then a single FMA).
+        ``factor`` is None when nothing can be hoisted."""
+        if self.acc_depth is None or self.emitting:
+            return self.body, None
+        inner = set(self.order[self.acc_depth:])
+        scale, fixed, varying = 1.0, [], []
+        stack = [self.body]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, Mul):
+                stack += [e.b, e.a]
+            elif isinstance(e, Scale):
+                scale *= e.factor
+                stack.append(e.a)
+            elif inner & {v for acc in e.accesses() for v in acc.indices}:
+                varying.append(e)
+            else:
+                fixed.append(e)
+        if not varying or (not fixed and scale == 1.0):
+            return self.body, None
+        factor = _product(fixed)
+        if scale != 1.0:
+            factor = Scale(scale, factor) if factor is not None else scale
+        return _product(varying), factor
 
     def _tiling(self):
         """Mixed sparse-dense tiling (DESIGN.md, Compiler 5): when the innermost loop is a
@@ -256,6 +286,10 @@ class _Lowerer:
     def flush_accumulator(self, st):
         kind = self.plan.mode
         acc = Sym(st.acc)
+        if self.factor is not None:
+            factor = Lit(self.factor) if isinstance(self.factor, float) else \
+                self.value(self.factor, st)
+            acc = Bin("*", factor, acc)
         if kind == "dense":
             return [self.write_out(acc, st, "flush")]
         if kind == "sampled":
@@ -321,11 +355,11 @@ class _Lowerer:
 
     def tile_loop(self, st):
         """The innermost loop over one tile: ``tile[kk] += value`` for every kk."""
-        return [lane_loop(self.tile_var, st.tile, self.store(self.value(self.body, st), st))]
+        return [lane_loop(self.tile_var, st.tile, self.store(self.value(self.summand, st), st))]
 
     def loops_at(self, depth, st):
         if depth == len(self.order):
-            return self.store(self.value(self.body, st), st)
+            return self.store(self.value(self.summand, st), st)
         v = self.order[depth]
         if st.tile is not None and v == self.tile_var:
             return self.tile_loop(st)
@@ -499,6 +533,14 @@ class _Lowerer:
             return body
         st.outer = Sym("t_outer")
         return body + [Decl("idx", "t_outer", t)]
+
+
+def _product(factors):
+    """The product of expression nodes, left to right (None for none)."""
+    out = None
+    for f in factors:
+        out = f if out is None else Mul(out, f)
+    return out
 
 
 def register_tiles(k: str, width: int, fresh, body_for, flush_for) -> list:
