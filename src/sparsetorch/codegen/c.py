@@ -123,37 +123,60 @@ static void st_hash_free(st_hash* h) {
 
 # Runtime helper statements, by name (see ir.Helper); {0}, {1} are the rendered arguments.
 _HELPERS = {
-    "alloc_dense": ["val_t* ws_vals = (val_t*)calloc(ws_size ? ws_size : 1, sizeof(val_t));",
-                    "int64_t* ws_mark = (int64_t*)calloc(ws_size ? ws_size : 1, "
-                    "sizeof(int64_t));",
-                    "int64_t* ws_list = (int64_t*)malloc((ws_size ? ws_size : 1) * "
-                    "sizeof(int64_t));",
+    # Dense workspace: values (zero between rows: emission reads a cell and clears it),
+    # the stamp of the row that last touched each cell, a bitmap of the row's touched cells
+    # and their list (one slot spare: the list is written before the new-cell test).
+    "alloc_dense": ["const int64_t ws_cells = ws_size ? ws_size : 1;",
+                    "const int64_t ws_words = (ws_cells + 63) / 64;",
+                    "val_t* ws_vals = (val_t*)calloc(ws_cells, sizeof(val_t));",
+                    "int64_t* ws_mark = (int64_t*)calloc(ws_cells, sizeof(int64_t));",
+                    "uint64_t* ws_bits = (uint64_t*)calloc(ws_words, sizeof(uint64_t));",
+                    "int64_t* ws_list = (int64_t*)malloc((ws_cells + 1) * sizeof(int64_t));",
                     "int64_t ws_n = 0, ws_stamp = 1;"],
-    "free_dense": ["free(ws_vals); free(ws_mark); free(ws_list);"],
+    "free_dense": ["free(ws_vals); free(ws_mark); free(ws_bits); free(ws_list);"],
     # A thread team's dense workspaces: one allocation before the parallel region, a slice
     # per thread inside it. Allocating inside the region measured 1.5x slower on small
-    # SpGEMMs (HB/bcspwr04: 59 -> 39 us for the count pass).
+    # SpGEMMs (HB/bcspwr04: 59 -> 39 us for the count pass). Slices are padded to whole
+    # cache lines plus one, so two threads never write the same line (the bitmap of a
+    # narrow result fits in one: sharing it made two threads slower than one).
     "team_alloc_dense": ["const int64_t ws_cells = ws_size ? ws_size : 1;",
-                         "val_t* ws_vals_all = (val_t*)calloc(ws_cells * nt, sizeof(val_t));",
-                         "int64_t* ws_mark_all = (int64_t*)calloc(ws_cells * nt, "
+                         "const int64_t ws_words = (ws_cells + 63) / 64;",
+                         "const int64_t ws_stride = (ws_cells + 15) / 16 * 16 + 16;",
+                         "const int64_t ws_wstride = (ws_words + 7) / 8 * 8 + 8;",
+                         "val_t* ws_vals_all = (val_t*)calloc(ws_stride * nt, sizeof(val_t));",
+                         "int64_t* ws_mark_all = (int64_t*)calloc(ws_stride * nt, "
                          "sizeof(int64_t));",
-                         "int64_t* ws_list_all = (int64_t*)malloc(ws_cells * nt * "
+                         "uint64_t* ws_bits_all = (uint64_t*)calloc(ws_wstride * nt, "
+                         "sizeof(uint64_t));",
+                         "int64_t* ws_list_all = (int64_t*)malloc(ws_stride * nt * "
                          "sizeof(int64_t));"],
-    "team_slice_dense": ["const int64_t ws_off = ws_cells * omp_get_thread_num();",
+    "team_slice_dense": ["const int64_t ws_off = ws_stride * omp_get_thread_num();",
                          "val_t* ws_vals = ws_vals_all + ws_off;",
                          "int64_t* ws_mark = ws_mark_all + ws_off;",
+                         "uint64_t* ws_bits = ws_bits_all + ws_wstride * omp_get_thread_num();",
                          "int64_t* ws_list = ws_list_all + ws_off;",
                          "int64_t ws_n = 0, ws_stamp = 1;"],
-    "team_free_dense": ["free(ws_vals_all); free(ws_mark_all); free(ws_list_all);"],
-    # A row that touched a large share of the workspace is listed by one in-order scan of
-    # the marks; a sparse row sorts its touched list.
-    "dense_sort": ["if (ws_n * 16 > ws_size) {{",
+    "team_free_dense": ["free(ws_vals_all); free(ws_mark_all); free(ws_bits_all); "
+                        "free(ws_list_all);"],
+    # Every touched cell sets its bit (no branch: a repeated cell sets it again).
+    "dense_bit": ["ws_bits[({0}) >> 6] |= (uint64_t)1 << (({0}) & 63);"],
+    # The row's touched cells in order: a row that touched more than one cell per 16 bitmap
+    # words reads the bitmap (64 columns per word, one count-trailing-zeros per cell; the
+    # scan clears it); a sparser row sorts its list and clears its bits. Erdos971 A@A (472
+    # columns, ~42 cells a row): a per-cell scan of the stamps was most of the fill pass.
+    "dense_sort": ["if (ws_n * 16 > ws_words) {{",
                    "  int64_t q = 0;",
-                   # branch-free: q advances on a hit (a branch per column mispredicts)
-                   "  for (int64_t c = 0; c < ws_size; c++) {{",
-                   "    ws_list[q] = c; q += ws_mark[c] == ws_stamp;",
+                   "  for (int64_t w = 0; w < ws_words; w++) {{",
+                   "    uint64_t b = ws_bits[w];",
+                   "    if (!b) continue;",
+                   "    ws_bits[w] = 0;",
+                   "    do {{ ws_list[q++] = w * 64 + __builtin_ctzll(b); b &= b - 1; }}",
+                   "    while (b);",
                    "  }}",
-                   "}} else st_sort_i64(ws_list, ws_n);"],
+                   "}} else {{",
+                   "  st_sort_i64(ws_list, ws_n);",
+                   "  for (int64_t q = 0; q < ws_n; q++) ws_bits[ws_list[q] >> 6] = 0;",
+                   "}}"],
     "alloc_hash": ["st_hash ws; st_hash_init(&ws);", "int64_t ws_n = 0;",
                    "int64_t* ws_list = 0; val_t* ws_sorted = 0;"],
     "free_hash": ["st_hash_free(&ws);"],

@@ -74,7 +74,7 @@ class Assign(Node):
 
 
 # Names each workspace kind declares (its allocation helper defines them).
-WORKSPACE_NAMES = {"dense": ("ws_vals", "ws_mark", "ws_list", "ws_n", "ws_stamp"),
+WORKSPACE_NAMES = {"dense": ("ws_vals", "ws_mark", "ws_bits", "ws_list", "ws_n", "ws_stamp"),
                    "hash": ("ws", "ws_n", "ws_list", "ws_sorted")}
 
 

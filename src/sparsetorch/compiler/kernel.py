@@ -33,7 +33,9 @@ class CompiledKernel:
     outer_extent: tuple               # ('dim', v) | ('level', n) | ('one',): emit slices
     emit_sorted: bool                 # emitted entries already sorted and unique
     emit_rows: bool                   # ...and one row per outer iteration of a CSR-like
-                                      # result: pos is the running count, no packing
+                                      # result: pos is the running count, no packing, and
+                                      # the fill pass writes only the columns, typed as
+                                      # the first sparse operand's indices
     workspace_vars: tuple[str, ...]
     workspace_kind: str | None
     tile: tuple | None                # (variable, width) of the register tile, if any
@@ -44,6 +46,12 @@ class CompiledKernel:
 
     def describe_loops(self) -> str:
         return "\n".join(dump(fn) for fn in self.functions)
+
+
+def first_sparse(formats) -> int:
+    """The number of the first sparse operand (whose index type a CSR result's emitted
+    columns take: ``CompiledKernel.emit_rows``)."""
+    return next(n for n, fmt in enumerate(formats) if not fmt.is_dense)
 
 
 @lru_cache(maxsize=None)
@@ -147,10 +155,6 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
         functions.append(fn)
         lowerers.append(lw)
     lw = lowerers[-1]
-    header = f"sparsetorch kernel: {assignment}\nloop order: {', '.join(sched.order)}"
-    source = render_c(functions, VALUE_CTYPES[value_dtype],
-                      {n: INDEX_CTYPES[d] for n, d in enumerate(index_dtypes)}, header,
-                      vector_isa())
     storage = tuple(v for v in sched.order if v in assignment.out_vars)
     emit_sorted = False
     if out.kind == "emit":
@@ -162,6 +166,15 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
     emit_rows = (emit_sorted and len(levels) == 2 and isinstance(levels[0], Dense)
                  and isinstance(levels[1], Compressed) and levels[1].unique
                  and lw.outer_extent == ("dim", storage[0]))
+    if emit_rows:   # the fill pass writes the columns alone, in the result's index type
+        plan = replace(plan, row_emission=first_sparse(sched.formats))
+        fn, lw = lower(plan, "kernel_fill")
+        verify(fn)
+        functions[-1] = fn
+    header = f"sparsetorch kernel: {assignment}\nloop order: {', '.join(sched.order)}"
+    source = render_c(functions, VALUE_CTYPES[value_dtype],
+                      {n: INDEX_CTYPES[d] for n, d in enumerate(index_dtypes)}, header,
+                      vector_isa())
     return CompiledKernel(assignment, sched, out, tuple(functions), source, lw.outer_extent,
                           emit_sorted, emit_rows, lw.ws_vars, lw.ws_kind,
                           (lw.tile_var, lw.plan.tile) if lw.tile_var else None,

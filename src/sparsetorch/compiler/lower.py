@@ -67,6 +67,10 @@ class Plan:
     workspace: str = "dense"
     tile: int = 1
     notes: list = field(default_factory=list)
+    # Fill mode of a CSR-like result (``CompiledKernel.emit_rows``): the row of an entry is
+    # implied by its slot, so only the column is written, in operand ``row_emission``'s
+    # index type (what the result keeps: no int64 copy to narrow afterwards).
+    row_emission: int | None = None
 
 
 def arr(n, name):
@@ -231,18 +235,17 @@ class _Lowerer:
                 return out + [Helper("hash_mark", (at,), ("ws",)) if counting else
                               Helper("hash_add", (at, value), ("ws",))]
             # Marks hold the stamp of the row that last touched a cell, so rows never reset
-            # them; the first touch of a row assigns the value, later ones add.
-            if counting:   # branch-free: "new cell?" is a coin flip the branch predictor loses
-                return out + [Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Bin(
-                                  "!=", Load("ws_mark", at), Sym("ws_stamp")))),
-                              Assign(Load("ws_mark", at), Sym("ws_stamp"))]
-            first = [Assign(Load("ws_mark", at), Sym("ws_stamp")),
-                     Assign(Load("ws_list", Sym("ws_n")), at),
-                     Assign(Load("ws_vals", at), value),
-                     Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Lit(1)))]
-            again = block(Assign(Load("ws_vals", at), value, "+="))
-            return out + [If(Bin("!=", Load("ws_mark", at), Sym("ws_stamp")), block(first),
-                             again)]
+            # them. Branch-free ("new cell?" is a coin flip the branch predictor loses): the
+            # cell is written to the list's next slot and the count advances on a new cell;
+            # its bit is set; values are zero until touched (emission clears them).
+            listed = [Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Bin(
+                          "!=", Load("ws_mark", at), Sym("ws_stamp")))),
+                      Assign(Load("ws_mark", at), Sym("ws_stamp"))]
+            if counting:
+                return out + listed
+            return out + [Assign(Load("ws_list", Sym("ws_n")), at), *listed,
+                          Helper("dense_bit", (at,), ("ws_bits",)),
+                          Assign(Load("ws_vals", at), value, "+=")]
         if st.tile is not None:
             return [Assign(Load(st.tile[2], Sym(st.tile[3])), value, "+=")]
         if kind == "dense":
@@ -260,7 +263,8 @@ class _Lowerer:
         slot = Sym("slot")
         out = [Decl("idx", "slot", Bin("+", Load("out_offset", t), Load("out_count", t))),
                Assign(Load("out_count", t), Lit(1), "+=")]
-        out += [Assign(Load(f"out_c{m}", slot), coords[v]) for m, v in enumerate(self.out_vars)]
+        out += [Assign(Load(f"out_c{m}", slot), coords[v]) for m, v in enumerate(self.out_vars)
+                if m in _written_coords(self.plan)]
         out.append(Assign(Load("out_vals", slot), value))
         return out
 
@@ -328,6 +332,8 @@ class _Lowerer:
                 coords[v] = Sym(f"{v}_ws")
             coords[self.ws_vars[0]] = Sym("ws_rest")
             body += self.emit(value, coords, st)
+            if self.ws_kind == "dense":   # zero again for the next row's first touch
+                body.append(Assign(value, Lit(0)))
         return [Helper(f"{self.ws_kind}_sort", (), names),
                 For("ws_q", Lit(0), Sym("ws_n"), block(body))] + next_row
 
@@ -535,6 +541,14 @@ class _Lowerer:
         return body + [Decl("idx", "t_outer", t)]
 
 
+def _written_coords(plan: Plan) -> tuple:
+    """The output modes whose coordinates the fill pass writes (all, or the column alone)."""
+    modes = range(len(plan.assignment.out_vars))
+    if plan.row_emission is None:
+        return tuple(modes)
+    return tuple(m for m in modes if m != plan.output.format.mode_order[0])
+
+
 def _product(factors):
     """The product of expression nodes, left to right (None for none)."""
     out = None
@@ -682,8 +696,8 @@ def _params(plan: Plan, lw: _Lowerer):
         params.append(Param("out_count", "i64*", const=False))
         if plan.mode == "fill":
             params.append(Param("out_offset", "i64*"))
-            params += [Param(f"out_c{m}", "i64*", const=False)
-                       for m in range(len(plan.assignment.out_vars))]
+            crd = "i64*" if plan.row_emission is None else f"idx{plan.row_emission}*"
+            params += [Param(f"out_c{m}", crd, const=False) for m in _written_coords(plan)]
             params.append(Param("out_vals", "val*", const=False))
     if lw.ws_depth is not None:
         params.append(Param("ws_size", "idx"))

@@ -435,20 +435,23 @@ class _Prepared:
         self.fns[0](*args, pos.data_ptr() + 8, *ws)
         pos.cumsum_(0)
         total = int(pos[slices])
-        coords = torch.empty((len(out_shape), total), dtype=torch.int64)
+        fmt = kernel.output.format
         vals = torch.empty(total, dtype=self.dtype)
         cursor = torch.zeros(slices, dtype=torch.int64)
+        if kernel.emit_rows:  # CSR-like: the counts are the row lengths, columns in order
+            crd = torch.empty(total, dtype=next(
+                t.index_dtype for t in tensors if type(t) is SparseTensor))
+            self.fns[1](*args, cursor.data_ptr(), pos.data_ptr(), crd.data_ptr(),
+                        vals.data_ptr(), *ws)
+            index = choose_index_dtype(fmt.storage_dims(out_shape), total)
+            rows = extents[kernel.outer_extent[1]]   # slices is at least 1
+            return SparseTensor(out_shape, fmt, {"pos1": pos[: rows + 1].to(index),
+                                                 "crd1": crd.to(index)}, vals)
+        coords = torch.empty((len(out_shape), total), dtype=torch.int64)
         base = coords.data_ptr()
         self.fns[1](*args, cursor.data_ptr(), pos.data_ptr(),
                     *(base + 8 * total * m for m in range(len(out_shape))), vals.data_ptr(),
                     *ws)
-        fmt = kernel.output.format
-        if kernel.emit_rows:  # CSR-like: the counts are the row lengths, coordinates sorted
-            index = choose_index_dtype(fmt.storage_dims(out_shape), total)
-            rows = extents[kernel.outer_extent[1]]   # slices is at least 1
-            crd = coords[fmt.mode_order[1]]
-            return SparseTensor(out_shape, fmt, {"pos1": pos[: rows + 1].to(index),
-                                                 "crd1": crd.to(index)}, vals)
         arrays, stored = pack(fmt, out_shape, coords, vals, sorted_unique=kernel.emit_sorted)
         return SparseTensor(out_shape, fmt, arrays, stored)
 
