@@ -316,3 +316,33 @@ def test_fast_path_answers_only_its_own_signature(monkeypatch):
     monkeypatch.setenv("SPARSETORCH_BACKEND", "torch")
     assert execute.fast_calls("ij,j->i") == ()
     assert torch.allclose(st.einsum("ij,j->i", A, x), dense @ x)
+
+
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+def test_spgemm_shim_builds_csr_rows_and_falls_back_for_wide_results(monkeypatch, index):
+    """A repeated SpGEMM with a CSR result runs its shim (count, prefix sum, fill of the
+    columns alone); results equal the dense product with the narrowest index type; a call
+    whose result is too wide for a dense workspace takes the generic (hash) path."""
+    from sparsetorch.ops import execute
+
+    forget_call_memo()
+    g = torch.Generator().manual_seed(3)
+    d = torch.randn(9, 7, generator=g, dtype=F64) * (torch.rand(9, 7, generator=g) < 0.4)
+    d[4] = 0   # an empty row
+    e = torch.randn(7, 11, generator=g, dtype=F64) * (torch.rand(7, 11, generator=g) < 0.4)
+    A, B = st.tensor(d, "csr", index_dtype=index), st.tensor(e, "csr", index_dtype=index)
+    check_against_dense("ij,jk->ik", [A, B])
+    shims = execute.fast_calls("ij,jk->ik")
+    assert len(shims) == 1 and "cursor" in shims[0].__globals__["call"].source
+    for _ in range(2):   # the shim's own answers, twice (no state left between calls)
+        out = st.einsum("ij,jk->ik", A, B)
+        assert out.format.name == "csr" and out.index_dtype == torch.int32
+        assert torch.allclose(out.to_dense(), d @ e, rtol=1e-12, atol=0)
+    monkeypatch.setattr("sparsetorch.ops.shim.MAX_WORKSPACE", 4)
+    forget_call_memo()
+    st.einsum("ij,jk->ik", A, B)
+    monkeypatch.setattr(execute, "MAX_WORKSPACE", 4)   # both paths see a hash-sized result
+    shim = execute.fast_calls("ij,jk->ik")[0]
+    out = shim((A, B))
+    assert "hash" in shim.__globals__["generic"].variants
+    assert torch.allclose(out.to_dense(), d @ e, rtol=1e-12, atol=0)
