@@ -346,3 +346,18 @@ def test_spgemm_shim_builds_csr_rows_and_falls_back_for_wide_results(monkeypatch
     out = shim((A, B))
     assert "hash" in shim.__globals__["generic"].variants
     assert torch.allclose(out.to_dense(), d @ e, rtol=1e-12, atol=0)
+
+
+def test_einsum_string_is_remembered_after_a_memo_hit_by_expression():
+    """A call memoised by its parsed expression (autograd, ``st.expr``) and then made with
+    ``st.einsum``: the string gets its own memo entry and fast path, no re-parse per call."""
+    from sparsetorch.compiler.notation import parse_einsum
+    from sparsetorch.ops import execute
+
+    forget_call_memo()
+    A, x = _spmv_operands(seed=4, fmt="csr")
+    execute.run(parse_einsum("ij,j->i", [2, 1]), [A, x])
+    assert execute.lookup("ij,j->i", (A, x), None) is None
+    assert torch.allclose(st.einsum("ij,j->i", A, x), A.to_dense() @ x)
+    assert execute.lookup("ij,j->i", (A, x), None) is not None
+    assert len(execute.fast_calls("ij,j->i")) == 1

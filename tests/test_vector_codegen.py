@@ -17,7 +17,7 @@ from sparsetorch.compiler.ir import Assign, Call, Decl, For, Function, Lit, Load
     block
 from sparsetorch.compiler.kernel import vector_isa
 
-from dense_check import check_against_dense, run_isolated
+from dense_check import check_against_dense, forget_call_memo, run_isolated
 
 needs_avx512 = pytest.mark.skipif(vector_isa() is None, reason="no AVX-512 on this CPU")
 
@@ -141,3 +141,25 @@ def test_unsupported_shapes_fall_back_to_pragmas():
     assert "immintrin" not in src and "expf(x_vals[p])" in src
     src = render_c([_sum_function(Load("x_vals", Sym("p")))], "float", {}, isa="avx512")
     assert "_mm512_maskz_loadu_ps" in src      # a contiguous sum: 16 lanes, no gather
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "dcsr", "csc"])
+def test_sampled_results_store_every_entry(monkeypatch, fmt):
+    """SDDMM's output values are allocated uninitialised (``fills_output``): with garbage
+    (NaN) in fresh memory, every entry must still be written, on every row length."""
+    def nan_empty(*args, **kwargs):
+        return real_empty(*args, **kwargs).fill_(float("nan"))
+
+    real_empty, real_strided = torch.empty, torch.empty_strided
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    monkeypatch.setattr(torch, "empty_strided",
+                        lambda *a, **k: real_strided(*a, **k).fill_(float("nan")))
+    forget_call_memo()
+    d = _rows_of_every_length(cols=21, dtype=torch.float32)
+    A = st.tensor(d, format=fmt)
+    for k in (1, 16, 37):
+        X, Y = _dense((d.shape[0], k), torch.float32, k), _dense((21, k), torch.float32, 2)
+        for _ in range(2):   # the generic path, then the call shim
+            out = st.einsum("ij,ik,jk->ij", A, X, Y)
+            assert not out.values.isnan().any()
+            assert torch.allclose(out.to_dense(), d * (X @ Y.T), rtol=1e-5, atol=1e-4)

@@ -43,6 +43,7 @@ class CompiledKernel:
     jammed: tuple = ()                # (variable, extent) unrolled into the register tile
     notes: tuple[str, ...] = field(default=())
     compile_seconds: float = 0.0
+    fills_output: bool = False        # a sampled result's every value is stored: no zeroing
 
     def describe_loops(self) -> str:
         return "\n".join(dump(fn) for fn in self.functions)
@@ -179,4 +180,4 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
                           emit_sorted, emit_rows, lw.ws_vars, lw.ws_kind,
                           (lw.tile_var, lw.plan.tile) if lw.tile_var else None,
                           lw.balanced, jammed, tuple(dict.fromkeys(notes)),
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, lw.stores_every_entry)

@@ -125,6 +125,7 @@ class _Lowerer:
         # read-modify-write (SpMM: the register tile is stored, not added).
         self.write_once = placement if plan.mode == "dense" and placement != "pass" else None
         self.epilogue_at = placement if self.epilogue is not None else None
+        self.stores_every_entry = self._stores_every_entry()
         self.names = 0
 
     def _write_placement(self):
@@ -143,6 +144,19 @@ class _Lowerer:
             if depth is not None and min(red) >= depth:
                 return "flush"
         return "pass"
+
+    def _stores_every_entry(self) -> bool:
+        """Sampled output: whether each stored entry's sum is complete at one flush (every
+        reduction loop below the accumulator, the sampled operand's position fixed above
+        it), so the kernel stores, not adds (SDDMM with 64-wide rows: ~7% of the kernel).
+        The sampled operand is the only sparse one and its levels are all traversed, so
+        then every entry is stored exactly once and the caller need not zero the output."""
+        if self.plan.mode != "sampled" or self.acc_depth is None:
+            return False
+        above = self.order[:self.acc_depth]
+        n = self.plan.output.sampled_operand
+        return all(v in above for v in self.levels[n]) and all(v in self.out_vars
+                                                                  for v in above)
 
     def _hoisted_factor(self):
         """``(summand, factor)``: a sum over the accumulator's loops of ``factor * summand``,
@@ -298,12 +312,8 @@ class _Lowerer:
             return [self.write_out(acc, st, "flush")]
         if kind == "sampled":
             n = self.plan.output.sampled_operand
-            # The sum is complete here when every reduction loop is below the accumulator
-            # and the sampled operand's position is fixed above it: store, do not add
-            # (SDDMM with 64-wide rows: ~7% of the kernel).
-            once = all(v in self.order[:self.acc_depth] for v in self.levels[n]) and all(
-                v in self.out_vars for v in self.order[:self.acc_depth])
-            return [Assign(Load("out_vals", st.pos[n]), acc, "=" if once else "+=")]
+            return [Assign(Load("out_vals", st.pos[n]), acc,
+                           "=" if self.stores_every_entry else "+=")]
         return [If(Sym(st.hit), block(self.emit(acc, {v: Sym(v) for v in self.out_vars}, st)))]
 
     def flush_workspace(self, st):

@@ -117,6 +117,8 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
     ``st.einsum`` skips parsing and operand checks."""
     prepared = lookup(assignment, operands, out_format)
     if prepared is not None:
+        if alias is not None:   # memoised by an earlier call through another name
+            _remember(alias, operands, out_format, prepared)
         return prepared(operands)
     tensors, infos, dtype, device = normalize_operands(operands, what, keep_blocked=True)
     converted = any(info.format.blocksize is not None for info in infos)
@@ -142,12 +144,18 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
         call = make_shim(prepared, tensors, _PARALLEL_WORK) or prepared
         _PREPARED[key] = call
         if alias is not None:
-            _PREPARED[_signature(alias, operands, out_format)] = call
-            guarded = getattr(call, "guarded", None)
-            if guarded is not None and out_format is None:
-                known = _FAST.get(alias, ())
-                _FAST[alias] = (guarded, *known[:_FAST_PER_EQUATION - 1])
+            _remember(alias, operands, out_format, call)
     return prepared(tensors)
+
+
+def _remember(alias: str, operands, out_format, call) -> None:
+    """Key ``call`` by einsum string ``alias`` too, and offer its guarded shim to
+    ``fast_calls``."""
+    _PREPARED[_signature(alias, operands, out_format)] = call
+    guarded = getattr(call, "guarded", None)
+    if guarded is not None and out_format is None:
+        known = _FAST.get(alias, ())
+        _FAST[alias] = (guarded, *known[:_FAST_PER_EQUATION - 1])
 
 
 def fast_calls(equation) -> tuple:
@@ -419,7 +427,8 @@ class _Prepared:
             return out
         if kind == "sampled":
             source = tensors[kernel.output.sampled_operand]
-            out_vals = torch.zeros(source.nnz, dtype=self.dtype)
+            out_vals = (torch.empty if kernel.fills_output else torch.zeros)(
+                source.nnz, dtype=self.dtype)
             self.fns[0](*args, out_vals.data_ptr(), *ws)
             return SparseTensor(out_shape, kernel.output.format, source.arrays, out_vals)
         return self.emit(tensors, args, ws, ext, out_shape)

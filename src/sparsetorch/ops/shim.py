@@ -90,7 +90,9 @@ def make_shim(prepared, tensors, parallel_work: int):
     shape = "".join(f"{x}, " for x in dims)
     if kind == "sampled":   # values on the sampled operand's pattern, its arrays shared
         source = kernel.output.sampled_operand
-        lines.append(f"    out = zeros(n{source}, dtype=dtype)")
+        fill = "empty_strided((n{0},), (1,), dtype=dtype)" if kernel.fills_output else \
+            "zeros(n{0}, dtype=dtype)"
+        lines.append("    out = " + fill.format(source))
     elif kind == "emit":    # the workspace kind follows this call's sizes
         cells = " * ".join(f"e{first[v]}" for v in kernel.workspace_vars)
         lines.append(f"    ws = {cells}")
