@@ -151,10 +151,13 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
 def _remember(alias: str, operands, out_format, call) -> None:
     """Key ``call`` by einsum string ``alias`` too, and offer its guarded shim to
     ``fast_calls``."""
-    _PREPARED[_signature(alias, operands, out_format)] = call
+    key = _signature(alias, operands, out_format)
+    if key is None:
+        return
+    _PREPARED[key] = call
     guarded = getattr(call, "guarded", None)
-    if guarded is not None and out_format is None:
-        known = _FAST.get(alias, ())
+    known = _FAST.get(alias, ())
+    if guarded is not None and out_format is None and guarded not in known:
         _FAST[alias] = (guarded, *known[:_FAST_PER_EQUATION - 1])
 
 

@@ -96,7 +96,7 @@ def make_shim(prepared, tensors, parallel_work: int):
     elif kind == "emit":    # the workspace kind follows this call's sizes
         cells = " * ".join(f"e{first[v]}" for v in kernel.workspace_vars)
         lines.append(f"    ws = {cells}")
-        lines.append(f"    if ws > max_dense_ws: return generic(ops)")
+        lines.append("    if ws > max_dense_ws: return generic(ops)")
     else:
         # empty_strided parses its arguments faster than empty(shape, dtype=) (1.1 vs 1.8 us)
         for d in reversed(dims):
@@ -173,7 +173,8 @@ def _emit_rows(kernel, args, dims, first, tensors, sparse) -> list[str]:
             "    vals = empty_strided((total,), (1,), dtype=dtype)",
             f"    crd = empty_strided((total,), (1,), dtype={crd})",
             "    cursor = zeros(m, dtype=int64)",
-            f"    f1({', '.join(args)}, cursor.data_ptr(), pp, crd.data_ptr(), vals.data_ptr(), ws)",
+            f"    f1({', '.join(args)}, cursor.data_ptr(), pp, crd.data_ptr(), vals.data_ptr(), "
+            "ws)",
             f"    index = int32 if max(total, {shape}0) < 2**31 else int64",
             f"    return wrap(({shape}), fmt, {{'pos1': pos[:{rows} + 1].to(index), "
             "'crd1': crd.to(index)}, vals, False)"]
