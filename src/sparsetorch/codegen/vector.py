@@ -212,7 +212,7 @@ class VectorLoops:
         """Several sums over one range (``jam_sums``: the inner products of neighbouring
         stored entries): one register per sum (independent FMA chains, so no unrolling),
         masked full-width steps, then the horizontal adds; four float32 sums share one
-        (``st_hsum4``: 11 instructions for four results instead of ~24)."""
+        (``st_hsum4``: 14 instructions for four results instead of ~28)."""
         lanes = _SHAPES[(self.val, full_lanes(self.val))]
         if s.step != 1:
             raise Unsupported("strided sum")

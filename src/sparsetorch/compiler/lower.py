@@ -251,14 +251,13 @@ class _Lowerer:
             # Marks hold the stamp of the row that last touched a cell, so rows never reset
             # them. Branch-free ("new cell?" is a coin flip the branch predictor loses): the
             # cell is written to the list's next slot and the count advances on a new cell;
-            # its bit is set; values are zero until touched (emission clears them).
+            # values are zero until touched (emission clears them).
             listed = [Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Bin(
                           "!=", Load("ws_mark", at), Sym("ws_stamp")))),
                       Assign(Load("ws_mark", at), Sym("ws_stamp"))]
             if counting:
                 return out + listed
             return out + [Assign(Load("ws_list", Sym("ws_n")), at), *listed,
-                          Helper("dense_bit", (at,), ("ws_bits",)),
                           Assign(Load("ws_vals", at), value, "+=")]
         if st.tile is not None:
             return [Assign(Load(st.tile[2], Sym(st.tile[3])), value, "+=")]

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from ..compiler.kernel import CompiledKernel, compile_kernel, vector_lanes
+from ..compiler.kernel import CompiledKernel, compile_kernel, first_sparse, vector_lanes
 from ..compiler.notation import Assignment, var_extents
 from ..compiler.output import infer_output
 from ..compiler.schedule import OperandInfo, schedule
@@ -451,8 +451,8 @@ class _Prepared:
         vals = torch.empty(total, dtype=self.dtype)
         cursor = torch.zeros(slices, dtype=torch.int64)
         if kernel.emit_rows:  # CSR-like: the counts are the row lengths, columns in order
-            crd = torch.empty(total, dtype=next(
-                t.index_dtype for t in tensors if type(t) is SparseTensor))
+            crd = torch.empty(total, dtype=tensors[
+                first_sparse(kernel.schedule.formats)].index_dtype)
             self.fns[1](*args, cursor.data_ptr(), pos.data_ptr(), crd.data_ptr(),
                         vals.data_ptr(), *ws)
             index = choose_index_dtype(fmt.storage_dims(out_shape), total)

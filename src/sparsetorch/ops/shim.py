@@ -29,6 +29,7 @@ import ctypes
 
 import torch
 
+from ..compiler.kernel import first_sparse
 from ..compiler.lower import MAX_WORKSPACE
 from ..formats.tensor import SparseTensor
 from .balance import ranges_per_thread
@@ -129,7 +130,7 @@ def make_shim(prepared, tensors, parallel_work: int):
         else:
             args.append(f"t{n}.data_ptr()")
     if kind == "emit":
-        lines += _emit_rows(kernel, args, dims, first, tensors, sparse)
+        lines += _emit_rows(kernel, args, dims, first, tensors)
     else:
         args.append("out.data_ptr()")
         lines.append(f"    f0({', '.join(args)})")
@@ -158,12 +159,13 @@ def make_shim(prepared, tensors, parallel_work: int):
     return call
 
 
-def _emit_rows(kernel, args, dims, first, tensors, sparse) -> list[str]:
+def _emit_rows(kernel, args, dims, first, tensors) -> list[str]:
     """Lines for a CSR-like result (``CompiledKernel.emit_rows``): count each row's entries
     into ``pos[1:]``, prefix-sum, read the total, fill the columns (in the first sparse
     operand's index type) and values, wrap with the narrowest index type that holds them."""
     rows = f"e{first[kernel.outer_extent[1]]}"
-    crd = "int32" if tensors[sparse[0]].index_dtype == torch.int32 else "int64"
+    crd = "int32" if tensors[first_sparse(kernel.schedule.formats)].index_dtype == \
+        torch.int32 else "int64"
     shape = "".join(f"{d}, " for d in dims)
     return [f"    m = {rows} or 1",
             "    pos = zeros(m + 1, dtype=int64); pp = pos.data_ptr()",
