@@ -219,18 +219,21 @@ class VectorLoops:
         var, n = s.var, lanes.n
         vaccs = {acc: self.fresh(acc) for acc in s.reduction}
         end, mask = self.fresh("end"), self.fresh("m")
-        body = _Body(self, lanes, mask, var, {var: _V("lin", var)}, acc=vaccs, i32=True)
-        try:
-            step = body.stmts(s.body, pad + "    ")
-        except _NeedIndexLanes:
-            raise Unsupported("per-lane index in side-by-side sums") from None
+        steps = []
+        for m in (None, mask):   # whole registers unmasked, then one masked step
+            body = _Body(self, lanes, m, var, {var: _V("lin", var)}, acc=vaccs, i32=True)
+            try:
+                steps.append(body.stmts(s.body, pad + "    "))
+            except _NeedIndexLanes:
+                raise Unsupported("per-lane index in side-by-side sums") from None
         out = [f"{pad}{{", f"{pad}  const int64_t {end} = {self.scalar.expr(s.end)};",
                f"{pad}  {lanes.vtype} " + ", ".join(f"{v} = {lanes.zero()}"
                                                     for v in vaccs.values()) + ";",
-               f"{pad}  for (int64_t {var} = {self.scalar.expr(s.start)}; {var} < {end}; "
-               f"{var} += {n}) {{",
+               f"{pad}  int64_t {var} = {self.scalar.expr(s.start)};",
+               f"{pad}  for (; {var} + {n} <= {end}; {var} += {n}) {{", *steps[0], f"{pad}  }}",
+               f"{pad}  if ({var} < {end}) {{",
                f"{pad}    const __mmask{n} {mask} = st_mask{n}({end} - {var});",
-               *step, f"{pad}  }}"]
+               *steps[1], f"{pad}  }}"]
         if lanes.suf == "ps" and len(vaccs) == 4:
             sums = self.fresh("sums")
             out += [f"{pad}  float {sums}[4];",
