@@ -103,9 +103,10 @@ def jam_sums(body: Block, copies: int = SUM_COPIES) -> tuple[Block, bool]:
 
     The shared operand (``x[i, k]``) is loaded once for four products, four independent
     sums hide the add latency, and the four horizontal adds become one (the renderer adds
-    four registers together with shuffles, about a third of the instructions). Measured on
-    DLMC SDDMM, K=64: 1.8x the one-sum loop. Legal because the copies write different
-    positions and only read the operands.
+    four registers together with shuffles, about half of the instructions). With the mask
+    value hoisted out of the sum (``lower._hoisted_factor``), a 315k-entry DLMC SDDMM at
+    K=64 went from 1135 to 604 us. Legal because the copies write different positions and
+    only read the operands (``_one_flat_sum`` checks the shape).
 
     Example:
         >>> from sparsetorch.compiler.ir import Decl, Lit, Load, Sym, block, dump
@@ -157,12 +158,17 @@ def jam_sums(body: Block, copies: int = SUM_COPIES) -> tuple[Block, bool]:
 
 
 def _one_flat_sum(body: Block) -> bool:
-    """The statements hold exactly one sum loop (with no loop or branch inside) and no
-    other loop, branch or helper."""
-    sums = [s for s in body.stmts if isinstance(s, For)]
-    return len(sums) == 1 and isinstance(sums[0].reduction, str) and \
-        all(isinstance(s, (Decl, Assign, For)) for s in body.stmts) and \
-        all(isinstance(s, (Decl, Assign)) for s in sums[0].body.stmts)
+    """The statements are declarations, one sum loop (declarations and accumulations
+    inside), then stores to arrays: nothing an iteration writes is read by the next, so
+    the copies' sums may run side by side."""
+    stmts = body.stmts
+    at = [k for k, s in enumerate(stmts) if isinstance(s, For)]
+    if len(at) != 1 or not isinstance(stmts[at[0]].reduction, str):
+        return False
+    loop = stmts[at[0]]
+    return all(isinstance(s, Decl) for s in stmts[:at[0]]) and \
+        all(isinstance(s, Assign) and isinstance(s.target, Load) for s in stmts[at[0] + 1:]) \
+        and all(isinstance(s, (Decl, Assign)) for s in loop.body.stmts)
 
 
 def _flatten(node):
