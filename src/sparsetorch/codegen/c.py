@@ -121,43 +121,47 @@ static void st_hash_free(st_hash* h) {
 }
 """
 
+def _dense_workspace(threads: str, thread: str) -> tuple[list, list, list]:
+    """C lines that allocate, take this thread's slice of, and free the dense row workspaces
+    of ``threads`` threads (``thread``: this one's number): values (zero between rows:
+    emission reads a cell and clears it), the stamp of the row that last touched each cell,
+    a bitmap of the row's touched cells and their list (one slot spare: the list is written
+    before the new-cell test). One allocation serves the team, a slice per thread:
+    allocating inside the parallel region measured 1.5x slower on small SpGEMMs
+    (HB/bcspwr04: 59 -> 39 us for the count pass). Slices are padded to whole cache lines
+    plus one, so two threads never write the same line (the bitmap of a narrow result fits
+    in one: sharing it made two threads slower than one)."""
+    alloc = ["const int64_t ws_cells = ws_size ? ws_size : 1;",
+             "const int64_t ws_words = (ws_cells + 63) / 64;",
+             "const int64_t ws_stride = (ws_cells + 15) / 16 * 16 + 16;",
+             "const int64_t ws_wstride = (ws_words + 7) / 8 * 8 + 8;",
+             f"val_t* ws_vals_all = (val_t*)calloc(ws_stride * {threads}, sizeof(val_t));",
+             f"int64_t* ws_mark_all = (int64_t*)calloc(ws_stride * {threads}, sizeof(int64_t));",
+             f"uint64_t* ws_bits_all = (uint64_t*)calloc(ws_wstride * {threads}, "
+             "sizeof(uint64_t));",
+             f"int64_t* ws_list_all = (int64_t*)malloc(ws_stride * {threads} * sizeof(int64_t));"]
+    slice_ = [f"const int64_t ws_off = ws_stride * {thread};",
+              "val_t* ws_vals = ws_vals_all + ws_off;",
+              "int64_t* ws_mark = ws_mark_all + ws_off;",
+              f"uint64_t* ws_bits = ws_bits_all + ws_wstride * {thread};",
+              "int64_t* ws_list = ws_list_all + ws_off;",
+              "int64_t ws_n = 0, ws_stamp = 1;"]
+    free = ["free(ws_vals_all); free(ws_mark_all); free(ws_bits_all); free(ws_list_all);"]
+    return alloc, slice_, free
+
+
+_ONE_ALLOC, _ONE_SLICE, _FREE_DENSE = _dense_workspace("1", "0")
+_TEAM_ALLOC, _TEAM_SLICE, _ = _dense_workspace("nt", "omp_get_thread_num()")
+
 # Runtime helper statements, by name (see ir.Helper); {0}, {1} are the rendered arguments.
 _HELPERS = {
-    # Dense workspace: values (zero between rows: emission reads a cell and clears it),
-    # the stamp of the row that last touched each cell, a bitmap of the row's touched cells
-    # and their list (one slot spare: the list is written before the new-cell test).
-    "alloc_dense": ["const int64_t ws_cells = ws_size ? ws_size : 1;",
-                    "const int64_t ws_words = (ws_cells + 63) / 64;",
-                    "val_t* ws_vals = (val_t*)calloc(ws_cells, sizeof(val_t));",
-                    "int64_t* ws_mark = (int64_t*)calloc(ws_cells, sizeof(int64_t));",
-                    "uint64_t* ws_bits = (uint64_t*)calloc(ws_words, sizeof(uint64_t));",
-                    "int64_t* ws_list = (int64_t*)malloc((ws_cells + 1) * sizeof(int64_t));",
-                    "int64_t ws_n = 0, ws_stamp = 1;"],
-    "free_dense": ["free(ws_vals); free(ws_mark); free(ws_bits); free(ws_list);"],
-    # A thread team's dense workspaces: one allocation before the parallel region, a slice
-    # per thread inside it. Allocating inside the region measured 1.5x slower on small
-    # SpGEMMs (HB/bcspwr04: 59 -> 39 us for the count pass). Slices are padded to whole
-    # cache lines plus one, so two threads never write the same line (the bitmap of a
-    # narrow result fits in one: sharing it made two threads slower than one).
-    "team_alloc_dense": ["const int64_t ws_cells = ws_size ? ws_size : 1;",
-                         "const int64_t ws_words = (ws_cells + 63) / 64;",
-                         "const int64_t ws_stride = (ws_cells + 15) / 16 * 16 + 16;",
-                         "const int64_t ws_wstride = (ws_words + 7) / 8 * 8 + 8;",
-                         "val_t* ws_vals_all = (val_t*)calloc(ws_stride * nt, sizeof(val_t));",
-                         "int64_t* ws_mark_all = (int64_t*)calloc(ws_stride * nt, "
-                         "sizeof(int64_t));",
-                         "uint64_t* ws_bits_all = (uint64_t*)calloc(ws_wstride * nt, "
-                         "sizeof(uint64_t));",
-                         "int64_t* ws_list_all = (int64_t*)malloc(ws_stride * nt * "
-                         "sizeof(int64_t));"],
-    "team_slice_dense": ["const int64_t ws_off = ws_stride * omp_get_thread_num();",
-                         "val_t* ws_vals = ws_vals_all + ws_off;",
-                         "int64_t* ws_mark = ws_mark_all + ws_off;",
-                         "uint64_t* ws_bits = ws_bits_all + ws_wstride * omp_get_thread_num();",
-                         "int64_t* ws_list = ws_list_all + ws_off;",
-                         "int64_t ws_n = 0, ws_stamp = 1;"],
-    "team_free_dense": ["free(ws_vals_all); free(ws_mark_all); free(ws_bits_all); "
-                        "free(ws_list_all);"],
+    # Dense workspace of a kernel without a parallel loop, and of a thread team (allocated
+    # before the parallel region, sliced inside it).
+    "alloc_dense": _ONE_ALLOC + _ONE_SLICE,
+    "free_dense": _FREE_DENSE,
+    "team_alloc_dense": _TEAM_ALLOC,
+    "team_slice_dense": _TEAM_SLICE,
+    "team_free_dense": _FREE_DENSE,
     # The row's touched cells in order, by whichever costs less: reading a bitmap of them
     # (set from the list, 64 columns per word, one count-trailing-zeros per cell; the scan
     # clears it) or sorting the list (insertion sort up to 24 cells, then quicksort). Scan

@@ -49,6 +49,21 @@ class CompiledKernel:
         return "\n".join(dump(fn) for fn in self.functions)
 
 
+def _emission(assignment, order, out: OutputSpec, lw) -> tuple[bool, bool]:
+    """``(emit_sorted, emit_rows)`` of an assembled result whose loop nest ``lw`` (a
+    lowerer) built: entries come out sorted and unique, and moreover one CSR row per outer
+    iteration (see ``CompiledKernel``)."""
+    storage = tuple(v for v in order if v in assignment.out_vars)
+    want = tuple(assignment.out_vars[m] for m in out.format.mode_order)
+    dup_free = lw.ws_depth is not None or not lw.later_free
+    levels = out.format.levels
+    emit_sorted = storage == want and dup_free and all(lv.ordered for lv in levels)
+    emit_rows = (emit_sorted and len(levels) == 2 and isinstance(levels[0], Dense)
+                 and isinstance(levels[1], Compressed) and levels[1].unique
+                 and lw.outer_extent == ("dim", storage[0]))
+    return emit_sorted, emit_rows
+
+
 def first_sparse(formats) -> int:
     """The number of the first sparse operand (whose index type a CSR result's emitted
     columns take: ``CompiledKernel.emit_rows``)."""
@@ -136,12 +151,17 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
     notes: list[str] = []
     modes = ("count", "fill") if out.kind == "emit" else (out.kind,)
     functions, lowerers, jammed = [], [], ()
+    emit_sorted = emit_rows = False
     # Tiles side by side for the largest static output extent (a block's rows) when jammed.
     rows = max([e for v, e in static if v in assignment.out_vars], default=1)
     tile = tile_width(value_dtype, rows)
     for mode in modes:
+        row_emission = None
+        if mode == "fill":   # the loop nest the count pass got fixes how entries are written
+            emit_sorted, emit_rows = _emission(assignment, sched.order, out, lowerers[0])
+            row_emission = first_sparse(sched.formats) if emit_rows else None
         plan = Plan(assignment, sched.order, sched.formats, out, mode, workspace,
-                    tile, notes)
+                    tile, notes, row_emission)
         fn, lw = lower(plan, f"kernel_{mode}")
         if static and mode == "dense" and lw.tile_var is not None:
             body, jammed = jam_tiles(fn.body, dict(static), tile // vector_lanes(value_dtype))
@@ -156,22 +176,6 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
         functions.append(fn)
         lowerers.append(lw)
     lw = lowerers[-1]
-    storage = tuple(v for v in sched.order if v in assignment.out_vars)
-    emit_sorted = False
-    if out.kind == "emit":
-        want = tuple(assignment.out_vars[m] for m in out.format.mode_order)
-        dup_free = lw.ws_depth is not None or not lw.later_free
-        emit_sorted = storage == want and dup_free and all(
-            lv.ordered for lv in out.format.levels)
-    levels = out.format.levels if out.format is not None else ()
-    emit_rows = (emit_sorted and len(levels) == 2 and isinstance(levels[0], Dense)
-                 and isinstance(levels[1], Compressed) and levels[1].unique
-                 and lw.outer_extent == ("dim", storage[0]))
-    if emit_rows:   # the fill pass writes the columns alone, in the result's index type
-        plan = replace(plan, row_emission=first_sparse(sched.formats))
-        fn, lw = lower(plan, "kernel_fill")
-        verify(fn)
-        functions[-1] = fn
     header = f"sparsetorch kernel: {assignment}\nloop order: {', '.join(sched.order)}"
     source = render_c(functions, VALUE_CTYPES[value_dtype],
                       {n: INDEX_CTYPES[d] for n, d in enumerate(index_dtypes)}, header,

@@ -11,7 +11,8 @@ symbolically (``notation.presence``: ``*`` intersects, ``+`` unions) and picks t
 * several sparse iterators: a merge (two-pointer generalised to k) whose continuation test
   and body guard are the lattice formula over "iterator not exhausted" / "iterator here".
 
-Level kinds supply bounds, coordinates, locate and segment advance through ``_LevelCode``;
+Level kinds supply bounds, coordinates, locate and segment advance through ``LevelCode``
+(``iterate.py``);
 nothing here branches on format names. Operands that may be absent inside a union carry a
 ``present`` flag so their loads and child ranges fold to zero.
 
@@ -23,11 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..formats.levels import Compressed, Dense, Singleton
+from ..formats.levels import Compressed, Dense
 from .ir import (Assign, Bin, Call, Comment, Cond, Decl, For, Function, If, Lit, Load,
                  Param, Parallel, Helper, Sym, While, WORKSPACE_NAMES, block)
+from .iterate import LevelCode, LoopState, arr
 from .notation import (UNARY, Access, Add, Assignment, Epilogue, Mul, Result, Scale, Unary,
-                       presence)
+                       factor_out, presence)
 from .output import OutputSpec
 from .schedule import level_vars
 
@@ -71,10 +73,6 @@ class Plan:
     # implied by its slot, so only the column is written, in operand ``row_emission``'s
     # index type (what the result keeps: no int64 copy to narrow afterwards).
     row_emission: int | None = None
-
-
-def arr(n, name):
-    return f"t{n}_{name}"
 
 
 def dim(v):
@@ -159,33 +157,12 @@ class _Lowerer:
                                                                   for v in above)
 
     def _hoisted_factor(self):
-        """``(summand, factor)``: a sum over the accumulator's loops of ``factor * summand``,
-        ``factor`` a product of terms that do not change inside those loops, is computed as
-        ``factor * sum(summand)``: one multiply per sum instead of one per term (SDDMM's mask
-        value leaves the inner-product loop, whose vector step is then a single FMA).
-        ``factor`` is None when nothing can be hoisted."""
+        """``(summand, factor)`` of the sum over the accumulator's loops (``factor`` None
+        when nothing is fixed over them): SDDMM's mask value leaves the inner-product loop,
+        whose vector step is then a single FMA."""
         if self.acc_depth is None or self.emitting:
             return self.body, None
-        inner = set(self.order[self.acc_depth:])
-        scale, fixed, varying = 1.0, [], []
-        stack = [self.body]
-        while stack:
-            e = stack.pop()
-            if isinstance(e, Mul):
-                stack += [e.b, e.a]
-            elif isinstance(e, Scale):
-                scale *= e.factor
-                stack.append(e.a)
-            elif inner & {v for acc in e.accesses() for v in acc.indices}:
-                varying.append(e)
-            else:
-                fixed.append(e)
-        if not varying or (not fixed and scale == 1.0):
-            return self.body, None
-        factor = _product(fixed)
-        if scale != 1.0:
-            factor = Scale(scale, factor) if factor is not None else scale
-        return _product(varying), factor
+        return factor_out(self.body, set(self.order[self.acc_depth:]))
 
     def _tiling(self):
         """Mixed sparse-dense tiling (DESIGN.md, Compiler 5): when the innermost loop is a
@@ -294,7 +271,7 @@ class _Lowerer:
     def final_pass(self):
         """``out = epilogue(out)`` over every output element, after the loop nest."""
         target = Load("out_vals", _horner(self.out_vars))
-        body = block(Assign(target, self.value(self.epilogue, _State(self), target)))
+        body = block(Assign(target, self.value(self.epilogue, LoopState(self), target)))
         for d, v in reversed(list(enumerate(self.out_vars))):
             par = Parallel("static") if d == 0 else None
             body = block(For(v, Lit(0), dim(v), body, par))
@@ -380,7 +357,7 @@ class _Lowerer:
             return self.tile_loop(st)
         iters = [n for n in sorted(self.sparse)
                  if st.lvl[n] < len(self.levels[n]) and self.levels[n][st.lvl[n]] == v]
-        code = {n: _LevelCode(self, n, st.lvl[n]) for n in iters}
+        code = {n: LevelCode(self, n, st.lvl[n]) for n in iters}
         sparse_iters = [n for n in iters if not code[n].is_dense]
 
         def formula(test):
@@ -558,14 +535,6 @@ def _written_coords(plan: Plan) -> tuple:
     return tuple(m for m in modes if m != plan.output.format.mode_order[0])
 
 
-def _product(factors):
-    """The product of expression nodes, left to right (None for none)."""
-    out = None
-    for f in factors:
-        out = f if out is None else Mul(out, f)
-    return out
-
-
 def register_tiles(k: str, width: int, fresh, body_for, flush_for) -> list:
     """Strip-mine dense variable ``k`` (extent ``n_k``) into register tiles: full tiles of
     constant ``width`` (they vectorise and stay in registers), then one remainder tile of
@@ -595,78 +564,11 @@ def lane_loop(k: str, tile, stmts) -> For:
                simd=True)
 
 
-class _State:
-    def __init__(self, lowerer):
-        self.pos = {n: Lit(0) for n in lowerer.accesses}
-        self.lvl = {n: 0 for n in lowerer.accesses}
-        self.seg = {}
-        self.flag = {}
-        self.acc = None
-        self.hit = None
-        self.tile = None          # (k0, length, tile array, lane var) inside a register tile
-        self.outer = Lit(0)
-
-    def copy(self, **changes):
-        new = object.__new__(_State)
-        new.__dict__ = {k: (dict(v) if isinstance(v, dict) else v)
-                        for k, v in self.__dict__.items()}
-        new.__dict__.update(changes)
-        return new
-
-    def enter(self, n, pos, seg, flag):
-        self.pos[n] = pos
-        self.seg[n] = seg
-        self.lvl[n] += 1
-        if flag is not None:
-            self.flag[n] = flag
-
-
-class _LevelCode:
-    """Loop-level questions answered by a level kind: bounds, coordinate, segment end."""
-
-    def __init__(self, lowerer, n, k):
-        fmt = lowerer.plan.formats[n]
-        self.lowerer, self.n, self.k = lowerer, n, k
-        self.level = fmt.levels[k]
-        self.is_dense = isinstance(self.level, Dense)
-        # A level segments its positions when the level below is a singleton (COO runs).
-        self.segments = k + 1 < len(fmt.levels) and isinstance(fmt.levels[k + 1], Singleton)
-
-    def bounds(self, st):
-        n, k = self.n, self.k
-        if isinstance(self.level, Compressed):
-            p = st.pos[n]
-            lo = Load(arr(n, f"pos{k}"), p)
-            hi = Load(arr(n, f"pos{k}"), Bin("+", p, Lit(1)))
-        else:  # singleton: iterate the parent's segment
-            lo, hi = st.pos[n], st.seg[n]
-        flag = st.flag.get(n)
-        if flag is not None:  # absent parent: empty range
-            lo, hi = Cond(flag, lo, Lit(0)), Cond(flag, hi, Lit(0))
-        return lo, hi
-
-    def coord(self, p):
-        return Load(arr(self.n, f"crd{self.k}"), p)
-
-    def segment_end(self, p, end, out, guard):
-        """For segmenting levels, append code computing the end of the run of equal
-        coordinates starting at ``p`` and return it; otherwise None."""
-        if not self.segments:
-            return None
-        q = self.lowerer.fresh(f"q{self.n}_")
-        out.append(Decl("idx", q, Bin("+", p, Lit(1))))
-        scan = While(Bin("&&", Bin("<", Sym(q), end),
-                         Bin("==", self.coord(Sym(q)), self.coord(p))),
-                     block(Assign(Sym(q), Bin("+", Sym(q), Lit(1)))))
-        out.append(scan if guard is None else If(guard, block(scan)))
-        return Sym(q)
-
-
 def lower(plan: Plan, name: str = "kernel"):
     """Build the loop IR for ``plan``; returns the ``Function`` and the lowerer (which knows
     the workspace, accumulator and outer-loop decisions it made)."""
     lw = _Lowerer(plan)
-    st = _State(lw)
+    st = LoopState(lw)
     body = lw.loops(0, st)
     if plan.mode == "dense" and lw.write_once is None:
         size = Lit(1)

@@ -184,6 +184,48 @@ def presence(expr: Expr, present) -> object:
     return b if a is False else a if b is False else a | b
 
 
+def factor_out(expr: Expr, inner: set) -> tuple:
+    """``(summand, factor)`` with ``expr == factor * summand``, ``factor`` the product of the
+    factors of ``expr`` (and its scalar scales) that use none of the variables ``inner``:
+    a sum over ``inner`` of ``expr`` is then ``factor * sum(summand)``, one multiply per
+    sum instead of one per term. ``factor`` is an expression, a float (scales alone), or
+    None when nothing can leave the sum (or nothing would be left in it).
+
+    Example:
+        >>> a, x, y = Access(0, ("i", "j")), Access(1, ("i", "k")), Access(2, ("j", "k"))
+        >>> summand, factor = factor_out(Scale(2.0, Mul(Mul(a, x), y)), {"k"})
+        >>> print(summand, "|", factor)
+        T1[i,k] * T2[j,k] | 2 * T0[i,j]
+    """
+    scale, fixed, varying = 1.0, [], []
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Mul):
+            stack += [e.b, e.a]
+        elif isinstance(e, Scale):
+            scale *= e.factor
+            stack.append(e.a)
+        elif inner & {v for acc in e.accesses() for v in acc.indices}:
+            varying.append(e)
+        else:
+            fixed.append(e)
+    if not varying or (not fixed and scale == 1.0):
+        return expr, None
+    factor = _product(fixed)
+    if scale != 1.0:
+        factor = Scale(scale, factor) if factor is not None else scale
+    return _product(varying), factor
+
+
+def _product(factors):
+    """The product of expression nodes, left to right (None for none)."""
+    out = None
+    for f in factors:
+        out = f if out is None else Mul(out, f)
+    return out
+
+
 @lru_cache(maxsize=1024)
 def _parse_cached(equation: str, ndims: tuple) -> Assignment:
     return _parse(equation, ndims)
