@@ -270,6 +270,8 @@ class _CRenderer:
                 return self.vec.tile_decl(s, pad)
             if s.ctype == "val[]":
                 return [f"{pad}val_t {s.name}[{self.expr(s.init)}] = {{0}};"]
+            if s.ctype == "idx[]":
+                return [f"{pad}int64_t {s.name}[{self.expr(s.init)}];"]
             ctype = {"idx": "int64_t", "val": "val_t"}[s.ctype]
             init = f" = {self.expr(s.init)}" if s.init is not None else ""
             return [f"{pad}{ctype} {s.name}{init};"]
@@ -366,6 +368,7 @@ class _CRenderer:
         n, w = self.expr(s.end), s.parallel.weights
         # Without ``nc``: one range per thread (a constant 1 the C compiler folds away).
         nc, counter = ("nc", "st_next") if self.chunked() else ("1", "(int64_t*)0")
+        step = f"{s.var}++" if s.step == 1 else f"{s.var} += {s.step}"
         return [f"{pad}const int64_t st_t = omp_get_thread_num(), "
                 "st_T = omp_get_num_threads();",
                 f"{pad}const int64_t st_C = st_T * ({nc} > 1 ? {nc} : 1);",
@@ -374,7 +377,7 @@ class _CRenderer:
                 f"{pad}int64_t st_lo, st_hi;",
                 f"{pad}ST_BALANCED_ROW({w}, {n}, st_c, st_C, st_lo);",
                 f"{pad}ST_BALANCED_ROW({w}, {n}, st_c + 1, st_C, st_hi);",
-                f"{pad}for (int64_t {s.var} = st_lo; {s.var} < st_hi; {s.var}++) {{"], \
+                f"{pad}for (int64_t {s.var} = st_lo; {s.var} < st_hi; {step}) {{"], \
             [f"{pad}}}"]
 
     def outlined_loop(self, s: For, pad: str) -> list[str]:
@@ -440,15 +443,21 @@ class _CRenderer:
 
 def _outlinable(fn: Function) -> set:
     """ids of the parallel loops of ``fn`` (without team workspaces) that may become
-    functions of their own: at the top level with nothing declared before them, so they
-    read parameters only."""
+    functions of their own: at the top level, or in a branch of a top-level ``If``, with
+    nothing declared before them, so they read parameters only."""
     found = set()
     for s in fn.body.stmts:
         if isinstance(s, Decl) or (isinstance(s, Helper) and s.defines):
             break
-        if isinstance(s, For) and s.parallel and s.parallel.workspace is None and \
-                s.step == 1:
-            found.add(id(s))
+        branches = [b for b in (s.then, s.orelse) if b is not None] if isinstance(s, If) \
+            else [Block((s,))]
+        for b in branches:
+            for x in b.stmts:
+                if isinstance(x, Decl) or (isinstance(x, Helper) and x.defines):
+                    break
+                if isinstance(x, For) and x.parallel and x.parallel.workspace is None and \
+                        (x.step == 1 or x.parallel.weights is not None):
+                    found.add(id(x))
     return found
 
 

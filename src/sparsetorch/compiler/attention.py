@@ -77,7 +77,7 @@ def attention_function(tile_width: int) -> Function:
         For("p", lo, hi, block(*exps)),
         Decl("val", "inv", Cond(Bin(">", Sym("z"), Lit(0)), Bin("/", Lit(1.0), Sym("z")),
                                 Lit(0))),
-        register_tiles("d", tile_width, fresh, weighted_sum, write))
+        register_tiles("d", (tile_width,), fresh, weighted_sum, write))
     params = (Param("nt", "idx"), Param("n_i", "idx"), Param("n_j", "idx"),
               Param("n_k", "idx"), Param("n_d", "idx"), Param("t0_pos1", "idx0*"),
               Param("t0_crd1", "idx0*"), Param("t0_vals", "val*"), Param("t1_vals", "val*"),

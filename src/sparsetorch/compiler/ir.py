@@ -59,7 +59,8 @@ class Call(Node):
 @dataclass(frozen=True)
 class Decl(Node):
     """A scalar (``ctype`` 'idx' = int64_t, 'val' = the value type) or, with ctype 'val[]',
-    a zero-filled local array of ``init`` (a Lit) values: a register tile."""
+    a zero-filled local array of ``init`` (a Lit) values: a register tile; with 'idx[]', an
+    uninitialised local array of ``init`` indices (cursors)."""
 
     ctype: str
     name: str
@@ -72,6 +73,10 @@ class Assign(Node):
     value: Node
     op: str = "="
 
+
+# Inside a balanced parallel loop: the end of the row range this thread is working on (a
+# loop with step > 1 clips its last group of rows to it).
+RANGE_END = "st_hi"
 
 # Names each workspace kind declares (its allocation helper defines them).
 WORKSPACE_NAMES = {"dense": ("ws_vals", "ws_mark", "ws_bits", "ws_list", "ws_n", "ws_stamp"),
@@ -215,6 +220,8 @@ def verify(fn: Function) -> None:
             elif isinstance(s, For):
                 expr(s.start, scope), expr(s.end, scope)
                 private = WORKSPACE_NAMES.get(s.parallel.workspace, ()) if s.parallel else ()
+                if s.parallel and s.parallel.weights:
+                    private = (*private, RANGE_END)
                 stmts(s.body, scope | {s.var} | set(private))
             elif isinstance(s, While):
                 expr(s.cond, scope)

@@ -15,6 +15,7 @@ from ..codegen.c import INDEX_CTYPES, VALUE_CTYPES, render_c
 from ..formats.levels import Compressed, Dense
 from .ir import Function, dump, verify
 from .jam import MAX_TILE_REGISTERS, SUM_COPIES, jam_sums, jam_tiles
+from .kblock import PANEL_FACTORS
 from .lower import Plan, lower
 from .notation import Assignment
 from .output import OutputSpec, infer_output
@@ -44,6 +45,7 @@ class CompiledKernel:
     notes: tuple[str, ...] = field(default=())
     compile_seconds: float = 0.0
     fills_output: bool = False        # a sampled result's every value is stored: no zeroing
+    block_cap: int | None = None      # set when the kernel may run cache-blocked (kblock.py)
 
     def describe_loops(self) -> str:
         return "\n".join(dump(fn) for fn in self.functions)
@@ -83,6 +85,39 @@ def simd_bytes() -> int:
     """Vector register width of this CPU in bytes (64 AVX-512, 32 AVX2, 16 otherwise)."""
     flags = _cpu_flags()
     return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
+
+
+@lru_cache(maxsize=None)
+def l2_bytes() -> int:
+    """Per-core L2 cache size from sysfs (1 MiB when it cannot be read).
+
+    Example:
+        >>> l2_bytes() >= 64 * 1024
+        True
+    """
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for index in sorted(os.listdir(base)):
+            with open(f"{base}/{index}/level") as f:
+                if f.read().strip() != "2":
+                    continue
+            with open(f"{base}/{index}/size") as f:
+                size = f.read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+            return int(size.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    return 1 << 20
+
+
+def block_cap(value_dtype: str, tile: int) -> int | None:
+    """Most reduction coordinates per cache block (``kblock.py``): a block's slice of the
+    dense operand, rows of the widest panel, fills at most a quarter of L2. None without
+    AVX-512 register tiles (pragma tiles are one register: nothing to block for)."""
+    if not vector_isa() or value_dtype not in ("float32", "float64"):
+        return None
+    panel_bytes = tile * PANEL_FACTORS[0] * _VALUE_BYTES[value_dtype]
+    return max(16, l2_bytes() // 4 // panel_bytes)
 
 
 @lru_cache(maxsize=None)
@@ -161,7 +196,7 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
             emit_sorted, emit_rows = _emission(assignment, sched.order, out, lowerers[0])
             row_emission = first_sparse(sched.formats) if emit_rows else None
         plan = Plan(assignment, sched.order, sched.formats, out, mode, workspace,
-                    tile, notes, row_emission)
+                    tile, notes, row_emission, block_cap(value_dtype, tile))
         fn, lw = lower(plan, f"kernel_{mode}")
         if static and mode == "dense" and lw.tile_var is not None:
             body, jammed = jam_tiles(fn.body, dict(static), tile // vector_lanes(value_dtype))
@@ -184,4 +219,5 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
                           emit_sorted, emit_rows, lw.ws_vars, lw.ws_kind,
                           (lw.tile_var, lw.plan.tile) if lw.tile_var else None,
                           lw.balanced, jammed, tuple(dict.fromkeys(notes)),
-                          time.perf_counter() - t0, lw.stores_every_entry)
+                          time.perf_counter() - t0, lw.stores_every_entry,
+                          lw.plan.block_cap if lw.k_blocked else None)

@@ -28,6 +28,7 @@ from ..formats.levels import Compressed, Dense
 from .ir import (Assign, Bin, Call, Comment, Cond, Decl, For, Function, If, Lit, Load,
                  Param, Parallel, Helper, Sym, While, WORKSPACE_NAMES, block)
 from .iterate import LevelCode, LoopState, arr
+from .kblock import k_blocked
 from .notation import (UNARY, Access, Add, Assignment, Epilogue, Mul, Result, Scale, Unary,
                        factor_out, presence)
 from .output import OutputSpec
@@ -73,6 +74,9 @@ class Plan:
     # implied by its slot, so only the column is written, in operand ``row_emission``'s
     # index type (what the result keeps: no int64 copy to narrow afterwards).
     row_emission: int | None = None
+    # Most coordinates of a reduction block whose slice of the dense operand fits a quarter
+    # of L2 (``kblock.py``); None: no cache blocking (no register tiles of intrinsics).
+    block_cap: int | None = None
 
 
 def dim(v):
@@ -124,6 +128,7 @@ class _Lowerer:
         self.write_once = placement if plan.mode == "dense" and placement != "pass" else None
         self.epilogue_at = placement if self.epilogue is not None else None
         self.stores_every_entry = self._stores_every_entry()
+        self.k_blocked = False   # set by ``kblock.k_blocked``
         self.names = 0
 
     def _write_placement(self):
@@ -341,7 +346,7 @@ class _Lowerer:
 
     def tiled(self, depth, st):
         return register_tiles(
-            self.tile_var, self.plan.tile, self.fresh,
+            self.tile_var, (self.plan.tile,), self.fresh,
             lambda tile: self.loops_at(depth, st.copy(tile=tile)),
             lambda tile: self.write_out(Load(tile[2], Sym(tile[3])), st, "flush"))
 
@@ -535,26 +540,38 @@ def _written_coords(plan: Plan) -> tuple:
     return tuple(m for m in modes if m != plan.output.format.mode_order[0])
 
 
-def register_tiles(k: str, width: int, fresh, body_for, flush_for) -> list:
+def register_tiles(k: str, widths, fresh, body_for, flush_for, declare=True) -> list:
     """Strip-mine dense variable ``k`` (extent ``n_k``) into register tiles: full tiles of
-    constant ``width`` (they vectorise and stay in registers), then one remainder tile of
-    variable width. A tile is ``(k0, length, tile array, lane variable)``;
-    ``body_for(tile)`` gives the statements that accumulate into it (their innermost loop is
-    a ``lane_loop``), ``flush_for(tile)`` the statement writing lane ``kk`` (with ``k``
-    declared) once the tile is complete."""
-    full = Bin("-", dim(k), Bin("%", dim(k), Lit(width)))
-    out = []
-    for start, length, step in ((Lit(0), Lit(width), width), (full, None, None)):
-        k0, acc, kk = fresh("k0_"), fresh("tile"), fresh("kk")
-        length = length if length is not None else Bin("-", dim(k), Sym(k0))
-        tile = (k0, length, acc, kk)
-        body = block(Decl("val[]", acc, Lit(width)), body_for(tile),
-                     lane_loop(k, tile, [flush_for(tile)]))
-        if step is not None:
-            out.append(For(k0, start, full, body, step=step))
-        else:
-            out.append(If(Bin("<", full, dim(k)), block(Decl("idx", k0, full), body)))
+    each constant width in ``widths`` (widest first, each a multiple of the next; they
+    vectorise and stay in registers), then one remainder tile of variable width. A tile is
+    ``(k0, length, tile array, lane variable)``; ``body_for(tile)`` gives the statements that
+    accumulate into it (their innermost loop is a ``lane_loop``), ``flush_for(tile)`` the
+    statement writing lane ``kk`` (with ``k`` declared) once the tile is complete (None:
+    ``body_for`` writes it). ``declare=False`` leaves declaring the tile array to
+    ``body_for`` (``kblock.py`` starts one per row)."""
+    out, done = [], Lit(0)
+    tile_args = (fresh, body_for, flush_for, declare)
+    for width in widths:
+        full = Bin("-", dim(k), Bin("%", dim(k), Lit(width)))
+        out.append(_tile(k, width, done, full, width, *tile_args))
+        done = full
+    out.append(If(Bin("<", done, dim(k)),
+                  block(_tile(k, widths[-1], done, None, None, *tile_args))))
     return out
+
+
+def _tile(k, width, start, end, step, fresh, body_for, flush_for, declare):
+    """Full tiles over [start, end) by ``step``, or (``step`` None) the one partial tile
+    starting at ``start``."""
+    k0, acc, kk = fresh("k0_"), fresh("tile"), fresh("kk")
+    length = Lit(width) if step is not None else Bin("-", dim(k), Sym(k0))
+    tile = (k0, length, acc, kk)
+    body = block(Decl("val[]", acc, Lit(width)) if declare else None, body_for(tile))
+    if flush_for is not None:
+        body = block(body, lane_loop(k, tile, [flush_for(tile)]))
+    if step is not None:
+        return For(k0, start, end, body, step=step)
+    return block(Decl("idx", k0, start), body)
 
 
 def lane_loop(k: str, tile, stmts) -> For:
@@ -569,7 +586,7 @@ def lower(plan: Plan, name: str = "kernel"):
     the workspace, accumulator and outer-loop decisions it made)."""
     lw = _Lowerer(plan)
     st = LoopState(lw)
-    body = lw.loops(0, st)
+    body = k_blocked(lw, lw.loops(0, st))
     if plan.mode == "dense" and lw.write_once is None:
         size = Lit(1)
         for v in plan.assignment.out_vars:

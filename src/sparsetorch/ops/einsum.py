@@ -12,6 +12,7 @@ from functools import lru_cache
 
 import torch
 
+from ..compiler.kblock import PANEL_FACTORS, block_coords, blocks_pay
 from ..compiler.notation import Assignment, parse_einsum, var_extents
 from ..formats.tensor import SparseTensor
 from .execute import backend, fast_calls, kernel_for, lookup, run
@@ -257,11 +258,16 @@ def _describe(operand, split: bool) -> str:
 
 def _explanation(assignment: Assignment, kernel, names, rows=None) -> Explanation:
     """``rows``: the operand whose rows a balanced outer loop splits, if known as given."""
-    from ..compiler.ir import For
+    from ..compiler.ir import For, If
     from .balance import describe
 
     par = "serial"
-    top = [s for fn in kernel.functions[:1] for s in fn.body.stmts if isinstance(s, For)]
+    # (a top-level If chooses between a cache-blocked nest and the plain one: describe the
+    # plain one, its else branch)
+    stmts = [x for fn in kernel.functions[:1] for s in fn.body.stmts
+             for x in ((*s.orelse.stmts, *s.then.stmts) if isinstance(s, If) and s.orelse
+                       else (s,))]
+    top = [s for s in stmts if isinstance(s, For)]
     if top and top[0].parallel:
         p = top[0].parallel
         par = (f"outer loop {top[0].var} across threads, schedule({p.schedule}"
@@ -276,14 +282,22 @@ def _explanation(assignment: Assignment, kernel, names, rows=None) -> Explanatio
         output_format=out.format.name if out.format is not None else "dense tensor",
         workspace=tuple(f"{v} ({kernel.workspace_kind})" for v in kernel.workspace_vars),
         parallel=par,
-        tiles=_tiles(kernel), notes=kernel.notes,
+        tiles=_tiles(kernel, rows), notes=kernel.notes,
         loops=kernel.describe_loops(), source=kernel.source)
 
 
-def _tiles(kernel) -> str:
+def _tiles(kernel, rows=None) -> str:
     if not kernel.tile:
         return "none"
     text = f"{kernel.tile[0]} in register tiles of {kernel.tile[1]} values"
+    if kernel.block_cap is not None and isinstance(rows, SparseTensor):
+        m, k = rows.shape
+        kb = block_coords(rows.nnz, m, k)
+        j = kernel.schedule.order[1]
+        panel = kernel.tile[1] * PANEL_FACTORS[0]
+        text += (f"; {j} in cache blocks of {kb} coordinates, panels of up to {panel} values"
+                 if blocks_pay(kb, k, kernel.block_cap) else f"; {j} not cache-blocked for these rows ({rows.nnz / max(m, 1):.0f} "
+                 "entries per row: a block would cover over half of it)")
     for v, extent in kernel.jammed:
         text += (f"; {v} unrolled into {extent} of them side by side ({extent} x "
                  f"{kernel.tile[1]} values in registers: each dense row segment is loaded "

@@ -1,0 +1,88 @@
+"""Cache blocking of SpMM's reduction (compiler/kblock.py), checked against dense.
+
+Long rows take the blocked nest: panels of 16, 8 and 4 registers plus a masked remainder
+(so the dense widths below cross every panel boundary), row groups cut at thread ranges,
+cursors that skip blocks a row has no entries in, and the epilogue at the last block.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sparsetorch as st
+from sparsetorch.compiler.kblock import GROUP_ROWS, block_coords, blocks_pay
+from sparsetorch.compiler.kernel import vector_isa
+
+from dense_check import check_against_dense
+
+needs_avx512 = pytest.mark.skipif(vector_isa() is None, reason="no AVX-512 on this CPU")
+
+
+def _long_rows(rows, cols, density, dtype, seed=0):
+    """Random rows of about ``density * cols`` entries, with an empty row, a row whose
+    entries all sit in the last columns (it skips every earlier block) and a full row."""
+    g = torch.Generator().manual_seed(seed)
+    d = torch.randint(-3, 4, (rows, cols), generator=g).to(dtype)
+    d[torch.rand(rows, cols, generator=g) >= density] = 0
+    d[1] = 0
+    d[2, : cols - 5] = 0
+    d[3] = 2.5
+    return d
+
+
+def test_block_rule_blocks_long_rows_only():
+    # DLMC 70%-sparse 512x2048 (614 entries a row): blocks of 64 columns
+    assert block_coords(314572, 512, 2048) == 64 and blocks_pay(64, 2048, 512)
+    # a graph (5 entries a row): one block would cover everything
+    kb = block_coords(5 * 10000, 10000, 10000)
+    assert not blocks_pay(kb, 10000, 512)
+    assert block_coords(0, 0, 100) % 16 == 0    # no entries, no rows: still defined
+
+
+@needs_avx512
+@pytest.mark.parametrize("n_cols", [1, 17, 64, 128, 200, 256, 300, 530])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_blocked_spmm_matches_dense(n_cols, dtype):
+    d = _long_rows(GROUP_ROWS + 37, 384, 0.4, dtype)
+    x = torch.randn(384, n_cols, dtype=dtype)
+    for index_dtype in (torch.int32, torch.int64):
+        A = st.tensor(d, format="csr", index_dtype=index_dtype)
+        assert "cache blocks of" in st.explain("ij,jk->ik", A, x).tiles
+        check_against_dense("ij,jk->ik", (A, x))
+
+
+@needs_avx512
+def test_blocked_spmm_on_one_thread_and_with_epilogue(monkeypatch):
+    d = _long_rows(70, 256, 0.5, torch.float32, seed=1)
+    A = st.tensor(d, format="csr")
+    x = torch.randn(256, 96)
+    bias = torch.randn(96)
+    got = st.einsum("ij,jk->ik", A, x, bias=bias, activation="relu")
+    torch.testing.assert_close(got, torch.relu(d @ x + bias), rtol=1e-4, atol=1e-4)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.testing.assert_close(st.einsum("ij,jk->ik", A, x), d @ x, rtol=1e-4, atol=1e-4)
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_avx512
+def test_short_rows_stay_unblocked_and_explain_says_so():
+    d = _long_rows(50, 400, 0.02, torch.float32)
+    A = st.tensor(d, format="csr")
+    x = torch.randn(400, 64)
+    assert "not cache-blocked" in st.explain("ij,jk->ik", A, x).tiles
+    check_against_dense("ij,jk->ik", (A, x))
+
+
+@needs_avx512
+def test_blocked_spmm_gradients():
+    d = _long_rows(8, 128, 0.6, torch.float64, seed=2)
+    A = st.tensor(d, format="csr")
+    assert "cache blocks of" in st.explain("ij,jk->ik", A, torch.zeros(128, 3,
+                                                                   dtype=torch.float64)).tiles
+    vals = A.values.clone().requires_grad_()
+    x = torch.randn(128, 3, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda v, x: st.einsum("ij,jk->ik", A.with_values(v), x),
+                             (vals, x))
