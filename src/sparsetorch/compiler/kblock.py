@@ -71,7 +71,7 @@ def block_coords(nnz, rows, cols):
         64
     """
     per_row = _max(nnz // _max(rows, 1), 1)
-    return (ENTRIES * cols // per_row + 15) // 16 * 16
+    return _max((ENTRIES * cols // per_row + 15) // 16 * 16, 16)   # never 0 (no columns)
 
 
 def blocks_pay(kb, cols, cap):
