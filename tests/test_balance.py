@@ -55,6 +55,21 @@ def test_profile_and_rule():
     assert "uniform" in st.explain("ij,j->i", banded, torch.ones(60, dtype=F64)).parallel
 
 
+def test_assembly_through_a_workspace_weighs_each_entry():
+    """SpGEMM's per-entry work (workspace updates, emission) counts ``_ASSEMBLY_ENTRY_WORK``
+    multiply-adds toward going parallel, in the call shim and the generic path alike."""
+    forget_call_memo()
+    A = st.tensor(torch.eye(5, dtype=F64), format="csr")
+    st.einsum("ij,jk->ik", A, A)
+    st.einsum("ij,jk->ik", A, torch.ones(5, 3, dtype=F64))
+    spgemm = execute.lookup("ij,jk->ik", (A, A), None)
+    spmm = execute.lookup("ij,jk->ik", (A, torch.ones(5, 3, dtype=F64)), None)
+    weight = f"* {execute._ASSEMBLY_ENTRY_WORK}"
+    assert weight in spgemm.source and weight not in spmm.source
+    generic = spgemm.__globals__["generic"]   # the _Prepared the shim falls back to
+    assert generic.work(0, 10, [5, 5, 5]) == 10 * execute._ASSEMBLY_ENTRY_WORK
+
+
 @pytest.mark.parametrize("eq,fmts", [
     ("ij,jk->ik", ("csr", None)), ("ij,j->i", ("csr", None)), ("ij,ik,jk->ij", ("csr", None, None)),
     ("ij,jk->ik", ("csr", "csr")), ("ij,ij->ij", ("csr", "csr")), ("ij->i", ("csr",))])

@@ -35,6 +35,11 @@ COMPILED_DTYPES = tuple(_DTYPE_NAMES)
 # the dense index: SpMV on 6-17k stored entries measured ~10% faster on two threads, and
 # SpMM with 128 columns from ~1-2k entries (below that, one thread is 1.05-1.3x faster).
 _PARALLEL_WORK = 1 << 13
+# A result assembled through a row workspace costs more per stored operand entry: each one
+# drives workspace updates and emission, not one multiply-add. SpGEMM A@A of 400-500-row
+# SuiteSparse matrices (1.6-2k entries, 6-8k products) ran 1.3-1.7x faster on two threads
+# (count + fill kernels), and 34-100-row ones (0.2-0.8k entries) no faster.
+_ASSEMBLY_ENTRY_WORK = 8
 
 
 # ``os.environ.get`` encodes its key on every call (about 1 us, a tenth of a small call);
@@ -369,6 +374,7 @@ class _Prepared:
         self.num_threads = runtime.num_threads
         # The operand whose rows a balanced outer loop splits: the call passes ``nc``.
         self.balanced = kernel.balanced
+        self.entry_work = _ASSEMBLY_ENTRY_WORK if kernel.workspace_vars else 1
 
     def extents(self, tensors) -> list:
         """Index extents in ``all_vars`` order, checking that every use agrees."""
@@ -384,7 +390,7 @@ class _Prepared:
         lanes = self.lanes
         per_entry = _prod([-(-ext[d] // lanes) if d == self.vector_index else ext[d]
                            for d in self.dense_only])
-        return dense_numel // lanes + stored * per_entry
+        return dense_numel // lanes + stored * per_entry * self.entry_work
 
     def variant(self, workspace: str) -> "_Prepared":
         other = self.variants.get(workspace)

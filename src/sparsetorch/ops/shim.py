@@ -113,7 +113,8 @@ def make_shim(prepared, tensors, parallel_work: int):
     indices = {acc.operand: acc.indices for acc in kernel.assignment.expr.accesses()}
     work = [f"({' * '.join(f'e{first[v]}' for v in indices[n]) or '1'}){per}"
             for n in range(n_ops) if n not in sparse]
-    work += [f"n{n}{dense_only}" for n in sparse]
+    entry = f" * {prepared.entry_work}" if prepared.entry_work != 1 else ""
+    work += [f"n{n}{dense_only}{entry}" for n in sparse]
     work = " + ".join(work)
     args = ["nt", *(f"e{i}" for i in range(len(prepared.sources)))]
     if prepared.balanced is None:
