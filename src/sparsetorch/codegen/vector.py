@@ -173,15 +173,23 @@ class VectorLoops:
         out = [f"{pad}{{"]
         if not full:
             out.append(f"{pad}  const int64_t {s.var}_n = {self.scalar.expr(s.end)};")
+        # Every register's code is the same text but for its first lane, register and mask:
+        # render it once with placeholders (rendering 16-register tiles register by register
+        # took most of SpMM's compile time); a copy that declares values gets its own block.
+        body = _Body(self, lanes, None if full else _MASK, s.var, {s.var: _V("lin", _LANE0)},
+                     tile_reg=(tile, _REG))
+        text = body.stmts(s.body, pad + "  ")
+        scoped = any(line.lstrip().startswith("const ") for line in text)   # declarations
         for r in range(regs):
             mask = None
             if not full:
                 mask = self.fresh("m")
                 out.append(f"{pad}  const __mmask{lanes.n} {mask} = "
                            f"st_mask{lanes.n}({s.var}_n - {r * lanes.n});")
-            body = _Body(self, lanes, mask, s.var, {s.var: _V("lin", str(r * lanes.n))},
-                         tile_reg=(tile, r))
-            out += body.stmts(s.body, pad + "  ")
+            copy = [line.replace(_LANE0, str(r * lanes.n)).replace(_REG, str(r)).replace(
+                _MASK, mask or _MASK) for line in text]
+            out += [f"{pad}  {{", *("  " + line for line in copy), f"{pad}  }}"] if scoped \
+                else copy
         return out + [f"{pad}}}"]
 
     # -- sums ----------------------------------------------------------------------------
@@ -293,6 +301,10 @@ class VectorLoops:
         head = f"{pad}  {{" if single else f"{pad}  for (; {var} < {end}; {var} += {n}) {{"
         return [*out, head, *step, f"{pad}  }}",
                 f"{pad}  {acc} += {lanes.hsum(vaccs[0])};", f"{pad}}}"]
+
+
+# Placeholders in a register tile's body text (``tile_loop``), replaced per register.
+_LANE0, _REG, _MASK = "ST_LANE0_", "ST_REG_", "ST_MASK_"
 
 
 def _tile_of(node, tiles):
