@@ -195,8 +195,9 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
         if mode == "fill":   # the loop nest the count pass got fixes how entries are written
             emit_sorted, emit_rows = _emission(assignment, sched.order, out, lowerers[0])
             row_emission = first_sparse(sched.formats) if emit_rows else None
+        cap = block_cap(value_dtype, tile) if any(i.long_rows for i in infos) else None
         plan = Plan(assignment, sched.order, sched.formats, out, mode, workspace,
-                    tile, notes, row_emission, block_cap(value_dtype, tile))
+                    tile, notes, row_emission, cap)
         fn, lw = lower(plan, f"kernel_{mode}")
         if static and mode == "dense" and lw.tile_var is not None:
             body, jammed = jam_tiles(fn.body, dict(static), tile // vector_lanes(value_dtype))

@@ -30,10 +30,13 @@ from .notation import Assignment
 @dataclass(frozen=True)
 class OperandInfo:
     """What scheduling needs to know of an operand: its storage format (plain dense tensors
-    are all-dense row-major) and whether it is a plain strided tensor."""
+    are all-dense row-major) and whether it is a plain strided tensor; ``long_rows``: a
+    CSR-like operand whose rows are long enough for cache blocking (``kblock.long_rows``),
+    so its kernels carry the blocked nest too (a larger build, paid only where it helps)."""
 
     format: Format
     strided: bool
+    long_rows: bool = False
 
     @property
     def is_sparse(self) -> bool:

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from ..compiler.kblock import PANEL_FACTORS, block_coords, blocks_pay
+from ..compiler.kblock import PANEL_FACTORS, block_coords
 from ..compiler.notation import Assignment, parse_einsum, var_extents
 from ..formats.tensor import SparseTensor
 from .execute import backend, fast_calls, kernel_for, lookup, run
@@ -290,14 +290,10 @@ def _tiles(kernel, rows=None) -> str:
     if not kernel.tile:
         return "none"
     text = f"{kernel.tile[0]} in register tiles of {kernel.tile[1]} values"
-    if kernel.block_cap is not None and isinstance(rows, SparseTensor):
-        m, k = rows.shape
-        kb = block_coords(rows.nnz, m, k)
-        j = kernel.schedule.order[1]
-        panel = kernel.tile[1] * PANEL_FACTORS[0]
-        text += (f"; {j} in cache blocks of {kb} coordinates, panels of up to {panel} values"
-                 if blocks_pay(kb, k, kernel.block_cap) else f"; {j} not cache-blocked for these rows ({rows.nnz / max(m, 1):.0f} "
-                 "entries per row: a block would cover over half of it)")
+    if kernel.block_cap is not None and isinstance(rows, SparseTensor):   # long rows
+        kb = block_coords(rows.nnz, *rows.format.storage_dims(rows.shape))
+        text += (f"; {kernel.schedule.order[1]} in cache blocks of {kb} coordinates, panels "
+                 f"of up to {kernel.tile[1] * PANEL_FACTORS[0]} values")
     for v, extent in kernel.jammed:
         text += (f"; {v} unrolled into {extent} of them side by side ({extent} x "
                  f"{kernel.tile[1]} values in registers: each dense row segment is loaded "

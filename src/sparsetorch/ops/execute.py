@@ -12,7 +12,9 @@ from functools import lru_cache
 
 import torch
 
-from ..compiler.kernel import CompiledKernel, compile_kernel, first_sparse, vector_lanes
+from ..compiler.kblock import long_rows
+from ..compiler.kernel import (CompiledKernel, block_cap, compile_kernel, first_sparse,
+                               tile_width, vector_lanes)
 from ..compiler.notation import Assignment, var_extents
 from ..compiler.output import infer_output
 from ..compiler.schedule import OperandInfo, schedule
@@ -78,7 +80,7 @@ def normalize_operands(operands, what: str, keep_blocked: bool = False):
             if fmt.blocksize is not None and not keep_blocked:
                 t = t.asformat("csr", index_dtype=t.index_dtype)
                 fmt = t.format
-            infos.append(OperandInfo(fmt, False))
+            infos.append(OperandInfo(fmt, False, _long_rows(t)))
         else:
             if t.layout != torch.strided:
                 raise TypeError(f"{what}: operand {n} is a torch {t.layout} tensor; wrap it "
@@ -294,7 +296,8 @@ def _signature(assignment, operands, out_format):
                 if type(t._values) is not torch.Tensor and is_tracing((t,)):
                     return None   # fake or functional arrays: the custom-op path
                 part = _STRUCTURES.setdefault((t._format, t.index_dtype, t.dtype,
-                                               t.device.type), len(_STRUCTURES))
+                                               t.device.type, _long_rows(t)),
+                                              len(_STRUCTURES))
                 t.__dict__["_call_key"] = part
             parts.append(part)
         elif type(t) is torch.Tensor and t.layout == torch.strided:
@@ -307,6 +310,17 @@ def _signature(assignment, operands, out_format):
         return tuple(parts)
     except TypeError:
         return None
+
+
+def _long_rows(t: SparseTensor) -> bool:
+    """``kblock.long_rows`` of ``t``, kept with it (its pattern never changes)."""
+    found = t.__dict__.get("_long_rows")
+    if found is None:
+        found = t.dtype in _DTYPE_NAMES and long_rows(
+            t._format, t._size, t._values.numel(),
+            block_cap(_DTYPE_NAMES[t.dtype], tile_width(_DTYPE_NAMES[t.dtype])))
+        t.__dict__["_long_rows"] = found
+    return found
 
 
 def _fmt_key(out_format):
