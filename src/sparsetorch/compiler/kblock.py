@@ -78,7 +78,7 @@ def block_coords(nnz, rows, cols):
 
 
 def blocks_pay(kb, cols, cap):
-    """Whether to block: at least two blocks, each's slice of X within ``cap`` rows."""
+    """Whether to block: at least two blocks, each block's slice of X within ``cap`` rows."""
     return (kb * 2 <= cols) & (kb <= cap)
 
 
@@ -166,7 +166,7 @@ def blocked_nest(lw, n, parallel) -> For:
     pos, crd = arr(n, "pos1"), arr(n, "crd1")
     i0, i_end, cur = lw.fresh("i0_"), lw.fresh("iend"), lw.fresh("cur")
     kb, blocks = lw.fresh("kb"), lw.fresh("nb")
-    b, j0, j1 = lw.fresh("b"), lw.fresh("j0_"), lw.fresh("j1_")
+    b, j1 = lw.fresh("b"), lw.fresh("j1_")
     p, e = lw.fresh(f"p{n}_"), lw.fresh(f"e{n}_")
     out_at = Load("out_vals", Bin("+", Bin("*", Sym(i), Sym(f"n_{k}")), Sym(k)))
     rel = Bin("-", Sym(i), Sym(i0))
@@ -180,7 +180,9 @@ def blocked_nest(lw, n, parallel) -> For:
         acc = Load(tile[2], Sym(tile[3]))
         # The epilogue (bias, activation) applies once the last block is summed.
         final = lane_loop(k, tile, [lw.write_out(acc, st, "flush")])
-        partial = store = lane_loop(k, tile, [Assign(out_at, acc)])
+        partial = lane_loop(k, tile, [Assign(out_at, acc)])
+        flush = partial if final == partial else If(
+            Bin(">=", Sym(j1), Sym(f"n_{j}")), block(final), block(partial))
         entry = [Decl("idx", j, Load(crd, Sym(p))),
                  lane_loop(k, tile, lw.store(lw.value(lw.summand, st), st)),
                  Assign(Sym(p), Bin("+", Sym(p), Lit(1)))]
@@ -191,13 +193,10 @@ def blocked_nest(lw, n, parallel) -> For:
                Decl("idx", e, Load(pos, Bin("+", Sym(i), Lit(1)))),
                While(Bin("&&", Bin("<", Sym(p), Sym(e)),
                          Bin("<", Load(crd, Sym(p)), Sym(j1))), block(entry)),
-               Assign(Load(cur, rel), Sym(p)),
-               store if final == partial else If(Bin(">=", Sym(j1), Sym(f"n_{j}")),
-                                                 block(final), block(partial))]
+               Assign(Load(cur, rel), Sym(p)), flush]
         return [rows([Assign(Load(cur, rel), Load(pos, Sym(i)))]),
-                For(b, Lit(0), Sym(blocks), block(
-                    Decl("idx", j0, Bin("*", Sym(b), Sym(kb))),
-                    Decl("idx", j1, Bin("+", Sym(j0), Sym(kb))),
+                For(b, Lit(0), Sym(blocks), block(   # block b: j in [b kb, (b + 1) kb)
+                    Decl("idx", j1, Bin("*", Bin("+", Sym(b), Lit(1)), Sym(kb))),
                     rows(row)))]
 
     widths = tuple(lw.plan.tile * f for f in PANEL_FACTORS)

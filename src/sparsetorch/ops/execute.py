@@ -316,8 +316,11 @@ def _long_rows(t: SparseTensor) -> bool:
     """``kblock.long_rows`` of ``t``, kept with it (its pattern never changes)."""
     found = t.__dict__.get("_long_rows")
     if found is None:
+        nnz = t._values.numel()
+        if type(nnz) is not int or any(type(d) is not int for d in t._size):
+            return False   # symbolic while tracing: the plain kernel (same results)
         found = t.dtype in _DTYPE_NAMES and long_rows(
-            t._format, t._size, t._values.numel(),
+            t._format, t._size, nnz,
             block_cap(_DTYPE_NAMES[t.dtype], tile_width(_DTYPE_NAMES[t.dtype])))
         t.__dict__["_long_rows"] = found
     return found
