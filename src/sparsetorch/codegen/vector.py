@@ -186,8 +186,10 @@ class VectorLoops:
                 mask = self.fresh("m")
                 out.append(f"{pad}  const __mmask{lanes.n} {mask} = "
                            f"st_mask{lanes.n}({s.var}_n - {r * lanes.n});")
-            copy = [line.replace(_LANE0, str(r * lanes.n)).replace(_REG, str(r)).replace(
-                _MASK, mask or _MASK) for line in text]
+            copy = [line.replace(_LANE0, str(r * lanes.n)).replace(_REG, str(r))
+                    for line in text]
+            if mask is not None:
+                copy = [line.replace(_MASK, mask) for line in copy]
             out += [f"{pad}  {{", *("  " + line for line in copy), f"{pad}  }}"] if scoped \
                 else copy
         return out + [f"{pad}}}"]

@@ -56,9 +56,7 @@ def blockable(lw) -> int | None:
         return None
     n = lw.balanced
     i, j, k = lw.order
-    levels = plan.formats[n].levels
-    if lw.levels[n] != (i, j) or len(levels) != 2 or not isinstance(levels[0], Dense) or \
-            not isinstance(levels[1], Compressed) or j in lw.out_vars:
+    if lw.levels[n] != (i, j) or not _rows_of_columns(plan.formats[n]) or j in lw.out_vars:
         return None
     # Every term needs A (a product, not a union with a dense term).
     return n if presence(lw.body, lambda acc: acc.operand != n) is False else None
@@ -94,12 +92,17 @@ def long_rows(format, shape, nnz: int, cap: int | None) -> bool:
         >>> long_rows(as_format("csr", 2), (10000, 10000), 50000, 512)   # a graph
         False
     """
-    levels = format.levels
-    if cap is None or len(levels) != 2 or not isinstance(levels[0], Dense) or \
-            not isinstance(levels[1], Compressed) or format.blocksize is not None:
+    if cap is None or not _rows_of_columns(format) or format.blocksize is not None:
         return False
     rows, cols = format.storage_dims(shape)
     return bool(blocks_pay(block_coords(nnz, rows, cols), cols, cap))
+
+
+def _rows_of_columns(format) -> bool:
+    """Two levels, dense rows over compressed columns (CSR-like, any mode order)."""
+    levels = format.levels
+    return len(levels) == 2 and isinstance(levels[0], Dense) and \
+        isinstance(levels[1], Compressed)
 
 
 class _IR:
@@ -155,6 +158,7 @@ def k_blocked(lw, body: list) -> list:
         f"entries per row and block, groups of {GROUP_ROWS} rows, panels of "
         f"{'/'.join(str(lw.plan.tile * f) for f in PANEL_FACTORS)} values, a block's slice "
         f"of the dense operand at most {lw.plan.block_cap} rows (a quarter of L2)")
+    # (the nest computes ``kb`` again: an outlined parallel loop reads parameters only)
     return [If(worth_blocking(lw, n), block(blocked_nest(lw, n, loop.parallel)), block(body))]
 
 
