@@ -547,6 +547,31 @@ def test_huge_dimension_uses_a_hashed_workspace():
     torch.testing.assert_close(got.values(), want.values(), rtol=1e-10, atol=0)
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("arrival", ["scrambled", "in order", "with repeats"])
+def test_spgemm_rows_of_every_cell_count_are_sorted(arrival, dtype, index_dtype):
+    """Row r of A @ B touches r + 1 cells (1-44: the sorting network's 6-32, the insertion
+    sort, quicksort and the bitmap scan on both sides of it), arriving scrambled, in order,
+    or each twice; the result has sorted unique columns and the dense product's values."""
+    gen = torch.Generator().manual_seed(7)
+    rows, width = 44, 3000
+    cols = torch.randperm(width, generator=gen)[:rows] if arrival != "in order" else \
+        torch.arange(rows) * 61
+    b_idx = torch.stack([torch.arange(rows), cols])      # B row k: one entry, column cols[k]
+    if arrival == "with repeats":                        # and the previous row's column
+        b_idx = torch.cat([b_idx, torch.stack([torch.arange(1, rows), cols[:-1]])], 1)
+    B = st.tensor((b_idx, torch.rand(b_idx.shape[1], generator=gen, dtype=dtype) + 0.5),
+                  shape=(rows, width), format="csr", index_dtype=index_dtype)
+    A = st.tensor(torch.tril(torch.rand(rows, rows, generator=gen, dtype=dtype) + 0.5),
+                  format="csr", index_dtype=index_dtype)   # row r: columns 0..r
+    r = st.einsum("ij,jk->ik", A, B)
+    st.SparseTensor.from_levels(r.shape, r.format, r.arrays, r.values, check=True)
+    assert torch.equal(r.arrays["pos1"].diff(), torch.arange(1, rows + 1).to(r.index_dtype))
+    torch.testing.assert_close(r.to_dense(), A.to_dense() @ B.to_dense(),
+                               rtol=1e-10 if dtype == F64 else 1e-5, atol=0)
+
+
 def test_concurrent_calls_from_threads():
     """Python threads calling einsum at once (kernels release the GIL) all get right answers,
     including while the first of them are still building kernels."""
