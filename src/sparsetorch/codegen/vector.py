@@ -88,7 +88,9 @@ static const int32_t st_bitonic_idx[14][16] __attribute__((aligned(64))) = {
   {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
   {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14},
 };
-static const uint16_t st_bitonic_max[14] = {0x6666, 0x3c3c, 0x5a5a, 0x0ff0, 0x33cc, 0x55aa, 0xff00, 0xf0f0, 0xcccc, 0xaaaa, 0xff00, 0xf0f0, 0xcccc, 0xaaaa};
+static const uint16_t st_bitonic_max[14] = {0x6666, 0x3c3c, 0x5a5a, 0x0ff0, 0x33cc, 0x55aa,
+                                             0xff00, 0xf0f0, 0xcccc, 0xaaaa,
+                                             0xff00, 0xf0f0, 0xcccc, 0xaaaa};
 static inline __m512i st_bitonic(__m512i v, int first, int last) {
   for (int s = first; s < last; s++) {
     const __m512i p = _mm512_permutexvar_epi32(_mm512_load_si512(st_bitonic_idx[s]), v);
