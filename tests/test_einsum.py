@@ -551,13 +551,13 @@ def test_huge_dimension_uses_a_hashed_workspace():
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("arrival", ["scrambled", "in order", "with repeats"])
 def test_spgemm_rows_of_every_cell_count_are_sorted(arrival, dtype, index_dtype):
-    """Row r of A @ B touches r + 1 cells (1-44: the sorting network's 6-32, the insertion
-    sort, quicksort and the bitmap scan on both sides of it), arriving scrambled, in order,
-    or each twice; the result has sorted unique columns and the dense product's values."""
+    """Row r of A @ B touches r + 1 cells (1-80: the sorting networks' 6-32 and 33-64, the
+    insertion sort and the bitmap scan around them), arriving scrambled, in order, or each
+    twice; the result has sorted unique columns and the dense product's values."""
     gen = torch.Generator().manual_seed(7)
-    rows, width = 44, 3000
+    rows, width = 80, 3000
     cols = torch.randperm(width, generator=gen)[:rows] if arrival != "in order" else \
-        torch.arange(rows) * 61
+        torch.arange(rows) * 37
     b_idx = torch.stack([torch.arange(rows), cols])      # B row k: one entry, column cols[k]
     if arrival == "with repeats":                        # and the previous row's column
         b_idx = torch.cat([b_idx, torch.stack([torch.arange(1, rows), cols[:-1]])], 1)

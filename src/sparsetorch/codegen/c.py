@@ -184,11 +184,14 @@ _HELPERS = {
                    "    while (b);",
                    "  }}",
                    "}} else st_sort_i64(ws_list, ws_n);"],
-    # With AVX-512, rows of 6-32 cells take the sorting network (``vector.SORT_PRELUDE``)
-    # first. Fill-pass A/B on SuiteSparse A@A: bcspwr10 1.7x, nnc1374, west0479 and
-    # 494_bus 1.1-1.2x, bayer10 1.1x; banded olm500/olm1000 unchanged (they arrive sorted).
+    # With AVX-512, rows of 6-64 cells take the sorting network (``vector.SORT_PRELUDE``)
+    # first. Fill-pass A/B on SuiteSparse A@A, 6-32 cells: bcspwr10 1.7x, nnc1374,
+    # west0479 and 494_bus 1.1-1.2x, bayer10 1.15x, banded olm500/olm1000 unchanged (their
+    # cells arrive sorted); 33-64 cells then: bayer10 1.28x, dwt_992 1.17x, zenios 1.09x.
     "dense_sort_avx512": ["if (ws_n >= 6 && ws_n <= 32) {{",
                           "  if (!st_sorted32(ws_list, ws_n)) st_sort32(ws_list, ws_n);",
+                          "}} else if (ws_n > 32 && ws_n <= 64) {{",
+                          "  st_sort64(ws_list, ws_n);",
                           "}} else if (ws_words < ws_n * (ws_n > 24 ? 8 : 1)) {{"],
     "alloc_hash": ["st_hash ws; st_hash_init(&ws);", "int64_t ws_n = 0;",
                    "int64_t* ws_list = 0; val_t* ws_sorted = 0;"],

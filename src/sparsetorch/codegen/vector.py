@@ -61,12 +61,13 @@ static inline __m128 st_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 """
 
 # Sorting a row's touched workspace cells (SpGEMM's fill pass, ``c.py``'s "dense_sort")
-# when it holds 6-32 of them: a bitonic network, 16 keys per register, branch-free.
+# when it holds 6-64 of them: a bitonic network, 16 keys per register, branch-free.
 # Insertion sort mispredicts on irregular rows (power grids, circuits); the network costs
 # the same for any order: 45-70 ns for 16-32 random keys against 270-600 ns (a C
-# microbenchmark here). Workspace cells are below ``lower.MAX_WORKSPACE`` (2^24), so the
-# keys narrow to int32 exactly (padding: INT32_MAX). ``st_sorted32`` first tests for a list
-# already in order, which banded matrices hand over (insertion sort was linear on them).
+# microbenchmark here), and for 33-64 keys less than the bitmap scan or quicksort.
+# Workspace cells are below ``lower.MAX_WORKSPACE`` (2^24), so the keys narrow to int32
+# exactly (padding: INT32_MAX). ``st_sorted32`` first tests for a list already in order,
+# which banded matrices hand over (insertion sort was linear on them).
 SORT_PRELUDE = """\
 #include <immintrin.h>
 /* Bitonic network on 16 int32 lanes: stage s pairs lane i with st_bitonic_idx[s][i];
@@ -126,19 +127,49 @@ static inline int st_sorted32(const int64_t* a, int64_t n) {
                                          st_keys16(a + 16, n - 17), st_keys16(a + 17, n - 17));
   return down == 0;
 }
-/* Sort a[0, n), 2 <= n <= 32, keys below 2^31: two sorted registers, the second reversed,
-   split by min/max into the lower and upper 16, each then made ascending. */
+static inline __m512i st_reversed16(__m512i v) {
+  return _mm512_permutexvar_epi32(
+      _mm512_set_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), v);
+}
+/* A bitonic sequence of 32 keys in (*lo, *hi) into ascending order: the lower 16 by min,
+   the upper 16 by max, each a bitonic 16. */
+static inline void st_merge32(__m512i* lo, __m512i* hi) {
+  const __m512i l = _mm512_min_epi32(*lo, *hi), h = _mm512_max_epi32(*lo, *hi);
+  *lo = st_bitonic(l, 10, 14);
+  *hi = st_bitonic(h, 10, 14);
+}
+/* Sort a[0, n), 2 <= n <= 32, keys below 2^31: two sorted registers, the second reversed
+   (ascending then descending is bitonic), merged. */
 static inline void st_sort32(int64_t* a, int64_t n) {
   if (n <= 16) {
     st_store_keys16(a, n, st_bitonic(st_keys16(a, n), 0, 10));
     return;
   }
-  const __m512i x = st_bitonic(st_keys16(a, 16), 0, 10);
-  const __m512i y = _mm512_permutexvar_epi32(
-      _mm512_set_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-      st_bitonic(st_keys16(a + 16, n - 16), 0, 10));
-  st_store_keys16(a, 16, st_bitonic(_mm512_min_epi32(x, y), 10, 14));
-  st_store_keys16(a + 16, n - 16, st_bitonic(_mm512_max_epi32(x, y), 10, 14));
+  __m512i x = st_bitonic(st_keys16(a, 16), 0, 10);
+  __m512i y = st_reversed16(st_bitonic(st_keys16(a + 16, n - 16), 0, 10));
+  st_merge32(&x, &y);
+  st_store_keys16(a, 16, x);
+  st_store_keys16(a + 16, n - 16, y);
+}
+/* Sort a[0, n), 33 <= n <= 64: two sorted 32s, the second reversed, split by min/max into
+   the lower and upper 32 (each bitonic), each merged. */
+static inline void st_sort64(int64_t* a, int64_t n) {
+  const int64_t n3 = n - 32 < 16 ? n - 32 : 16, n4 = n - 32 - n3;
+  __m512i r0 = st_bitonic(st_keys16(a, 16), 0, 10);
+  __m512i r1 = st_reversed16(st_bitonic(st_keys16(a + 16, 16), 0, 10));
+  __m512i r2 = st_bitonic(st_keys16(a + 32, n3), 0, 10);
+  __m512i r3 = st_reversed16(st_bitonic(st_keys16(a + 48, n4), 0, 10));
+  st_merge32(&r0, &r1);
+  st_merge32(&r2, &r3);
+  const __m512i s2 = st_reversed16(r3), s3 = st_reversed16(r2);
+  __m512i l0 = _mm512_min_epi32(r0, s2), l1 = _mm512_min_epi32(r1, s3);
+  __m512i h0 = _mm512_max_epi32(r0, s2), h1 = _mm512_max_epi32(r1, s3);
+  st_merge32(&l0, &l1);
+  st_merge32(&h0, &h1);
+  st_store_keys16(a, 16, l0);
+  st_store_keys16(a + 16, 16, l1);
+  st_store_keys16(a + 32, n3, h0);
+  st_store_keys16(a + 48, n4, h1);
 }
 """
 
