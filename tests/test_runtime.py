@@ -374,3 +374,54 @@ def test_entries_release_the_gil(cache):
     spin(flag.data_ptr())
     setter.join()
     assert flag.tolist() == [1, 1]
+
+
+# -- the precompiled intrinsics header (runtime/pch.py) --------------------------------------
+def intrinsics_source(tag=None):
+    """A kernel that includes <immintrin.h> (and uses nothing of it, so it builds anywhere)."""
+    return f"/* test kernel {tag or uuid.uuid4().hex} */\n#include <immintrin.h>\n" + \
+        saxpy_source(tag).split("\n", 1)[1]
+
+
+gcc_only = pytest.mark.skipif(not rt_build.pch._is_gcc(rt_build.toolchain().version),
+                              reason="precompiled headers are used with GCC only")
+
+
+@gcc_only
+def test_intrinsic_kernels_share_one_precompiled_header(cache, monkeypatch):
+    commands = []
+    real_run = rt_build._run
+    monkeypatch.setattr(rt_build, "_run",
+                        lambda tc, flags, src, out, extra=(): commands.append(extra) or
+                        real_run(tc, flags, src, out, extra))
+    for _ in range(2):
+        run_saxpy(rt.load_kernel(intrinsics_source(), "saxpy", SAXPY_ARGS))
+    run_saxpy(rt.load_kernel(saxpy_source(), "saxpy", SAXPY_ARGS))
+    headers = sorted(cache.glob("*.h.gch"))
+    assert len(headers) == 1 and headers[0].stat().st_size > 0
+    assert commands == [("-include", str(headers[0])[:-len(".gch")])] * 2 + [()]
+    assert rt.clear_cache() >= 7 and not list(cache.glob("*.h*"))
+
+
+@gcc_only
+@pytest.mark.parametrize("damage", ["garbage", "rejected"])
+def test_a_bad_precompiled_header_never_fails_a_build(cache, monkeypatch, damage):
+    """A .gch GCC cannot use is parsed around (garbage) or, where the build fails with it,
+    dropped and the kernel built without it."""
+    run_saxpy(rt.load_kernel(intrinsics_source(), "saxpy", SAXPY_ARGS))
+    (gch,) = cache.glob("*.h.gch")
+    if damage == "garbage":
+        gch.write_bytes(b"gpch" + os.urandom(4096))
+    else:
+        monkeypatch.setattr(rt_build.pch, "include_flags",
+                            lambda *a: ("-include", str(cache / "missing.h")))
+    run_saxpy(rt.load_kernel(intrinsics_source(), "saxpy", SAXPY_ARGS))
+    assert rt.stats()["builds"] == 2
+
+
+def test_precompiled_header_only_for_gcc_and_intrinsics():
+    assert not rt_build.pch._is_gcc("clang version 17.0.6\nTarget: x86_64-pc-linux-gnu")
+    assert rt_build.pch._is_gcc("gcc (Debian 12.2.0-14) 12.2.0\nCopyright (C) 2022 Free "
+                                "Software Foundation, Inc.")
+    tc = rt_build.toolchain()
+    assert rt_build.pch.include_flags(tc, rt_build.FLAGS, saxpy_source(), "cpu") == ()

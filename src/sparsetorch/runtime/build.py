@@ -15,6 +15,8 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 
+from . import pch
+
 # -std=c99: generated code is plain C99 (restrict, int64_t, declarations in for).
 # -march=native is why CPU features are part of the cache key.
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c99")
@@ -157,7 +159,14 @@ def compile_library(tc: Toolchain, source_path: str, out_path: str) -> tuple[str
     """
     ident = tc.identity()
     flags = FLAGS if ident not in _no_openmp else _without_openmp(FLAGS)
-    proc = _run(tc, flags, source_path, out_path)
+    with open(source_path) as f:
+        source = f.read()
+    cpu = cpu_features()
+    pch_flags = pch.include_flags(tc, flags, source, cpu)
+    proc = _run(tc, flags, source_path, out_path, pch_flags)
+    if proc.returncode != 0 and pch_flags:   # a precompiled header GCC rejects outright
+        pch.discard(tc, flags, cpu)
+        proc = _run(tc, flags, source_path, out_path)
     if proc.returncode != 0 and OPENMP_FLAG in flags and not _has_openmp(tc):
         _no_openmp.add(ident)
         flags = _without_openmp(FLAGS)
@@ -183,12 +192,12 @@ def _without_openmp(flags: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f for f in flags if f != OPENMP_FLAG)
 
 
-def _command(tc: Toolchain, flags, source_path: str, out_path: str) -> list[str]:
-    return [*tc.argv, *flags, source_path, "-o", out_path, *LIBS]
+def _command(tc: Toolchain, flags, source_path: str, out_path: str, extra=()) -> list[str]:
+    return [*tc.argv, *flags, *extra, source_path, "-o", out_path, *LIBS]
 
 
-def _run(tc: Toolchain, flags, source_path: str, out_path: str):
-    cmd = _command(tc, flags, source_path, out_path)
+def _run(tc: Toolchain, flags, source_path: str, out_path: str, extra=()):
+    cmd = _command(tc, flags, source_path, out_path, extra)
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.SubprocessError) as e:

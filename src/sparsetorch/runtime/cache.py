@@ -22,8 +22,9 @@ try:
 except ImportError:  # not POSIX: no locking, concurrent builds just duplicate work
     fcntl = None
 
-# ".op": recipes of kernels named by traced graphs (ops/custom_ops.py).
-SUFFIXES = (".so", ".c", ".json", ".lock", ".op")
+# ".op": recipes of kernels named by traced graphs (ops/custom_ops.py); ".h", ".gch": the
+# precompiled intrinsics header (runtime/pch.py).
+SUFFIXES = (".so", ".c", ".json", ".lock", ".op", ".h", ".gch")
 TMP_PREFIX = ".tmp-"
 
 

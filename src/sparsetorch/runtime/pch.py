@@ -1,0 +1,99 @@
+"""A precompiled ``<immintrin.h>`` for kernels that use AVX-512 intrinsics (GCC only).
+
+Parsing the intrinsics header is about a third of such a kernel's build here (an SpMM
+kernel: 0.30 s, 0.21 s with the header precompiled). GCC can load a header precompiled
+instead (a ``.gch`` file next to it), so ``include_flags`` answers ``-include <header>`` for
+a source that includes ``<immintrin.h>``: a header of the standard includes the kernels start
+with plus the intrinsics, precompiled once per compiler, flags and CPU and kept in the
+kernel cache (``<key>.h`` and ``<key>.h.gch``, written atomically like the kernels).
+
+GCC checks a ``.gch`` against each compilation and parses the header as text when it does
+not fit, so a stale one costs only time; a build that fails with these flags is retried
+without them and the header is dropped (``discard``). Other compilers (clang reads another
+format) and kernels without intrinsics get no flags: loading the 26 MB ``.gch`` costs an
+elementwise kernel more (0.17 s against 0.12 s) than the few headers it parses.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+
+from . import cache as _cache
+
+TRIGGER = "#include <immintrin.h>"
+TEXT = "".join(f"#include <{h}>\n" for h in
+               ("stdint.h", "stdlib.h", "string.h", "math.h", "omp.h", "immintrin.h"))
+
+# (cache dir, compiler identity, flags, cpu) -> the header's path, or None where it could
+# not be built or was discarded
+_headers: dict[tuple, str | None] = {}
+
+
+def include_flags(tc, flags, source: str, cpu: str) -> tuple[str, ...]:
+    """Extra compiler arguments that make ``source`` use the precompiled header, or ().
+
+    Example:
+        >>> from sparsetorch.runtime.build import FLAGS, cpu_features, toolchain
+        >>> include_flags(toolchain(), FLAGS, "void k(void) {}", cpu_features())
+        ()
+    """
+    if TRIGGER not in source or not _is_gcc(tc.version):
+        return ()
+    memo = _memo_key(tc, flags, cpu)
+    header = _headers.get(memo, "")
+    # (built again where the cache was cleared since)
+    if header == "" or (header is not None and not os.path.exists(header + ".gch")):
+        header = _headers[memo] = _build(tc, flags, cpu)
+    return () if header is None else ("-include", header)
+
+
+def discard(tc, flags, cpu: str) -> None:
+    """Stop using this precompiled header in this process (a kernel failed to build with
+    it) and delete it, so that later processes build a fresh one."""
+    memo = _memo_key(tc, flags, cpu)
+    header, _headers[memo] = _headers.get(memo), None
+    if header:
+        with contextlib.suppress(OSError):
+            os.unlink(header + ".gch")
+
+
+def _memo_key(tc, flags, cpu: str) -> tuple:
+    return str(_cache.cache_dir()), tc.identity(), tuple(flags), cpu
+
+
+def _is_gcc(version: str) -> bool:
+    """GCC's ``--version`` names the Free Software Foundation; clang's names clang."""
+    return "Free Software Foundation" in version and "clang" not in version.lower()
+
+
+def _build(tc, flags, cpu: str) -> str | None:
+    """The header's path once it and its ``.gch`` are in the cache, or None."""
+    try:
+        d = _cache.ensure_dir()
+    except OSError:
+        return None
+    key = _cache.cache_key(TEXT, tc.identity(), " ".join(flags), cpu, "pch")
+    header = d / f"{key}.h"
+    gch = d / f"{key}.h.gch"
+    if header.is_file() and gch.is_file() and gch.stat().st_size > 0:
+        return str(header)
+    # The precompiled unit is compiled like a kernel, minus linking (-shared).
+    cflags = [f for f in flags if f != "-shared"]
+    try:
+        _cache.write_atomic(header, TEXT.encode())
+        tmp = _cache.temp_path(d, ".gch")
+    except OSError:
+        return None
+    try:
+        proc = subprocess.run([*tc.argv, *cflags, "-x", "c-header", str(header), "-o", tmp],
+                              capture_output=True, timeout=600)
+        if proc.returncode != 0:
+            return None
+        os.replace(tmp, gch)
+        return str(header)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
