@@ -316,6 +316,16 @@ def test_fast_path_answers_only_its_own_signature(monkeypatch):
     monkeypatch.setenv("SPARSETORCH_BACKEND", "torch")
     assert execute.fast_calls("ij,j->i") == ()
     assert torch.allclose(st.einsum("ij,j->i", A, x), dense @ x)
+    # (``st.einsum`` reads the shims itself: it too must leave them alone)
+
+    def c_shim(ops):
+        raise AssertionError("a C call shim ran under SPARSETORCH_BACKEND=torch")
+
+    monkeypatch.setitem(execute._FAST, "ij,j->i", (c_shim,))
+    assert torch.allclose(st.einsum("ij,j->i", A, x), dense @ x)
+    monkeypatch.setenv("SPARSETORCH_BACKEND", "c")   # named explicitly: the shims again
+    with pytest.raises(AssertionError, match="C call shim"):
+        st.einsum("ij,j->i", A, x)
 
 
 @pytest.mark.parametrize("index", [torch.int32, torch.int64])

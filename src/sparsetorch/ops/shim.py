@@ -11,9 +11,10 @@ signature the shim is memoised under), and ``exec``\\s it once, the way
 
     def call(ops):
         t0, t1 = ops
+        s1 = t1.shape
         t1 = t1.contiguous()
         n0, p0 = t0.__dict__.get('_raw') or raw(t0)
-        s0 = t0._size; s1 = t1.shape
+        s0 = t0._size
         e0 = s0[0]; e1 = s0[1]
         if s1[0] != e1: mismatch(ops)
         out = empty_strided((e0,), (1,), dtype=dtype)
@@ -80,8 +81,10 @@ def make_shim(prepared, tensors, parallel_work: int):
     lines = [f"    t{n} = t{n}.contiguous()" for n in range(n_ops) if n not in sparse]
     # A SparseTensor's entry count and raw pointers never change: read once (``raw``).
     lines += [f"    n{n}, p{n} = t{n}.__dict__.get('_raw') or raw(t{n})" for n in sparse]
-    lines.append("    " + "; ".join(f"s{n} = t{n}._size" if n in sparse else f"s{n} = t{n}.shape"
-                                    for n in range(n_ops)))
+    # Dense shapes are read by the caller of these lines: ``call`` below, or the guard,
+    # which needs the rank anyway (``len(shape)`` is cheaper than ``dim()`` then ``shape``).
+    if sparse:
+        lines.append("    " + "; ".join(f"s{n} = t{n}._size" for n in sparse))
     lines.append("    " + "; ".join(f"e{i} = s{n}[{d}]"
                                     for i, (n, d) in enumerate(prepared.sources)))
     first = {v: i for i, v in enumerate(prepared.var_order)}
@@ -141,7 +144,9 @@ def make_shim(prepared, tensors, parallel_work: int):
     elif kind == "dense":
         lines.append("    return out")
     guard = _guard(tensors, sparse)
-    source = "\n".join(["def call(ops):", unpack, *lines,
+    dense_shapes = "; ".join(f"s{n} = t{n}.shape" for n in range(n_ops) if n not in sparse)
+    reads = [f"    {dense_shapes}"] if dense_shapes else []
+    source = "\n".join(["def call(ops):", unpack, *reads, *lines,
                         *(["def guarded(ops):", f"    if len(ops) != {n_ops}: return None",
                            unpack, *guard, *lines] if guard else [])])
     scope = {"empty_strided": torch.empty_strided, "zeros": torch.zeros, "dtype": prepared.dtype,
@@ -205,9 +210,10 @@ def _guard(tensors, sparse) -> list[str]:
             grads.append(f"t{n}._values.requires_grad or "
                          f"(t{n}._wrapper_grad and t{n}.requires_grad)")
         else:
-            lines.append(f"    if type(t{n}) is not Tensor or t{n}.layout is not strided or "
-                         f"t{n}.dtype is not dtype or not t{n}.is_cpu or t{n}.dim() != {t.dim()}:"
-                         " return None")
+            lines += [f"    if type(t{n}) is not Tensor or t{n}.layout is not strided or "
+                      f"t{n}.dtype is not dtype or not t{n}.is_cpu: return None",
+                      f"    s{n} = t{n}.shape",
+                      f"    if len(s{n}) != {t.dim()}: return None"]
             grads.append(f"t{n}.requires_grad")
     lines.append(f"    if grad() and ({' or '.join(grads)}): return None")
     return lines
