@@ -11,9 +11,9 @@ signature the shim is memoised under), and ``exec``\\s it once, the way
 
     def call(ops):
         t0, t1 = ops
-        s1 = t1.shape
+        s1 = t1.shape; d0 = t0.__dict__
         t1 = t1.contiguous()
-        n0, p0 = t0.__dict__.get('_raw') or raw(t0)
+        n0, p0 = d0.get('_raw') or raw(t0)
         s0 = t0._size
         e0 = s0[0]; e1 = s0[1]
         if s1[0] != e1: mismatch(ops)
@@ -80,7 +80,7 @@ def make_shim(prepared, tensors, parallel_work: int):
     sparse = [n for n, t in enumerate(tensors) if isinstance(t, SparseTensor)]
     lines = [f"    t{n} = t{n}.contiguous()" for n in range(n_ops) if n not in sparse]
     # A SparseTensor's entry count and raw pointers never change: read once (``raw``).
-    lines += [f"    n{n}, p{n} = t{n}.__dict__.get('_raw') or raw(t{n})" for n in sparse]
+    lines += [f"    n{n}, p{n} = d{n}.get('_raw') or raw(t{n})" for n in sparse]
     # Dense shapes are read by the caller of these lines: ``call`` below, or the guard,
     # which needs the rank anyway (``len(shape)`` is cheaper than ``dim()`` then ``shape``).
     if sparse:
@@ -144,11 +144,13 @@ def make_shim(prepared, tensors, parallel_work: int):
     elif kind == "dense":
         lines.append("    return out")
     guard = _guard(tensors, sparse)
-    dense_shapes = "; ".join(f"s{n} = t{n}.shape" for n in range(n_ops) if n not in sparse)
-    reads = [f"    {dense_shapes}"] if dense_shapes else []
-    source = "\n".join(["def call(ops):", unpack, *reads, *lines,
-                        *(["def guarded(ops):", f"    if len(ops) != {n_ops}: return None",
-                           unpack, *guard, *lines] if guard else [])])
+    reads = "; ".join([f"s{n} = t{n}.shape" for n in range(n_ops) if n not in sparse] +
+                      [f"d{n} = t{n}.__dict__" for n in sparse])
+    # (an operand list of another length fails the unpacking: not this shim's call)
+    source = "\n".join(["def call(ops):", unpack, f"    {reads}", *lines,
+                        *(["def guarded(ops):", "    try:", "    " + unpack,
+                           "    except (TypeError, ValueError): return None",
+                           *guard, *lines] if guard else [])])
     scope = {"empty_strided": torch.empty_strided, "zeros": torch.zeros, "dtype": prepared.dtype,
              "wrap": SparseTensor._wrap, "fmt": kernel.output.format,
              "threads": torch.get_num_threads,   # what runtime.num_threads answers
@@ -205,8 +207,9 @@ def _guard(tensors, sparse) -> list[str]:
     lines, grads = [], []
     for n, t in enumerate(tensors):
         if n in keys:
-            lines.append(f"    if type(t{n}) is not SparseTensor or "
-                         f"t{n}.__dict__.get('_call_key') != {keys[n]}: return None")
+            lines += [f"    if type(t{n}) is not SparseTensor: return None",
+                      f"    d{n} = t{n}.__dict__",
+                      f"    if d{n}.get('_call_key') != {keys[n]}: return None"]
             grads.append(f"t{n}._values.requires_grad or "
                          f"(t{n}._wrapper_grad and t{n}.requires_grad)")
         else:
