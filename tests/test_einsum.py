@@ -572,6 +572,26 @@ def test_spgemm_rows_of_every_cell_count_are_sorted(arrival, dtype, index_dtype)
                                rtol=1e-10 if dtype == F64 else 1e-5, atol=0)
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("eq,fmts", [("ij,jk->ik", ("csr", "csr")), ("ij,jk->ik", ("csr", "dcsr")),
+                                     ("ikj,jl->ikl", (CSF, "csr"))])
+def test_spgemm_rows_half_full_or_more_are_scanned(eq, fmts, index_dtype):
+    """Result rows the count pass finds at least half full skip the cell list: their cells
+    are marked and the workspace scanned in order. Full, half-full, sparse and empty rows."""
+    gen = torch.Generator().manual_seed(11)
+    shapes = {"ij,jk->ik": ((40, 30), (30, 24)), "ikj,jl->ikl": ((12, 3, 30), (30, 8))}[eq]
+    a = (torch.rand(*shapes[0], generator=gen) < 0.08).double() * torch.rand(*shapes[0],
+                                                                             generator=gen)
+    a[0] = 1.0                    # a full row of A: its result row is as full as B allows
+    a[1] = 0.0                    # an empty one
+    b = (torch.rand(*shapes[1], generator=gen) < 0.5).double() * torch.rand(*shapes[1],
+                                                                            generator=gen)
+    ops = [st.tensor(a, format=fmts[0], index_dtype=index_dtype),
+           st.tensor(b, format=fmts[1], index_dtype=index_dtype)]
+    assert "ws_at < ws_size" in st.explain(eq, *ops).source
+    check_against_dense(eq, ops, kind="sparse")
+
+
 def test_concurrent_calls_from_threads():
     """Python threads calling einsum at once (kernels release the GIL) all get right answers,
     including while the first of them are still building kernels."""
