@@ -574,10 +574,11 @@ def test_spgemm_rows_of_every_cell_count_are_sorted(arrival, dtype, index_dtype)
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("eq,fmts", [("ij,jk->ik", ("csr", "csr")), ("ij,jk->ik", ("csr", "dcsr")),
-                                     ("ikj,jl->ikl", (CSF, "csr"))])
+                                     ("ij,jk->ik", ("dcsr", "csr")), ("ikj,jl->ikl", (CSF, "csr"))])
 def test_spgemm_rows_half_full_or_more_are_scanned(eq, fmts, index_dtype):
     """Result rows the count pass finds at least half full skip the cell list: their cells
-    are marked and the workspace scanned in order. Full, half-full, sparse and empty rows."""
+    are marked and the workspace scanned in order. Full, half-full, sparse and empty rows,
+    under a dense or a compressed outer loop."""
     gen = torch.Generator().manual_seed(11)
     shapes = {"ij,jk->ik": ((40, 30), (30, 24)), "ikj,jl->ikl": ((12, 3, 30), (30, 8))}[eq]
     a = (torch.rand(*shapes[0], generator=gen) < 0.08).double() * torch.rand(*shapes[0],
