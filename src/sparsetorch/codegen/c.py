@@ -188,11 +188,12 @@ _HELPERS = {
     # first. Fill-pass A/B on SuiteSparse A@A, 6-32 cells: bcspwr10 1.7x, nnc1374,
     # west0479 and 494_bus 1.1-1.2x, bayer10 1.15x, banded olm500/olm1000 unchanged (their
     # cells arrive sorted); 33-64 cells then: bayer10 1.28x, dwt_992 1.17x, zenios 1.09x.
+    # These lines go before "dense_sort", whose first line follows their "else".
     "dense_sort_avx512": ["if (ws_n >= 6 && ws_n <= 32) {{",
                           "  if (!st_sorted32(ws_list, ws_n)) st_sort32(ws_list, ws_n);",
                           "}} else if (ws_n > 32 && ws_n <= 64) {{",
                           "  st_sort64(ws_list, ws_n);",
-                          "}} else if (ws_words < ws_n * (ws_n > 24 ? 8 : 1)) {{"],
+                          "}} else "],
     "alloc_hash": ["st_hash ws; st_hash_init(&ws);", "int64_t ws_n = 0;",
                    "int64_t* ws_list = 0; val_t* ws_sorted = 0;"],
     "free_hash": ["st_hash_free(&ws);"],
@@ -305,7 +306,8 @@ class _CRenderer:
             args = [self.expr(a) for a in s.args]
             lines = _HELPERS[s.name]
             if s.name == "dense_sort" and self.key_isa == "avx512":
-                lines, self.used_sort = _HELPERS["dense_sort_avx512"] + lines[1:], True
+                *first, join = _HELPERS["dense_sort_avx512"]
+                lines, self.used_sort = [*first, join + lines[0], *lines[1:]], True
             return [pad + line.format(*args) for line in lines]
         raise TypeError(f"cannot render statement {s!r}")
 

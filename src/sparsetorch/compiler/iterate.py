@@ -23,6 +23,7 @@ class LoopState:
         self.acc = None
         self.hit = None
         self.tile = None          # (k0, length, tile array, lane var) inside a register tile
+        self.marks_only = False   # a dense result row: cells marked, not listed (scanned_rows)
         self.outer = Lit(0)
 
     def copy(self, **changes):

@@ -129,7 +129,6 @@ class _Lowerer:
         self.epilogue_at = placement if self.epilogue is not None else None
         self.stores_every_entry = self._stores_every_entry()
         self.k_blocked = False   # set by ``kblock.k_blocked``
-        self.scanning = False    # lowering a dense row of the fill pass (``scanned_rows``)
         self.names = 0
 
     def _write_placement(self):
@@ -240,7 +239,7 @@ class _Lowerer:
                       Assign(Load("ws_mark", at), Sym("ws_stamp"))]
             if counting:
                 return out + listed
-            if self.scanning:   # a dense row (``scanned_rows``): mark and add, no list
+            if st.marks_only:   # a dense row (``scanned_rows``): mark and add, no list
                 return out + [listed[1], Assign(Load("ws_vals", at), value, "+=")]
             return out + [Assign(Load("ws_list", Sym("ws_n")), at), *listed,
                           Assign(Load("ws_vals", at), value, "+=")]
@@ -345,9 +344,7 @@ class _Lowerer:
         and bcspwr10 unchanged (as a rule of 1/4 or 1/8 instead: G51 0.83x, 0.49x)."""
         if self.plan.mode != "fill" or self.ws_kind != "dense" or depth == 0:
             return listed
-        self.scanning = True
-        marked = self.loops_at(depth, st)
-        self.scanning = False
+        marked = self.loops_at(depth, st.copy(marks_only=True))
         t = st.outer
         count = Bin("-", Load("out_offset", Bin("+", t, Lit(1))), Load("out_offset", t))
         at = Sym("ws_at")
