@@ -59,7 +59,7 @@ def test_epilogue_placement():
     _, A, x = _operands("csr", 8, 8, 64, torch.float32, 0)
     b = torch.zeros(64)
     k, _, _ = kernel_for(_layer("relu", "k"), [A, x, b], None)
-    assert "_mm512_max_ps" in k.source or "> 0 ?" in k.source
+    assert "_max_ps(" in k.source or "> 0 ?" in k.source   # AVX-512, AVX2 or pragmas
     assert "for (int64_t i = 0; i < n_i; i++)" not in k.source   # no final pass
     _, D, _ = _operands("dcsr", 8, 8, 64, torch.float32, 0)
     k, _, _ = kernel_for(_layer("relu", "k"), [D, x, b], None)

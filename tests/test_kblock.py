@@ -15,7 +15,7 @@ from sparsetorch.compiler.kernel import vector_isa
 
 from dense_check import check_against_dense
 
-needs_avx512 = pytest.mark.skipif(vector_isa() is None, reason="no AVX-512 on this CPU")
+needs_intrinsics = pytest.mark.skipif(vector_isa() is None, reason="no AVX-512 or AVX2 on this CPU")
 
 
 def _long_rows(rows, cols, density, dtype, seed=0):
@@ -39,7 +39,7 @@ def test_block_rule_blocks_long_rows_only():
     assert block_coords(0, 7, 0) == 16   # never 0 (the kernel divides by it)
 
 
-@needs_avx512
+@needs_intrinsics
 @pytest.mark.parametrize("n_cols", [1, 17, 64, 128, 200, 256, 300, 530])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_blocked_spmm_matches_dense(n_cols, dtype):
@@ -51,7 +51,7 @@ def test_blocked_spmm_matches_dense(n_cols, dtype):
         check_against_dense("ij,jk->ik", (A, x))
 
 
-@needs_avx512
+@needs_intrinsics
 def test_blocked_spmm_on_one_thread_and_with_epilogue(monkeypatch):
     d = _long_rows(70, 256, 0.5, torch.float32, seed=1)
     A = st.tensor(d, format="csr")
@@ -67,7 +67,7 @@ def test_blocked_spmm_on_one_thread_and_with_epilogue(monkeypatch):
         torch.set_num_threads(old)
 
 
-@needs_avx512
+@needs_intrinsics
 def test_short_rows_get_the_plain_kernel():
     d = _long_rows(50, 400, 0.02, torch.float32)
     A = st.tensor(d, format="csr")
@@ -82,7 +82,7 @@ def test_short_rows_get_the_plain_kernel():
     check_against_dense("ij,jk->ik", (B, x))
 
 
-@needs_avx512
+@needs_intrinsics
 def test_blocked_spmm_gradients():
     d = _long_rows(8, 128, 0.6, torch.float64, seed=2)
     A = st.tensor(d, format="csr")
@@ -94,14 +94,14 @@ def test_blocked_spmm_gradients():
                              (vals, x))
 
 
-@needs_avx512
+@needs_intrinsics
 @pytest.mark.parametrize("shape", [(5, 0), (0, 40), (300, 1)])
 def test_degenerate_shapes_run_unblocked(shape):
     A = st.tensor(torch.ones(shape), format="csr")
     check_against_dense("ij,jk->ik", (A, torch.randn(shape[1], 70)))
 
 
-@needs_avx512
+@needs_intrinsics
 def test_traced_calls_match_the_blocked_eager_result():
     """Under torch.compile the entry count is symbolic, so the traced call runs the plain
     kernel; the blocked one sums each row in the same order, so results are identical."""

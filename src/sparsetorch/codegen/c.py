@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from ..compiler.ir import (Assign, Bin, Block, Call, Comment, Cond, Decl, For, Function, If,
                            Helper, Lit, Load, Sym, While)
-from .vector import (PRELUDE as VECTOR_PRELUDE, SORT_PRELUDE, Unsupported, VectorLoops,
-                     full_lanes)
+from .vector import SORT_PRELUDE, Unsupported, VectorLoops, full_lanes
+from .vector import prelude as vector_prelude
 
 VALUE_CTYPES = {"float32": "float", "float64": "double", "int32": "int32_t",
                 "int64": "int64_t"}
@@ -227,7 +227,7 @@ class _CRenderer:
         self.val = val_ctype
         self.index = index_ctypes
         self.math = _MATH[val_ctype]
-        self.isa = isa if full_lanes(val_ctype) else None
+        self.isa = isa if full_lanes(val_ctype, isa) else None
         self.key_isa = isa             # sorting int64 keys does not depend on the value type
         self.used_sort = False
         self.vec = None            # the vector renderer of the function being rendered
@@ -442,7 +442,7 @@ class _CRenderer:
                             if p.ctype.endswith("*")}
         self.fn, self.outline = fn, _outlinable(fn)
         body = None
-        if self.isa == "avx512":
+        if self.isa:
             self.vec = VectorLoops(self)
             self.regions = []
             try:
@@ -515,7 +515,7 @@ def render_c(functions, val_ctype: str, index_ctypes: dict, header: str = "",
     parts = [f"/* {line} */" for line in header.splitlines()] if header else []
     parts.append(_PRELUDE.format(val=val_ctype))
     if r.used_vector:
-        parts.append(VECTOR_PRELUDE)
+        parts.append(vector_prelude(r.isa))
     if r.used_sort:
         parts.append(SORT_PRELUDE)
     if any(_uses_hash(fn.body) for fn in functions):

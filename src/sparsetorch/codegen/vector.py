@@ -30,18 +30,22 @@ from dataclasses import dataclass
 from ..compiler.ir import Assign, Bin, Block, Call, Cond, Decl, For, Lit, Load, Sym
 from ..compiler.notation import UNARY
 
+# Helpers of every ISA, then of each (``prelude``).
 PRELUDE = """\
 #include <immintrin.h>
+static inline float st_hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+"""
+
+AVX512_PRELUDE = """\
 static inline __mmask16 st_mask16(int64_t r) {
   return r >= 16 ? (__mmask16)0xFFFF : r <= 0 ? (__mmask16)0 : (__mmask16)((1u << r) - 1u);
 }
 static inline __mmask8 st_mask8(int64_t r) {
   return r >= 8 ? (__mmask8)0xFF : r <= 0 ? (__mmask8)0 : (__mmask8)((1u << r) - 1u);
-}
-static inline float st_hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
 /* The four sums of a, b, c, d in one register: halves, then quarters, of the four added
@@ -57,6 +61,29 @@ static inline __m128 st_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
   q = _mm512_add_ps(q, _mm512_permute_ps(q, 0xB1));
   return _mm512_castps512_ps128(_mm512_permutexvar_ps(
       _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), q));
+}
+"""
+
+AVX2_PRELUDE = """\
+/* Lane masks (all ones in lanes [0, r)) for maskload/maskstore and gathers: 8 x 32-bit
+   lanes (float, int32 indices) and 4 x 64-bit lanes (double). */
+static inline __m256i st_vmask8(int64_t r) {
+  const int32_t k = r >= 8 ? 8 : r <= 0 ? 0 : (int32_t)r;
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline __m256i st_vmask4(int64_t r) {
+  const int64_t k = r >= 4 ? 4 : r <= 0 ? 0 : r;
+  return _mm256_cmpgt_epi64(_mm256_set1_epi64x(k), _mm256_setr_epi64x(0, 1, 2, 3));
+}
+static inline double st_hsum256d(__m256d v) {
+  __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+/* The four sums of a, b, c, d in one register: pairwise horizontal adds within each
+   128-bit half (a0+a1, a2+a3, b0+b1, ...; then a0-3, b0-3, c0-3, d0-3), then the halves. */
+static inline __m128 st_hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 q = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1));
 }
 """
 
@@ -192,13 +219,16 @@ class _NeedIndexLanes(Exception):
 
 @dataclass(frozen=True)
 class _Lanes:
-    """Intrinsic spelling for one vector shape of the value type."""
+    """Intrinsic spelling for one vector shape of the value type on one ISA. AVX-512 masks
+    are mask registers (``__mmask16``); AVX2 has none, so its masks are vectors whose set
+    lanes are all ones (``__m256i``), taken by ``maskload``/``maskstore`` and gathers."""
 
-    vtype: str     # __m512 / __m256 / __m512d
+    vtype: str     # __m512 / __m256 / __m512d / __m256d
     pre: str       # _mm512 / _mm256
     suf: str       # ps / pd
     n: int         # lanes
     width: int     # value bytes
+    isa: str       # avx512 / avx2
 
     def op(self, name, *args):
         return f"{self.pre}_{name}_{self.suf}({', '.join(args)})"
@@ -210,7 +240,36 @@ class _Lanes:
         return self.op("set1", f"(val_t)({x})")
 
     def hsum(self, v):
-        return f"st_hsum256({v})" if self.vtype == "__m256" else self.op("reduce_add", v)
+        if self.vtype in ("__m256", "__m256d"):
+            return f"st_hsum256{'d' if self.suf == 'pd' else ''}({v})"
+        return self.op("reduce_add", v)
+
+    def hsum4(self) -> str | None:
+        """The helper that adds up four float32 registers into one ``__m128``, if any."""
+        return {"__m512": "st_hsum4", "__m256": "st_hsum4_256"}.get(self.vtype)
+
+    # -- masks -----------------------------------------------------------------------------
+    def mask_decl(self, name, remaining) -> str:
+        """``name``: lanes [0, remaining) of a step set (all if remaining >= n)."""
+        if self.isa == "avx2":
+            return f"const __m256i {name} = st_vmask{self.n}({remaining});"
+        return f"const __mmask{self.n} {name} = st_mask{self.n}({remaining});"
+
+    def masked_load(self, mask, ptr):
+        if self.isa == "avx2":
+            return self.op("maskload", ptr, mask)
+        return self.op("maskz_loadu", mask, ptr)
+
+    def masked_store(self, ptr, mask, value):
+        if self.isa == "avx2":
+            return self.op("maskstore", ptr, mask, value)
+        return self.op("mask_storeu", ptr, mask, value)
+
+    # -- gathers ---------------------------------------------------------------------------
+    def index_vtype(self, kind) -> str:
+        """Register type of index lanes: 'vi32' int32 as stored, 'vi' int64."""
+        return "__m256i" if self.isa == "avx2" or (kind == "vi32" and self.n == 8) \
+            else "__m512i"
 
     def gather(self, mask, index, base):
         scale = self.width
@@ -218,24 +277,47 @@ class _Lanes:
                 f"{base}, {scale})")
 
     def load_i32(self, mask, ptr):
-        """One int32 index per lane, as stored (``self.n`` of them)."""
+        """One int32 index per lane, as stored (``self.n`` of them); ``mask`` None: all."""
+        if self.isa == "avx2":
+            if self.n != 8:    # 4 double lanes would need 128-bit index masks: not rendered
+                raise Unsupported("AVX2 gather of double")
+            if mask is None:
+                return f"_mm256_loadu_si256((const __m256i*){ptr})"
+            return f"_mm256_maskload_epi32((const int*){ptr}, {mask})"
         reg = "_mm512" if self.n == 16 else "_mm256"
+        mask = mask if mask is not None else f"(__mmask{self.n})-1"
         return f"{reg}_maskz_loadu_epi32({mask}, {ptr})"
 
     def gather_i32(self, mask, index, base):
         """Values at ``load_i32`` indices: 16 or 8 lanes of float, 8 of double."""
+        if self.isa == "avx2":
+            if mask is None:
+                return f"_mm256_i32gather_ps({base}, {index}, 4)"
+            return (f"_mm256_mask_i32gather_ps({self.zero()}, {base}, {index}, "
+                    f"_mm256_castsi256_ps({mask}), 4)")
         name = "mmask_i32gather" if self.vtype == "__m256" else "mask_i32gather"
+        mask = mask if mask is not None else f"(__mmask{self.n})-1"
         return f"{self.pre}_{name}_{self.suf}({self.zero()}, {mask}, {index}, {base}, {self.width})"
 
 
-_SHAPES = {("float", 16): _Lanes("__m512", "_mm512", "ps", 16, 4),
-           ("float", 8): _Lanes("__m256", "_mm256", "ps", 8, 4),
-           ("double", 8): _Lanes("__m512d", "_mm512", "pd", 8, 8)}
+_SHAPES = {("avx512", "float", 16): _Lanes("__m512", "_mm512", "ps", 16, 4, "avx512"),
+           ("avx512", "float", 8): _Lanes("__m256", "_mm256", "ps", 8, 4, "avx512"),
+           ("avx512", "double", 8): _Lanes("__m512d", "_mm512", "pd", 8, 8, "avx512"),
+           ("avx2", "float", 8): _Lanes("__m256", "_mm256", "ps", 8, 4, "avx2"),
+           ("avx2", "double", 4): _Lanes("__m256d", "_mm256", "pd", 4, 8, "avx2")}
 
 
-def full_lanes(val_ctype: str) -> int | None:
-    """Values per 512-bit register for this value type, or None if not vectorised here."""
-    return {"float": 16, "double": 8}.get(val_ctype)
+def full_lanes(val_ctype: str, isa: str | None = "avx512") -> int | None:
+    """Values per register of ``isa`` for this value type, or None if not vectorised."""
+    if isa not in ("avx512", "avx2"):
+        return None
+    per_register = 64 if isa == "avx512" else 32
+    return {"float": per_register // 4, "double": per_register // 8}.get(val_ctype)
+
+
+def prelude(isa: str) -> str:
+    """The helpers vector loops of ``isa`` use (masks, horizontal adds)."""
+    return PRELUDE + (AVX512_PRELUDE if isa == "avx512" else AVX2_PRELUDE)
 
 
 @dataclass(frozen=True)
@@ -253,11 +335,15 @@ class VectorLoops:
 
     def __init__(self, scalar):
         self.scalar = scalar
-        self.val = scalar.val
-        if full_lanes(self.val) is None:
-            raise Unsupported(f"value type {self.val}")
+        self.val, self.isa = scalar.val, scalar.isa
+        if full_lanes(self.val, self.isa) is None:
+            raise Unsupported(f"value type {self.val} on {self.isa}")
         self.tiles = {}          # tile array name -> number of registers
         self.names = 0
+
+    def shape(self, n=None) -> _Lanes:
+        """The vector shape of ``n`` lanes (default: a full register) of the value type."""
+        return _SHAPES[(self.isa, self.val, n or full_lanes(self.val, self.isa))]
 
     def fresh(self, base):
         self.names += 1
@@ -265,7 +351,7 @@ class VectorLoops:
 
     # -- tiles ---------------------------------------------------------------------------
     def tile_decl(self, s: Decl, pad: str) -> list[str]:
-        lanes = _SHAPES[(self.val, full_lanes(self.val))]
+        lanes = self.shape()
         width = s.init.value if isinstance(s.init, Lit) else None
         if width is None or width % lanes.n:
             raise Unsupported("tile width is not a whole number of registers")
@@ -280,7 +366,7 @@ class VectorLoops:
         tile = _tile_of(s.body, self.tiles)
         if tile is None or s.start != Lit(0) or s.step != 1:
             raise Unsupported("simd loop outside a register tile")
-        lanes = _SHAPES[(self.val, full_lanes(self.val))]
+        lanes = self.shape()
         regs = self.tiles[tile]
         full = isinstance(s.end, Lit) and s.end.value == regs * lanes.n
         out = [f"{pad}{{"]
@@ -297,8 +383,7 @@ class VectorLoops:
             mask = None
             if not full:
                 mask = self.fresh("m")
-                out.append(f"{pad}  const __mmask{lanes.n} {mask} = "
-                           f"st_mask{lanes.n}({s.var}_n - {r * lanes.n});")
+                out.append(f"{pad}  " + lanes.mask_decl(mask, f"{s.var}_n - {r * lanes.n}"))
             copy = [line.replace(_LANE0, str(r * lanes.n)).replace(_REG, str(r))
                     for line in text]
             if mask is not None:
@@ -315,8 +400,9 @@ class VectorLoops:
         most ``HALF_SUM`` take 256-bit steps."""
         if isinstance(s.reduction, tuple):
             return self.side_by_side_sums(s, pad)
-        full = full_lanes(self.val)
-        attempts = list(dict.fromkeys([(full, True), (8, True), (8, False)]))
+        full = full_lanes(self.val, self.isa)
+        eight = min(8, full)   # the lanes of int64 index vectors (AVX-512)
+        attempts = list(dict.fromkeys([(full, True), (eight, True), (eight, False)]))
         vector, lanes = self._first_sum_loop(s, pad + "  ", attempts)
         loops, self.scalar.vec = self.scalar.vec, None
         try:
@@ -336,7 +422,7 @@ class VectorLoops:
         stored entries): one register per sum (independent FMA chains, so no unrolling),
         masked full-width steps, then the horizontal adds; four float32 sums share one
         (``st_hsum4``: 14 instructions for four results instead of ~28)."""
-        lanes = _SHAPES[(self.val, full_lanes(self.val))]
+        lanes = self.shape()
         if s.step != 1:
             raise Unsupported("strided sum")
         var, n = s.var, lanes.n
@@ -355,12 +441,12 @@ class VectorLoops:
                f"{pad}  int64_t {var} = {self.scalar.expr(s.start)};",
                f"{pad}  for (; {var} + {n} <= {end}; {var} += {n}) {{", *steps[0], f"{pad}  }}",
                f"{pad}  if ({var} < {end}) {{",
-               f"{pad}    const __mmask{n} {mask} = st_mask{n}({end} - {var});",
+               f"{pad}    " + lanes.mask_decl(mask, f"{end} - {var}"),
                *steps[1], f"{pad}  }}"]
-        if lanes.suf == "ps" and len(vaccs) == 4:
+        if lanes.hsum4() and len(vaccs) == 4:
             sums = self.fresh("sums")
             out += [f"{pad}  float {sums}[4];",
-                    f"{pad}  _mm_storeu_ps({sums}, st_hsum4({', '.join(vaccs.values())}));"]
+                    f"{pad}  _mm_storeu_ps({sums}, {lanes.hsum4()}({', '.join(vaccs.values())}));"]
             out += [f"{pad}  {acc} += {sums}[{u}];" for u, acc in enumerate(vaccs)]
         else:
             out += [f"{pad}  {acc} += {lanes.hsum(v)};" for acc, v in vaccs.items()]
@@ -370,9 +456,9 @@ class VectorLoops:
         """The first (lanes, int32 index lanes allowed) attempt that renders, and its lanes.
         Full-width loops run two accumulators (long DLMC rows: ~8% faster); ``single``: the
         trip count is known to fit one register, so one masked step, no loop."""
-        full = full_lanes(self.val)
+        full = full_lanes(self.val, self.isa)
         for n, i32 in attempts:
-            lanes = _SHAPES[(self.val, n)]
+            lanes = self.shape(n)
             try:
                 return self._sum_loop(s, pad, lanes, i32, 2 if n == full else 1, single), lanes
             except _NeedIndexLanes:
@@ -411,7 +497,7 @@ class VectorLoops:
             out += [f"{pad}    }}", f"{pad}    {vaccs[0]} = {total};", f"{pad}  }}"]
         body = _Body(self, lanes, mask, var, {var: _V("lin", var)}, acc={acc: vaccs[0]},
                      i32=i32)
-        step = [f"{pad}    const __mmask{n} {mask} = st_mask{n}({end} - {var});",
+        step = [f"{pad}    " + lanes.mask_decl(mask, f"{end} - {var}"),
                 *body.stmts(s.body, pad + "    ")]
         head = f"{pad}  {{" if single else f"{pad}  for (; {var} < {end}; {var} += {n}) {{"
         return [*out, head, *step, f"{pad}  }}",
@@ -466,7 +552,7 @@ class _Body:
             self.env[node.name] = _V(v.kind, name)
             vtype = self.lanes.vtype
             if v.kind in ("vi", "vi32"):
-                vtype = "__m256i" if v.kind == "vi32" and self.lanes.n == 8 else "__m512i"
+                vtype = self.lanes.index_vtype(v.kind)
             return [f"{pad}const {vtype} {name} = {v.text};"]
         if isinstance(node, Assign) and node.op in ("=", "+="):
             return [pad + line for line in self.assign(node)]
@@ -494,7 +580,7 @@ class _Body:
             value = lanes.op("add", self.load(ptr), value)
         if self.mask is None:
             return [f"{lanes.op('storeu', ptr, value)};"]
-        return [f"{lanes.op('mask_storeu', ptr, self.mask, value)};"]
+        return [f"{lanes.masked_store(ptr, self.mask, value)};"]
 
     def accumulate(self, reg, value) -> str:
         """``reg + value`` with a fused multiply-add when ``value`` is a product."""
@@ -543,14 +629,14 @@ class _Body:
             if idx.kind == "lin":
                 return _V("vv", self.load(f"({arr} + {idx.text})"))
             if idx.kind == "vi32":
-                return _V("vv", self.lanes.gather_i32(self.full_mask(), idx.text, arr))
+                return _V("vv", self.lanes.gather_i32(self.mask, idx.text, arr))
             self.need_index_lanes()
             return _V("vv", self.lanes.gather(self.mask8(), idx.text, arr))
         if idx.kind == "lin" and index_type == "int32_t" and self.i32 and \
                 self.tile_reg is None:
             # int32 indices used as they are (x[crd[p]]): 16 float lanes per gather, twice
             # the lanes of int64 index vectors; arithmetic on them retries without.
-            return _V("vi32", self.lanes.load_i32(self.full_mask(), f"({arr} + {idx.text})"))
+            return _V("vi32", self.lanes.load_i32(self.mask, f"({arr} + {idx.text})"))
         self.need_index_lanes()
         if idx.kind == "lin":
             ptr = f"({arr} + {idx.text})"
@@ -629,16 +715,16 @@ class _Body:
     def load(self, ptr) -> str:
         if self.mask is None:
             return self.lanes.op("loadu", ptr)
-        return self.lanes.op("maskz_loadu", self.mask, ptr)
+        return self.lanes.masked_load(self.mask, ptr)
 
     def need_index_lanes(self):
         if self.tile_reg is not None:
             raise Unsupported("gather inside a register tile")
+        if self.lanes.isa != "avx512":    # int64 index lanes: AVX-512 only
+            raise Unsupported("per-lane index arithmetic")
         if self.lanes.n != 8:
             raise _NeedIndexLanes
 
     def mask8(self):
         return self.mask if self.mask is not None else "(__mmask8)0xFF"
 
-    def full_mask(self):
-        return self.mask if self.mask is not None else f"(__mmask{self.lanes.n})-1"

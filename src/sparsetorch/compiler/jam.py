@@ -32,15 +32,15 @@ from .ir import Assign, Bin, Block, Decl, For, Helper, If, Lit, Load, Node, Sym,
 
 # Sums computed side by side by ``jam_sums``: four fill the AVX-512 combined horizontal add.
 SUM_COPIES = 4
-# A jammed loop multiplies the tile's registers by its extent; past this many accumulator
-# registers (of 32 with AVX-512) the C compiler spills them.
-MAX_TILE_REGISTERS = 16
 
 
-def jam_tiles(body: Block, static: dict, tile_registers: int) -> tuple[Block, tuple]:
+def jam_tiles(body: Block, static: dict, tile_registers: int,
+              max_registers: int = 16) -> tuple[Block, tuple]:
     """``(body', jammed)``: ``body`` with every loop over a variable of static extent
     (``static``: variable -> extent) that directly encloses a register tile of
-    ``tile_registers`` registers unrolled and jammed into it, and every ``n_<var>`` of those
+    ``tile_registers`` registers unrolled and jammed into it (while the copies hold at most
+    ``max_registers`` accumulator registers: past that the C compiler spills them; a
+    jammed loop multiplies the tile's registers by its extent), and every ``n_<var>`` of those
     variables replaced by its extent; ``jammed`` lists the (variable, extent) pairs unrolled.
 
     Example:
@@ -64,16 +64,17 @@ def jam_tiles(body: Block, static: dict, tile_registers: int) -> tuple[Block, tu
     """
     sizes = {Sym(f"n_{v}"): Lit(e) for v, e in static.items()}
     jammed = []
-    body = _substitute(_jam_block(body, static, tile_registers, jammed), sizes)
+    body = _substitute(_jam_block(body, static, tile_registers, max_registers, jammed),
+                       sizes)
     return body, tuple(dict.fromkeys(jammed))
 
 
-def _jam_block(node: Block, static, regs, jammed: list) -> Block:
+def _jam_block(node: Block, static, regs, most, jammed: list) -> Block:
     out = []
     for s in node.stmts:
         extent = static.get(s.var) if isinstance(s, For) else None
         if extent is not None and s.parallel is None and s.step == 1 and \
-                s.start == Lit(0) and extent * regs <= MAX_TILE_REGISTERS and \
+                s.start == Lit(0) and extent * regs <= most and \
                 _encloses_tile(s.body):
             copies = [_substitute(s.body, {Sym(s.var): Lit(r)}).stmts for r in range(extent)]
             try:
@@ -84,7 +85,7 @@ def _jam_block(node: Block, static, regs, jammed: list) -> Block:
             if extent > 1:
                 jammed.append((s.var, extent))
         else:
-            out.append(_map_blocks(s, lambda b: _jam_block(b, static, regs, jammed)))
+            out.append(_map_blocks(s, lambda b: _jam_block(b, static, regs, most, jammed)))
     return Block(tuple(out))
 
 

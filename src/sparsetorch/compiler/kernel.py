@@ -14,7 +14,7 @@ from functools import lru_cache
 from ..codegen.c import INDEX_CTYPES, VALUE_CTYPES, render_c
 from ..formats.levels import Compressed, Dense
 from .ir import Function, dump, verify
-from .jam import MAX_TILE_REGISTERS, SUM_COPIES, jam_sums, jam_tiles
+from .jam import SUM_COPIES, jam_sums, jam_tiles
 from .kblock import PANEL_FACTORS
 from .lower import Plan, lower
 from .notation import Assignment
@@ -82,7 +82,11 @@ def _cpu_flags() -> frozenset:
 
 
 def simd_bytes() -> int:
-    """Vector register width of this CPU in bytes (64 AVX-512, 32 AVX2, 16 otherwise)."""
+    """Vector register width of generated kernels in bytes: their intrinsics ISA's (64
+    AVX-512, 32 AVX2), else this CPU's widest (16 without AVX2)."""
+    isa = vector_isa()
+    if isa is not None:
+        return _ISA_BYTES[isa]
     flags = _cpu_flags()
     return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
 
@@ -120,19 +124,45 @@ def block_cap(value_dtype: str, tile: int) -> int | None:
     return max(16, l2_bytes() // 4 // panel_bytes)
 
 
+_ISA_FLAGS = {"avx512": {"avx512f", "avx512dq", "avx512vl"}, "avx2": {"avx2", "fma"}}
+_ISA_BYTES = {"avx512": 64, "avx2": 32}
+
+
 @lru_cache(maxsize=None)
 def vector_isa() -> str | None:
-    """'avx512' when generated kernels may use AVX-512 intrinsics (F, DQ and VL present;
-    ``codegen/vector.py``), else None and loops are vectorised by OpenMP pragmas only.
-    ``SPARSETORCH_SIMD=pragma`` forces the latter (read once per process)."""
-    if os.environ.get("SPARSETORCH_SIMD", "").lower() == "pragma":
+    """The intrinsics generated kernels use (``codegen/vector.py``): 'avx512' (F, DQ and VL
+    present), else 'avx2' (with FMA), else None and loops are vectorised by OpenMP pragmas
+    only. ``SPARSETORCH_SIMD`` (read once per process) narrows the choice: 'pragma' for
+    none, 'avx2' for AVX2 on an AVX-512 CPU; 'auto' or unset for the best.
+
+    Example:
+        >>> vector_isa() in ("avx512", "avx2", None)
+        True
+    """
+    want = os.environ.get("SPARSETORCH_SIMD", "auto").lower() or "auto"
+    if want not in ("auto", "pragma", *_ISA_FLAGS):
+        raise ValueError(f"SPARSETORCH_SIMD={want!r} is not one of auto, avx512, avx2, "
+                         "pragma; unset it to let sparsetorch pick")
+    if want == "pragma":
         return None
-    return "avx512" if {"avx512f", "avx512dq", "avx512vl"} <= _cpu_flags() else None
+    have = [isa for isa, flags in _ISA_FLAGS.items() if flags <= _cpu_flags()]
+    if want != "auto" and want not in have:
+        raise ValueError(f"SPARSETORCH_SIMD={want!r}: this CPU lacks "
+                         f"{', '.join(sorted(_ISA_FLAGS[want] - _cpu_flags()))}; use "
+                         f"{' or '.join(have + ['pragma'])}, or unset it")
+    return want if want != "auto" else next(iter(have), None)
 
 
 # Registers per register tile with intrinsics: four independent FMA chains per nonzero hide
 # the FMA latency and reuse each loaded nonzero four times.
-_TILE_REGISTERS = 4
+_TILE_REGISTERS = {"avx512": 4, "avx2": 4}
+
+
+def max_tile_registers() -> int:
+    """Most accumulator registers of a kernel's tiles side by side (``jam.py``): half of the
+    ISA's vector registers (32 with AVX-512, 16 with AVX2), so loads and the broadcast
+    nonzero fit beside them without spills (pragma tiles: as many as AVX-512's)."""
+    return 8 if vector_isa() == "avx2" else 16
 
 
 _VALUE_BYTES = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}
@@ -154,9 +184,10 @@ def tile_width(value_dtype: str, rows: int = 1) -> int:
     rows), so all of them stay within ``MAX_TILE_REGISTERS``. With pragmas only: one vector
     register, since gcc spills wider tile arrays (2-8 registers measured 2-5x slower on SpMM
     here: bayer10, bcsstk13, N=128)."""
-    if vector_isa() and value_dtype in ("float32", "float64"):
-        regs = max(1, min(_TILE_REGISTERS, MAX_TILE_REGISTERS // rows))
-        return regs * 64 // _VALUE_BYTES[value_dtype]
+    isa = vector_isa()
+    if isa and value_dtype in ("float32", "float64"):
+        regs = max(1, min(_TILE_REGISTERS[isa], max_tile_registers() // rows))
+        return regs * _ISA_BYTES[isa] // _VALUE_BYTES[value_dtype]
     return vector_lanes(value_dtype)
 
 
@@ -200,7 +231,8 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
                     tile, notes, row_emission, cap)
         fn, lw = lower(plan, f"kernel_{mode}")
         if static and mode == "dense" and lw.tile_var is not None:
-            body, jammed = jam_tiles(fn.body, dict(static), tile // vector_lanes(value_dtype))
+            body, jammed = jam_tiles(fn.body, dict(static), tile // vector_lanes(value_dtype),
+                                     max_tile_registers())
             fn = replace(fn, body=body)
         if mode in ("dense", "sampled") and lw.acc_depth is not None:
             body, summed = jam_sums(fn.body)
