@@ -8,7 +8,7 @@ that traffic (each FMA waits on a 64-byte line from L2), not by arithmetic.
 
 Here the reduction variable ``j`` is split into blocks of ``kb`` coordinates, and the rows
 of a group are swept once per block, so the block's slice of X (``kb`` rows of a panel of
-up to 16 registers) stays in cache while every row of the group uses it. Each row keeps a
+up to half the vector registers) stays in cache while every row of the group uses it. Each row keeps a
 cursor to its next stored entry (CSR columns are sorted), so finding a row's entries in a
 block costs one compare per entry. Partial sums go to the output between blocks (one load
 and one store of a panel per row and block, small next to the ~``ENTRIES`` entries of a
@@ -43,8 +43,6 @@ from .notation import presence
 # Entries per row that a block should hold; rows per group sharing a block's slice of X.
 ENTRIES = 16
 GROUP_ROWS = 256
-# Panel widths, in registers of the tile: 16 registers, then 8, then the plain tile (4).
-PANEL_FACTORS = (4, 2, 1)
 
 
 def blockable(lw) -> int | None:
@@ -156,7 +154,7 @@ def k_blocked(lw, body: list) -> list:
     lw.plan.notes.append(
         f"reduction {lw.order[1]} blocked by coordinate when rows are long: about {ENTRIES} "
         f"entries per row and block, groups of {GROUP_ROWS} rows, panels of "
-        f"{'/'.join(str(lw.plan.tile * f) for f in PANEL_FACTORS)} values, a block's slice "
+        f"{'/'.join(str(lw.plan.tile * f) for f in lw.plan.panels)} values, a block's slice "
         f"of the dense operand at most {lw.plan.block_cap} rows (a quarter of L2)")
     # (the nest computes ``kb`` again: an outlined parallel loop reads parameters only)
     return [If(worth_blocking(lw, n), block(blocked_nest(lw, n, loop.parallel)), block(body))]
@@ -203,7 +201,7 @@ def blocked_nest(lw, n, parallel) -> For:
                     Decl("idx", j1, Bin("*", Bin("+", Sym(b), Lit(1)), Sym(kb))),
                     rows(row)))]
 
-    widths = tuple(lw.plan.tile * f for f in PANEL_FACTORS)
+    widths = tuple(lw.plan.tile * f for f in lw.plan.panels)
     tiles = register_tiles(k, widths, lw.fresh, panel, None, declare=False)
     body = block(Decl("idx", i_end, Bin("min", Bin("+", Sym(i0), Lit(GROUP_ROWS)),
                                         Sym(RANGE_END))),

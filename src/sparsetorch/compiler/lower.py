@@ -77,6 +77,8 @@ class Plan:
     # Most coordinates of a reduction block whose slice of the dense operand fits a quarter
     # of L2 (``kblock.py``); None: no cache blocking (no register tiles of intrinsics).
     block_cap: int | None = None
+    # Panel widths of the blocked nest in tiles, widest first (``kernel.panel_factors``).
+    panels: tuple = (1,)
 
 
 def dim(v):

@@ -12,7 +12,8 @@ from functools import lru_cache
 
 import torch
 
-from ..compiler.kblock import PANEL_FACTORS, block_coords
+from ..compiler.kblock import block_coords
+from ..compiler.kernel import panel_factors
 from ..compiler.notation import Assignment, parse_einsum, var_extents
 from ..formats.tensor import SparseTensor
 from .execute import _BACKEND_KEY, _ENV_DATA as _ENV, _FAST, backend, kernel_for, lookup, run
@@ -299,7 +300,7 @@ def _tiles(kernel, rows=None) -> str:
     if kernel.block_cap is not None and isinstance(rows, SparseTensor):   # long rows
         kb = block_coords(rows.nnz, *rows.format.storage_dims(rows.shape))
         text += (f"; {kernel.schedule.order[1]} in cache blocks of {kb} coordinates, panels "
-                 f"of up to {kernel.tile[1] * PANEL_FACTORS[0]} values")
+                 f"of up to {kernel.tile[1] * panel_factors()[0]} values")
     for v, extent in kernel.jammed:
         text += (f"; {v} unrolled into {extent} of them side by side ({extent} x "
                  f"{kernel.tile[1]} values in registers: each dense row segment is loaded "
