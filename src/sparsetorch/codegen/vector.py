@@ -65,7 +65,7 @@ static inline __m128 st_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 """
 
 AVX2_PRELUDE = """\
-/* Lane masks (all ones in lanes [0, r)) for maskload/maskstore and gathers: 8 x 32-bit
+/* Lane masks (all ones in lanes [0, r)) for maskload and maskstore: 8 x 32-bit
    lanes (float, int32 indices) and 4 x 64-bit lanes (double). */
 static inline __m256i st_vmask8(int64_t r) {
   const int32_t k = r >= 8 ? 8 : r <= 0 ? 0 : (int32_t)r;
@@ -84,6 +84,21 @@ static inline double st_hsum256d(__m256d v) {
 static inline __m128 st_hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
   const __m256 q = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
   return _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1));
+}
+/* x[c[0]], ..., x[c[L-1]] by scalar loads, for int32 or int64 indices c: AVX2's gather
+   instructions ran 1.3-1.7x slower than this on AMD Zen 3 (SpMV rows of 17-614 entries,
+   one thread) and slower than scalar code on rows of 5-10. */
+static inline __m256 st_gather_ps_i32(const float* x, const int32_t* c) {
+  return _mm256_setr_ps(x[c[0]], x[c[1]], x[c[2]], x[c[3]], x[c[4]], x[c[5]], x[c[6]], x[c[7]]);
+}
+static inline __m256 st_gather_ps_i64(const float* x, const int64_t* c) {
+  return _mm256_setr_ps(x[c[0]], x[c[1]], x[c[2]], x[c[3]], x[c[4]], x[c[5]], x[c[6]], x[c[7]]);
+}
+static inline __m256d st_gather_pd_i32(const double* x, const int32_t* c) {
+  return _mm256_setr_pd(x[c[0]], x[c[1]], x[c[2]], x[c[3]]);
+}
+static inline __m256d st_gather_pd_i64(const double* x, const int64_t* c) {
+  return _mm256_setr_pd(x[c[0]], x[c[1]], x[c[2]], x[c[3]]);
 }
 """
 
@@ -200,7 +215,7 @@ static inline void st_sort64(int64_t* a, int64_t n) {
 }
 """
 
-SHORT_SUM = 4
+SHORT_SUM = {"avx512": 4, "avx2": 8}
 # Sums of at most this many float32 terms take one 8-lane (256-bit) step: a 256-bit gather
 # and horizontal add cost half of 512-bit ones, which dominate rows of 4-8 entries (graph
 # and FEM rows): 1.3-2x on SpMV of such matrices.
@@ -267,9 +282,12 @@ class _Lanes:
 
     # -- gathers ---------------------------------------------------------------------------
     def index_vtype(self, kind) -> str:
-        """Register type of index lanes: 'vi32' int32 as stored, 'vi' int64."""
-        return "__m256i" if self.isa == "avx2" or (kind == "vi32" and self.n == 8) \
-            else "__m512i"
+        """Register type of AVX-512 index lanes: 'vi32' int32 as stored, 'vi' int64."""
+        return "__m256i" if kind == "vi32" and self.n == 8 else "__m512i"
+
+    def gather_at(self, base, ptr, index_ctype):
+        """AVX2: ``base[ptr[0]], ..., base[ptr[n-1]]`` (``st_gather_*``, scalar loads)."""
+        return f"st_gather_{self.suf}_{'i32' if index_ctype == 'int32_t' else 'i64'}({base}, {ptr})"
 
     def gather(self, mask, index, base):
         scale = self.width
@@ -278,23 +296,12 @@ class _Lanes:
 
     def load_i32(self, mask, ptr):
         """One int32 index per lane, as stored (``self.n`` of them); ``mask`` None: all."""
-        if self.isa == "avx2":
-            if self.n != 8:    # 4 double lanes would need 128-bit index masks: not rendered
-                raise Unsupported("AVX2 gather of double")
-            if mask is None:
-                return f"_mm256_loadu_si256((const __m256i*){ptr})"
-            return f"_mm256_maskload_epi32((const int*){ptr}, {mask})"
         reg = "_mm512" if self.n == 16 else "_mm256"
         mask = mask if mask is not None else f"(__mmask{self.n})-1"
         return f"{reg}_maskz_loadu_epi32({mask}, {ptr})"
 
     def gather_i32(self, mask, index, base):
         """Values at ``load_i32`` indices: 16 or 8 lanes of float, 8 of double."""
-        if self.isa == "avx2":
-            if mask is None:
-                return f"_mm256_i32gather_ps({base}, {index}, 4)"
-            return (f"_mm256_mask_i32gather_ps({self.zero()}, {base}, {index}, "
-                    f"_mm256_castsi256_ps({mask}), 4)")
         name = "mmask_i32gather" if self.vtype == "__m256" else "mask_i32gather"
         mask = mask if mask is not None else f"(__mmask{self.n})-1"
         return f"{self.pre}_{name}_{self.suf}({self.zero()}, {mask}, {index}, {base}, {self.width})"
@@ -323,7 +330,8 @@ def prelude(isa: str) -> str:
 @dataclass(frozen=True)
 class _V:
     """A rendered operand inside a vector loop: 's' a lane-invariant scalar C expression,
-    'lin' an index equal to ``text`` + lane, 'vi' a vector of int64 indices, 'vi32' int32
+    'lin' an index equal to ``text`` + lane, 'at32'/'at64' (AVX2) the lanes' indices are
+    stored from ``text`` on (int32/int64: gathers only), 'vi' a vector of int64 indices, 'vi32' int32
     indices loaded as stored, one per lane (gathers only), 'vv' a vector of values."""
 
     kind: str
@@ -394,28 +402,32 @@ class VectorLoops:
 
     # -- sums ----------------------------------------------------------------------------
     def sum_loop(self, s: For, pad: str) -> list[str]:
-        """``acc += f(p)`` over p in [start, end): masked vector steps, one horizontal add;
-        runs shorter than ``SHORT_SUM`` (graph rows of 1-3 entries) stay scalar, where the
-        fixed cost of a gather and a horizontal add would dominate, and float32 runs of at
-        most ``HALF_SUM`` take 256-bit steps."""
+        """``acc += f(p)`` over p in [start, end): masked vector steps (AVX2: whole steps
+        and a scalar tail), one horizontal add; runs shorter than ``SHORT_SUM`` (graph rows
+        of a few entries) stay scalar, where the fixed cost of a gather and a horizontal add
+        would dominate, and float32 runs of at most ``HALF_SUM`` take 256-bit steps."""
         if isinstance(s.reduction, tuple):
             return self.side_by_side_sums(s, pad)
         full = full_lanes(self.val, self.isa)
         eight = min(8, full)   # the lanes of int64 index vectors (AVX-512)
         attempts = list(dict.fromkeys([(full, True), (eight, True), (eight, False)]))
         vector, lanes = self._first_sum_loop(s, pad + "  ", attempts)
-        loops, self.scalar.vec = self.scalar.vec, None
-        try:
-            scalar = self.scalar.stmt(For(s.var, s.start, s.end, s.body), pad + "  ")
-        finally:
-            self.scalar.vec = loops
+        scalar = self._scalar(For(s.var, s.start, s.end, s.body), pad + "  ")
         trip = f"({self.scalar.expr(s.end)}) - ({self.scalar.expr(s.start)})"
         half = []
         if lanes.n > 8:
             step, _ = self._first_sum_loop(s, pad + "  ", [(8, True), (8, False)], single=True)
             half = [f"{pad}}} else if ({trip} <= {HALF_SUM}) {{", *step]
-        return [f"{pad}if ({trip} < {SHORT_SUM}) {{", *scalar, *half, f"{pad}}} else {{",
-                *vector, f"{pad}}}"]
+        return [f"{pad}if ({trip} < {SHORT_SUM[self.isa]}) {{", *scalar, *half,
+                f"{pad}}} else {{", *vector, f"{pad}}}"]
+
+    def _scalar(self, loop: For, pad: str) -> list[str]:
+        """``loop`` rendered without vector loops."""
+        loops, self.scalar.vec = self.scalar.vec, None
+        try:
+            return self.scalar.stmt(loop, pad)
+        finally:
+            self.scalar.vec = loops
 
     def side_by_side_sums(self, s: For, pad: str) -> list[str]:
         """Several sums over one range (``jam_sums``: the inner products of neighbouring
@@ -469,7 +481,9 @@ class VectorLoops:
                   single: bool = False) -> list[str]:
         """Unmasked steps of ``unroll`` registers (one accumulator each: independent FMA
         chains), then masked steps for the rest, then one horizontal add; with ``single``
-        (at most one register of terms) one masked step and the add, nothing to branch on."""
+        (at most one register of terms) one masked step and the add, nothing to branch on.
+        AVX2 has no masked gathers: whole steps there, and the rest runs scalar after the
+        horizontal add."""
         if s.step != 1:
             raise Unsupported("strided sum")
         acc, var, n = s.reduction, s.var, lanes.n
@@ -495,10 +509,17 @@ class VectorLoops:
             for v in vaccs[1:]:
                 total = lanes.op("add", total, v)
             out += [f"{pad}    }}", f"{pad}    {vaccs[0]} = {total};", f"{pad}  }}"]
-        body = _Body(self, lanes, mask, var, {var: _V("lin", var)}, acc={acc: vaccs[0]},
-                     i32=i32)
-        step = [f"{pad}    " + lanes.mask_decl(mask, f"{end} - {var}"),
-                *body.stmts(s.body, pad + "    ")]
+        whole = lanes.isa == "avx2"
+        body = _Body(self, lanes, None if whole else mask, var, {var: _V("lin", var)},
+                     acc={acc: vaccs[0]}, i32=i32)
+        step = body.stmts(s.body, pad + "    ")
+        if whole:
+            rest = self.fresh("rest")
+            tail = self._scalar(For(var, Sym(rest), s.end, s.body), pad + "  ")
+            return [*out, f"{pad}  for (; {var} + {n} <= {end}; {var} += {n}) {{", *step,
+                    f"{pad}  }}", f"{pad}  {acc} += {lanes.hsum(vaccs[0])};",
+                    f"{pad}  const int64_t {rest} = {var};", *tail, f"{pad}}}"]
+        step.insert(0, f"{pad}    " + lanes.mask_decl(mask, f"{end} - {var}"))
         head = f"{pad}  {{" if single else f"{pad}  for (; {var} < {end}; {var} += {n}) {{"
         return [*out, head, *step, f"{pad}  }}",
                 f"{pad}  {acc} += {lanes.hsum(vaccs[0])};", f"{pad}}}"]
@@ -545,7 +566,7 @@ class _Body:
                 ctype = "int64_t" if node.ctype == "idx" else "val_t"
                 self.env[node.name] = _V("s", node.name)
                 return [f"{pad}const {ctype} {node.name} = {v.text};"]
-            if v.kind == "lin":
+            if v.kind in ("lin", "at32", "at64"):
                 self.env[node.name] = v
                 return []
             name = self.loops.fresh(node.name)
@@ -630,8 +651,15 @@ class _Body:
                 return _V("vv", self.load(f"({arr} + {idx.text})"))
             if idx.kind == "vi32":
                 return _V("vv", self.lanes.gather_i32(self.mask, idx.text, arr))
+            if idx.kind in ("at32", "at64"):
+                if self.mask is not None:   # (scalar loads past the mask could fault)
+                    raise Unsupported("masked gather on AVX2")
+                ctype = "int32_t" if idx.kind == "at32" else "int64_t"
+                return _V("vv", self.lanes.gather_at(arr, idx.text, ctype))
             self.need_index_lanes()
             return _V("vv", self.lanes.gather(self.mask8(), idx.text, arr))
+        if idx.kind == "lin" and self.lanes.isa == "avx2" and self.tile_reg is None:
+            return _V("at32" if index_type == "int32_t" else "at64", f"({arr} + {idx.text})")
         if idx.kind == "lin" and index_type == "int32_t" and self.i32 and \
                 self.tile_reg is None:
             # int32 indices used as they are (x[crd[p]]): 16 float lanes per gather, twice
@@ -659,6 +687,8 @@ class _Body:
             return _V("s", f"({a.text} {op} {b.text})")
         if op not in ("+", "-", "*"):
             raise Unsupported(f"vector {op}")
+        if {"at32", "at64"} & {a.kind, b.kind}:
+            raise Unsupported("arithmetic on gathered indices (AVX2)")
         if "vi32" in (a.kind, b.kind):
             raise _NeedIndexLanes
         if "vv" in (a.kind, b.kind):
