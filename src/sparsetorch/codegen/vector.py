@@ -330,9 +330,10 @@ def prelude(isa: str) -> str:
 @dataclass(frozen=True)
 class _V:
     """A rendered operand inside a vector loop: 's' a lane-invariant scalar C expression,
-    'lin' an index equal to ``text`` + lane, 'at32'/'at64' (AVX2) the lanes' indices are
-    stored from ``text`` on (int32/int64: gathers only), 'vi' a vector of int64 indices, 'vi32' int32
-    indices loaded as stored, one per lane (gathers only), 'vv' a vector of values."""
+    'lin' an index equal to ``text`` + lane, 'at32'/'at64' (AVX2) the lanes' indices
+    stored from ``text`` on (int32/int64; gathers only), 'vi' a vector of int64 indices,
+    'vi32' int32 indices loaded as stored, one per lane (gathers only), 'vv' a vector of
+    values."""
 
     kind: str
     text: str
