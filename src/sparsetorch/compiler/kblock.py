@@ -9,8 +9,8 @@ that traffic (each FMA waits on a 64-byte line from L2), not by arithmetic.
 Here the reduction variable ``j`` is split into blocks of ``kb`` coordinates, and the rows
 of a group are swept once per block, so the block's slice of X (``kb`` rows of a panel of
 up to half the vector registers) stays in cache while every row of the group uses it. Each
-row keeps a cursor to its next stored entry (CSR columns are sorted), so finding a row's entries in a
-block costs one compare per entry. Partial sums go to the output between blocks (one load
+row keeps a cursor to its next stored entry (CSR columns are sorted), so finding a row's
+entries in a block costs one compare per entry. Partial sums go to the output between blocks (one load
 and one store of a panel per row and block, small next to the ~``ENTRIES`` entries of a
 row in a block); the epilogue runs at the last block.
 
