@@ -10,9 +10,9 @@ Here the reduction variable ``j`` is split into blocks of ``kb`` coordinates, an
 of a group are swept once per block, so the block's slice of X (``kb`` rows of a panel of
 up to half the vector registers) stays in cache while every row of the group uses it. Each
 row keeps a cursor to its next stored entry (CSR columns are sorted), so finding a row's
-entries in a block costs one compare per entry. Partial sums go to the output between blocks (one load
-and one store of a panel per row and block, small next to the ~``ENTRIES`` entries of a
-row in a block); the epilogue runs at the last block.
+entries in a block costs one compare per entry. Partial sums go to the output between
+blocks (one load and one store of a panel per row and block, small next to the
+~``ENTRIES`` entries of a row in a block); the epilogue runs at the last block.
 
 Sizes, from the cache and the data, at run time (the kernel computes ``kb`` from ``nnz``,
 rows and columns; no rebuild): a block holds about ``ENTRIES`` entries per row (fewer make
