@@ -1,10 +1,12 @@
-"""The AVX-512 rendering (codegen/vector.py): register tiles and masked vector sums.
+"""The intrinsics rendering (codegen/vector.py, AVX-512 and AVX2): register tiles and
+vector sums.
 
 Every shape of interest is checked against dense: tile widths around the register and tile
 boundaries (partial tiles run under lane masks), rows of every length around the vector
-width (masked sums), gathers through int32 and int64 indices, float32 and float64. The same
-cases also run with ``SPARSETORCH_SIMD=pragma`` in a fresh interpreter, so the portable
-rendering stays correct on machines without AVX-512.
+width (masked sums; AVX2: whole steps and a scalar tail), gathers through int32 and int64
+indices, float32 and float64. The same cases also run with ``SPARSETORCH_SIMD=pragma`` in a
+fresh interpreter, so the portable rendering stays correct, and on an AVX-512 CPU with
+``SPARSETORCH_SIMD=avx2``, so the AVX2 rendering is checked there too.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from sparsetorch.compiler.kernel import vector_isa
 from dense_check import check_against_dense, forget_call_memo, run_isolated
 
 needs_avx512 = pytest.mark.skipif(vector_isa() != "avx512", reason="no AVX-512 on this CPU")
+needs_avx2 = pytest.mark.skipif(vector_isa() is None, reason="no AVX2 (or AVX-512) on this CPU")
 
 
 def _rows_of_every_length(cols=40, dtype=torch.float64, seed=0):
@@ -84,6 +87,65 @@ def test_pragma_only_rendering_matches_dense():
         E.run_cases()
         for dtype in (torch.float32, torch.float64):
             At.test_matches_dense("csr", dtype, torch.int32)
+    """)
+
+
+@needs_avx2
+def test_avx2_rendering_matches_dense():
+    """On an AVX2-only CPU this is ``test_vector_paths_match_dense`` again; on an AVX-512
+    one it is the only run of the AVX2 code."""
+    run_isolated("""
+        import os
+        os.environ["SPARSETORCH_SIMD"] = "avx2"
+        import torch, sparsetorch as st
+        from sparsetorch.compiler.kernel import vector_isa
+        assert vector_isa() == "avx2"
+        A = st.tensor(torch.eye(5), format="csr")
+        assert "_mm256_fmadd_ps" in st.explain("ij,jk->ik", A, torch.ones(5, 3)).source
+        import test_vector_codegen as T, test_epilogue as E
+        T.run_cases()
+        E.run_cases()
+    """)
+
+
+@needs_avx2
+def test_avx2_spmm_tiles_and_spmv_gathers_by_scalar_loads():
+    from sparsetorch.codegen.c import render_c
+
+    A = st.tensor(torch.eye(4), format="csr", index_dtype=torch.int32)
+    spmm = st.explain("ij,jk->ik", A, torch.ones(4, 3))
+    spmv = st.explain("ij,j->i", A, torch.ones(4))
+    if vector_isa() == "avx2":
+        assert "_mm256_fmadd_ps" in spmm.source and "32 values" in spmm.tiles
+        assert "st_gather_ps_i32(t1_vals, (t0_crd1 + " in spmv.source
+        assert "_i32gather_" not in spmv.source          # no hardware gathers
+        assert "< 8) {" in spmv.source                   # rows under 8 entries stay scalar
+    # Every value and index width gathers (the hardware-gather rendering took int32 floats
+    # only): rendered as AVX2 whatever this CPU, so the text is checked on any machine.
+    from sparsetorch.compiler.kernel import OperandInfo, compile_kernel
+    from sparsetorch.compiler.notation import parse_einsum
+    from sparsetorch.formats.format import as_format
+
+    infos = (OperandInfo(as_format("csr", 2), False), OperandInfo(as_format("dense", 1), True))
+    for value, index in (("float", "int64"), ("double", "int32"), ("double", "int64")):
+        k = compile_kernel(parse_einsum("ij,j->i", [2, 1]), infos,
+                           "float32" if value == "float" else "float64", (index, "int64"))
+        src = render_c(list(k.functions), value, {0: f"{index}_t", 1: "int64_t"}, isa="avx2")
+        suffix = ("ps" if value == "float" else "pd") + ("_i32" if index == "int32" else "_i64")
+        assert f"st_gather_{suffix}(t1_vals, (t0_crd1 + " in src, src
+
+
+def test_simd_setting_is_checked():
+    run_isolated("""
+        import os
+        os.environ["SPARSETORCH_SIMD"] = "sse9"
+        from sparsetorch.compiler.kernel import vector_isa
+        try:
+            vector_isa()
+        except ValueError as e:
+            assert "SPARSETORCH_SIMD" in str(e) and "avx2" in str(e), e
+        else:
+            raise AssertionError("no error for an unknown SPARSETORCH_SIMD")
     """)
 
 
