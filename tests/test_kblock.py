@@ -1,8 +1,9 @@
 """Cache blocking of SpMM's reduction (compiler/kblock.py), checked against dense.
 
 Long rows take the blocked nest: panels of 16, 8 and 4 registers (AVX2: 8 and 4) plus a
-masked remainder (so the dense widths below cross every panel boundary), row groups cut at thread ranges,
-cursors that skip blocks a row has no entries in, and the epilogue at the last block.
+masked remainder (so the dense widths below cross every panel boundary), row groups cut at
+thread ranges, cursors that skip blocks a row has no entries in, and the epilogue at the
+last block.
 """
 from __future__ import annotations
 
