@@ -456,10 +456,12 @@ class VectorLoops:
                f"{pad}  if ({var} < {end}) {{",
                f"{pad}    " + lanes.mask_decl(mask, f"{end} - {var}"),
                *steps[1], f"{pad}  }}"]
-        if lanes.hsum4() and len(vaccs) == 4:
+        if lanes.hsum4() and len(vaccs) % 4 == 0:   # four sums per combined add
             sums = self.fresh("sums")
-            out += [f"{pad}  float {sums}[4];",
-                    f"{pad}  _mm_storeu_ps({sums}, {lanes.hsum4()}({', '.join(vaccs.values())}));"]
+            out.append(f"{pad}  float {sums}[{len(vaccs)}];")
+            regs = list(vaccs.values())
+            out += [f"{pad}  _mm_storeu_ps({sums} + {g}, {lanes.hsum4()}"
+                    f"({', '.join(regs[g:g + 4])}));" for g in range(0, len(regs), 4)]
             out += [f"{pad}  {acc} += {sums}[{u}];" for u, acc in enumerate(vaccs)]
         else:
             out += [f"{pad}  {acc} += {lanes.hsum(v)};" for acc, v in vaccs.items()]

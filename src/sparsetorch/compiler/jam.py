@@ -30,7 +30,7 @@ from dataclasses import fields, replace
 
 from .ir import Assign, Bin, Block, Decl, For, Helper, If, Lit, Load, Node, Sym, While
 
-# Sums computed side by side by ``jam_sums``: four fill the AVX-512 combined horizontal add.
+# Sums computed side by side by ``jam_sums`` (``kernel.sum_copies`` picks per ISA).
 SUM_COPIES = 4
 
 

@@ -14,7 +14,7 @@ from functools import lru_cache
 from ..codegen.c import INDEX_CTYPES, VALUE_CTYPES, render_c
 from ..formats.levels import Compressed, Dense
 from .ir import Function, dump, verify
-from .jam import SUM_COPIES, jam_sums, jam_tiles
+from .jam import jam_sums, jam_tiles
 from .lower import Plan, lower
 from .notation import Assignment
 from .output import OutputSpec, infer_output
@@ -157,6 +157,13 @@ def vector_isa() -> str | None:
 _TILE_REGISTERS = {"avx512": 4, "avx2": 4}
 
 
+def sum_copies() -> int:
+    """Inner products computed side by side (``jam.jam_sums``; SDDMM's entries): four
+    fill AVX-512's combined horizontal add and hide its FMA latency; with AVX2's 256-bit
+    registers eight (two combined adds) ran 1.08x faster on DLMC SDDMM (K = 64, 256)."""
+    return 8 if vector_isa() == "avx2" else 4
+
+
 def max_tile_registers() -> int:
     """Most accumulator registers of a kernel's tiles side by side (``jam.py``): half of the
     ISA's vector registers (32 with AVX-512, 16 with AVX2), so loads and the broadcast
@@ -243,11 +250,12 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
                                      max_tile_registers())
             fn = replace(fn, body=body)
         if mode in ("dense", "sampled") and lw.acc_depth is not None:
-            body, summed = jam_sums(fn.body)
+            copies = sum_copies()
+            body, summed = jam_sums(fn.body, copies)
             if summed:
                 fn = replace(fn, body=body)
-                notes.append(f"inner products of {SUM_COPIES} stored entries side by side "
-                             "(one loop, one combined horizontal add)")
+                notes.append(f"inner products of {copies} stored entries side by side "
+                             "(one loop, combined horizontal adds)")
         verify(fn)
         functions.append(fn)
         lowerers.append(lw)
