@@ -281,6 +281,10 @@ def _map_blocks(node: Node, fn) -> Node:
     return replace(node, **changes) if changes else node
 
 
+_FIELD_NAMES: dict = {}   # node class -> its field names (``fields`` is slow: half of
+                          # jam_sums' time, which is most of SDDMM's compile)
+
+
 def _walk(node, visit):
     """Bottom-up rewrite: children first, then ``visit`` on the rebuilt node."""
     if isinstance(node, tuple):
@@ -288,10 +292,13 @@ def _walk(node, visit):
         return node if all(a is b for a, b in zip(items, node)) else items
     if not isinstance(node, Node):
         return node
+    names = _FIELD_NAMES.get(type(node))
+    if names is None:
+        names = _FIELD_NAMES[type(node)] = tuple(f.name for f in fields(node))
     changes = {}
-    for f in fields(node):
-        old = getattr(node, f.name)
+    for name in names:
+        old = getattr(node, name)
         new = _walk(old, visit)
         if new is not old:
-            changes[f.name] = new
+            changes[name] = new
     return visit(replace(node, **changes) if changes else node)
