@@ -1,4 +1,5 @@
-"""AVX-512 rendering of the loops the IR marks as vector work: register tiles and sums.
+"""AVX-512 and AVX2 rendering of the loops the IR marks as vector work: register tiles and
+sums.
 
 Why explicit intrinsics instead of ``#pragma omp simd``: on the two loop shapes that carry
 sparse-dense kernels GCC's vectoriser loses a factor of 2-3 here.
@@ -19,9 +20,15 @@ Memory traffic is unchanged by this rendering (the IR fixes it); only instructio
 differs. Anything outside the supported shapes raises ``Unsupported`` and the caller renders
 the whole function with pragmas instead, so correctness never depends on this file.
 
-Values are 'lanes' wide (16 float or 8 double per 512-bit register). A float32 gather
-through int32 indices used as stored (``x[crd[p]]``) runs 16 lanes; any other per-lane index
-runs 8 lanes with int64 index vectors, so index arithmetic never overflows.
+AVX-512: values are 16 float or 8 double per register. A float32 gather through int32
+indices used as stored (``x[crd[p]]``) runs 16 lanes; any other per-lane index runs 8 lanes
+with int64 index vectors, so index arithmetic never overflows.
+
+AVX2 (with FMA; ``_Lanes.isa``): 8 float or 4 double per 256-bit register, masks are lane
+vectors (``maskload``/``maskstore``). A gather ``x[crd[p]]`` is built from scalar loads
+(``st_gather_*``, any value and index width), which beats AVX2's gather instructions on AMD
+Zen 3; since loads past a row's end could fault, sums take whole vector steps and finish
+with a scalar tail instead of a masked step. Per-lane index arithmetic is left to pragmas.
 """
 from __future__ import annotations
 
