@@ -217,10 +217,12 @@ def test_sampled_results_store_every_entry(monkeypatch, fmt):
     def nan_empty(*args, **kwargs):
         return real_empty(*args, **kwargs).fill_(float("nan"))
 
-    real_empty, real_strided = torch.empty, torch.empty_strided
+    real_empty, real_strided, real_like = torch.empty, torch.empty_strided, torch.Tensor.new_empty
     monkeypatch.setattr(torch, "empty", nan_empty)
     monkeypatch.setattr(torch, "empty_strided",
                         lambda *a, **k: real_strided(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(torch.Tensor, "new_empty",   # (call shims allocate through it)
+                        lambda self, *a, **k: real_like(self, *a, **k).fill_(float("nan")))
     forget_call_memo()
     d = _rows_of_every_length(cols=21, dtype=torch.float32)
     A = st.tensor(d, format=fmt)
