@@ -321,7 +321,7 @@ _SHAPES = {("avx512", "float", 16): _Lanes("__m512", "_mm512", "ps", 16, 4, "avx
            ("avx2", "double", 4): _Lanes("__m256d", "_mm256", "pd", 4, 8, "avx2")}
 
 
-def full_lanes(val_ctype: str, isa: str | None = "avx512") -> int | None:
+def full_lanes(val_ctype: str, isa: str | None) -> int | None:
     """Values per register of ``isa`` for this value type, or None if not vectorised."""
     if isa not in ("avx512", "avx2"):
         return None
