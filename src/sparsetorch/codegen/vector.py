@@ -94,7 +94,7 @@ static inline __m128 st_hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
 }
 /* x[c[0]], ..., x[c[L-1]] by scalar loads, for int32 or int64 indices c: AVX2's gather
    instructions ran 1.3-1.7x slower than this on AMD Zen 3 (SpMV rows of 17-614 entries,
-   one thread) and slower than scalar code on rows of 5-10. */
+   one thread). */
 static inline __m256 st_gather_ps_i32(const float* x, const int32_t* c) {
   return _mm256_setr_ps(x[c[0]], x[c[1]], x[c[2]], x[c[3]], x[c[4]], x[c[5]], x[c[6]], x[c[7]]);
 }
@@ -243,7 +243,7 @@ class _NeedIndexLanes(Exception):
 class _Lanes:
     """Intrinsic spelling for one vector shape of the value type on one ISA. AVX-512 masks
     are mask registers (``__mmask16``); AVX2 has none, so its masks are vectors whose set
-    lanes are all ones (``__m256i``), taken by ``maskload``/``maskstore`` and gathers."""
+    lanes are all ones (``__m256i``), taken by ``maskload``/``maskstore``."""
 
     vtype: str     # __m512 / __m256 / __m512d / __m256d
     pre: str       # _mm512 / _mm256

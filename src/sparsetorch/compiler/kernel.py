@@ -116,7 +116,7 @@ def l2_bytes() -> int:
 def block_cap(value_dtype: str, tile: int) -> int | None:
     """Most reduction coordinates per cache block (``kblock.py``): a block's slice of the
     dense operand, rows of the widest panel, fills at most a quarter of L2. None without
-    AVX-512 register tiles (pragma tiles are one register: nothing to block for)."""
+    intrinsics tiles (pragma tiles are one register: nothing to block for)."""
     if not vector_isa() or value_dtype not in ("float32", "float64"):
         return None
     panel_bytes = tile * panel_factors()[0] * _VALUE_BYTES[value_dtype]
@@ -132,7 +132,8 @@ def vector_isa() -> str | None:
     """The intrinsics generated kernels use (``codegen/vector.py``): 'avx512' (F, DQ and VL
     present), else 'avx2' (with FMA), else None and loops are vectorised by OpenMP pragmas
     only. ``SPARSETORCH_SIMD`` (read once per process) narrows the choice: 'pragma' for
-    none, 'avx2' for AVX2 on an AVX-512 CPU; 'auto' or unset for the best.
+    none, 'avx2' for AVX2 on an AVX-512 CPU; 'auto' or unset for the best. An unknown
+    value, or an ISA this CPU lacks, is a ValueError.
 
     Example:
         >>> vector_isa() in ("avx512", "avx2", None)
@@ -153,7 +154,8 @@ def vector_isa() -> str | None:
 
 
 # Registers per register tile with intrinsics: four independent FMA chains per nonzero hide
-# the FMA latency and reuse each loaded nonzero four times.
+# the FMA latency and reuse each loaded nonzero four times. (AVX2 A/B of 2/4/6/8 on SpMM:
+# 8 was 1.01x on graphs and SuiteSparse but 0.95x on DLMC layers, 2 and 6 slower.)
 _TILE_REGISTERS = {"avx512": 4, "avx2": 4}
 
 
@@ -194,9 +196,9 @@ def vector_lanes(value_dtype: str) -> int:
 
 
 def tile_width(value_dtype: str, rows: int = 1) -> int:
-    """Register tile width in values. With AVX-512 intrinsics: four 512-bit registers (64
-    float32), or fewer when ``rows`` tiles are unrolled side by side (``jam.py``: a block's
-    rows), so all of them stay within ``MAX_TILE_REGISTERS``. With pragmas only: one vector
+    """Register tile width in values. With intrinsics: four registers (AVX-512: 64 float32,
+    AVX2: 32), or fewer when ``rows`` tiles are unrolled side by side (``jam.py``: a block's
+    rows), so all of them stay within ``max_tile_registers``. With pragmas only: one vector
     register, since gcc spills wider tile arrays (2-8 registers measured 2-5x slower on SpMM
     here: bayer10, bcsstk13, N=128)."""
     isa = vector_isa()
