@@ -1,4 +1,4 @@
-"""A precompiled ``<immintrin.h>`` for kernels that use intrinsics (AVX-512 or AVX2; GCC only).
+"""A precompiled ``<immintrin.h>`` for kernels that use intrinsics (AVX-512, AVX2; GCC only).
 
 Parsing the intrinsics header is about a third of such a kernel's build here (an SpMM
 kernel: 0.30 s, 0.21 s with the header precompiled). GCC can load a header precompiled
