@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from ..compiler.ir import (Assign, Bin, Block, Call, Comment, Cond, Decl, For, Function, If,
                            Helper, Lit, Load, Sym, While)
-from .vector import SORT_PRELUDE, Unsupported, VectorLoops, full_lanes
-from .vector import prelude as vector_prelude
+from .intrinsics import SORT_PRELUDE
+from .intrinsics import prelude as vector_prelude
+from .vector import Unsupported, VectorLoops, full_lanes
 
 VALUE_CTYPES = {"float32": "float", "float64": "double", "int32": "int32_t",
                 "int64": "int64_t"}
@@ -184,7 +185,7 @@ _HELPERS = {
                    "    while (b);",
                    "  }}",
                    "}} else st_sort_i64(ws_list, ws_n);"],
-    # With AVX-512, rows of 6-64 cells take the sorting network (``vector.SORT_PRELUDE``)
+    # With AVX-512, rows of 6-64 cells take the sorting network (``intrinsics.SORT_PRELUDE``)
     # first. Fill-pass A/B on SuiteSparse A@A, 6-32 cells: bcspwr10 1.7x, nnc1374,
     # west0479 and 494_bus 1.1-1.2x, bayer10 1.15x, banded olm500/olm1000 unchanged (their
     # cells arrive sorted); 33-64 cells then: bayer10 1.28x, dwt_992 1.17x, zenios 1.09x.

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..codegen.c import INDEX_CTYPES, VALUE_CTYPES, render_c
+from ..codegen.intrinsics import ISA_BYTES
 from ..formats.levels import Compressed, Dense
 from .ir import Function, dump, verify
 from .jam import jam_sums, jam_tiles
@@ -85,7 +86,7 @@ def simd_bytes() -> int:
     AVX-512, 32 AVX2), else this CPU's widest (16 without AVX2)."""
     isa = vector_isa()
     if isa is not None:
-        return _ISA_BYTES[isa]
+        return ISA_BYTES[isa]
     flags = _cpu_flags()
     return 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
 
@@ -124,7 +125,6 @@ def block_cap(value_dtype: str, tile: int) -> int | None:
 
 
 _ISA_FLAGS = {"avx512": {"avx512f", "avx512dq", "avx512vl"}, "avx2": {"avx2", "fma"}}
-_ISA_BYTES = {"avx512": 64, "avx2": 32}
 
 
 @lru_cache(maxsize=None)
@@ -204,7 +204,7 @@ def tile_width(value_dtype: str, rows: int = 1) -> int:
     isa = vector_isa()
     if isa and value_dtype in ("float32", "float64"):
         regs = max(1, min(_TILE_REGISTERS[isa], max_tile_registers() // rows))
-        return regs * _ISA_BYTES[isa] // _VALUE_BYTES[value_dtype]
+        return regs * ISA_BYTES[isa] // _VALUE_BYTES[value_dtype]
     return vector_lanes(value_dtype)
 
 

@@ -1,0 +1,203 @@
+"""C helpers of the intrinsics rendering (``vector.py``), as source text: lane masks,
+horizontal adds and AVX2's scalar-load gathers per ISA (``prelude``), and the AVX-512
+sorting network that orders a sparse result row's cells (``SORT_PRELUDE``, used by
+``c.py``'s "dense_sort"). Each is pasted once into a kernel that calls it.
+
+Example:
+    >>> "st_gather_ps_i32" in prelude("avx2"), "st_mask16" in prelude("avx512")
+    (True, True)
+"""
+from __future__ import annotations
+
+# Bytes per vector register of each ISA the renderer writes intrinsics for.
+ISA_BYTES = {"avx512": 64, "avx2": 32}
+
+# Helpers of every ISA, then of each (``prelude``).
+PRELUDE = """\
+#include <immintrin.h>
+static inline float st_hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+"""
+
+AVX512_PRELUDE = """\
+static inline __mmask16 st_mask16(int64_t r) {
+  return r >= 16 ? (__mmask16)0xFFFF : r <= 0 ? (__mmask16)0 : (__mmask16)((1u << r) - 1u);
+}
+static inline __mmask8 st_mask8(int64_t r) {
+  return r >= 8 ? (__mmask8)0xFF : r <= 0 ? (__mmask8)0 : (__mmask8)((1u << r) - 1u);
+}
+
+/* The four sums of a, b, c, d in one register: halves, then quarters, of the four added
+   pairwise across registers, then the four lanes within each quarter. */
+static inline __m128 st_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44),
+                                  _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44),
+                                  _mm512_shuffle_f32x4(c, d, 0xEE));
+  __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88),
+                           _mm512_shuffle_f32x4(ab, cd, 0xDD));   /* a | b | c | d */
+  q = _mm512_add_ps(q, _mm512_permute_ps(q, 0x4E));
+  q = _mm512_add_ps(q, _mm512_permute_ps(q, 0xB1));
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(
+      _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), q));
+}
+"""
+
+AVX2_PRELUDE = """\
+/* Lane masks (all ones in lanes [0, r)) for maskload and maskstore: 8 x 32-bit
+   lanes (float, int32 indices) and 4 x 64-bit lanes (double). */
+static inline __m256i st_vmask8(int64_t r) {
+  const int32_t k = r >= 8 ? 8 : r <= 0 ? 0 : (int32_t)r;
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline __m256i st_vmask4(int64_t r) {
+  const int64_t k = r >= 4 ? 4 : r <= 0 ? 0 : r;
+  return _mm256_cmpgt_epi64(_mm256_set1_epi64x(k), _mm256_setr_epi64x(0, 1, 2, 3));
+}
+static inline double st_hsum256d(__m256d v) {
+  __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+/* The four sums of a, b, c, d in one register: pairwise horizontal adds within each
+   128-bit half (a0+a1, a2+a3, b0+b1, ...; then a0-3, b0-3, c0-3, d0-3), then the halves. */
+static inline __m128 st_hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 q = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1));
+}
+/* x[c[0]], ..., x[c[L-1]] by scalar loads, for int32 or int64 indices c: AVX2's gather
+   instructions ran 1.3-1.7x slower than this on AMD Zen 3 (SpMV rows of 17-614 entries,
+   one thread). */
+static inline __m256 st_gather_ps_i32(const float* x, const int32_t* c) {
+  return _mm256_setr_ps(x[c[0]], x[c[1]], x[c[2]], x[c[3]], x[c[4]], x[c[5]], x[c[6]], x[c[7]]);
+}
+static inline __m256 st_gather_ps_i64(const float* x, const int64_t* c) {
+  return _mm256_setr_ps(x[c[0]], x[c[1]], x[c[2]], x[c[3]], x[c[4]], x[c[5]], x[c[6]], x[c[7]]);
+}
+static inline __m256d st_gather_pd_i32(const double* x, const int32_t* c) {
+  return _mm256_setr_pd(x[c[0]], x[c[1]], x[c[2]], x[c[3]]);
+}
+static inline __m256d st_gather_pd_i64(const double* x, const int64_t* c) {
+  return _mm256_setr_pd(x[c[0]], x[c[1]], x[c[2]], x[c[3]]);
+}
+"""
+
+# Sorting a row's touched workspace cells (SpGEMM's fill pass, ``c.py``'s "dense_sort")
+# when it holds 6-64 of them: a bitonic network, 16 keys per register, branch-free.
+# Insertion sort mispredicts on irregular rows (power grids, circuits); the network costs
+# the same for any order: 45-70 ns for 16-32 random keys against 270-600 ns (a C
+# microbenchmark here), and for 33-64 keys less than the bitmap scan or quicksort.
+# Workspace cells are below ``lower.MAX_WORKSPACE`` (2^24), so the keys narrow to int32
+# exactly (padding: INT32_MAX). ``st_sorted32`` first tests for a list already in order,
+# which banded matrices hand over (insertion sort was linear on them).
+SORT_PRELUDE = """\
+#include <immintrin.h>
+/* Bitonic network on 16 int32 lanes: stage s pairs lane i with st_bitonic_idx[s][i];
+   lanes set in st_bitonic_max[s] keep the larger key. Stages 0-9 sort 16 keys, stages
+   10-13 turn a bitonic sequence of 16 into ascending order. */
+static const int32_t st_bitonic_idx[14][16] __attribute__((aligned(64))) = {
+  {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14},
+  {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+  {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14},
+  {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+  {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+  {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14},
+  {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
+  {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+  {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+  {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14},
+  {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
+  {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+  {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+  {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14},
+};
+static const uint16_t st_bitonic_max[14] = {0x6666, 0x3c3c, 0x5a5a, 0x0ff0, 0x33cc, 0x55aa,
+                                             0xff00, 0xf0f0, 0xcccc, 0xaaaa,
+                                             0xff00, 0xf0f0, 0xcccc, 0xaaaa};
+static inline __m512i st_bitonic(__m512i v, int first, int last) {
+  for (int s = first; s < last; s++) {
+    const __m512i p = _mm512_permutexvar_epi32(_mm512_load_si512(st_bitonic_idx[s]), v);
+    v = _mm512_mask_blend_epi32((__mmask16)st_bitonic_max[s], _mm512_min_epi32(v, p),
+                                _mm512_max_epi32(v, p));
+  }
+  return v;
+}
+/* Keys a[0, n) (n <= 16, each below 2^31) as int32 lanes, INT32_MAX past n; and back. */
+static inline __m512i st_keys16(const int64_t* a, int64_t n) {
+  const __m512i pad = _mm512_set1_epi64(0x7FFFFFFF);
+  const int64_t n1 = n < 8 ? n : 8, n2 = n - n1;
+  const __m256i lo = _mm512_cvtepi64_epi32(
+      _mm512_mask_loadu_epi64(pad, (__mmask8)((1u << n1) - 1u), a));
+  const __m256i hi = _mm512_cvtepi64_epi32(
+      _mm512_mask_loadu_epi64(pad, (__mmask8)((1u << n2) - 1u), a + 8));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+static inline void st_store_keys16(int64_t* a, int64_t n, __m512i v) {
+  const int64_t n1 = n < 8 ? n : 8, n2 = n - n1;
+  _mm512_mask_storeu_epi64(a, (__mmask8)((1u << n1) - 1u),
+                           _mm512_cvtepi32_epi64(_mm512_castsi512_si256(v)));
+  _mm512_mask_storeu_epi64(a + 8, (__mmask8)((1u << n2) - 1u),
+                           _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1)));
+}
+/* Whether a[0, n) is ascending, 2 <= n <= 32: each key against its successor. */
+static inline int st_sorted32(const int64_t* a, int64_t n) {
+  const int64_t m = n - 1 < 16 ? n - 1 : 16;
+  __mmask16 down = _mm512_mask_cmpgt_epi32_mask((__mmask16)((1u << m) - 1u),
+                                                st_keys16(a, m), st_keys16(a + 1, m));
+  if (n > 17)
+    down |= _mm512_mask_cmpgt_epi32_mask((__mmask16)((1u << (n - 17)) - 1u),
+                                         st_keys16(a + 16, n - 17), st_keys16(a + 17, n - 17));
+  return down == 0;
+}
+static inline __m512i st_reversed16(__m512i v) {
+  return _mm512_permutexvar_epi32(
+      _mm512_set_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), v);
+}
+/* A bitonic sequence of 32 keys in (*lo, *hi) into ascending order: the lower 16 by min,
+   the upper 16 by max, each a bitonic 16. */
+static inline void st_merge32(__m512i* lo, __m512i* hi) {
+  const __m512i l = _mm512_min_epi32(*lo, *hi), h = _mm512_max_epi32(*lo, *hi);
+  *lo = st_bitonic(l, 10, 14);
+  *hi = st_bitonic(h, 10, 14);
+}
+/* Sort a[0, n), 2 <= n <= 32, keys below 2^31: two sorted registers, the second reversed
+   (ascending then descending is bitonic), merged. */
+static inline void st_sort32(int64_t* a, int64_t n) {
+  if (n <= 16) {
+    st_store_keys16(a, n, st_bitonic(st_keys16(a, n), 0, 10));
+    return;
+  }
+  __m512i x = st_bitonic(st_keys16(a, 16), 0, 10);
+  __m512i y = st_reversed16(st_bitonic(st_keys16(a + 16, n - 16), 0, 10));
+  st_merge32(&x, &y);
+  st_store_keys16(a, 16, x);
+  st_store_keys16(a + 16, n - 16, y);
+}
+/* Sort a[0, n), 33 <= n <= 64: two sorted 32s, the second reversed, split by min/max into
+   the lower and upper 32 (each bitonic), each merged. */
+static inline void st_sort64(int64_t* a, int64_t n) {
+  const int64_t n3 = n - 32 < 16 ? n - 32 : 16, n4 = n - 32 - n3;
+  __m512i r0 = st_bitonic(st_keys16(a, 16), 0, 10);
+  __m512i r1 = st_reversed16(st_bitonic(st_keys16(a + 16, 16), 0, 10));
+  __m512i r2 = st_bitonic(st_keys16(a + 32, n3), 0, 10);
+  __m512i r3 = st_reversed16(st_bitonic(st_keys16(a + 48, n4), 0, 10));
+  st_merge32(&r0, &r1);
+  st_merge32(&r2, &r3);
+  const __m512i s2 = st_reversed16(r3), s3 = st_reversed16(r2);
+  __m512i l0 = _mm512_min_epi32(r0, s2), l1 = _mm512_min_epi32(r1, s3);
+  __m512i h0 = _mm512_max_epi32(r0, s2), h1 = _mm512_max_epi32(r1, s3);
+  st_merge32(&l0, &l1);
+  st_merge32(&h0, &h1);
+  st_store_keys16(a, 16, l0);
+  st_store_keys16(a + 16, 16, l1);
+  st_store_keys16(a + 32, n3, h0);
+  st_store_keys16(a + 48, n4, h1);
+}
+"""
+
+
+def prelude(isa: str) -> str:
+    """The helpers vector loops of ``isa`` use (masks, horizontal adds, gathers)."""
+    return PRELUDE + (AVX512_PRELUDE if isa == "avx512" else AVX2_PRELUDE)
