@@ -60,9 +60,9 @@ def blockable(lw) -> int | None:
     return n if presence(lw.body, lambda acc: acc.operand != n) is False else None
 
 
-def block_coords(nnz, rows, cols):
+def block_coords(nnz, rows, cols, entries=ENTRIES):
     """Coordinates of ``j`` per block, a multiple of 16, for a matrix of ``rows`` x ``cols``
-    with ``nnz`` entries: about ``ENTRIES`` entries per row and block. Works on ints and,
+    with ``nnz`` entries: about ``entries`` entries per row and block. Works on ints and,
     through ``_IR``, builds the kernel's expression for it (one formula for both).
 
     Example:
@@ -70,7 +70,7 @@ def block_coords(nnz, rows, cols):
         64
     """
     per_row = _max(nnz // _max(rows, 1), 1)
-    return _max((ENTRIES * cols // per_row + 15) // 16 * 16, 16)   # never 0 (no columns)
+    return _max((entries * cols // per_row + 15) // 16 * 16, 16)   # never 0 (no columns)
 
 
 def blocks_pay(kb, cols, cap):
@@ -128,12 +128,12 @@ def _max(a, b):
     return max(a, b)
 
 
-def block_size(lw, n):
+def block_size(lw, n, entries=ENTRIES):
     """IR for ``kb`` of this call's operand ``n`` (``block_coords``)."""
     i, j, _ = lw.order
     pos = arr(n, "pos1")
     nnz = _IR(Bin("-", Load(pos, Sym(f"n_{i}")), Load(pos, Lit(0))))
-    return block_coords(nnz, _IR(Sym(f"n_{i}")), _IR(Sym(f"n_{j}"))).node
+    return block_coords(nnz, _IR(Sym(f"n_{i}")), _IR(Sym(f"n_{j}")), entries).node
 
 
 def worth_blocking(lw, n):

@@ -16,6 +16,7 @@ from ..codegen.intrinsics import ISA_BYTES
 from ..formats.levels import Compressed, Dense
 from .ir import Function, dump, verify
 from .jam import jam_sums, jam_tiles
+from .sblock import column_blocked
 from .lower import Plan, lower
 from .notation import Assignment
 from .output import OutputSpec, infer_output
@@ -255,6 +256,9 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
             copies = sum_copies()
             body, summed = jam_sums(fn.body, copies)
             if summed:
+                if plan.block_cap is not None:   # long rows: Y's rows may outgrow L2
+                    body = column_blocked(body, lw, copies, _VALUE_BYTES[value_dtype],
+                                          l2_bytes())
                 fn = replace(fn, body=body)
                 notes.append(f"inner products of {copies} stored entries side by side "
                              "(one loop, combined horizontal adds)")

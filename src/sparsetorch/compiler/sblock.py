@@ -1,0 +1,132 @@
+"""Cache blocking of a sampled product (SDDMM) by column ranges.
+
+SDDMM ``out[i,j] = A[i,j] * sum_k X[i,k] Y[j,k]`` computes, for every stored entry of A,
+an inner product with the row of the dense ``Y`` at the entry's column. The rows of pruned
+weights (hundreds of entries over a few thousand columns) each touch most of Y, so once Y
+outgrows L2 every entry's row of Y comes from L3: here (AMD Zen 3, 512 KB L2) the DLMC
+512x2048 layers at K = 256 (Y: 2 MB) took 11-14 ns per entry against 8-10 ns for the
+2048x512 layers (Y: 512 KB) of the same sparsity.
+
+Here the rows of a thread's range are taken in groups of ``GROUP_ROWS``, and each group
+sweeps A's columns in blocks of ``jb``, so a block's slice of Y (``jb`` rows) comes from L3
+once per group and from L2 for every other row of the group. A row keeps a cursor to its
+first entry not yet computed (CSR columns are sorted); the inner products of ``jam_sums``
+run unchanged: their loop of side-by-side products continues while the last of its entries
+lies in the block, the one-at-a-time loop while its entry does. No partial sums: an entry
+is computed whole in the block of its column (the reduction over ``k`` is inside). The
+price is X's row, read once per block instead of once per row, and the loop overhead of
+shorter runs of entries: ``jb`` is sized so a block holds about ``ENTRIES`` entries of a
+row (with fewer, the remainders of the side-by-side loop dominate).
+
+The choice is made per call inside the kernel: blocked when Y is larger than half of L2 and
+there are at least two blocks. Kernels get the blocked nest only for operands with long
+rows (``kblock.long_rows``; graphs' short rows never pay for its build).
+
+Measured (whole calls, 2 threads, interleaved A/B in one process against the unblocked
+kernel, the 48 DLMC transformer SDDMM cases of ``benchmarks/kernels.py``, 70% and 90%
+sparse, K = 64 and 256; 512 KB L2): 512x2048 masks at K = 256 1.18-1.40x (70%) and
+1.12-1.13x (90%), at K = 64 (Y: 512 KB) 1.00-1.19x; 512x512 and 2048x512 masks at K = 256
+(Y: 512 KB, blocked) 0.95-1.13x; the rest (unblocked) 0.99-1.05x; 1.057x geomean. Finding
+each block's end by binary search instead of the compares in the loops was 5-10% slower;
+16-96 entries per block and groups of 32-128 rows were within a few percent of each other.
+
+Data per call: A's entries once, Y's block once per group from L3, X's row once per block.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .ir import RANGE_END, Assign, Bin, Block, Decl, For, If, Lit, Load, Sym, While, block
+from .iterate import arr
+from .kblock import block_size
+
+# Entries of a row per column block; rows per group sharing a block's slice of Y.
+ENTRIES = 64
+GROUP_ROWS = 64
+
+
+def column_blocked(body: Block, lw, copies: int, value_bytes: int, l2: int) -> Block:
+    """``body`` (a sampled kernel's nest after ``jam.jam_sums`` with ``copies`` sums side by
+    side) behind a run-time choice between it and the column-blocked nest (see the module
+    docstring), when its shape allows; else ``body`` itself. ``value_bytes``: the size of a
+    value; ``l2``: the L2 cache size in bytes."""
+    found = _sampled_rows(body, lw, copies)
+    if found is None:
+        return body
+    loop, gathered = found
+    _, j, k = lw.order
+    n_j, n_k = Sym(f"n_{j}"), Sym(f"n_{k}")
+    gathered_bytes = Bin("*", Bin("*", n_j, n_k), Lit(value_bytes))
+    jb = block_size(lw, lw.balanced, ENTRIES)
+    worth = Bin("&&", Bin(">", gathered_bytes, Lit(l2 // 2)),
+                Bin("<=", Bin("*", Lit(2), jb), n_j))
+    lw.plan.notes.append(
+        f"entries taken in blocks of columns {j} (about {ENTRIES} per row, groups of "
+        f"{GROUP_ROWS} rows) when operand {gathered}'s rows over {j} exceed half of L2")
+    return block(If(worth, block(_blocked_nest(loop, lw, copies)), body))
+
+
+def _sampled_rows(body: Block, lw, copies: int):
+    """``(row loop, gathered operand)`` when ``body`` is one balanced parallel loop over
+    the rows of a CSR-like operand whose body is the jammed side-by-side loop and its
+    remainder, and a dense operand is read by rows ``[j, k]`` (loop order i, j, k)."""
+    if len(lw.order) != 3 or lw.balanced is None or len(body.stmts) != 1:
+        return None
+    loop = body.stmts[0]
+    if not isinstance(loop, For) or loop.parallel is None or loop.step != 1:
+        return None
+    stmts = loop.body.stmts
+    if len(stmts) != 3 or not isinstance(stmts[0], Decl):
+        return None
+    row, main, rest = stmts
+    n = lw.balanced
+    pos = arr(n, "pos1")
+    start = Load(pos, Sym(row.name))
+    end = Load(pos, Bin("+", Sym(row.name), Lit(1)))
+    if not (isinstance(main, For) and isinstance(rest, For) and main.var == rest.var and
+            main.step == copies and main.start == start and
+            main.end == Bin("-", end, Lit(copies - 1)) and rest.step == 1 and
+            rest.end == end and main.parallel is None and rest.parallel is None):
+        return None
+    _, j, k = lw.order
+    dense = [acc.operand for acc in lw.plan.assignment.expr.accesses()
+             if acc.indices == (j, k) and lw.plan.formats[acc.operand].is_dense]
+    return (loop, dense[0]) if dense else None
+
+
+def _blocked_nest(loop: For, lw, copies: int) -> For:
+    """The row-group loop: cursors to each row's first entry, then per block of columns
+    each row's entries in it, by the jammed loop bodies of ``loop`` (the unblocked nest)."""
+    i, j, _ = lw.order
+    row, main, rest = loop.body.stmts
+    n = lw.balanced
+    crd = arr(n, "crd1")
+    i0, i_end, cur = lw.fresh("i0_"), lw.fresh("iend"), lw.fresh("cur")
+    jb, blocks, b, j1, e = (lw.fresh(x) for x in ("jb", "nb", "b", "j1_", "e"))
+    p = Sym(main.var)
+    at = Load(cur, Bin("-", Sym(i), Sym(i0)))
+
+    def rows(*stmts):
+        return For(i, Sym(i0), Sym(i_end), block(row, *stmts))
+
+    def in_block(q):     # entry q exists and its column lies before the block's end
+        return Bin("&&", Bin("<", q, Sym(e)), Bin("<", Load(crd, q), Sym(j1)))
+
+    last = Bin("+", p, Lit(copies - 1))
+    sweep = [Decl("idx", e, rest.end),
+             Decl("idx", main.var, at),
+             While(in_block(last), block(*main.body.stmts,
+                                         Assign(p, Bin("+", p, Lit(copies))))),
+             While(in_block(p), block(*rest.body.stmts, Assign(p, Bin("+", p, Lit(1))))),
+             Assign(at, p)]
+    body = block(Decl("idx", i_end, Bin("min", Bin("+", Sym(i0), Lit(GROUP_ROWS)),
+                                        Sym(RANGE_END))),
+                 Decl("idx", jb, block_size(lw, lw.balanced, ENTRIES)),
+                 Decl("idx", blocks, Bin("/", Bin("+", Sym(f"n_{j}"), Bin("-", Sym(jb), Lit(1))),
+                                         Sym(jb))),
+                 Decl("idx[]", cur, Lit(GROUP_ROWS)),
+                 rows(Assign(at, main.start)),
+                 For(b, Lit(0), Sym(blocks), block(   # block b: columns [b jb, (b + 1) jb)
+                     Decl("idx", j1, Bin("*", Bin("+", Sym(b), Lit(1)), Sym(jb))),
+                     rows(*sweep))))
+    return replace(loop, var=i0, body=body, step=GROUP_ROWS)
