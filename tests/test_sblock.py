@@ -112,3 +112,24 @@ def test_short_rows_and_small_operands_run_unblocked(small_l2):
 def test_degenerate_shapes(small_l2, shape):
     A = st.tensor(torch.ones(shape), format="csr")
     check_against_dense(SDDMM, (A, torch.randn(shape[0], 9), torch.randn(shape[1], 9)))
+
+
+@needs_intrinsics
+def test_blocked_sddmm_with_dynamic_ranges(small_l2, monkeypatch):
+    """Skewed long rows on a large call take several ranges per thread from a shared
+    counter (``ops/balance.py``); each range is swept in its own row groups."""
+    from sparsetorch.ops import balance, shim
+    taken = []
+
+    def ranges(t, work):
+        taken.append(balance.ranges_per_thread(t, work))
+        return taken[-1]
+    for module in (execute, shim):   # the first call's path and the memoised shim's
+        monkeypatch.setattr(module, "ranges_per_thread", ranges)
+    d = _long_rows(300, 1200, 0.05, torch.float32, seed=4)
+    d[::7] = torch.where(torch.rand(1200) < 0.9, 1.0, 0.0)     # every 7th row nearly full
+    A = st.tensor(d, format="csr")
+    x, y = torch.randn(300, 96), torch.randn(1200, 96)
+    assert NOTE in " ".join(st.explain(SDDMM, A, x, y).notes)
+    check_against_dense(SDDMM, (A, x, y))
+    assert taken and max(taken) > 1
