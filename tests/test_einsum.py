@@ -549,15 +549,22 @@ def test_huge_dimension_uses_a_hashed_workspace():
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
-@pytest.mark.parametrize("arrival", ["scrambled", "in order", "with repeats"])
-def test_spgemm_rows_of_every_cell_count_are_sorted(arrival, dtype, index_dtype):
-    """Row r of A @ B touches r + 1 cells (1-80: the sorting networks' 6-32 and 33-64, the
-    insertion sort and the bitmap scan around them), arriving scrambled, in order, or each
-    twice; the result has sorted unique columns and the dense product's values."""
+@pytest.mark.parametrize("arrival", ["scrambled", "in order", "one pair swapped",
+                                     "with repeats"])
+@pytest.mark.parametrize("width", [3000, 33000])
+def test_spgemm_rows_of_every_cell_count_are_sorted(arrival, width, dtype, index_dtype):
+    """Row r of A @ B touches r + 1 cells (1-80: the sorting networks' 6-32 and 33-64 (AVX2:
+    6-64), the insertion sort and the bitmap scan around them; the wider B leaves rows of
+    up to 64 cells to the sorts, the narrower scans from 25), arriving scrambled, in order,
+    in order but for one pair (AVX2: insertion sort for rows out of order at one place), or
+    each twice; the result has sorted unique columns and the dense product's values."""
     gen = torch.Generator().manual_seed(7)
-    rows, width = 80, 3000
-    cols = torch.randperm(width, generator=gen)[:rows] if arrival != "in order" else \
+    rows = 80
+    cols = torch.randperm(width, generator=gen)[:rows] if arrival in ("scrambled",
+                                                                      "with repeats") else \
         torch.arange(rows) * 37
+    if arrival == "one pair swapped":
+        cols[[10, 40]] = cols[[40, 10]]
     b_idx = torch.stack([torch.arange(rows), cols])      # B row k: one entry, column cols[k]
     if arrival == "with repeats":                        # and the previous row's column
         b_idx = torch.cat([b_idx, torch.stack([torch.arange(1, rows), cols[:-1]])], 1)
@@ -570,6 +577,31 @@ def test_spgemm_rows_of_every_cell_count_are_sorted(arrival, dtype, index_dtype)
     assert torch.equal(r.arrays["pos1"].diff(), torch.arange(1, rows + 1).to(r.index_dtype))
     torch.testing.assert_close(r.to_dense(), A.to_dense() @ B.to_dense(),
                                rtol=1e-10 if dtype == F64 else 1e-5, atol=0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_spgemm_many_random_rows_of_6_to_64_cells_are_sorted(seed):
+    """Hundreds of result rows of 6-64 cells in random order, over a width that leaves them
+    all to the sorts (not the bitmap scan): the networks must order every one of them. A
+    missorted row would hold the network's padding and fail the validation."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, inner, width = 400, 1000, 40000
+    a_rows = torch.arange(rows).repeat_interleave(torch.arange(rows) % 11 + 1)
+    a = torch.stack([a_rows, torch.randint(inner, a_rows.shape, generator=gen)])
+    b_rows = torch.arange(inner).repeat_interleave(torch.randint(1, 7, (inner,), generator=gen))
+    b = torch.stack([b_rows, torch.randint(width, b_rows.shape, generator=gen)])
+    A = st.tensor((a, torch.rand(a.shape[1], generator=gen, dtype=F64)), shape=(rows, inner),
+                  format="csr")
+    B = st.tensor((b, torch.rand(b.shape[1], generator=gen, dtype=F64)), shape=(inner, width),
+                  format="csr")
+    r = st.einsum("ij,jk->ik", A, B)
+    st.SparseTensor.from_levels(r.shape, r.format, r.arrays, r.values, check=True)
+    cells = r.arrays["pos1"].diff()
+    assert ((cells >= 6) & (cells <= 64)).sum() > rows // 2
+    want = (A.to_torch().to_sparse_coo() @ B.to_torch().to_sparse_coo()).coalesce()
+    got = r.to_torch().to_sparse_coo().coalesce()
+    assert torch.equal(got.indices(), want.indices())
+    torch.testing.assert_close(got.values(), want.values(), rtol=1e-10, atol=0)
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
