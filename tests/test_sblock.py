@@ -7,6 +7,8 @@ inner dimensions with masked tails and under one vector.
 """
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -21,6 +23,8 @@ needs_intrinsics = pytest.mark.skipif(kernel.vector_isa() is None,
                                       reason="no AVX-512 or AVX2 on this CPU")
 SDDMM = "ij,ik,jk->ij"
 NOTE = "entries taken in blocks of columns"
+# (the package exports the function ``einsum`` under the module's name)
+einsum_module = importlib.import_module("sparsetorch.ops.einsum")
 
 
 @pytest.fixture
@@ -36,6 +40,7 @@ def small_l2(monkeypatch):
     monkeypatch.setattr(kernel, "column_blocked",
                         lambda body, lw, copies, size, l2: column_blocked(body, lw, copies,
                                                                           size, 4096))
+    monkeypatch.setattr(einsum_module, "l2_bytes", lambda: 4096)   # what explain tells
     yield
     monkeypatch.undo()
     forget()
@@ -63,7 +68,8 @@ def test_blocked_sddmm_matches_dense(small_l2, inner, dtype):
     y = torch.randn(d.shape[1], inner, generator=g, dtype=dtype)
     for index_dtype in (torch.int32, torch.int64):
         A = st.tensor(d, format="csr", index_dtype=index_dtype)
-        assert NOTE in " ".join(st.explain(SDDMM, A, x, y).notes)
+        notes = " ".join(st.explain(SDDMM, A, x, y).notes)
+        assert NOTE in notes and "this call: blocks of 192 columns" in notes
         check_against_dense(SDDMM, (A, x, y))
 
 
@@ -100,11 +106,12 @@ def test_short_rows_and_small_operands_run_unblocked(small_l2):
     x, y = torch.randn(50, 16), torch.randn(400, 16)
     assert NOTE not in " ".join(st.explain(SDDMM, A, x, y).notes)
     check_against_dense(SDDMM, (A, x, y))
-    # long rows but fewer than two blocks' worth of columns: the kernel's own test
-    # picks the plain nest
-    d = _long_rows(9, 40, 0.9, torch.float32)
-    check_against_dense(SDDMM, (st.tensor(d, format="csr"), torch.randn(9, 70),
-                                torch.randn(40, 70)))
+    # rows long enough for the blocked nest, too short for two blocks of ENTRIES: the
+    # kernel's own test picks the plain nest
+    d = _long_rows(9, 400, 0.2, torch.float32)
+    ops = (st.tensor(d, format="csr"), torch.randn(9, 70), torch.randn(400, 70))
+    assert "would not make two" in " ".join(st.explain(SDDMM, *ops).notes)
+    check_against_dense(SDDMM, ops)
 
 
 @needs_intrinsics

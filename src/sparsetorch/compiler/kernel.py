@@ -47,6 +47,8 @@ class CompiledKernel:
     compile_seconds: float = 0.0
     fills_output: bool = False        # a sampled result's every value is stored: no zeroing
     block_cap: int | None = None      # set when the kernel may run cache-blocked (kblock.py)
+    column_blocked: int | None = None  # the gathered operand of a column-blocked SDDMM
+                                       # (sblock.py)
 
     def describe_loops(self) -> str:
         return "\n".join(dump(fn) for fn in self.functions)
@@ -275,4 +277,4 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
                           (lw.tile_var, lw.plan.tile) if lw.tile_var else None,
                           lw.balanced, jammed, tuple(dict.fromkeys(notes)),
                           time.perf_counter() - t0, lw.stores_every_entry,
-                          lw.plan.block_cap if lw.k_blocked else None)
+                          lw.plan.block_cap if lw.k_blocked else None, lw.column_blocked)

@@ -131,6 +131,7 @@ class _Lowerer:
         self.epilogue_at = placement if self.epilogue is not None else None
         self.stores_every_entry = self._stores_every_entry()
         self.k_blocked = False   # set by ``kblock.k_blocked``
+        self.column_blocked = None   # the gathered operand, set by ``sblock.column_blocked``
         self.names = 0
 
     def _write_placement(self):

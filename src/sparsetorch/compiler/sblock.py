@@ -38,7 +38,7 @@ from dataclasses import replace
 
 from .ir import RANGE_END, Assign, Bin, Block, Decl, For, If, Lit, Load, Sym, While, block
 from .iterate import arr
-from .kblock import block_size
+from .kblock import block_coords, block_size
 
 # Entries of a row per column block; rows per group sharing a block's slice of Y.
 ENTRIES = 64
@@ -60,10 +60,31 @@ def column_blocked(body: Block, lw, copies: int, value_bytes: int, l2: int) -> B
     jb = block_size(lw, lw.balanced, ENTRIES)
     worth = Bin("&&", Bin(">", gathered_bytes, Lit(l2 // 2)),
                 Bin("<=", Bin("*", Lit(2), jb), n_j))
+    lw.column_blocked = gathered
     lw.plan.notes.append(
         f"entries taken in blocks of columns {j} (about {ENTRIES} per row, groups of "
         f"{GROUP_ROWS} rows) when operand {gathered}'s rows over {j} exceed half of L2")
     return block(If(worth, block(_blocked_nest(loop, lw, copies)), body))
+
+
+def describe(rows, gathered, l2: int) -> str:
+    """Whether a call on CSR-like ``rows`` that gathers rows of dense ``gathered`` runs the
+    blocked nest (the kernel's own test, for ``st.explain``).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.ones(4, 512), format="csr")
+        >>> describe(A, torch.zeros(512, 256), 512 * 1024)
+        'this call: blocks of 64 columns (operand of 512 KB, over half of L2)'
+    """
+    n_i, n_j = rows.format.storage_dims(rows.shape)
+    size = gathered.numel() * gathered.element_size()
+    jb = block_coords(rows.nnz, n_i, n_j, ENTRIES)
+    if size <= l2 // 2:
+        return f"this call: unblocked (operand of {size >> 10} KB, within half of L2)"
+    if 2 * jb > n_j:
+        return f"this call: unblocked (blocks of {jb} columns would not make two)"
+    return f"this call: blocks of {jb} columns (operand of {size >> 10} KB, over half of L2)"
 
 
 def _sampled_rows(body: Block, lw, copies: int):

@@ -7,14 +7,15 @@ its variables in order. Formats: inferred per output level (``compiler/output.py
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
 
 from ..compiler.kblock import block_coords
-from ..compiler.kernel import panel_factors
+from ..compiler.kernel import l2_bytes, panel_factors
 from ..compiler.notation import Assignment, parse_einsum, var_extents
+from ..compiler.sblock import describe as describe_column_blocks
 from ..formats.tensor import SparseTensor
 from .execute import _BACKEND_KEY, _ENV_DATA as _ENV, _FAST, backend, kernel_for, lookup, run
 from .expr import EXPR_MARK, recorded_eval
@@ -248,7 +249,11 @@ def explain(equation, *operands, out_format=None) -> Explanation:
     kernel, computed, split = kernel_for(assignment, operands, out_format)
     names = tuple(_describe(t, split) for t in operands)
     rows = operands[kernel.balanced] if kernel.balanced is not None and not split else None
-    return _explanation(computed, kernel, names, rows)
+    explanation = _explanation(computed, kernel, names, rows)
+    if kernel.column_blocked is not None and isinstance(rows, SparseTensor):
+        call = describe_column_blocks(rows, operands[kernel.column_blocked], l2_bytes())
+        explanation = replace(explanation, notes=(*explanation.notes, call))
+    return explanation
 
 
 def _describe(operand, split: bool) -> str:
