@@ -113,3 +113,28 @@ def test_traced_calls_match_the_blocked_eager_result():
     assert "cache blocks of" in st.explain("ij,jk->ik", A, x).tiles
     compiled = torch.compile(lambda a, b: a @ b, backend="aot_eager", fullgraph=True)(A, x)
     assert torch.equal(compiled, eager)
+
+
+@needs_intrinsics
+def test_blocked_spmm_reads_in_place_without_its_buffer(monkeypatch):
+    """A block's slice of the dense operand is packed into a buffer allocated per row
+    group; when that allocation fails the nest reads the operand in place, same results."""
+    from sparsetorch.codegen import c
+    from sparsetorch.compiler.kernel import compile_kernel
+    from sparsetorch.ops import execute
+
+    def forget():
+        compile_kernel.cache_clear()
+        for memo in (execute._PREPARED, execute._BLOCKED, execute._FAST):
+            memo.clear()
+    forget()
+    monkeypatch.setitem(c._HELPERS, "alloc_pack", ["void* xpack_raw = 0;", "val_t* xpack = 0;"])
+    try:
+        d = _long_rows(GROUP_ROWS + 5, 384, 0.4, torch.float64, seed=5)
+        A = st.tensor(d, format="csr")
+        x = torch.randn(384, 100, dtype=torch.float64)
+        assert "val_t* xpack = 0;" in st.explain("ij,jk->ik", A, x).source
+        check_against_dense("ij,jk->ik", (A, x))
+    finally:
+        monkeypatch.undo()
+        forget()

@@ -196,14 +196,28 @@ _HELPERS = {
                           "  st_sort64(ws_list, ws_n);",
                           "}} else "],
     # With AVX2, rows of 6-64 cells that "dense_sort" would sort take its network instead
-    # (``intrinsics.SORT_PRELUDE_AVX2``): these lines replace its last. Unlike AVX-512's
-    # network, placed before the bitmap test (AVX2's costs more: fill-pass A/B on SuiteSparse
-    # A@A, rows the bitmap scan takes, watt_2 and dwt_992: 0.87-0.92x), and with insertion
-    # sort kept for rows out of order at one place at most (watt_2, adder_dcop_05 0.93-0.98x
-    # otherwise). Whole-call A/B, 49 matrices: 1.023x geomean; bcspwr06-10 1.06-1.26x,
-    # rajat19 1.15x, west0497 1.14x; watt_2 0.93x.
+    # (``intrinsics.SORT_PRELUDE_AVX2``): these lines replace its last. AVX-512's network
+    # goes before the bitmap test; AVX2's costs more, and there it slowed rows the bitmap
+    # scan takes (whole-call A/B on SuiteSparse A@A: watt_2, dwt_992 0.87-0.92x). Rows out
+    # of order at one place keep insertion sort (else olm500, reorientation_1, adder_dcop_05,
+    # hangGlider_2 0.92-0.95x). Whole-call A/B, 49 matrices: 1.023x geomean; bcspwr06-10
+    # 1.06-1.26x, rajat19 1.15x, west0497 1.14x; watt_2 0.93x.
     "dense_sort_avx2": ["}} else if (ws_n >= 6 && ws_n <= 64) st_sort_avx2(ws_list, ws_n);",
                         "else st_sort_i64(ws_list, ws_n);"],
+    # SpMM's cache-blocked nest (``kblock.py``): a buffer for a block's slice of the dense
+    # operand, copied row after row (rows {0}, width {1}, from array {2} at row {3}, row
+    # length {4}, column {5}) so the slice is contiguous. Without the buffer (allocation
+    # failed) the nest reads the operand in place. Aligned to cache lines by hand (C99 has
+    # no aligned_alloc): malloc's 16 bytes would split every other 32-byte load.
+    "alloc_pack": ["void* xpack_raw = malloc(sizeof(val_t) * (size_t)({0}) + 64);",
+                   "val_t* xpack = xpack_raw ? (val_t*)(((uintptr_t)xpack_raw + 63) & "
+                   "~(uintptr_t)63) : 0;"],
+    "pack_rows": ["if (xpack) {{",
+                  "  for (int64_t r_ = 0; r_ < {0}; r_++)",
+                  "    for (int64_t c_ = 0; c_ < {1}; c_++)",
+                  "      xpack[r_ * {1} + c_] = {2}[({3} + r_) * {4} + {5} + c_];",
+                  "}}"],
+    "free_pack": ["free(xpack_raw);"],
     "alloc_hash": ["st_hash ws; st_hash_init(&ws);", "int64_t ws_n = 0;",
                    "int64_t* ws_list = 0; val_t* ws_sorted = 0;"],
     "free_hash": ["st_hash_free(&ws);"],
@@ -295,6 +309,9 @@ class _CRenderer:
                 return [f"{pad}val_t {s.name}[{self.expr(s.init)}] = {{0}};"]
             if s.ctype == "idx[]":
                 return [f"{pad}int64_t {s.name}[{self.expr(s.init)}];"]
+            if s.ctype == "val*":   # a local view of values, read like a value parameter
+                self.array_types[s.name] = "val_t"
+                return [f"{pad}const val_t* {s.name} = {self.expr(s.init)};"]
             ctype = {"idx": "int64_t", "val": "val_t"}[s.ctype]
             init = f" = {self.expr(s.init)}" if s.init is not None else ""
             return [f"{pad}{ctype} {s.name}{init};"]

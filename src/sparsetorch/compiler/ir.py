@@ -11,7 +11,7 @@ use and every array is a parameter; ``dump`` prints the tree for ``explain()``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 
 class Node:
@@ -60,7 +60,8 @@ class Call(Node):
 class Decl(Node):
     """A scalar (``ctype`` 'idx' = int64_t, 'val' = the value type) or, with ctype 'val[]',
     a zero-filled local array of ``init`` (a Lit) values: a register tile; with 'idx[]', an
-    uninitialised local array of ``init`` indices (cursors)."""
+    uninitialised local array of ``init`` indices (cursors); with 'val*', a read-only
+    pointer to values (``init``: an array or pointer), loaded from like an array."""
 
     ctype: str
     name: str
@@ -244,6 +245,37 @@ def verify(fn: Function) -> None:
                 raise IRError(f"{fn.name}: unexpected statement {s!r}")
 
     stmts(fn.body, scalars | arrays)
+
+
+# -- rewriting --------------------------------------------------------------------------------
+_FIELD_NAMES: dict = {}   # node class -> its field names (``fields`` is slow: half of
+                          # jam_sums' time, which is most of SDDMM's compile)
+
+
+def rewrite(node, visit):
+    """Bottom-up rewrite of an IR tree: children first, then ``visit`` on the rebuilt node
+    (unchanged subtrees are kept, not copied).
+
+    Example:
+        >>> e = Bin("+", Sym("i"), Sym("n"))
+        >>> rewrite(e, lambda x: Sym("m") if x == Sym("n") else x)
+        Bin(op='+', a=Sym(name='i'), b=Sym(name='m'))
+    """
+    if isinstance(node, tuple):
+        items = tuple(rewrite(x, visit) for x in node)
+        return node if all(a is b for a, b in zip(items, node)) else items
+    if not isinstance(node, Node):
+        return node
+    names = _FIELD_NAMES.get(type(node))
+    if names is None:
+        names = _FIELD_NAMES[type(node)] = tuple(f.name for f in fields(node))
+    changes = {}
+    for name in names:
+        old = getattr(node, name)
+        new = rewrite(old, visit)
+        if new is not old:
+            changes[name] = new
+    return visit(replace(node, **changes) if changes else node)
 
 
 # -- printer ----------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from .ir import Assign, Bin, Block, Decl, For, Helper, If, Lit, Load, Node, Sym, While
+from .ir import (Assign, Bin, Block, Decl, For, Helper, If, Lit, Load, Node, Sym, While,
+                 rewrite)
 
 # Sums computed side by side by ``jam_sums`` (``kernel.sum_copies`` picks per ISA).
 SUM_COPIES = 4
@@ -154,7 +155,7 @@ def jam_sums(body: Block, copies: int = SUM_COPIES) -> tuple[Block, bool]:
                                                  Lit(copies)), Lit(copies)))
         return Block((main, replace(node, start=rest)))
 
-    out = _walk(body, visit)
+    out = rewrite(body, visit)
     return _flatten(out), bool(done)
 
 
@@ -179,7 +180,7 @@ def _flatten(node):
             return Block(tuple(x for s in n.stmts
                                for x in (s.stmts if isinstance(s, Block) else (s,))))
         return n
-    return _walk(node, visit)
+    return rewrite(node, visit)
 
 
 class _NotJammable(Exception):
@@ -249,7 +250,7 @@ def _assigns(stmts, name: str) -> bool:
             found.append(n)
         return n
     for s in stmts:
-        _walk(s, visit)
+        rewrite(s, visit)
     return bool(found)
 
 
@@ -266,12 +267,12 @@ def _rename(node: Node, names: dict) -> Node:
         if isinstance(n, For) and n.reduction in names:
             return replace(n, reduction=names[n.reduction])
         return n
-    return _walk(node, visit)
+    return rewrite(node, visit)
 
 
 def _substitute(node: Node, mapping: dict) -> Node:
     """``node`` with each expression in ``mapping`` (a Sym) replaced."""
-    return _walk(node, lambda n: mapping.get(n, n) if isinstance(n, Sym) else n)
+    return rewrite(node, lambda n: mapping.get(n, n) if isinstance(n, Sym) else n)
 
 
 def _map_blocks(node: Node, fn) -> Node:
@@ -279,26 +280,3 @@ def _map_blocks(node: Node, fn) -> Node:
     changes = {f.name: fn(getattr(node, f.name)) for f in fields(node)
                if isinstance(getattr(node, f.name), Block)}
     return replace(node, **changes) if changes else node
-
-
-_FIELD_NAMES: dict = {}   # node class -> its field names (``fields`` is slow: half of
-                          # jam_sums' time, which is most of SDDMM's compile)
-
-
-def _walk(node, visit):
-    """Bottom-up rewrite: children first, then ``visit`` on the rebuilt node."""
-    if isinstance(node, tuple):
-        items = tuple(_walk(x, visit) for x in node)
-        return node if all(a is b for a, b in zip(items, node)) else items
-    if not isinstance(node, Node):
-        return node
-    names = _FIELD_NAMES.get(type(node))
-    if names is None:
-        names = _FIELD_NAMES[type(node)] = tuple(f.name for f in fields(node))
-    changes = {}
-    for name in names:
-        old = getattr(node, name)
-        new = _walk(old, visit)
-        if new is not old:
-            changes[name] = new
-    return visit(replace(node, **changes) if changes else node)
