@@ -108,6 +108,19 @@ def random_dense(shape, density, dtype, gen, *, integer=True, empty_slices=False
     return x
 
 
+def long_rows(rows, cols, density, dtype, seed=0) -> torch.Tensor:
+    """A dense matrix of random rows of about ``density * cols`` entries (pruned weights:
+    the rows the cache-blocked nests take), with an empty row, a row whose entries all sit
+    in the last columns (it skips every earlier block) and a full row."""
+    g = torch.Generator().manual_seed(seed)
+    d = torch.randint(-3, 4, (rows, cols), generator=g).to(dtype)
+    d[torch.rand(rows, cols, generator=g) >= density] = 0
+    d[1] = 0
+    d[2, : cols - 5] = 0
+    d[3] = 2.5
+    return d
+
+
 def make_operand(x: torch.Tensor, fmt, index_dtype=None):
     """``x`` as a SparseTensor in ``fmt`` (``None``: ``x`` itself, a plain dense tensor;
     ``("bsr", (r, c))``: blocked)."""

@@ -14,21 +14,9 @@ import sparsetorch as st
 from sparsetorch.compiler.kblock import GROUP_ROWS, block_coords, blocks_pay
 from sparsetorch.compiler.kernel import vector_isa
 
-from dense_check import check_against_dense
+from dense_check import check_against_dense, forget_call_memo, long_rows
 
 needs_intrinsics = pytest.mark.skipif(vector_isa() is None, reason="no AVX-512 or AVX2 on this CPU")
-
-
-def _long_rows(rows, cols, density, dtype, seed=0):
-    """Random rows of about ``density * cols`` entries, with an empty row, a row whose
-    entries all sit in the last columns (it skips every earlier block) and a full row."""
-    g = torch.Generator().manual_seed(seed)
-    d = torch.randint(-3, 4, (rows, cols), generator=g).to(dtype)
-    d[torch.rand(rows, cols, generator=g) >= density] = 0
-    d[1] = 0
-    d[2, : cols - 5] = 0
-    d[3] = 2.5
-    return d
 
 
 def test_block_rule_blocks_long_rows_only():
@@ -44,7 +32,7 @@ def test_block_rule_blocks_long_rows_only():
 @pytest.mark.parametrize("n_cols", [1, 17, 64, 128, 200, 256, 300, 530])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_blocked_spmm_matches_dense(n_cols, dtype):
-    d = _long_rows(GROUP_ROWS + 37, 384, 0.4, dtype)
+    d = long_rows(GROUP_ROWS + 37, 384, 0.4, dtype)
     x = torch.randn(384, n_cols, dtype=dtype)
     for index_dtype in (torch.int32, torch.int64):
         A = st.tensor(d, format="csr", index_dtype=index_dtype)
@@ -54,7 +42,7 @@ def test_blocked_spmm_matches_dense(n_cols, dtype):
 
 @needs_intrinsics
 def test_blocked_spmm_on_one_thread_and_with_epilogue(monkeypatch):
-    d = _long_rows(70, 256, 0.5, torch.float32, seed=1)
+    d = long_rows(70, 256, 0.5, torch.float32, seed=1)
     A = st.tensor(d, format="csr")
     x = torch.randn(256, 96)
     bias = torch.randn(96)
@@ -70,14 +58,14 @@ def test_blocked_spmm_on_one_thread_and_with_epilogue(monkeypatch):
 
 @needs_intrinsics
 def test_short_rows_get_the_plain_kernel():
-    d = _long_rows(50, 400, 0.02, torch.float32)
+    d = long_rows(50, 400, 0.02, torch.float32)
     A = st.tensor(d, format="csr")
     x = torch.randn(400, 64)
     e = st.explain("ij,jk->ik", A, x)
     assert "cache block" not in e.tiles and "blocked by coordinate" not in " ".join(e.notes)
     check_against_dense("ij,jk->ik", (A, x))
     # the same call with long rows gets its own kernel (and memo entry), blocked
-    B = st.tensor(_long_rows(50, 400, 0.5, torch.float32), format="csr")
+    B = st.tensor(long_rows(50, 400, 0.5, torch.float32), format="csr")
     assert "cache blocks of" in st.explain("ij,jk->ik", B, x).tiles
     torch.testing.assert_close(st.einsum("ij,jk->ik", A, x), d @ x, rtol=1e-4, atol=1e-4)
     check_against_dense("ij,jk->ik", (B, x))
@@ -85,7 +73,7 @@ def test_short_rows_get_the_plain_kernel():
 
 @needs_intrinsics
 def test_blocked_spmm_gradients():
-    d = _long_rows(8, 128, 0.6, torch.float64, seed=2)
+    d = long_rows(8, 128, 0.6, torch.float64, seed=2)
     A = st.tensor(d, format="csr")
     assert "cache blocks of" in st.explain("ij,jk->ik", A, torch.zeros(128, 3,
                                                                    dtype=torch.float64)).tiles
@@ -106,7 +94,7 @@ def test_degenerate_shapes_run_unblocked(shape):
 def test_traced_calls_match_the_blocked_eager_result():
     """Under torch.compile the entry count is symbolic, so the traced call runs the plain
     kernel; the blocked one sums each row in the same order, so results are identical."""
-    d = _long_rows(40, 256, 0.5, torch.float32, seed=3)
+    d = long_rows(40, 256, 0.5, torch.float32, seed=3)
     A = st.tensor(d, format="csr")
     x = torch.randn(256, 20)
     eager = A @ x
@@ -121,16 +109,14 @@ def test_blocked_spmm_reads_in_place_without_its_buffer(monkeypatch):
     group; when that allocation fails the nest reads the operand in place, same results."""
     from sparsetorch.codegen import c
     from sparsetorch.compiler.kernel import compile_kernel
-    from sparsetorch.ops import execute
 
     def forget():
         compile_kernel.cache_clear()
-        for memo in (execute._PREPARED, execute._BLOCKED, execute._FAST):
-            memo.clear()
+        forget_call_memo()
     forget()
     monkeypatch.setitem(c._HELPERS, "alloc_pack", ["void* xpack_raw = 0;", "val_t* xpack = 0;"])
     try:
-        d = _long_rows(GROUP_ROWS + 5, 384, 0.4, torch.float64, seed=5)
+        d = long_rows(GROUP_ROWS + 5, 384, 0.4, torch.float64, seed=5)
         A = st.tensor(d, format="csr")
         x = torch.randn(384, 100, dtype=torch.float64)
         assert "val_t* xpack = 0;" in st.explain("ij,jk->ik", A, x).source

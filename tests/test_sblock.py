@@ -17,7 +17,7 @@ from sparsetorch.compiler import kernel
 from sparsetorch.compiler.sblock import GROUP_ROWS, column_blocked
 from sparsetorch.ops import execute
 
-from dense_check import check_against_dense
+from dense_check import check_against_dense, forget_call_memo, long_rows
 
 needs_intrinsics = pytest.mark.skipif(kernel.vector_isa() is None,
                                       reason="no AVX-512 or AVX2 on this CPU")
@@ -34,8 +34,7 @@ def small_l2(monkeypatch):
     forgotten afterwards."""
     def forget():
         kernel.compile_kernel.cache_clear()
-        for memo in (execute._PREPARED, execute._BLOCKED, execute._FAST):
-            memo.clear()
+        forget_call_memo()
     forget()
     monkeypatch.setattr(kernel, "column_blocked",
                         lambda body, lw, copies, size, l2: column_blocked(body, lw, copies,
@@ -46,23 +45,11 @@ def small_l2(monkeypatch):
     forget()
 
 
-def _long_rows(rows, cols, density, dtype, seed=0):
-    """About ``density * cols`` entries a row, with an empty row, a row whose entries all
-    sit in the last columns (it skips every earlier block) and a full row."""
-    g = torch.Generator().manual_seed(seed)
-    d = torch.randint(-3, 4, (rows, cols), generator=g).to(dtype)
-    d[torch.rand(rows, cols, generator=g) >= density] = 0
-    d[1] = 0
-    d[2, : cols - 11] = 0
-    d[3] = 1.5
-    return d
-
-
 @needs_intrinsics
 @pytest.mark.parametrize("inner", [1, 5, 8, 13, 64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_blocked_sddmm_matches_dense(small_l2, inner, dtype):
-    d = _long_rows(GROUP_ROWS + 37, 700, 0.4, dtype)
+    d = long_rows(GROUP_ROWS + 37, 700, 0.4, dtype)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(d.shape[0], inner, generator=g, dtype=dtype)
     y = torch.randn(d.shape[1], inner, generator=g, dtype=dtype)
@@ -75,7 +62,7 @@ def test_blocked_sddmm_matches_dense(small_l2, inner, dtype):
 
 @needs_intrinsics
 def test_blocked_sddmm_on_one_thread(small_l2):
-    d = _long_rows(30, 512, 0.5, torch.float32, seed=2)
+    d = long_rows(30, 512, 0.5, torch.float32, seed=2)
     A = st.tensor(d, format="csr")
     x, y = torch.randn(30, 24), torch.randn(512, 24)
     old = torch.get_num_threads()
@@ -88,7 +75,7 @@ def test_blocked_sddmm_on_one_thread(small_l2):
 
 @needs_intrinsics
 def test_blocked_sddmm_gradients(small_l2):
-    d = _long_rows(6, 300, 0.6, torch.float64, seed=3)
+    d = long_rows(6, 300, 0.6, torch.float64, seed=3)
     A = st.tensor(d, format="csr")
     x = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
     y = torch.randn(300, 3, dtype=torch.float64, requires_grad=True)
@@ -101,14 +88,14 @@ def test_blocked_sddmm_gradients(small_l2):
 @needs_intrinsics
 def test_short_rows_and_small_operands_run_unblocked(small_l2):
     # graph-like rows: kernels without the blocked nest
-    d = _long_rows(50, 400, 0.02, torch.float32)
+    d = long_rows(50, 400, 0.02, torch.float32)
     A = st.tensor(d, format="csr")
     x, y = torch.randn(50, 16), torch.randn(400, 16)
     assert NOTE not in " ".join(st.explain(SDDMM, A, x, y).notes)
     check_against_dense(SDDMM, (A, x, y))
     # rows long enough for the blocked nest, too short for two blocks of ENTRIES: the
     # kernel's own test picks the plain nest
-    d = _long_rows(9, 400, 0.2, torch.float32)
+    d = long_rows(9, 400, 0.2, torch.float32)
     ops = (st.tensor(d, format="csr"), torch.randn(9, 70), torch.randn(400, 70))
     assert "would not make two" in " ".join(st.explain(SDDMM, *ops).notes)
     check_against_dense(SDDMM, ops)
@@ -133,7 +120,7 @@ def test_blocked_sddmm_with_dynamic_ranges(small_l2, monkeypatch):
         return taken[-1]
     for module in (execute, shim):   # the first call's path and the memoised shim's
         monkeypatch.setattr(module, "ranges_per_thread", ranges)
-    d = _long_rows(300, 1200, 0.05, torch.float32, seed=4)
+    d = long_rows(300, 1200, 0.05, torch.float32, seed=4)
     d[::7] = torch.where(torch.rand(1200) < 0.9, 1.0, 0.0)     # every 7th row nearly full
     A = st.tensor(d, format="csr")
     x, y = torch.randn(300, 96), torch.randn(1200, 96)
