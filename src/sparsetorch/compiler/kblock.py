@@ -166,7 +166,8 @@ def k_blocked(lw, body: list) -> list:
         f"reduction {lw.order[1]} blocked by coordinate when rows are long: about {ENTRIES} "
         f"entries per row and block, groups of {GROUP_ROWS} rows, panels of "
         f"{'/'.join(str(lw.plan.tile * f) for f in lw.plan.panels)} values, a block's slice "
-        f"of the dense operand at most {lw.plan.block_cap} rows (a quarter of L2)")
+        f"of the dense operand at most {lw.plan.block_cap} rows (a quarter of L2)"
+        f"{', packed per row group' if _gathered(lw) is not None else ''}")
     # (the nest computes ``kb`` again: an outlined parallel loop reads parameters only)
     return [If(worth_blocking(lw, n), block(blocked_nest(lw, n, loop.parallel)), block(body))]
 
