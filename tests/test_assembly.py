@@ -1,0 +1,111 @@
+"""Sparse-result assembly, checked against torch: the row workspace of SpGEMM-like products
+(a dense row accumulator, or a hashed one for dimensions too large for it) and the ways a
+row's cells come out in order: the sorting networks (AVX-512 and AVX2), insertion sort, and
+the bitmap scan of rows found at least half full. (Split from ``test_einsum.py``.)
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sparsetorch as st
+from dense_check import check_against_dense, private_kernel_cache  # noqa: F401
+
+F64 = torch.float64
+CSF = "csf"
+
+
+def _same_as_torch_product(r, A, B):
+    """``r`` is a valid SparseTensor holding exactly the entries of ``A @ B`` (torch COO)."""
+    st.SparseTensor.from_levels(r.shape, r.format, r.arrays, r.values, check=True)
+    want = (A.to_torch().to_sparse_coo() @ B.to_torch().to_sparse_coo()).coalesce()
+    got = r.to_torch().to_sparse_coo().coalesce()
+    assert torch.equal(got.indices(), want.indices())
+    torch.testing.assert_close(got.values(), want.values(), rtol=1e-10, atol=0)
+
+
+def test_huge_dimension_uses_a_hashed_workspace():
+    """A 2**25-column SpGEMM: a dense row workspace would be 256 MiB per thread."""
+    n = 2 ** 25
+    idx = torch.tensor([[0, 1, 2, 3, 3], [5, n - 1, 12345678, 5, n - 2]])
+    B = st.tensor((idx, torch.tensor([1.0, 2, 3, 4, 5], dtype=F64)), shape=(4, n), format="csr")
+    A = st.tensor(torch.tensor([[1.0, 0, 2, 0], [0, 3, 0, 4], [0, 0, 0, 0]], dtype=F64), "csr")
+    e = st.explain("ij,jk->ik", A, B)
+    assert e.workspace and "dense" not in e.workspace[0]
+    r = st.einsum("ij,jk->ik", A, B)
+    assert isinstance(r, st.SparseTensor) and r.shape == (3, n)
+    _same_as_torch_product(r, A, B)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("arrival", ["scrambled", "in order", "one pair swapped",
+                                     "with repeats"])
+@pytest.mark.parametrize("width", [3000, 33000])
+def test_spgemm_rows_of_every_cell_count_are_sorted(arrival, width, dtype, index_dtype):
+    """Row r of A @ B touches r + 1 cells (1-80: the sorting networks' 6-32 and 33-64 (AVX2:
+    6-64), the insertion sort and the bitmap scan around them; the wider B leaves rows of
+    up to 64 cells to the sorts, the narrower scans from 25), arriving scrambled, in order,
+    in order but for one pair (AVX2: insertion sort for rows out of order at one place), or
+    each twice; the result has sorted unique columns and the dense product's values."""
+    gen = torch.Generator().manual_seed(7)
+    rows = 80
+    cols = torch.randperm(width, generator=gen)[:rows] if arrival in ("scrambled",
+                                                                      "with repeats") else \
+        torch.arange(rows) * 37
+    if arrival == "one pair swapped":
+        cols[[10, 40]] = cols[[40, 10]]
+    b_idx = torch.stack([torch.arange(rows), cols])      # B row k: one entry, column cols[k]
+    if arrival == "with repeats":                        # and the previous row's column
+        b_idx = torch.cat([b_idx, torch.stack([torch.arange(1, rows), cols[:-1]])], 1)
+    B = st.tensor((b_idx, torch.rand(b_idx.shape[1], generator=gen, dtype=dtype) + 0.5),
+                  shape=(rows, width), format="csr", index_dtype=index_dtype)
+    A = st.tensor(torch.tril(torch.rand(rows, rows, generator=gen, dtype=dtype) + 0.5),
+                  format="csr", index_dtype=index_dtype)   # row r: columns 0..r
+    r = st.einsum("ij,jk->ik", A, B)
+    st.SparseTensor.from_levels(r.shape, r.format, r.arrays, r.values, check=True)
+    assert torch.equal(r.arrays["pos1"].diff(), torch.arange(1, rows + 1).to(r.index_dtype))
+    torch.testing.assert_close(r.to_dense(), A.to_dense() @ B.to_dense(),
+                               rtol=1e-10 if dtype == F64 else 1e-5, atol=0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_spgemm_many_random_rows_of_6_to_64_cells_are_sorted(seed):
+    """Hundreds of result rows of 6-64 cells in random order, over a width that leaves them
+    all to the sorts (not the bitmap scan): the networks must order every one of them. A
+    missorted row would hold the network's padding and fail the validation."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, inner, width = 400, 1000, 40000
+    a_rows = torch.arange(rows).repeat_interleave(torch.arange(rows) % 11 + 1)
+    a = torch.stack([a_rows, torch.randint(inner, a_rows.shape, generator=gen)])
+    b_rows = torch.arange(inner).repeat_interleave(torch.randint(1, 7, (inner,), generator=gen))
+    b = torch.stack([b_rows, torch.randint(width, b_rows.shape, generator=gen)])
+    A = st.tensor((a, torch.rand(a.shape[1], generator=gen, dtype=F64)), shape=(rows, inner),
+                  format="csr")
+    B = st.tensor((b, torch.rand(b.shape[1], generator=gen, dtype=F64)), shape=(inner, width),
+                  format="csr")
+    r = st.einsum("ij,jk->ik", A, B)
+    cells = r.arrays["pos1"].diff()
+    assert ((cells >= 6) & (cells <= 64)).sum() > rows // 2
+    _same_as_torch_product(r, A, B)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("eq,fmts", [("ij,jk->ik", ("csr", "csr")), ("ij,jk->ik", ("csr", "dcsr")),
+                                     ("ij,jk->ik", ("dcsr", "csr")), ("ikj,jl->ikl", (CSF, "csr"))])
+def test_spgemm_rows_half_full_or_more_are_scanned(eq, fmts, index_dtype):
+    """Result rows the count pass finds at least half full skip the cell list: their cells
+    are marked and the workspace scanned in order. Full, half-full, sparse and empty rows,
+    under a dense or a compressed outer loop."""
+    gen = torch.Generator().manual_seed(11)
+    shapes = {"ij,jk->ik": ((40, 30), (30, 24)), "ikj,jl->ikl": ((12, 3, 30), (30, 8))}[eq]
+    a = (torch.rand(*shapes[0], generator=gen) < 0.08).double() * torch.rand(*shapes[0],
+                                                                             generator=gen)
+    a[0] = 1.0                    # a full row of A: its result row is as full as B allows
+    a[1] = 0.0                    # an empty one
+    b = (torch.rand(*shapes[1], generator=gen) < 0.5).double() * torch.rand(*shapes[1],
+                                                                            generator=gen)
+    ops = [st.tensor(a, format=fmts[0], index_dtype=index_dtype),
+           st.tensor(b, format=fmts[1], index_dtype=index_dtype)]
+    assert "ws_at < ws_size" in st.explain(eq, *ops).source
+    check_against_dense(eq, ops, kind="sparse")
