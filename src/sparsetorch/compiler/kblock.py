@@ -232,13 +232,19 @@ def blocked_nest(lw, n, parallel) -> For:
     return For(i0, Lit(0), Sym(f"n_{i}"), body, parallel, step=GROUP_ROWS)
 
 
-def _gathered(lw) -> str | None:
-    """The values array of the dense operand whose rows the entries select (``X[j, k]``
-    of loop order i, j, k), or None."""
+def gathered_operand(lw) -> int | None:
+    """The dense operand whose rows the stored entries select (``X[j, k]`` of loop order
+    i, j, k: SpMM's X, SDDMM's Y), or None."""
     _, j, k = lw.order
     found = [acc.operand for acc in lw.plan.assignment.expr.accesses()
              if acc.indices == (j, k) and lw.plan.formats[acc.operand].is_dense]
-    return arr(found[0], "vals") if found else None
+    return found[0] if found else None
+
+
+def _gathered(lw) -> str | None:
+    """The values array of ``gathered_operand``, or None."""
+    n = gathered_operand(lw)
+    return None if n is None else arr(n, "vals")
 
 
 def _packed(lw, x, tile, j0, j1, entry):

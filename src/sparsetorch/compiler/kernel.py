@@ -159,7 +159,7 @@ def vector_isa() -> str | None:
 # Registers per register tile with intrinsics: four independent FMA chains per nonzero hide
 # the FMA latency and reuse each loaded nonzero four times. (AVX2 A/B of 2/4/6/8 on SpMM:
 # 8 was 1.01x on graphs and SuiteSparse but 0.95x on DLMC layers, 2 and 6 slower.)
-_TILE_REGISTERS = {"avx512": 4, "avx2": 4}
+_TILE_REGISTERS = 4
 
 
 def sum_copies() -> int:
@@ -181,7 +181,7 @@ def panel_factors() -> tuple:
     first: up to ``max_tile_registers`` accumulators, halving down to one tile. AVX-512:
     (4, 2, 1), panels of 16, 8 and 4 registers; AVX2: (2, 1), since 16-register panels
     spill there (8-register panels measured 1.04x faster on DLMC SpMM, N=256)."""
-    widest = max(1, max_tile_registers() // _TILE_REGISTERS.get(vector_isa(), 4))
+    widest = max(1, max_tile_registers() // _TILE_REGISTERS)
     return tuple(widest >> s for s in range(widest.bit_length()))
 
 
@@ -206,7 +206,7 @@ def tile_width(value_dtype: str, rows: int = 1) -> int:
     here: bayer10, bcsstk13, N=128)."""
     isa = vector_isa()
     if isa and value_dtype in ("float32", "float64"):
-        regs = max(1, min(_TILE_REGISTERS[isa], max_tile_registers() // rows))
+        regs = max(1, min(_TILE_REGISTERS, max_tile_registers() // rows))
         return regs * ISA_BYTES[isa] // _VALUE_BYTES[value_dtype]
     return vector_lanes(value_dtype)
 

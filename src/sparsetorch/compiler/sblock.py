@@ -38,7 +38,7 @@ from dataclasses import replace
 
 from .ir import RANGE_END, Assign, Bin, Block, Decl, For, If, Lit, Load, Sym, While, block
 from .iterate import arr
-from .kblock import block_coords, block_size
+from .kblock import block_coords, block_size, gathered_operand
 
 # Entries of a row per column block; rows per group sharing a block's slice of Y.
 ENTRIES = 64
@@ -109,10 +109,8 @@ def _sampled_rows(body: Block, lw, copies: int):
             main.end == Bin("-", end, Lit(copies - 1)) and rest.step == 1 and
             rest.end == end and main.parallel is None and rest.parallel is None):
         return None
-    _, j, k = lw.order
-    dense = [acc.operand for acc in lw.plan.assignment.expr.accesses()
-             if acc.indices == (j, k) and lw.plan.formats[acc.operand].is_dense]
-    return (loop, dense[0]) if dense else None
+    gathered = gathered_operand(lw)
+    return None if gathered is None else (loop, gathered)
 
 
 def _blocked_nest(loop: For, lw, copies: int) -> For:
