@@ -111,6 +111,7 @@ class _Lowerer:
         self.emitting = plan.mode in ("count", "fill")
         self.later_free = later_free
         self.outer_extent = ("one",)          # how many slices emission counts are kept in
+        self.top_cursor = False   # fill: emits into slice 0 with the function's slot cursor
         self.balanced = None     # operand whose rows the outer loop splits by stored entries
         self.ws_depth = later_free[0] if (later_free and self.emitting) else None
         self.ws_kind = plan.workspace if self.ws_depth is not None else None
@@ -260,9 +261,11 @@ class _Lowerer:
         t = st.outer
         if self.plan.mode == "count":
             return [Assign(Load("out_count", t), Lit(1), "+=")]
+        # The next slot of this slice: a cursor per outer iteration (``with_outer``), else
+        # one for the function.
+        self.top_cursor = self.top_cursor or isinstance(t, Lit)
         slot = Sym("slot")
-        out = [Decl("idx", "slot", Bin("+", Load("out_offset", t), Load("out_count", t))),
-               Assign(Load("out_count", t), Lit(1), "+=")]
+        out = [Decl("idx", "slot", Sym("out_n")), Assign(Sym("out_n"), Lit(1), "+=")]
         out += [Assign(Load(f"out_c{m}", slot), coords[v]) for m, v in enumerate(self.out_vars)
                 if m in _written_coords(self.plan)]
         out.append(Assign(Load("out_vals", slot), value))
@@ -555,11 +558,18 @@ class _Lowerer:
         return None
 
     def with_outer(self, depth, t, st, body):
-        """At the outermost loop, name the iteration number (emission counts per iteration)."""
-        if depth != 0 or not self.emitting:
-            return body
+        """At the outermost loop, name the iteration number (emission counts per iteration);
+        a fill pass starts the iteration's slot cursor at its slice's offset."""
+        if depth != 0 or not self.emitting or isinstance(t, Lit):
+            return body   # (a literal: one slice, the function's; ``st.outer`` stays 0)
         st.outer = Sym("t_outer")
-        return body + [Decl("idx", "t_outer", t)]
+        body = body + [Decl("idx", "t_outer", t)]
+        # Entries are emitted inside this loop unless a workspace or accumulator spans it
+        # (column sums of CSR: emitted after it, from slice 0 and the function's cursor).
+        inside = all(d is None or d > 0 for d in (self.ws_depth, self.acc_depth))
+        if self.plan.mode == "fill" and inside:
+            body.append(Decl("idx", "out_n", Load("out_offset", st.outer)))
+        return body
 
 
 def _written_coords(plan: Plan) -> tuple:
@@ -617,6 +627,10 @@ def lower(plan: Plan, name: str = "kernel"):
     lw = _Lowerer(plan)
     st = LoopState(lw)
     body = k_blocked(lw, lw.loops(0, st))
+    if plan.mode == "count":
+        body += _offsets(lw)
+    elif lw.top_cursor:
+        body = [Decl("idx", "out_n", Load("out_offset", Lit(0)))] + body
     if plan.mode == "dense" and lw.write_once is None:
         size = Lit(1)
         for v in plan.assignment.out_vars:
@@ -632,6 +646,24 @@ def lower(plan: Plan, name: str = "kernel"):
         body = [Comment(f"{lw.ws_kind} workspace over ({', '.join(lw.ws_vars)}): touched "
                         "cells are sorted before emission")] + body
     return Function(name, tuple(_params(plan, lw)), block(body)), lw
+
+
+def _offsets(lw: _Lowerer) -> list:
+    """After counting: the counts of the slices become their running totals, in place. The
+    caller passes ``pos + 1`` as ``out_count`` over a zeroed ``pos``, so ``pos`` then holds
+    every slice's offset and the total (one serial pass over the slices, in the kernel: a
+    ``cumsum_`` call costs a small SpGEMM more than the adds)."""
+    kind = lw.outer_extent
+    if kind[0] == "dim":
+        slices = dim(kind[1])
+    elif kind[0] == "level":
+        pos0 = arr(kind[1], "pos0")
+        slices = Bin("-", Load(pos0, Lit(1)), Load(pos0, Lit(0)))
+    else:
+        return []
+    t = Sym("t_sum")
+    return [For("t_sum", Lit(1), slices,
+                block(Assign(Load("out_count", t), Load("out_count", Bin("-", t, Lit(1))), "+=")))]
 
 
 def _params(plan: Plan, lw: _Lowerer):
@@ -650,13 +682,13 @@ def _params(plan: Plan, lw: _Lowerer):
         params.append(Param(arr(n, "vals"), "val*"))
     if plan.mode in ("dense", "sampled"):
         params.append(Param("out_vals", "val*", const=False))
-    else:
+    elif plan.mode == "count":
         params.append(Param("out_count", "i64*", const=False))
-        if plan.mode == "fill":
-            params.append(Param("out_offset", "i64*"))
-            crd = "i64*" if plan.row_emission is None else f"idx{plan.row_emission}*"
-            params += [Param(f"out_c{m}", crd, const=False) for m in _written_coords(plan)]
-            params.append(Param("out_vals", "val*", const=False))
+    else:
+        params.append(Param("out_offset", "i64*"))
+        crd = "i64*" if plan.row_emission is None else f"idx{plan.row_emission}*"
+        params += [Param(f"out_c{m}", crd, const=False) for m in _written_coords(plan)]
+        params.append(Param("out_vals", "val*", const=False))
     if lw.ws_depth is not None:
         params.append(Param("ws_size", "idx"))
     return params

@@ -7,6 +7,7 @@ so ``torch.compile`` and autograd see plain dense tensors, and every kernel is a
 from __future__ import annotations
 
 import sys
+from functools import lru_cache
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -21,9 +22,24 @@ from .pack import array_names
 _TORCH_FUNCTIONS: dict = {}
 _DisableTorchFunction = torch._C.DisableTorchFunctionSubclass
 _is_grad_enabled = torch.is_grad_enabled
+_make_wrapper = torch.Tensor._make_wrapper_subclass
 _is_compiling = torch.compiler.is_compiling
 _FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
 _FUNCTIONAL_MODE = torch._C._TorchDispatchModeKey.FUNCTIONAL
+
+
+@lru_cache(maxsize=None)
+def layout(fmt: Format) -> tuple:
+    """``(fmt, its index array names, the attributes a SparseTensor keeps them in)``: what
+    ``SparseTensor._from_parts`` takes, found once per format (hashing a Format is not free).
+
+    Example:
+        >>> from sparsetorch.formats.format import as_format
+        >>> layout(as_format("csr", 2))[1:]
+        (('pos1', 'crd1'), ('_pos1', '_crd1'))
+    """
+    names = array_names(fmt)
+    return fmt, names, tuple("_" + name for name in names)
 
 
 # The wrapper's own autograd state (the class overrides the Python properties). Read with
@@ -78,15 +94,23 @@ class SparseTensor(torch.Tensor):
     def _wrap(shape, fmt: Format, arrays: dict, values: torch.Tensor,
               requires_grad: bool) -> "SparseTensor":
         """The wrapper itself, never recorded by autograd (a leaf)."""
-        t = torch.Tensor._make_wrapper_subclass(
-            SparseTensor, tuple(shape), dtype=values.dtype, device=values.device,
-            requires_grad=requires_grad)
-        t._format = fmt
-        t._size = torch.Size(shape)
-        t._array_names = array_names(fmt)
-        for name in t._array_names:       # kernels read raw pointers: always contiguous
-            setattr(t, "_" + name, arrays[name].contiguous())
-        t._values = values.contiguous()
+        parts = layout(fmt)   # kernels read raw pointers: always contiguous
+        return SparseTensor._from_parts(shape, parts, [arrays[n].contiguous() for n in parts[1]],
+                                        values.contiguous(), requires_grad)
+
+    @staticmethod
+    def _from_parts(shape, parts: tuple, arrays, values: torch.Tensor,
+                    requires_grad: bool = False) -> "SparseTensor":
+        """``_wrap`` for ``parts = layout(fmt)``, contiguous ``arrays`` in its order and
+        contiguous ``values``: what a kernel's new result is. One update of the instance
+        dict instead of an attribute store each: half the cost of a wrapper (4.9 -> 2.3 us
+        here, of a 20 us SpGEMM of 7 x 7 matrices)."""
+        fmt, names, attributes = parts
+        t = _make_wrapper(SparseTensor, tuple(shape), dtype=values.dtype,
+                          device=values.device, requires_grad=requires_grad)
+        attrs = dict(zip(attributes, arrays))
+        attrs.update(_format=fmt, _size=torch.Size(shape), _array_names=names, _values=values)
+        t.__dict__.update(attrs)
         return t
 
     def __init__(self, *args, **kwargs):  # everything happens in __new__

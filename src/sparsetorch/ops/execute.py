@@ -460,31 +460,28 @@ class _Prepared:
         return self.emit(tensors, args, ws, ext, out_shape)
 
     def emit(self, tensors, args, ws, ext, out_shape):
-        """Two passes: count entries per outer iteration (straight into ``pos[1:]``), prefix
-        sum in place, fill. A few torch calls in all: this path's fixed cost is what a small
-        SpGEMM pays."""
+        """Two passes: count entries per outer iteration (straight into ``pos[1:]``, which
+        the count kernel turns into running totals), fill. A few torch calls in all: this
+        path's fixed cost is what a small SpGEMM pays."""
         kernel = self.kernel
         extents = dict(zip(self.var_order, ext))
         slices = _outer_extent(kernel, tensors, extents)
         pos = torch.zeros(slices + 1, dtype=torch.int64)
         self.fns[0](*args, pos.data_ptr() + 8, *ws)
-        pos.cumsum_(0)
         total = int(pos[slices])
         fmt = kernel.output.format
         vals = torch.empty(total, dtype=self.dtype)
-        cursor = torch.zeros(slices, dtype=torch.int64)
         if kernel.emit_rows:  # CSR-like: the counts are the row lengths, columns in order
             crd = torch.empty(total, dtype=tensors[
                 first_sparse(kernel.schedule.formats)].index_dtype)
-            self.fns[1](*args, cursor.data_ptr(), pos.data_ptr(), crd.data_ptr(),
-                        vals.data_ptr(), *ws)
+            self.fns[1](*args, pos.data_ptr(), crd.data_ptr(), vals.data_ptr(), *ws)
             index = choose_index_dtype(fmt.storage_dims(out_shape), total)
             rows = extents[kernel.outer_extent[1]]   # slices is at least 1
             return SparseTensor(out_shape, fmt, {"pos1": pos[: rows + 1].to(index),
                                                  "crd1": crd.to(index)}, vals)
         coords = torch.empty((len(out_shape), total), dtype=torch.int64)
         base = coords.data_ptr()
-        self.fns[1](*args, cursor.data_ptr(), pos.data_ptr(),
+        self.fns[1](*args, pos.data_ptr(),
                     *(base + 8 * total * m for m in range(len(out_shape))), vals.data_ptr(),
                     *ws)
         arrays, stored = pack(fmt, out_shape, coords, vals, sorted_unique=kernel.emit_sorted)

@@ -32,7 +32,7 @@ import torch
 
 from ..compiler.kernel import first_sparse
 from ..compiler.lower import MAX_WORKSPACE
-from ..formats.tensor import SparseTensor
+from ..formats.tensor import SparseTensor, layout
 from .balance import ranges_per_thread
 
 
@@ -145,8 +145,8 @@ def make_shim(prepared, tensors, parallel_work: int):
         args.append("out.data_ptr()")
         lines.append(f"    f0({', '.join(args)})")
     if kind == "sampled":
-        arrays = ", ".join(f"{a!r}: t{source}._{a}" for a in tensors[source]._array_names)
-        lines.append(f"    return wrap(({shape}), fmt, {{{arrays}}}, out, False)")
+        arrays = "".join(f"t{source}.{a}, " for a in layout(kernel.output.format)[2])
+        lines.append(f"    return from_parts(({shape}), parts, ({arrays}), out)")
     elif kind == "dense":
         lines.append("    return out")
     guard = _guard(tensors, sparse)
@@ -158,7 +158,7 @@ def make_shim(prepared, tensors, parallel_work: int):
                            "    except (TypeError, ValueError): return None",
                            *guard, *lines] if guard else [])])
     scope = {"empty_strided": torch.empty_strided, "zeros": torch.zeros, "dtype": prepared.dtype,
-             "wrap": SparseTensor._wrap, "fmt": kernel.output.format,
+             "from_parts": SparseTensor._from_parts, "parts": layout(kernel.output.format) if kind != "dense" else None,
              "threads": torch.get_num_threads,   # what runtime.num_threads answers
              "ranges": ranges_per_thread, "raw": raw,
              "f0": prepared.fns[0], "f1": prepared.fns[-1], "generic": prepared,
@@ -175,8 +175,9 @@ def make_shim(prepared, tensors, parallel_work: int):
 
 def _emit_rows(kernel, args, dims, first, tensors) -> list[str]:
     """Lines for a CSR-like result (``CompiledKernel.emit_rows``): count each row's entries
-    into ``pos[1:]``, prefix-sum, read the total, fill the columns (in the first sparse
-    operand's index type) and values, wrap with the narrowest index type that holds them."""
+    into ``pos[1:]`` (the kernel leaves running totals there), read the total, fill the
+    columns (in the first sparse operand's index type) and values, wrap with the narrowest
+    index type that holds them."""
     rows = f"e{first[kernel.outer_extent[1]]}"
     crd = "int32" if tensors[first_sparse(kernel.schedule.formats)].index_dtype == \
         torch.int32 else "int64"
@@ -184,13 +185,10 @@ def _emit_rows(kernel, args, dims, first, tensors) -> list[str]:
     return [f"    m = {rows} or 1",
             "    pos = zeros(m + 1, dtype=int64); pp = pos.data_ptr()",
             f"    f0({', '.join(args)}, pp + 8, ws)",
-            "    pos.cumsum_(0)",
             "    total = i64_at(pp + 8 * m).value",
             "    vals = empty_strided((total,), (1,), dtype=dtype)",
             f"    crd = empty_strided((total,), (1,), dtype={crd})",
-            "    cursor = zeros(m, dtype=int64)",
-            f"    f1({', '.join(args)}, cursor.data_ptr(), pp, crd.data_ptr(), vals.data_ptr(), "
-            "ws)",
+            f"    f1({', '.join(args)}, pp, crd.data_ptr(), vals.data_ptr(), ws)",
             # narrowest index type; ``.int()``/``.long()`` and no slice unless the result has
             # no rows: ``pos[:n].to(dtype)`` costs 2-3x as much on a small product
             f"    narrow = max(total, {shape}0) < 2**31",
@@ -198,7 +196,7 @@ def _emit_rows(kernel, args, dims, first, tensors) -> list[str]:
             "    pos = pos.int() if narrow else pos",
             f"    crd = {'crd' if crd == 'int32' else 'crd.int()'} if narrow else "
             f"{'crd.long()' if crd == 'int32' else 'crd'}",
-            f"    return wrap(({shape}), fmt, {{'pos1': pos, 'crd1': crd}}, vals, False)"]
+            f"    return from_parts(({shape}), parts, (pos, crd), vals)"]
 
 
 def _guard(tensors, sparse) -> list[str]:
