@@ -158,7 +158,8 @@ def make_shim(prepared, tensors, parallel_work: int):
                            "    except (TypeError, ValueError): return None",
                            *guard, *lines] if guard else [])])
     scope = {"empty_strided": torch.empty_strided, "zeros": torch.zeros, "dtype": prepared.dtype,
-             "from_parts": SparseTensor._from_parts, "parts": layout(kernel.output.format) if kind != "dense" else None,
+             "from_parts": SparseTensor._from_parts,
+             "parts": None if kind == "dense" else layout(kernel.output.format),
              "threads": torch.get_num_threads,   # what runtime.num_threads answers
              "ranges": ranges_per_thread, "raw": raw,
              "f0": prepared.fns[0], "f1": prepared.fns[-1], "generic": prepared,
