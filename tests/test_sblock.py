@@ -127,3 +127,25 @@ def test_blocked_sddmm_with_dynamic_ranges(small_l2, monkeypatch):
     assert NOTE in " ".join(st.explain(SDDMM, A, x, y).notes)
     check_against_dense(SDDMM, (A, x, y))
     assert taken and max(taken) > 1
+
+
+@needs_intrinsics
+@pytest.mark.parametrize("blocked", [False, True])
+def test_every_remainder_of_the_side_by_side_sums(small_l2, monkeypatch, blocked):
+    """Rows of 130-170 entries in a random order: every remainder of the eight side by side
+    sums (then the loop of four, then 0-3 one at a time), in the plain nest and in the
+    column-blocked one (two blocks: runs end inside blocks too)."""
+    if not blocked:   # Y under half of the real L2: the plain nest
+        monkeypatch.undo()
+        kernel.compile_kernel.cache_clear()
+        forget_call_memo()
+    g = torch.Generator().manual_seed(5)
+    d = torch.zeros(41, 1000)
+    for r, n in enumerate((130 + torch.randperm(41, generator=g)).tolist()):
+        d[r, torch.randperm(1000, generator=g)[:n]] = torch.randn(n, generator=g)
+    A = st.tensor(d, format="csr")
+    for inner in (7, 32):
+        x, y = torch.randn(41, inner, generator=g), torch.randn(1000, inner, generator=g)
+        notes = " ".join(st.explain(SDDMM, A, x, y).notes)
+        assert ("this call: blocks of" in notes) == blocked
+        check_against_dense(SDDMM, (A, x, y))

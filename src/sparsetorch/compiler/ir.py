@@ -11,7 +11,7 @@ use and every array is a parameter; ``dump`` prints the tree for ``explain()``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 
 class Node:
@@ -269,13 +269,14 @@ def rewrite(node, visit):
     names = _FIELD_NAMES.get(type(node))
     if names is None:
         names = _FIELD_NAMES[type(node)] = tuple(f.name for f in fields(node))
-    changes = {}
+    values, changed = [], False
     for name in names:
         old = getattr(node, name)
         new = rewrite(old, visit)
-        if new is not old:
-            changes[name] = new
-    return visit(replace(node, **changes) if changes else node)
+        values.append(new)
+        changed = changed or new is not old
+    # (every field is an ``__init__`` argument, in order: ``replace`` would look them up again)
+    return visit(type(node)(*values) if changed else node)
 
 
 # -- printer ----------------------------------------------------------------------------------

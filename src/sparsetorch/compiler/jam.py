@@ -93,7 +93,10 @@ def _jam_block(node: Block, static, regs, most, jammed: list) -> Block:
 def jam_sums(body: Block, copies: int = SUM_COPIES) -> tuple[Block, bool]:
     """``(body', done)``: every position loop whose iterations each compute one sum (the
     p loop of SDDMM around its inner product over k) unrolled ``copies`` times and jammed,
-    so one loop computes ``copies`` sums side by side, then a remainder loop::
+    so one loop computes ``copies`` sums side by side, then a remainder loop (with eight
+    copies, first a loop of four, which runs at most once: the one-at-a-time sums, whose
+    single FMA chain waits on its own latency, then number 0-3 instead of 0-7 a row; DLMC
+    SDDMM, 2 threads, AVX2: 1.038x geomean over the 48 cases, up to 1.20x)::
 
         for p in [lo, hi)                  for p in [lo, hi - 3) by 4
           j = crd[p]; acc = 0                j_j0 = crd[p]; ...; j_j3 = crd[p + 3]
@@ -135,28 +138,36 @@ def jam_sums(body: Block, copies: int = SUM_COPIES) -> tuple[Block, bool]:
     """
     done = []
 
-    def visit(node):
+    def jammed(node) -> tuple:
+        """The loops replacing ``node``, or ``(node,)``."""
         if not (isinstance(node, For) and node.parallel is None and not node.simd and
                 not node.reduction and node.step == 1 and _one_flat_sum(node.body)):
-            return node
+            return (_map_blocks(node, walk),)
         p = Sym(node.var)
         bodies = [_substitute(node.body, {p: Bin("+", p, Lit(u))} if u else {}).stmts
                   for u in range(copies)]
+        fuse = _Fuser(bodies)
         try:
-            fused = _fuse(bodies, [{} for _ in range(copies)])
+            fused = fuse(bodies, [{} for _ in range(copies)])
         except _NotJammable:
-            return node
+            return (node,)
         if not any(isinstance(s, For) and isinstance(s.reduction, tuple) for s in fused):
-            return node
+            return (node,)
         done.append(node.var)
-        main = For(node.var, node.start, Bin("-", node.end, Lit(copies - 1)),
-                   Block(tuple(fused)), step=copies)
-        rest = Bin("+", node.start, Bin("*", Bin("/", Bin("-", node.end, node.start),
-                                                 Lit(copies)), Lit(copies)))
-        return Block((main, replace(node, start=rest)))
+        loops, start = [], node.start
+        for width in (copies, copies // 2) if copies >= 8 else (copies,):
+            stmts = fused if width == copies else fuse(bodies[:width],
+                                                        [{} for _ in range(width)])
+            loops.append(For(node.var, start, Bin("-", node.end, Lit(width - 1)),
+                             Block(tuple(stmts)), step=width))
+            start = Bin("+", start, Bin("*", Bin("/", Bin("-", node.end, start), Lit(width)),
+                                        Lit(width)))
+        return (*loops, replace(node, start=start))
 
-    out = rewrite(body, visit)
-    return _flatten(out), bool(done)
+    def walk(b: Block) -> Block:   # statements only: sums are loops, never in expressions
+        return Block(tuple(x for s in b.stmts for x in jammed(s)))
+
+    return walk(body), bool(done)
 
 
 def _one_flat_sum(body: Block) -> bool:
@@ -171,16 +182,6 @@ def _one_flat_sum(body: Block) -> bool:
     return all(isinstance(s, Decl) for s in stmts[:at[0]]) and \
         all(isinstance(s, Assign) and isinstance(s.target, Load) for s in stmts[at[0] + 1:]) \
         and all(isinstance(s, (Decl, Assign)) for s in loop.body.stmts)
-
-
-def _flatten(node):
-    """Splice a ``Block`` that stands as a statement into its enclosing block."""
-    def visit(n):
-        if isinstance(n, Block) and any(isinstance(s, Block) for s in n.stmts):
-            return Block(tuple(x for s in n.stmts
-                               for x in (s.stmts if isinstance(s, Block) else (s,))))
-        return n
-    return rewrite(node, visit)
 
 
 class _NotJammable(Exception):
@@ -202,56 +203,77 @@ def _encloses_tile(body: Block) -> bool:
 def _fuse(copies: list, renames: list) -> list:
     """One statement list doing the work of the statement lists ``copies`` (same shape,
     differing in the unrolled variable); ``renames[r]``: names copy ``r`` declared anew."""
-    out = []
-    for at in range(len(copies[0])):
-        stmts = [_rename(c[at], rn) for c, rn in zip(copies, renames)]
-        first = stmts[0]
-        same = all(s == first for s in stmts)
-        if isinstance(first, For) and isinstance(first.reduction, str) and \
-                all(isinstance(s, For) and isinstance(s.reduction, str) and
-                    _header(s)[:-1] == _header(first)[:-1] for s in stmts):
-            # sums over the same range: one loop summing into each copy's accumulator
-            body = _fuse([s.body.stmts for s in stmts], [dict(rn) for rn in renames])
-            out.append(replace(first, body=Block(tuple(body)),
-                               reduction=tuple(s.reduction for s in stmts)))
-        elif isinstance(first, For) and not first.simd and not first.reduction and \
-                all(_header(s) == _header(first) for s in stmts):
-            body = _fuse([s.body.stmts for s in stmts], [dict(rn) for rn in renames])
-            out.append(replace(first, body=Block(tuple(body))))
-        elif isinstance(first, If) and first.orelse is None and \
-                all(isinstance(s, If) and s.cond == first.cond and s.orelse is None
-                    for s in stmts):
-            then = _fuse([s.then.stmts for s in stmts], [dict(rn) for rn in renames])
-            out.append(replace(first, then=Block(tuple(then))))
-        elif isinstance(first, Decl) and first.ctype != "val[]" and same and \
-                not any(_assigns(c, first.name) for c in copies):
-            out.append(first)   # the same value in every copy, never changed: declare once
-        elif isinstance(first, Decl):
-            for r, s in enumerate(stmts):
-                renames[r][s.name] = f"{s.name}_j{r}"
-                out.append(replace(s, name=renames[r][s.name]))
-        elif isinstance(first, (Helper, While)):
-            raise _NotJammable(type(first).__name__)
-        else:
-            out.extend(stmts)   # stores, accumulations, lane loops: once per copy
-    return out
+    return _Fuser(copies)(copies, renames)
+
+
+class _Fuser:
+    """``_fuse`` over copies of one loop body (``bodies``), remembering each copy's renamed
+    statements and which scalars the bodies assign, so fusing a prefix of the copies again
+    (``jam_sums``' loop of four after its loop of eight) repeats none of that work."""
+
+    def __init__(self, bodies: list):
+        self.bodies, self.renamed, self.assigned = bodies, {}, None
+
+    def rename(self, node, names: dict):
+        key = (id(node), tuple(names.items()))
+        found = self.renamed.get(key)
+        if found is None:
+            found = self.renamed[key] = _rename(node, names)
+        return found
+
+    def __call__(self, copies: list, renames: list) -> list:
+        out = []
+        for at in range(len(copies[0])):
+            stmts = [self.rename(c[at], rn) for c, rn in zip(copies, renames)]
+            first = stmts[0]
+            same = all(s == first for s in stmts)
+            if isinstance(first, For) and isinstance(first.reduction, str) and \
+                    all(isinstance(s, For) and isinstance(s.reduction, str) and
+                        _header(s)[:-1] == _header(first)[:-1] for s in stmts):
+                # sums over the same range: one loop summing into each copy's accumulator
+                body = self([s.body.stmts for s in stmts], [dict(rn) for rn in renames])
+                out.append(replace(first, body=Block(tuple(body)),
+                                   reduction=tuple(s.reduction for s in stmts)))
+            elif isinstance(first, For) and not first.simd and not first.reduction and \
+                    all(_header(s) == _header(first) for s in stmts):
+                body = self([s.body.stmts for s in stmts], [dict(rn) for rn in renames])
+                out.append(replace(first, body=Block(tuple(body))))
+            elif isinstance(first, If) and first.orelse is None and \
+                    all(isinstance(s, If) and s.cond == first.cond and s.orelse is None
+                        for s in stmts):
+                then = self([s.then.stmts for s in stmts], [dict(rn) for rn in renames])
+                out.append(replace(first, then=Block(tuple(then))))
+            elif isinstance(first, Decl) and first.ctype != "val[]" and same and \
+                    first.name not in self.assigned_names():
+                out.append(first)   # the same value in every copy, never changed: once
+            elif isinstance(first, Decl):
+                for r, s in enumerate(stmts):
+                    renames[r][s.name] = f"{s.name}_j{r}"
+                    out.append(replace(s, name=renames[r][s.name]))
+            elif isinstance(first, (Helper, While)):
+                raise _NotJammable(type(first).__name__)
+            else:
+                out.extend(stmts)   # stores, accumulations, lane loops: once per copy
+        return out
+
+    def assigned_names(self) -> set:
+        """The scalars any statement of the bodies assigns."""
+        if self.assigned is None:
+            found = set()
+
+            def visit(n):
+                if isinstance(n, Assign) and isinstance(n.target, Sym):
+                    found.add(n.target.name)
+                return n
+            for stmts in self.bodies:
+                for s in stmts:
+                    rewrite(s, visit)
+            self.assigned = found
+        return self.assigned
 
 
 def _header(s: For) -> tuple:
     return (s.var, s.start, s.end, s.step, s.parallel, s.simd, s.reduction)
-
-
-def _assigns(stmts, name: str) -> bool:
-    """Whether any of ``stmts`` assigns scalar ``name``."""
-    found = []
-
-    def visit(n):
-        if isinstance(n, Assign) and n.target == Sym(name):
-            found.append(n)
-        return n
-    for s in stmts:
-        rewrite(s, visit)
-    return bool(found)
 
 
 def _rename(node: Node, names: dict) -> Node:

@@ -11,8 +11,8 @@ Here the rows of a thread's range are taken in groups of ``GROUP_ROWS``, and eac
 sweeps A's columns in blocks of ``jb``, so a block's slice of Y (``jb`` rows) comes from L3
 once per group and from L2 for every other row of the group. A row keeps a cursor to its
 first entry not yet computed (CSR columns are sorted); the inner products of ``jam_sums``
-run unchanged: their loop of side-by-side products continues while the last of its entries
-lies in the block, the one-at-a-time loop while its entry does. No partial sums: an entry
+run unchanged: each of its loops (eight side by side, four, one at a time) continues while
+the last of its entries lies in the block. No partial sums: an entry
 is computed whole in the block of its column (the reduction over ``k`` is inside). The
 price is X's row, read once per block instead of once per row, and the loop overhead of
 shorter runs of entries: ``jb`` is sized so a block holds about ``ENTRIES`` entries of a
@@ -89,25 +89,28 @@ def describe(rows, gathered, l2: int) -> str:
 
 def _sampled_rows(body: Block, lw, copies: int):
     """``(row loop, gathered operand)`` when ``body`` is one balanced parallel loop over
-    the rows of a CSR-like operand whose body is the jammed side-by-side loop and its
-    remainder, and a dense operand is read by rows ``[j, k]`` (loop order i, j, k)."""
+    the rows of a CSR-like operand whose body is the jammed side-by-side loops (``copies``
+    sums, then half as many where ``jam_sums`` adds that level) and their remainder, and a
+    dense operand is read by rows ``[j, k]`` (loop order i, j, k)."""
     if len(lw.order) != 3 or lw.balanced is None or len(body.stmts) != 1:
         return None
     loop = body.stmts[0]
     if not isinstance(loop, For) or loop.parallel is None or loop.step != 1:
         return None
     stmts = loop.body.stmts
-    if len(stmts) != 3 or not isinstance(stmts[0], Decl):
+    if len(stmts) < 3 or not isinstance(stmts[0], Decl):
         return None
-    row, main, rest = stmts
+    row, *jammed, rest = stmts
     n = lw.balanced
     pos = arr(n, "pos1")
-    start = Load(pos, Sym(row.name))
     end = Load(pos, Bin("+", Sym(row.name), Lit(1)))
-    if not (isinstance(main, For) and isinstance(rest, For) and main.var == rest.var and
-            main.step == copies and main.start == start and
-            main.end == Bin("-", end, Lit(copies - 1)) and rest.step == 1 and
-            rest.end == end and main.parallel is None and rest.parallel is None):
+    widths = [copies, copies // 2][:len(jammed)]
+    if not (isinstance(rest, For) and rest.step == 1 and rest.end == end and
+            rest.parallel is None and len(jammed) == len(widths) and
+            jammed[0].start == Load(pos, Sym(row.name)) and
+            all(isinstance(m, For) and m.var == rest.var and m.step == w and
+                m.end == Bin("-", end, Lit(w - 1)) and m.parallel is None
+                for m, w in zip(jammed, widths))):
         return None
     gathered = gathered_operand(lw)
     return None if gathered is None else (loop, gathered)
@@ -117,7 +120,8 @@ def _blocked_nest(loop: For, lw, copies: int) -> For:
     """The row-group loop: cursors to each row's first entry, then per block of columns
     each row's entries in it, by the jammed loop bodies of ``loop`` (the unblocked nest)."""
     i, j, _ = lw.order
-    row, main, rest = loop.body.stmts
+    row, *jammed, rest = loop.body.stmts
+    main = jammed[0]
     n = lw.balanced
     crd = arr(n, "crd1")
     i0, i_end, cur = lw.fresh("i0_"), lw.fresh("iend"), lw.fresh("cur")
@@ -131,13 +135,12 @@ def _blocked_nest(loop: For, lw, copies: int) -> For:
     def in_block(q):     # entry q exists and its column lies before the block's end
         return Bin("&&", Bin("<", q, Sym(e)), Bin("<", Load(crd, q), Sym(j1)))
 
-    last = Bin("+", p, Lit(copies - 1))
-    sweep = [Decl("idx", e, rest.end),
-             Decl("idx", main.var, at),
-             While(in_block(last), block(*main.body.stmts,
-                                         Assign(p, Bin("+", p, Lit(copies))))),
-             While(in_block(p), block(*rest.body.stmts, Assign(p, Bin("+", p, Lit(1))))),
-             Assign(at, p)]
+    sweep = [Decl("idx", e, rest.end), Decl("idx", main.var, at)]
+    for m in (*jammed, rest):   # each loop continues while its last entry is in the block
+        last = Bin("+", p, Lit(m.step - 1)) if m.step > 1 else p
+        sweep.append(While(in_block(last), block(*m.body.stmts,
+                                                 Assign(p, Bin("+", p, Lit(m.step))))))
+    sweep.append(Assign(at, p))
     body = block(Decl("idx", i_end, Bin("min", Bin("+", Sym(i0), Lit(GROUP_ROWS)),
                                         Sym(RANGE_END))),
                  Decl("idx", jb, block_size(lw, lw.balanced, ENTRIES)),
