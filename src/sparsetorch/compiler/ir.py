@@ -261,7 +261,10 @@ def rewrite(node, visit):
         >>> rewrite(e, lambda x: Sym("m") if x == Sym("n") else x)
         Bin(op='+', a=Sym(name='i'), b=Sym(name='m'))
     """
-    if isinstance(node, tuple):
+    kind = type(node)
+    if kind is Sym or kind is Lit:   # leaves, most of the nodes: no fields to walk
+        return visit(node)
+    if kind is tuple:
         items = tuple(rewrite(x, visit) for x in node)
         return node if all(a is b for a, b in zip(items, node)) else items
     if not isinstance(node, Node):
