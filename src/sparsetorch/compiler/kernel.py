@@ -262,8 +262,10 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
                     body = column_blocked(body, lw, copies, _VALUE_BYTES[value_dtype],
                                           l2_bytes())
                 fn = replace(fn, body=body)
+                rest = f"then {copies // 2}, " if copies >= 8 else ""   # (jam_sums' levels)
                 notes.append(f"inner products of {copies} stored entries side by side "
-                             "(one loop, combined horizontal adds)")
+                             f"(one loop, combined horizontal adds; {rest}then one at a "
+                             "time for the rest of a row)")
         verify(fn)
         functions.append(fn)
         lowerers.append(lw)
