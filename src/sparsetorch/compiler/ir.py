@@ -269,9 +269,9 @@ def rewrite(node, visit):
         return node if all(a is b for a, b in zip(items, node)) else items
     if not isinstance(node, Node):
         return node
-    names = _FIELD_NAMES.get(type(node))
+    names = _FIELD_NAMES.get(kind)
     if names is None:
-        names = _FIELD_NAMES[type(node)] = tuple(f.name for f in fields(node))
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in fields(node))
     values, changed = [], False
     for name in names:
         old = getattr(node, name)
@@ -279,7 +279,7 @@ def rewrite(node, visit):
         values.append(new)
         changed = changed or new is not old
     # (every field is an ``__init__`` argument, in order: ``replace`` would look them up again)
-    return visit(type(node)(*values) if changed else node)
+    return visit(kind(*values) if changed else node)
 
 
 # -- printer ----------------------------------------------------------------------------------

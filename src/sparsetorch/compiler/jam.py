@@ -35,6 +35,17 @@ from .ir import (Assign, Bin, Block, Decl, For, Helper, If, Lit, Load, Node, Sym
 SUM_COPIES = 4
 
 
+def sum_widths(copies: int) -> tuple:
+    """The loops ``jam_sums`` makes of a row's sums, widest first, before the one-at-a-time
+    remainder: ``copies`` side by side, then (from eight) one of half as many.
+
+    Example:
+        >>> sum_widths(8), sum_widths(4)
+        ((8, 4), (4,))
+    """
+    return (copies, copies // 2) if copies >= 8 else (copies,)
+
+
 def jam_tiles(body: Block, static: dict, tile_registers: int,
               max_registers: int = 16) -> tuple[Block, tuple]:
     """``(body', jammed)``: ``body`` with every loop over a variable of static extent
@@ -155,7 +166,7 @@ def jam_sums(body: Block, copies: int = SUM_COPIES) -> tuple[Block, bool]:
             return (node,)
         done.append(node.var)
         loops, start = [], node.start
-        for width in (copies, copies // 2) if copies >= 8 else (copies,):
+        for width in sum_widths(copies):
             stmts = fused if width == copies else fuse(bodies[:width],
                                                         [{} for _ in range(width)])
             loops.append(For(node.var, start, Bin("-", node.end, Lit(width - 1)),

@@ -15,7 +15,7 @@ from ..codegen.c import INDEX_CTYPES, VALUE_CTYPES, render_c
 from ..codegen.intrinsics import ISA_BYTES
 from ..formats.levels import Compressed, Dense
 from .ir import Function, dump, verify
-from .jam import jam_sums, jam_tiles
+from .jam import jam_sums, jam_tiles, sum_widths
 from .sblock import column_blocked
 from .lower import Plan, lower
 from .notation import Assignment
@@ -262,10 +262,10 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
                     body = column_blocked(body, lw, copies, _VALUE_BYTES[value_dtype],
                                           l2_bytes())
                 fn = replace(fn, body=body)
-                rest = f"then {copies // 2}, " if copies >= 8 else ""   # (jam_sums' levels)
+                narrower = "".join(f"then {w}, " for w in sum_widths(copies)[1:])
                 notes.append(f"inner products of {copies} stored entries side by side "
-                             f"(one loop, combined horizontal adds; {rest}then one at a "
-                             "time for the rest of a row)")
+                             f"(one loop, combined horizontal adds; {narrower}then one at "
+                             "a time for the rest of a row)")
         verify(fn)
         functions.append(fn)
         lowerers.append(lw)

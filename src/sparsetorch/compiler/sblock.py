@@ -12,11 +12,11 @@ sweeps A's columns in blocks of ``jb``, so a block's slice of Y (``jb`` rows) co
 once per group and from L2 for every other row of the group. A row keeps a cursor to its
 first entry not yet computed (CSR columns are sorted); the inner products of ``jam_sums``
 run unchanged: each of its loops (eight side by side, four, one at a time) continues while
-the last of its entries lies in the block. No partial sums: an entry
-is computed whole in the block of its column (the reduction over ``k`` is inside). The
-price is X's row, read once per block instead of once per row, and the loop overhead of
-shorter runs of entries: ``jb`` is sized so a block holds about ``ENTRIES`` entries of a
-row (with fewer, the remainders of the side-by-side loop dominate).
+the last of its entries lies in the block. No partial sums: an entry is computed whole in
+the block of its column (the reduction over ``k`` is inside). The price is X's row, read
+once per block instead of once per row, and the loop overhead of shorter runs of entries:
+``jb`` is sized so a block holds about ``ENTRIES`` entries of a row (with fewer, the
+remainders of the side-by-side loop dominate).
 
 The choice is made per call inside the kernel: blocked when Y is larger than half of L2 and
 there are at least two blocks. Kernels get the blocked nest only for operands with long
@@ -38,6 +38,7 @@ from dataclasses import replace
 
 from .ir import RANGE_END, Assign, Bin, Block, Decl, For, If, Lit, Load, Sym, While, block
 from .iterate import arr
+from .jam import sum_widths
 from .kblock import block_coords, block_size, gathered_operand
 
 # Entries of a row per column block; rows per group sharing a block's slice of Y.
@@ -104,7 +105,7 @@ def _sampled_rows(body: Block, lw, copies: int):
     n = lw.balanced
     pos = arr(n, "pos1")
     end = Load(pos, Bin("+", Sym(row.name), Lit(1)))
-    widths = [copies, copies // 2][:len(jammed)]
+    widths = sum_widths(copies)
     if not (isinstance(rest, For) and rest.step == 1 and rest.end == end and
             rest.parallel is None and len(jammed) == len(widths) and
             jammed[0].start == Load(pos, Sym(row.name)) and
