@@ -46,9 +46,12 @@ def small_l2(monkeypatch):
 
 
 @needs_intrinsics
-@pytest.mark.parametrize("inner", [1, 5, 8, 13, 64])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_blocked_sddmm_matches_dense(small_l2, inner, dtype):
+@pytest.mark.parametrize("inner,dtype,columns", [
+    (1, torch.float32, 192), (1, torch.float64, 192),   # ~64 entries of a row (0.4 x 480)
+    (5, torch.float32, 96), (5, torch.float64, 48),      # below: Y's rows of a block fill
+    (8, torch.float32, 64), (8, torch.float64, 32),      # half of the 4 KB "L2"
+    (13, torch.float32, 32), (13, torch.float64, 16), (64, torch.float32, 16)])
+def test_blocked_sddmm_matches_dense(small_l2, inner, dtype, columns):
     d = long_rows(GROUP_ROWS + 37, 700, 0.4, dtype)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(d.shape[0], inner, generator=g, dtype=dtype)
@@ -56,8 +59,23 @@ def test_blocked_sddmm_matches_dense(small_l2, inner, dtype):
     for index_dtype in (torch.int32, torch.int64):
         A = st.tensor(d, format="csr", index_dtype=index_dtype)
         notes = " ".join(st.explain(SDDMM, A, x, y).notes)
-        assert NOTE in notes and "this call: blocks of 192 columns" in notes
+        assert NOTE in notes and f"this call: blocks of {columns} columns" in notes
         check_against_dense(SDDMM, (A, x, y))
+
+
+def test_blocks_keep_the_gathered_rows_within_half_of_l2(monkeypatch):
+    """DLMC-like 90%-sparse 512x2048 weights (205 entries a row): at K = 64 a block holds
+    ~64 entries of a row (640 columns: 160 KB of Y); at K = 256 that many rows of Y would
+    be 640 KB, over a 512 KB L2, so blocks shrink to 256 columns (256 KB)."""
+    monkeypatch.setattr(einsum_module, "l2_bytes", lambda: 512 * 1024)
+    g = torch.Generator().manual_seed(6)
+    keep = torch.rand(512, 2048, generator=g).argsort(1)[:, :205]
+    d = torch.zeros(512, 2048).scatter_(1, keep, 1.0)
+    A = st.tensor(d, format="csr")
+    for inner, columns in ((64, 640), (256, 256)):
+        notes = " ".join(st.explain(SDDMM, A, torch.zeros(512, inner),
+                                    torch.zeros(2048, inner)).notes)
+        assert f"this call: blocks of {columns} columns" in notes
 
 
 @needs_intrinsics
@@ -93,10 +111,11 @@ def test_short_rows_and_small_operands_run_unblocked(small_l2):
     x, y = torch.randn(50, 16), torch.randn(400, 16)
     assert NOTE not in " ".join(st.explain(SDDMM, A, x, y).notes)
     check_against_dense(SDDMM, (A, x, y))
-    # rows long enough for the blocked nest, too short for two blocks of ENTRIES: the
+    # rows long enough for the blocked nest, too short for two blocks of ENTRIES (Y of
+    # 3.2 KB: its half-L2 share, 256 rows, does not split the 400 columns either): the
     # kernel's own test picks the plain nest
     d = long_rows(9, 400, 0.2, torch.float32)
-    ops = (st.tensor(d, format="csr"), torch.randn(9, 70), torch.randn(400, 70))
+    ops = (st.tensor(d, format="csr"), torch.randn(9, 2), torch.randn(400, 2))
     assert "would not make two" in " ".join(st.explain(SDDMM, *ops).notes)
     check_against_dense(SDDMM, ops)
 

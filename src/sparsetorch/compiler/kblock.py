@@ -74,14 +74,14 @@ def blockable(lw) -> int | None:
 def block_coords(nnz, rows, cols, entries=ENTRIES):
     """Coordinates of ``j`` per block, a multiple of 16, for a matrix of ``rows`` x ``cols``
     with ``nnz`` entries: about ``entries`` entries per row and block. Works on ints and,
-    through ``_IR``, builds the kernel's expression for it (one formula for both).
+    through ``Formula``, builds the kernel's expression for it (one formula for both).
 
     Example:
         >>> block_coords(314572, 512, 2048)   # DLMC 70%-sparse 512x2048: 614 per row
         64
     """
-    per_row = _max(nnz // _max(rows, 1), 1)
-    return _max((entries * cols // per_row + 15) // 16 * 16, 16)   # never 0 (no columns)
+    per_row = imax(nnz // imax(rows, 1), 1)
+    return imax((entries * cols // per_row + 15) // 16 * 16, 16)   # never 0 (no columns)
 
 
 def blocks_pay(kb, cols, cap):
@@ -114,15 +114,17 @@ def _rows_of_columns(format) -> bool:
         isinstance(levels[1], Compressed)
 
 
-class _IR:
-    """IR expression builder for the integer formulas above."""
+class Formula:
+    """An IR expression the integer formulas here (and ``sblock``'s) take in place of an
+    int: run on ints they give a number (``st.explain``), on Formulas the kernel's
+    expression for the same number."""
 
     def __init__(self, node):
         self.node = node
 
     def _bin(self, op, other, swap=False):
-        other = other.node if isinstance(other, _IR) else Lit(other)
-        return _IR(Bin(op, other, self.node) if swap else Bin(op, self.node, other))
+        other = other.node if isinstance(other, Formula) else Lit(other)
+        return Formula(Bin(op, other, self.node) if swap else Bin(op, self.node, other))
 
     def __add__(self, o): return self._bin("+", o)
     def __mul__(self, o): return self._bin("*", o)
@@ -133,24 +135,40 @@ class _IR:
     def __and__(self, o): return self._bin("&&", o)
 
 
-def _max(a, b):
-    if isinstance(a, _IR) or isinstance(b, _IR):
-        return _IR(a.node if isinstance(a, _IR) else Lit(a))._bin("max", b)
-    return max(a, b)
+def imax(a, b):
+    """``max`` of ints or Formulas."""
+    return _extreme("max", a, b)
+
+
+def imin(a, b):
+    """``min`` of ints or Formulas."""
+    return _extreme("min", a, b)
+
+
+def _extreme(op, a, b):
+    if isinstance(a, Formula) or isinstance(b, Formula):
+        return Formula(a.node if isinstance(a, Formula) else Lit(a))._bin(op, b)
+    return max(a, b) if op == "max" else min(a, b)
+
+
+def call_sizes(lw, n) -> tuple:
+    """``(stored entries, rows, columns)`` of this call's CSR-like operand ``n``, as
+    Formulas (loop order i, j, ...)."""
+    i, j = lw.order[:2]
+    pos = arr(n, "pos1")
+    return (Formula(Bin("-", Load(pos, Sym(f"n_{i}")), Load(pos, Lit(0)))),
+            Formula(Sym(f"n_{i}")), Formula(Sym(f"n_{j}")))
 
 
 def block_size(lw, n, entries=ENTRIES):
     """IR for ``kb`` of this call's operand ``n`` (``block_coords``)."""
-    i, j, _ = lw.order
-    pos = arr(n, "pos1")
-    nnz = _IR(Bin("-", Load(pos, Sym(f"n_{i}")), Load(pos, Lit(0))))
-    return block_coords(nnz, _IR(Sym(f"n_{i}")), _IR(Sym(f"n_{j}")), entries).node
+    return block_coords(*call_sizes(lw, n), entries).node
 
 
 def worth_blocking(lw, n):
     """IR condition ``blocks_pay`` for this call."""
-    kb = _IR(block_size(lw, n))
-    return blocks_pay(kb, _IR(Sym(f"n_{lw.order[1]}")), lw.plan.block_cap).node
+    kb = Formula(block_size(lw, n))
+    return blocks_pay(kb, Formula(Sym(f"n_{lw.order[1]}")), lw.plan.block_cap).node
 
 
 def k_blocked(lw, body: list) -> list:

@@ -16,7 +16,9 @@ the last of its entries lies in the block. No partial sums: an entry is computed
 the block of its column (the reduction over ``k`` is inside). The price is X's row, read
 once per block instead of once per row, and the loop overhead of shorter runs of entries:
 ``jb`` is sized so a block holds about ``ENTRIES`` entries of a row (with fewer, the
-remainders of the side-by-side loop dominate).
+remainders of the side-by-side loop dominate), but never more rows of Y than fill half of
+L2 (``columns_per_block``): by entries alone the 90%-sparse 512x2048 layers took blocks of
+656 columns, at K = 256 656 KB of Y, more than the L2 that should hold them.
 
 The choice is made per call inside the kernel: blocked when Y is larger than half of L2 and
 there are at least two blocks. Kernels get the blocked nest only for operands with long
@@ -29,6 +31,10 @@ sparse, K = 64 and 256; 512 KB L2): 512x2048 masks at K = 256 1.18-1.40x (70%) a
 (Y: 512 KB, blocked) 0.95-1.13x; the rest (unblocked) 0.99-1.05x; 1.057x geomean. Finding
 each block's end by binary search instead of the compares in the loops was 5-10% slower;
 16-96 entries per block and groups of 32-128 rows were within a few percent of each other.
+The half-L2 cap on a block's rows of Y (same cases, whole calls, two runs): 512x2048 masks
+at K = 256 (90%) 1.04-1.09x, the 512x512 and 2048x512 ones it newly blocks at K = 256 (Y of
+512 KB) 0.98-1.03x, the rest unchanged (their blocks fit already); in kernel-only C runs,
+fixed blocks of 256-512 columns and caps of 192 or 256 KB were within 1% of each other.
 
 Data per call: A's entries once, Y's block once per group from L3, X's row once per block.
 """
@@ -39,7 +45,7 @@ from dataclasses import replace
 from .ir import RANGE_END, Assign, Bin, Block, Decl, For, If, Lit, Load, Sym, While, block
 from .iterate import arr
 from .jam import sum_widths
-from .kblock import block_coords, block_size, gathered_operand
+from .kblock import Formula, block_coords, call_sizes, gathered_operand, imax, imin
 
 # Entries of a row per column block; rows per group sharing a block's slice of Y.
 ENTRIES = 64
@@ -58,14 +64,38 @@ def column_blocked(body: Block, lw, copies: int, value_bytes: int, l2: int) -> B
     _, j, k = lw.order
     n_j, n_k = Sym(f"n_{j}"), Sym(f"n_{k}")
     gathered_bytes = Bin("*", Bin("*", n_j, n_k), Lit(value_bytes))
-    jb = block_size(lw, lw.balanced, ENTRIES)
+    jb = _columns_ir(lw, value_bytes, l2)
     worth = Bin("&&", Bin(">", gathered_bytes, Lit(l2 // 2)),
                 Bin("<=", Bin("*", Lit(2), jb), n_j))
     lw.column_blocked = gathered
     lw.plan.notes.append(
-        f"entries taken in blocks of columns {j} (about {ENTRIES} per row, groups of "
-        f"{GROUP_ROWS} rows) when operand {gathered}'s rows over {j} exceed half of L2")
-    return block(If(worth, block(_blocked_nest(loop, lw, copies)), body))
+        f"entries taken in blocks of columns {j} (about {ENTRIES} per row, the block's rows "
+        f"of operand {gathered} within half of L2, groups of {GROUP_ROWS} rows) when "
+        f"operand {gathered}'s rows over {j} exceed half of L2")
+    return block(If(worth, block(_blocked_nest(loop, lw, copies, jb)), body))
+
+
+def columns_per_block(nnz, rows, cols, depth, value_bytes: int, l2: int):
+    """Columns of a block: about ``ENTRIES`` entries of a row (``kblock.block_coords``), but
+    no more than keep the block's rows of the gathered operand (``depth`` values each)
+    within half of L2; a multiple of 16, at least 16. Ints, or ``kblock.Formula`` objects
+    for the kernel's expression (one formula for both).
+
+    Example:
+        >>> l2 = 512 * 1024   # DLMC 90%-sparse 512x2048 (205 entries a row), float32
+        >>> columns_per_block(104857, 512, 2048, 64, 4, l2)    # by entries
+        656
+        >>> columns_per_block(104857, 512, 2048, 256, 4, l2)   # Y's rows of 1 KB: by L2
+        256
+    """
+    fits = imax((l2 // 2) // (imax(depth, 1) * value_bytes) // 16 * 16, 16)
+    return imin(block_coords(nnz, rows, cols, ENTRIES), fits)
+
+
+def _columns_ir(lw, value_bytes: int, l2: int):
+    """IR of ``columns_per_block`` for this call."""
+    depth = Formula(Sym(f"n_{lw.order[2]}"))
+    return columns_per_block(*call_sizes(lw, lw.balanced), depth, value_bytes, l2).node
 
 
 def describe(rows, gathered, l2: int) -> str:
@@ -80,7 +110,7 @@ def describe(rows, gathered, l2: int) -> str:
     """
     n_i, n_j = rows.format.storage_dims(rows.shape)
     size = gathered.numel() * gathered.element_size()
-    jb = block_coords(rows.nnz, n_i, n_j, ENTRIES)
+    jb = columns_per_block(rows.nnz, n_i, n_j, gathered.shape[-1], gathered.element_size(), l2)
     if size <= l2 // 2:
         return f"this call: unblocked (operand of {size >> 10} KB, within half of L2)"
     if 2 * jb > n_j:
@@ -117,7 +147,7 @@ def _sampled_rows(body: Block, lw, copies: int):
     return None if gathered is None else (loop, gathered)
 
 
-def _blocked_nest(loop: For, lw, copies: int) -> For:
+def _blocked_nest(loop: For, lw, copies: int, columns) -> For:
     """The row-group loop: cursors to each row's first entry, then per block of columns
     each row's entries in it, by the jammed loop bodies of ``loop`` (the unblocked nest)."""
     i, j, _ = lw.order
@@ -144,7 +174,7 @@ def _blocked_nest(loop: For, lw, copies: int) -> For:
     sweep.append(Assign(at, p))
     body = block(Decl("idx", i_end, Bin("min", Bin("+", Sym(i0), Lit(GROUP_ROWS)),
                                         Sym(RANGE_END))),
-                 Decl("idx", jb, block_size(lw, lw.balanced, ENTRIES)),
+                 Decl("idx", jb, columns),
                  Decl("idx", blocks, Bin("/", Bin("+", Sym(f"n_{j}"), Bin("-", Sym(jb), Lit(1))),
                                          Sym(jb))),
                  Decl("idx[]", cur, Lit(GROUP_ROWS)),
