@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .ir import (Assign, Bin, Call, Cond, Decl, For, Function, Lit, Load, Param, Parallel,
                  Sym, block, verify)
-from .lower import lane_loop, register_tiles
+from .tiles import lane_loop, register_tiles
 from .notation import UNARY
 
 

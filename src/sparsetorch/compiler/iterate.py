@@ -14,6 +14,19 @@ def arr(n, name):
     return f"t{n}_{name}"
 
 
+def dim(v):
+    """The C name of index variable ``v``'s extent, as IR."""
+    return Sym(f"n_{v}")
+
+
+def horner(vars_):
+    """Row-major linear index of coordinates ``vars_`` (each a variable name)."""
+    node = Lit(0)
+    for k, v in enumerate(vars_):
+        node = Sym(v) if k == 0 else Bin("+", Bin("*", node, dim(v)), Sym(v))
+    return node
+
+
 class LoopState:
     def __init__(self, lowerer):
         self.pos = {n: Lit(0) for n in lowerer.accesses}

@@ -50,6 +50,7 @@ from .ir import (RANGE_END, Assign, Bin, Cond, Decl, For, Helper, If, Lit, Load,
                  block, rewrite)
 from .iterate import LoopState, arr
 from .notation import presence
+from .tiles import lane_loop, register_tiles
 
 # Entries per row that a block should hold; rows per group sharing a block's slice of X.
 ENTRIES = 16
@@ -192,8 +193,6 @@ def k_blocked(lw, body: list) -> list:
 
 def blocked_nest(lw, n, parallel) -> For:
     """The row-group loop of the blocked kernel (``parallel``: the unblocked row loop's)."""
-    from .lower import lane_loop, register_tiles   # (lower imports this module)
-
     i, j, k = lw.order
     pos, crd = arr(n, "pos1"), arr(n, "crd1")
     i0, i_end, cur = lw.fresh("i0_"), lw.fresh("iend"), lw.fresh("cur")

@@ -12,8 +12,9 @@ symbolically (``notation.presence``: ``*`` intersects, ``+`` unions) and picks t
   and body guard are the lattice formula over "iterator not exhausted" / "iterator here".
 
 Level kinds supply bounds, coordinates, locate and segment advance through ``LevelCode``
-(``iterate.py``);
-nothing here branches on format names. Operands that may be absent inside a union carry a
+(``iterate.py``); nothing here branches on format names. Register tiles come from
+``tiles.py``, the count and fill passes of sparse results and their row workspaces from
+``assemble.py``. Operands that may be absent inside a union carry a
 ``present`` flag so their loads and child ranges fold to zero.
 
 Data per call: every stored entry of each sparse operand is read once per visit of its row
@@ -27,12 +28,14 @@ from dataclasses import dataclass, field
 from ..formats.levels import Compressed, Dense
 from .ir import (Assign, Bin, Call, Comment, Cond, Decl, For, Function, If, Lit, Load,
                  Param, Parallel, Helper, Sym, While, WORKSPACE_NAMES, block)
-from .iterate import LevelCode, LoopState, arr
+from .assemble import Assembly, running_totals, written_coords
+from .iterate import LevelCode, LoopState, arr, dim, horner
 from .kblock import k_blocked
 from .notation import (UNARY, Access, Add, Assignment, Epilogue, Mul, Result, Scale, Unary,
                        factor_out, presence)
 from .output import OutputSpec
 from .schedule import level_vars
+from .tiles import lane_loop, register_tiles
 
 # A dense workspace of more cells than this (per thread) becomes a hash table that grows
 # with the entries actually touched; see ``Plan.workspace``.
@@ -81,19 +84,7 @@ class Plan:
     panels: tuple = (1,)
 
 
-def dim(v):
-    return Sym(f"n_{v}")
-
-
-def _horner(vars_):
-    """Row-major linear index of coordinates ``vars_`` (each a variable name)."""
-    node = Lit(0)
-    for k, v in enumerate(vars_):
-        node = Sym(v) if k == 0 else Bin("+", Bin("*", node, dim(v)), Sym(v))
-    return node
-
-
-class _Lowerer:
+class _Lowerer(Assembly):
     def __init__(self, plan: Plan):
         self.plan = plan
         self.a = plan.assignment
@@ -205,7 +196,7 @@ class _Lowerer:
             fmt = self.plan.formats[n]
             if fmt.is_dense:
                 vs = self.levels[n]
-                load = Load(arr(n, "vals"), _horner(vs))
+                load = Load(arr(n, "vals"), horner(vs))
             else:
                 load = Load(arr(n, "vals"), st.pos[n])
             flag = st.flag.get(n)
@@ -229,24 +220,7 @@ class _Lowerer:
             hit = [Assign(Sym(st.hit), Lit(1))] if st.hit else []
             return hit if counting else [Assign(Sym(st.acc), value, "+=")] + hit
         if self.ws_depth is not None:
-            at = Sym("ws_at")
-            out = [Decl("idx", "ws_at", _horner(self.ws_vars))]
-            if self.ws_kind == "hash":
-                return out + [Helper("hash_mark", (at,), ("ws",)) if counting else
-                              Helper("hash_add", (at, value), ("ws",))]
-            # Marks hold the stamp of the row that last touched a cell, so rows never reset
-            # them. Branch-free ("new cell?" is a coin flip the branch predictor loses): the
-            # cell is written to the list's next slot and the count advances on a new cell;
-            # values are zero until touched (emission clears them).
-            listed = [Assign(Sym("ws_n"), Bin("+", Sym("ws_n"), Bin(
-                          "!=", Load("ws_mark", at), Sym("ws_stamp")))),
-                      Assign(Load("ws_mark", at), Sym("ws_stamp"))]
-            if counting:
-                return out + listed
-            if st.marks_only:   # a dense row (``scanned_rows``): mark and add, no list
-                return out + [listed[1], Assign(Load("ws_vals", at), value, "+=")]
-            return out + [Assign(Load("ws_list", Sym("ws_n")), at), *listed,
-                          Assign(Load("ws_vals", at), value, "+=")]
+            return self.workspace_store(value, st)
         if st.tile is not None:
             return [Assign(Load(st.tile[2], Sym(st.tile[3])), value, "+=")]
         if kind == "dense":
@@ -256,25 +230,10 @@ class _Lowerer:
                            "+=")]
         return self.emit(value, {v: Sym(v) for v in self.out_vars}, st)
 
-    def emit(self, value, coords, st):
-        """Append one output entry (count mode: just count it)."""
-        t = st.outer
-        if self.plan.mode == "count":
-            return [Assign(Load("out_count", t), Lit(1), "+=")]
-        # The next slot of this slice: a cursor per outer iteration (``with_outer``), else
-        # one for the function.
-        self.top_cursor = self.top_cursor or isinstance(t, Lit)
-        slot = Sym("slot")
-        out = [Decl("idx", "slot", Sym("out_n")), Assign(Sym("out_n"), Lit(1), "+=")]
-        out += [Assign(Load(f"out_c{m}", slot), coords[v]) for m, v in enumerate(self.out_vars)
-                if m in _written_coords(self.plan)]
-        out.append(Assign(Load("out_vals", slot), value))
-        return out
-
     def write_out(self, value, st, where):
         """Add ``value`` into the dense output; at the element's only write, store it (or
         ``epilogue(value)``) instead."""
-        target = Load("out_vals", _horner(self.out_vars))
+        target = Load("out_vals", horner(self.out_vars))
         if self.epilogue_at == where:
             return Assign(target, self.value(self.epilogue, st, value))
         if self.write_once == where:
@@ -283,7 +242,7 @@ class _Lowerer:
 
     def final_pass(self):
         """``out = epilogue(out)`` over every output element, after the loop nest."""
-        target = Load("out_vals", _horner(self.out_vars))
+        target = Load("out_vals", horner(self.out_vars))
         body = block(Assign(target, self.value(self.epilogue, LoopState(self), target)))
         for d, v in reversed(list(enumerate(self.out_vars))):
             par = Parallel("static") if d == 0 else None
@@ -304,62 +263,6 @@ class _Lowerer:
             return [Assign(Load("out_vals", st.pos[n]), acc,
                            "=" if self.stores_every_entry else "+=")]
         return [If(Sym(st.hit), block(self.emit(acc, {v: Sym(v) for v in self.out_vars}, st)))]
-
-    def flush_workspace(self, st):
-        """After the reduction loop: emit the touched cells in order, then start a new row."""
-        names = WORKSPACE_NAMES[self.ws_kind]
-        if self.ws_kind == "dense":
-            next_row = [Assign(Sym("ws_n"), Lit(0)),
-                        Assign(Sym("ws_stamp"), Bin("+", Sym("ws_stamp"), Lit(1)))]
-            if self.plan.mode == "count":
-                return [Assign(Load("out_count", st.outer), Sym("ws_n"), "+=")] + next_row
-            value = Load("ws_vals", Sym("ws_at"))
-        else:
-            next_row = [Helper("hash_clear", (), names)]
-            value = Load("ws_sorted", Sym("ws_q"))
-        body = [Decl("idx", "ws_at", Load("ws_list", Sym("ws_q")))]
-        if self.plan.mode == "count":
-            body += self.emit(None, None, st)
-        else:
-            body += self.emit_cell(value, st)
-        return [Helper(f"{self.ws_kind}_sort", (), names),
-                For("ws_q", Lit(0), Sym("ws_n"), block(body))] + next_row
-
-    def emit_cell(self, value, st):
-        """Emit workspace cell ``ws_at`` holding ``value``; a dense workspace's cell is
-        zeroed again for the next row's first touch."""
-        coords = {v: Sym(v) for v in self.out_vars if v not in self.ws_vars}
-        # Cell -> coordinates, innermost variable first; the outermost one is what is left
-        # (no division for it: a 64-bit division per entry, for nothing).
-        body = [Decl("idx", "ws_rest", Sym("ws_at"))]
-        for v in reversed(self.ws_vars[1:]):
-            body.append(Decl("idx", f"{v}_ws", Bin("%", Sym("ws_rest"), dim(v))))
-            body.append(Assign(Sym("ws_rest"), Bin("/", Sym("ws_rest"), dim(v))))
-            coords[v] = Sym(f"{v}_ws")
-        coords[self.ws_vars[0]] = Sym("ws_rest")
-        body += self.emit(value, coords, st)
-        if self.ws_kind == "dense":
-            body.append(Assign(value, Lit(0)))
-        return body
-
-    def scanned_rows(self, depth, st, listed):
-        """The fill pass of a dense row workspace: ``listed`` (cells listed, then ordered)
-        for most rows, but a row the count pass found to fill at least half of the workspace
-        only marks its cells and is emitted by scanning the marks in order. SpGEMM A@A fill
-        A/B: adder_dcop_05 (rows up to fully dense) 2.0x; bcsstk13, G51, rajat19, bayer10
-        and bcspwr10 unchanged (as a rule of 1/4 or 1/8 instead: G51 0.83x, 0.49x)."""
-        if self.plan.mode != "fill" or self.ws_kind != "dense" or depth == 0:
-            return listed
-        marked = self.loops_at(depth, st.copy(marks_only=True))
-        t = st.outer
-        count = Bin("-", Load("out_offset", Bin("+", t, Lit(1))), Load("out_offset", t))
-        at = Sym("ws_at")
-        scan = For("ws_at", Lit(0), Sym("ws_size"), block(
-            If(Bin("==", Load("ws_mark", at), Sym("ws_stamp")),
-               block(*self.emit_cell(Load("ws_vals", at), st)))))
-        dense = marked + [scan, Assign(Sym("ws_stamp"), Bin("+", Sym("ws_stamp"), Lit(1)))]
-        return [If(Bin(">=", Bin("*", count, Lit(2)), Sym("ws_size")), block(*dense),
-                   block(*listed))]
 
     # -- loops -------------------------------------------------------------------------------
     def loops(self, depth, st):
@@ -557,70 +460,6 @@ class _Lowerer:
                 return n, arr(n, "pos1")
         return None
 
-    def with_outer(self, depth, t, st, body):
-        """At the outermost loop, name the iteration number (emission counts per iteration);
-        a fill pass starts the iteration's slot cursor at its slice's offset."""
-        if depth != 0 or not self.emitting or isinstance(t, Lit):
-            return body   # (a literal: one slice, the function's; ``st.outer`` stays 0)
-        st.outer = Sym("t_outer")
-        body = body + [Decl("idx", "t_outer", t)]
-        # Entries are emitted inside this loop unless a workspace or accumulator spans it
-        # (column sums of CSR: emitted after it, from slice 0 and the function's cursor).
-        inside = all(d is None or d > 0 for d in (self.ws_depth, self.acc_depth))
-        if self.plan.mode == "fill" and inside:
-            body.append(Decl("idx", "out_n", Load("out_offset", st.outer)))
-        return body
-
-
-def _written_coords(plan: Plan) -> tuple:
-    """The output modes whose coordinates the fill pass writes (all, or the column alone)."""
-    modes = range(len(plan.assignment.out_vars))
-    if plan.row_emission is None:
-        return tuple(modes)
-    return tuple(m for m in modes if m != plan.output.format.mode_order[0])
-
-
-def register_tiles(k: str, widths, fresh, body_for, flush_for, declare=True) -> list:
-    """Strip-mine dense variable ``k`` (extent ``n_k``) into register tiles: full tiles of
-    each constant width in ``widths`` (widest first, each a multiple of the next; they
-    vectorise and stay in registers), then one remainder tile of variable width. A tile is
-    ``(k0, length, tile array, lane variable)``; ``body_for(tile)`` gives the statements that
-    accumulate into it (their innermost loop is a ``lane_loop``), ``flush_for(tile)`` the
-    statement writing lane ``kk`` (with ``k`` declared) once the tile is complete (None:
-    ``body_for`` writes it). ``declare=False`` leaves declaring the tile array to
-    ``body_for`` (``kblock.py`` starts one per row)."""
-    out, done = [], Lit(0)
-    tile_args = (fresh, body_for, flush_for, declare)
-    for width in widths:
-        full = Bin("-", dim(k), Bin("%", dim(k), Lit(width)))
-        out.append(_tile(k, width, done, full, width, *tile_args))
-        done = full
-    out.append(If(Bin("<", done, dim(k)),
-                  block(_tile(k, widths[-1], done, None, None, *tile_args))))
-    return out
-
-
-def _tile(k, width, start, end, step, fresh, body_for, flush_for, declare):
-    """Full tiles over [start, end) by ``step``, or (``step`` None) the one partial tile
-    starting at ``start``."""
-    k0, acc, kk = fresh("k0_"), fresh("tile"), fresh("kk")
-    length = Lit(width) if step is not None else Bin("-", dim(k), Sym(k0))
-    tile = (k0, length, acc, kk)
-    body = block(Decl("val[]", acc, Lit(width)) if declare else None, body_for(tile))
-    if flush_for is not None:
-        body = block(body, lane_loop(k, tile, [flush_for(tile)]))
-    if step is not None:
-        return For(k0, start, end, body, step=step)
-    return block(Decl("idx", k0, start), body)
-
-
-def lane_loop(k: str, tile, stmts) -> For:
-    """``for kk in tile: k = k0 + kk; stmts`` -- one vector step per register of the tile."""
-    k0, length, _, kk = tile
-    return For(kk, Lit(0), length, block(Decl("idx", k, Bin("+", Sym(k0), Sym(kk))), *stmts),
-               simd=True)
-
-
 def lower(plan: Plan, name: str = "kernel"):
     """Build the loop IR for ``plan``; returns the ``Function`` and the lowerer (which knows
     the workspace, accumulator and outer-loop decisions it made)."""
@@ -628,7 +467,7 @@ def lower(plan: Plan, name: str = "kernel"):
     st = LoopState(lw)
     body = k_blocked(lw, lw.loops(0, st))
     if plan.mode == "count":
-        body += _offsets(lw)
+        body += running_totals(lw)
     elif lw.top_cursor:
         body = [Decl("idx", "out_n", Load("out_offset", Lit(0)))] + body
     if plan.mode == "dense" and lw.write_once is None:
@@ -646,24 +485,6 @@ def lower(plan: Plan, name: str = "kernel"):
         body = [Comment(f"{lw.ws_kind} workspace over ({', '.join(lw.ws_vars)}): touched "
                         "cells are sorted before emission")] + body
     return Function(name, tuple(_params(plan, lw)), block(body)), lw
-
-
-def _offsets(lw: _Lowerer) -> list:
-    """After counting: the counts of the slices become their running totals, in place. The
-    caller passes ``pos + 1`` as ``out_count`` over a zeroed ``pos``, so ``pos`` then holds
-    every slice's offset and the total (one serial pass over the slices, in the kernel: a
-    ``cumsum_`` call costs a small SpGEMM more than the adds)."""
-    kind = lw.outer_extent
-    if kind[0] == "dim":
-        slices = dim(kind[1])
-    elif kind[0] == "level":
-        pos0 = arr(kind[1], "pos0")
-        slices = Bin("-", Load(pos0, Lit(1)), Load(pos0, Lit(0)))
-    else:
-        return []
-    t = Sym("t_sum")
-    return [For("t_sum", Lit(1), slices,
-                block(Assign(Load("out_count", t), Load("out_count", Bin("-", t, Lit(1))), "+=")))]
 
 
 def _params(plan: Plan, lw: _Lowerer):
@@ -687,7 +508,7 @@ def _params(plan: Plan, lw: _Lowerer):
     else:
         params.append(Param("out_offset", "i64*"))
         crd = "i64*" if plan.row_emission is None else f"idx{plan.row_emission}*"
-        params += [Param(f"out_c{m}", crd, const=False) for m in _written_coords(plan)]
+        params += [Param(f"out_c{m}", crd, const=False) for m in written_coords(plan)]
         params.append(Param("out_vals", "val*", const=False))
     if lw.ws_depth is not None:
         params.append(Param("ws_size", "idx"))
