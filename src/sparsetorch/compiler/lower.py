@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..formats.levels import Compressed, Dense
+from .assemble import Assembly, running_totals, written_coords
 from .ir import (Assign, Bin, Call, Comment, Cond, Decl, For, Function, If, Lit, Load,
                  Param, Parallel, Helper, Sym, While, WORKSPACE_NAMES, block)
-from .assemble import Assembly, running_totals, written_coords
 from .iterate import LevelCode, LoopState, arr, dim, horner
 from .kblock import k_blocked
 from .notation import (UNARY, Access, Add, Assignment, Epilogue, Mul, Result, Scale, Unary,
