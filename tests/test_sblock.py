@@ -47,10 +47,11 @@ def small_l2(monkeypatch):
 
 @needs_intrinsics
 @pytest.mark.parametrize("inner,dtype,columns", [
-    (1, torch.float32, 192), (1, torch.float64, 192),   # ~64 entries of a row (0.4 x 480)
+    (1, torch.float32, 192), (1, torch.float64, 192),   # ~64 entries of a row
     (5, torch.float32, 96), (5, torch.float64, 48),      # below: Y's rows of a block fill
-    (8, torch.float32, 64), (8, torch.float64, 32),      # half of the 4 KB "L2"
-    (13, torch.float32, 32), (13, torch.float64, 16), (64, torch.float32, 16)])
+    (8, torch.float32, 64), (8, torch.float64, 32),      # half of the 4 KB "L2"...
+    (13, torch.float32, 32), (13, torch.float64, 192),   # ...unless that leaves under 8
+    (64, torch.float32, 192)])                           # entries of a row (32 columns)
 def test_blocked_sddmm_matches_dense(small_l2, inner, dtype, columns):
     d = long_rows(GROUP_ROWS + 37, 700, 0.4, dtype)
     g = torch.Generator().manual_seed(1)
@@ -66,13 +67,14 @@ def test_blocked_sddmm_matches_dense(small_l2, inner, dtype, columns):
 def test_blocks_keep_the_gathered_rows_within_half_of_l2(monkeypatch):
     """DLMC-like 90%-sparse 512x2048 weights (205 entries a row): at K = 64 a block holds
     ~64 entries of a row (640 columns: 160 KB of Y); at K = 256 that many rows of Y would
-    be 640 KB, over a 512 KB L2, so blocks shrink to 256 columns (256 KB)."""
+    be 640 KB, over a 512 KB L2, so blocks shrink to 256 columns (256 KB); at K = 2048 the
+    32 columns that fit would hold 3 entries of a row, so blocks stay at 640."""
     monkeypatch.setattr(einsum_module, "l2_bytes", lambda: 512 * 1024)
     g = torch.Generator().manual_seed(6)
     keep = torch.rand(512, 2048, generator=g).argsort(1)[:, :205]
     d = torch.zeros(512, 2048).scatter_(1, keep, 1.0)
     A = st.tensor(d, format="csr")
-    for inner, columns in ((64, 640), (256, 256)):
+    for inner, columns in ((64, 640), (256, 256), (2048, 640)):
         notes = " ".join(st.explain(SDDMM, A, torch.zeros(512, inner),
                                     torch.zeros(2048, inner)).notes)
         assert f"this call: blocks of {columns} columns" in notes

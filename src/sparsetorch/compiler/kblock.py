@@ -133,6 +133,7 @@ class Formula:
     def __floordiv__(self, o): return self._bin("/", o)
     def __rfloordiv__(self, o): return self._bin("/", o, swap=True)
     def __le__(self, o): return self._bin("<=", o)
+    def __lt__(self, o): return self._bin("<", o)
     def __and__(self, o): return self._bin("&&", o)
 
 

@@ -18,7 +18,9 @@ once per block instead of once per row, and the loop overhead of shorter runs of
 ``jb`` is sized so a block holds about ``ENTRIES`` entries of a row (with fewer, the
 remainders of the side-by-side loop dominate), but never more rows of Y than fill half of
 L2 (``columns_per_block``): by entries alone the 90%-sparse 512x2048 layers took blocks of
-656 columns, at K = 256 656 KB of Y, more than the L2 that should hold them.
+656 columns, at K = 256 656 KB of Y, more than the L2 that should hold them. Where the
+columns that fit would hold under ``MIN_ENTRIES`` entries of a row (K in the thousands),
+the blocks stay at their size by entries.
 
 The choice is made per call inside the kernel: blocked when Y is larger than half of L2 and
 there are at least two blocks. Kernels get the blocked nest only for operands with long
@@ -34,7 +36,10 @@ each block's end by binary search instead of the compares in the loops was 5-10%
 The half-L2 cap on a block's rows of Y (same cases, whole calls, two runs): 512x2048 masks
 at K = 256 (90%) 1.04-1.09x, the 512x512 and 2048x512 ones it newly blocks at K = 256 (Y of
 512 KB) 0.98-1.03x, the rest unchanged (their blocks fit already); in kernel-only C runs,
-fixed blocks of 256-512 columns and caps of 192 or 256 KB were within 1% of each other.
+fixed blocks of 256-512 columns and caps of 192 or 256 KB were within 1% of each other. At
+larger K (whole calls, one 512x2048 and one 512x512 layer at 90%, one 512x2048 at 70%, K =
+256-2048): 0.97-1.14x against blocks by entries alone; the half-L2 cap without the
+``MIN_ENTRIES`` floor lost up to 18% at K = 2048 (512x512: 16 blocks of 3 entries a row).
 
 Data per call: A's entries once, Y's block once per group from L3, X's row once per block.
 """
@@ -49,6 +54,9 @@ from .kblock import Formula, block_coords, call_sizes, gathered_operand, imax, i
 
 # Entries of a row per column block; rows per group sharing a block's slice of Y.
 ENTRIES = 64
+# Fewest entries of a row a block is cut to for L2's sake: one group of side-by-side sums
+# (eight with AVX2); below that, blocking costs reads of X's row and saves no reads of Y.
+MIN_ENTRIES = 8
 GROUP_ROWS = 64
 
 
@@ -78,8 +86,9 @@ def column_blocked(body: Block, lw, copies: int, value_bytes: int, l2: int) -> B
 def columns_per_block(nnz, rows, cols, depth, value_bytes: int, l2: int):
     """Columns of a block: about ``ENTRIES`` entries of a row (``kblock.block_coords``), but
     no more than keep the block's rows of the gathered operand (``depth`` values each)
-    within half of L2; a multiple of 16, at least 16. Ints, or ``kblock.Formula`` objects
-    for the kernel's expression (one formula for both).
+    within half of L2, unless so few columns would hold under ``MIN_ENTRIES`` entries of a
+    row; a multiple of 16, at least 16. Ints, or ``kblock.Formula`` objects for the kernel's
+    expression (one formula for both).
 
     Example:
         >>> l2 = 512 * 1024   # DLMC 90%-sparse 512x2048 (205 entries a row), float32
@@ -87,9 +96,13 @@ def columns_per_block(nnz, rows, cols, depth, value_bytes: int, l2: int):
         656
         >>> columns_per_block(104857, 512, 2048, 256, 4, l2)   # Y's rows of 1 KB: by L2
         256
+        >>> columns_per_block(104857, 512, 2048, 2048, 4, l2)  # 32 columns: 3 entries a row
+        656
     """
+    by_entries = block_coords(nnz, rows, cols, ENTRIES)
     fits = imax((l2 // 2) // (imax(depth, 1) * value_bytes) // 16 * 16, 16)
-    return imin(block_coords(nnz, rows, cols, ENTRIES), fits)
+    too_few = fits < block_coords(nnz, rows, cols, MIN_ENTRIES)
+    return imin(by_entries, imax(fits, too_few * by_entries))
 
 
 def _columns_ir(lw, value_bytes: int, l2: int):
