@@ -109,3 +109,51 @@ def test_spgemm_rows_half_full_or_more_are_scanned(eq, fmts, index_dtype):
            st.tensor(b, format=fmts[1], index_dtype=index_dtype)]
     assert "ws_at < ws_size" in st.explain(eq, *ops).source
     check_against_dense(eq, ops, kind="sparse")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("fmt", ["csr", "dcsr", "coo"])
+def test_spgemm_full_rows_skip_the_marks(dtype, index_dtype, fmt):
+    """Result rows that fill every workspace cell: the count pass stops taking a row's
+    products once all cells are marked, and the fill pass adds without marks and emits
+    every cell. Rows full early, full only at their last product, nearly full, empty. A
+    COO operand's rows are not slices of their own (one count for all): no full-row fill."""
+    gen = torch.Generator().manual_seed(12)
+    a = (torch.rand(9, 20, generator=gen) < 0.7).to(dtype) * torch.rand(9, 20, generator=gen,
+                                                                         dtype=dtype)
+    b = (torch.rand(20, 16, generator=gen) < 0.6).to(dtype) * torch.rand(20, 16, generator=gen,
+                                                                         dtype=dtype)
+    b[19] = 0.0
+    b[19, 15] = 2.0               # the only product reaching column 15
+    b[:19, 15] = 0.0
+    a[1] = 0.0
+    a[1, 19] = 1.0                # row 1: only that product, a single cell
+    a[2, 19] = 0.0                # row 2: every cell but column 15
+    a[3] = 0.0                    # row 3: empty
+    a[4, 19] = 1.0                # row 4 (dense A row): full once its last product lands
+    ops = [st.tensor(a, format=fmt, index_dtype=index_dtype),
+           st.tensor(b, format="csr", index_dtype=index_dtype)]
+    src = st.explain("ij,jk->ik", *ops).source
+    assert "ws_n < ws_size" in src and (") == ws_size))" in src) == (fmt != "coo")
+    r = st.einsum("ij,jk->ik", *ops)
+    assert r.to_dense()[4].count_nonzero() == 16 and r.to_dense()[2, 15] == 0
+    _same_as_torch_product(r, *ops)
+
+
+@pytest.mark.parametrize("fmt", ["coo", CSF])
+def test_spgemm_slice_of_several_rows_is_not_a_full_row(fmt):
+    """A slice holding several workspace rows (COO's one slice; CSF's rows per i) whose
+    total count equals the workspace size is not a full row: only its marked cells are
+    emitted (emitting every cell of every row would overrun the result)."""
+    if fmt == "coo":
+        a = torch.eye(2, dtype=F64)
+        b = torch.tensor([[1., 2., 0., 0.], [0., 0., 3., 4.]], dtype=F64)   # 4 entries, 4 cells
+        eq = "ij,jk->ik"
+    else:
+        a = torch.zeros(1, 2, 2, dtype=F64)
+        a[0, 0, 0] = a[0, 1, 1] = 1.0          # slice i = 0 holds rows (0, 0) and (0, 1)
+        b = torch.tensor([[1., 2., 0., 0.], [0., 0., 3., 4.]], dtype=F64)
+        eq = "ikj,jl->ikl"
+    ops = [st.tensor(a, format=fmt), st.tensor(b, format="csr")]
+    check_against_dense(eq, ops, kind="sparse")
