@@ -10,7 +10,7 @@ cells (values, a mark per cell holding the stamp of the last row that touched it
 list of touched cells) or, past ``MAX_WORKSPACE`` cells, a hash table. After the row, its
 cells are ordered and emitted (``flush_workspace``); a fill row the count pass found at
 least half full is emitted by scanning the marks instead, a full one without marks at all,
-and a count row stops once every cell is marked (``scanned_rows``).
+and a count row stops once every cell is marked (``dense_row_passes``).
 
 Data per call (dense workspace): the count pass reads every product's coordinate and
 writes one mark; the fill pass also adds one value per product, and writes one coordinate
@@ -45,9 +45,9 @@ class Assembly:
                   Assign(Load("ws_mark", at), Sym("ws_stamp"))]
         if counting:
             return out + listed
-        if st.unmarked:     # a full row (``scanned_rows``): every cell is emitted, just add
+        if st.unmarked:     # a full row (``dense_row_passes``): all cells emitted, just add
             return out + [Assign(Load("ws_vals", at), value, "+=")]
-        if st.marks_only:   # a dense row (``scanned_rows``): mark and add, no list
+        if st.marks_only:   # a dense row (``dense_row_passes``): mark and add, no list
             return out + [listed[1], Assign(Load("ws_vals", at), value, "+=")]
         return out + [Assign(Load("ws_list", Sym("ws_n")), at), *listed,
                       Assign(Load("ws_vals", at), value, "+=")]
@@ -104,7 +104,7 @@ class Assembly:
             body.append(Assign(value, Lit(0)))
         return body
 
-    def scanned_rows(self, depth, st, listed):
+    def dense_row_passes(self, depth, st, listed):
         """The passes over a dense row workspace. Fill: ``listed`` (cells listed, then
         ordered) for most rows, but a row the count pass found to fill at least half of the
         workspace only marks its cells and is emitted by scanning the marks in order, and a

@@ -36,7 +36,7 @@ class LoopState:
         self.acc = None
         self.hit = None
         self.tile = None          # (k0, length, tile array, lane var) inside a register tile
-        self.marks_only = False   # a dense result row: cells marked, not listed (scanned_rows)
+        self.marks_only = False   # a dense result row: cells marked, not listed
         self.unmarked = False     # a full result row: cells neither marked nor listed
         self.outer = Lit(0)
 

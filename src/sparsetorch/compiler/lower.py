@@ -277,7 +277,7 @@ class _Lowerer(Assembly):
             return pre + inner + self.flush_accumulator(st)
         out = self.loops_at(depth, st)
         if depth == self.ws_depth:
-            out = self.scanned_rows(depth, st, out + self.flush_workspace(st))
+            out = self.dense_row_passes(depth, st, out + self.flush_workspace(st))
         return out
 
     def tiled(self, depth, st):

@@ -102,6 +102,8 @@ def columns_per_block(nnz, rows, cols, depth, value_bytes: int, l2: int):
     by_entries = block_coords(nnz, rows, cols, ENTRIES)
     fits = imax((l2 // 2) // (imax(depth, 1) * value_bytes) // 16 * 16, 16)
     too_few = fits < block_coords(nnz, rows, cols, MIN_ENTRIES)
+    # ``fits if not too_few else by_entries``, as arithmetic (a comparison is 0 or 1) so
+    # the same line builds the kernel's expression
     return imin(by_entries, imax(fits, too_few * by_entries))
 
 
