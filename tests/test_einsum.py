@@ -477,6 +477,20 @@ def test_random_einsum_matches_torch(spec):
 
 
 # -- regression tests, each naming the bug it guards ----------------------------------------------
+@pytest.mark.parametrize("n,m", [(1, 1), (9, 17), (20, 3)])
+@pytest.mark.parametrize("out", ["", "j"])
+def test_sum_across_stored_entries_is_not_jammed(n, m, out):
+    """Regression (long hypothesis run): ``i,ij->`` over a sparse vector and a column-major
+    dense matrix sums every stored entry's inner loop into one scalar. The side-by-side sums
+    (``jam.jam_sums``) took it for per-entry sums and wrote ``reduction(+:acc1, acc1, ...)``,
+    which the C compiler rejects."""
+    gen = torch.Generator().manual_seed(n * 100 + m)
+    for density in (0.0, 0.6, 1.0):
+        a = st.tensor(random_dense((n,), density, F64, gen), "csf")
+        b = st.tensor(random_dense((n, m), 0.8, F64, gen), DENSE_T)
+        check_against_dense(f"i,ij->{out}", [a, b])
+
+
 @pytest.mark.parametrize("eq,fa,fb", [("ij,ij->ij", "csr", "coo"), ("ij,ij->ij", "dcsr", "csr"),
                                       ("ij,ji->ij", "csr", "csr")])
 def test_sparse_product_stores_intersection(eq, fa, fb):

@@ -183,14 +183,17 @@ def jam_sums(body: Block, copies: int = SUM_COPIES) -> tuple[Block, bool]:
 
 def _one_flat_sum(body: Block) -> bool:
     """The statements are declarations, one sum loop (declarations and accumulations
-    inside), then stores to arrays: nothing an iteration writes is read by the next, so
-    the copies' sums may run side by side."""
+    inside) into a scalar declared among them, then stores to arrays: nothing an iteration
+    writes is read by the next, so the copies' sums may run side by side. (A sum into a
+    scalar declared outside, such as ``i,ij->``'s one total, carries from each iteration to
+    the next.)"""
     stmts = body.stmts
     at = [k for k, s in enumerate(stmts) if isinstance(s, For)]
     if len(at) != 1 or not isinstance(stmts[at[0]].reduction, str):
         return False
     loop = stmts[at[0]]
-    return all(isinstance(s, Decl) for s in stmts[:at[0]]) and \
+    own = {s.name for s in stmts[:at[0]] if isinstance(s, Decl)}
+    return loop.reduction in own and all(isinstance(s, Decl) for s in stmts[:at[0]]) and \
         all(isinstance(s, Assign) and isinstance(s.target, Load) for s in stmts[at[0] + 1:]) \
         and all(isinstance(s, (Decl, Assign)) for s in loop.body.stmts)
 
