@@ -9,10 +9,29 @@ import pytest
 import torch
 
 import sparsetorch as st
-from dense_check import check_against_dense, private_kernel_cache  # noqa: F401
+from dense_check import check_against_dense, forget_call_memo, private_kernel_cache  # noqa: F401
+from sparsetorch.compiler import assemble, kernel
 
 F64 = torch.float64
 CSF = "csf"
+
+
+@pytest.fixture(params=["bitmaps", "marks"])
+def row_cells(request, monkeypatch):
+    """Result rows' cells from bitmaps of the gathered rows wherever the loop nest allows
+    them, however few entries those rows hold ('bitmaps'), or never ('marks': the marked
+    passes), so a test runs both whatever its densities; kernels and memoised calls built
+    under either are forgotten afterwards."""
+    def forget():
+        kernel.compile_kernel.cache_clear()
+        forget_call_memo()
+    forget()
+    always = request.param == "bitmaps"
+    monkeypatch.setattr(assemble, "ROW_BITS_FIXED", -(1 << 20) if always else 1 << 20)
+    monkeypatch.setattr(assemble, "ROW_BITS_MAX_WORDS", 1 << 20)
+    yield request.param
+    monkeypatch.undo()
+    forget()
 
 
 def _same_as_torch_product(r, A, B):
@@ -93,7 +112,7 @@ def test_spgemm_many_random_rows_of_6_to_64_cells_are_sorted(seed):
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("eq,fmts", [("ij,jk->ik", ("csr", "csr")), ("ij,jk->ik", ("csr", "dcsr")),
                                      ("ij,jk->ik", ("dcsr", "csr")), ("ikj,jl->ikl", (CSF, "csr"))])
-def test_spgemm_rows_half_full_or_more_are_scanned(eq, fmts, index_dtype):
+def test_spgemm_rows_half_full_or_more_are_scanned(eq, fmts, index_dtype, row_cells):
     """Result rows the count pass finds at least half full skip the cell list: their cells
     are marked and the workspace scanned in order. Full, half-full, sparse and empty rows,
     under a dense or a compressed outer loop."""
@@ -114,7 +133,7 @@ def test_spgemm_rows_half_full_or_more_are_scanned(eq, fmts, index_dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("fmt", ["csr", "dcsr", "coo"])
-def test_spgemm_full_rows_skip_the_marks(dtype, index_dtype, fmt):
+def test_spgemm_full_rows_skip_the_marks(dtype, index_dtype, fmt, row_cells):
     """Result rows that fill every workspace cell: the count pass stops taking a row's
     products once all cells are marked, and the fill pass adds without marks and emits
     every cell. Rows full early, full only at their last product, nearly full, empty. A
@@ -142,7 +161,7 @@ def test_spgemm_full_rows_skip_the_marks(dtype, index_dtype, fmt):
 
 
 @pytest.mark.parametrize("fmt", ["coo", CSF])
-def test_spgemm_slice_of_several_rows_is_not_a_full_row(fmt):
+def test_spgemm_slice_of_several_rows_is_not_a_full_row(fmt, row_cells):
     """A slice holding several workspace rows (COO's one slice; CSF's rows per i) whose
     total count equals the workspace size is not a full row: only its marked cells are
     emitted (emitting every cell of every row would overrun the result)."""
@@ -157,3 +176,54 @@ def test_spgemm_slice_of_several_rows_is_not_a_full_row(fmt):
         eq = "ikj,jl->ikl"
     ops = [st.tensor(a, format=fmt), st.tensor(b, format="csr")]
     check_against_dense(eq, ops, kind="sparse")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("eq,fmts,width", [
+    ("ij,jk->ik", ("csr", "csr"), 1), ("ij,jk->ik", ("csr", "csr"), 64),
+    ("ij,jk->ik", ("csr", "csr"), 70), ("ij,jk->ik", ("dcsr", "dcsr"), 130),
+    ("ij,jk->ik", ("coo", "csr"), 70), ("ikj,jl->ikl", (CSF, "csr"), 70),
+    ("bij,bjk->bik", (CSF, CSF), 70)])
+def test_spgemm_rows_from_row_bitmaps(eq, fmts, width, dtype, index_dtype, row_cells):
+    """Both passes through bitmaps of the gathered rows of B and through marks give the
+    product: rows empty, of one cell, sparse, dense and full; B rows empty (DCSR stores
+    none for them) and full; widths of one word, exactly one, and not whole words."""
+    gen = torch.Generator().manual_seed(width)
+    shape_a, shape_b = {"ij,jk->ik": ((9, 12), (12, width)),
+                        "ikj,jl->ikl": ((4, 3, 12), (12, width)),
+                        "bij,bjk->bik": ((2, 9, 12), (2, 12, width))}[eq]
+    a = (torch.rand(*shape_a, generator=gen) < 0.4).to(dtype) * torch.rand(*shape_a,
+                                                                           generator=gen,
+                                                                           dtype=dtype)
+    b = (torch.rand(*shape_b, generator=gen) < 0.3).to(dtype) * torch.rand(*shape_b,
+                                                                           generator=gen,
+                                                                           dtype=dtype)
+    a[..., 0, :] = 0.0            # an empty result row
+    a[..., 1, :] = 0.0
+    a[..., 1, 11] = 1.0           # a row gathering only B's row 11: one cell
+    b[..., 11, :] = 0.0
+    b[..., 11, width - 1] = 3.0
+    a[..., 2, :] = 1.0            # a row gathering every row of B, one of them full
+    b[..., 5, :] = 2.0
+    b[..., 7, :] = 0.0            # an empty row of B
+    ops = [st.tensor(a, format=fmts[0], index_dtype=index_dtype),
+           st.tensor(b, format=fmts[1], index_dtype=index_dtype)]
+    assert "st_rowbits" in st.explain(eq, *ops).source
+    check_against_dense(eq, ops, kind="sparse")
+
+
+def test_row_bitmaps_only_for_whole_gathered_rows():
+    """Bitmaps stand for whole gathered rows: not where two operands meet at the innermost
+    level (A @ (B * C): a cell needs both B and C there), nor with a hashed workspace."""
+    gen = torch.Generator().manual_seed(3)
+    a, b, c = (st.tensor((torch.rand(*s, generator=gen) < 0.5).double(), "csr")
+               for s in ((6, 5), (5, 7), (5, 7)))
+    assert "st_rowbits" in st.explain("ij,jk->ik", a, b).source
+    assert "st_rowbits" not in st.explain("ij,jk,jk->ik", a, b, c).source
+    check_against_dense("ij,jk,jk->ik", [a, b, c], kind="sparse")
+    n = 2 ** 25
+    huge = st.tensor((torch.tensor([[0, 1], [5, n - 1]]), torch.ones(2, dtype=F64)),
+                     shape=(2, n), format="csr")
+    assert "st_rowbits" not in st.explain("ij,jk->ik", st.tensor(torch.eye(2, dtype=F64),
+                                                                  "csr"), huge).source

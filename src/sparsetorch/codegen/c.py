@@ -204,6 +204,45 @@ _HELPERS = {
     # 1.06-1.26x, rajat19 1.15x, west0497 1.14x; watt_2 0.93x.
     "dense_sort_avx2": ["}} else if (ws_n >= 6 && ws_n <= 64) st_sort_avx2(ws_list, ws_n);",
                         "else st_sort_i64(ws_list, ws_n);"],
+    # Bitmaps of the rows a sparse result's rows gather (``assemble.RowBits``): level
+    # arrays {0} (positions) and {1} (coordinates), {2} rows, built when the rows hold on
+    # average at least {3} + words / {4} entries and the table at most {5} words an entry
+    # (else, or when the allocation fails, st_bits is 0 and the kernel takes its marked
+    # passes). One pass over the level, before the threads start.
+    "row_bits_alloc": ["const int64_t st_words = (ws_size + 63) / 64, st_rows = {2};",
+                       "const int64_t st_entries = st_rows > 0 ? {0}[st_rows] - {0}[0] : 0;",
+                       "uint64_t* st_rowbits = st_rows > 0 && st_words > 0 &&",
+                       "    {4} * st_entries >= st_rows * ({4} * {3} + st_words) &&",
+                       "    st_words * st_rows <= {5} * st_entries ?",
+                       "    (uint64_t*)calloc((size_t)(st_rows * st_words), sizeof(uint64_t)) "
+                       ": 0;",
+                       "const int st_bits = st_rowbits != 0;",
+                       "if (st_bits) {{",
+                       "  for (int64_t r_ = 0; r_ < st_rows; r_++)",
+                       "    for (int64_t q_ = {0}[r_]; q_ < {0}[r_ + 1]; q_++)",
+                       "      st_rowbits[r_ * st_words + ({1}[q_] >> 6)] |= "
+                       "(uint64_t)1 << ({1}[q_] & 63);",
+                       "}}"],
+    "free_row_bits": ["free(st_rowbits);"],
+    # The row at position {0} joins the result row's cells (a loop GCC vectorises).
+    "or_row_bits": ["{{",
+                    "  const uint64_t* restrict r_ = st_rowbits + ({0}) * st_words;",
+                    "  for (int64_t w_ = 0; w_ < st_words; w_++) ws_bits[w_] |= r_[w_];",
+                    "}}"],
+    # The result row's cell count; the bits are cleared for the next row.
+    "count_row_bits": ["for (int64_t w_ = 0; w_ < st_words; w_++) {{",
+                       "  ws_n += __builtin_popcountll(ws_bits[w_]);",
+                       "  ws_bits[w_] = 0;",
+                       "}}"],
+    # The result row's cells in order into ws_list (ws_n of them); the bits are cleared.
+    "list_row_bits": ["ws_n = 0;",
+                      "for (int64_t w_ = 0; w_ < st_words; w_++) {{",
+                      "  uint64_t b_ = ws_bits[w_];",
+                      "  if (!b_) continue;",
+                      "  ws_bits[w_] = 0;",
+                      "  do {{ ws_list[ws_n++] = w_ * 64 + __builtin_ctzll(b_); b_ &= b_ - 1; }}",
+                      "  while (b_);",
+                      "}}"],
     # SpMM's cache-blocked nest (``kblock.py``): a buffer for a block's slice of the dense
     # operand, copied row after row (rows {0}, width {1}, from array {2} at row {3}, row
     # length {4}, column {5}) so the slice is contiguous. Without the buffer (allocation

@@ -10,7 +10,9 @@ cells (values, a mark per cell holding the stamp of the last row that touched it
 list of touched cells) or, past ``MAX_WORKSPACE`` cells, a hash table. After the row, its
 cells are ordered and emitted (``flush_workspace``); a fill row the count pass found at
 least half full is emitted by scanning the marks instead, a full one without marks at all,
-and a count row stops once every cell is marked (``dense_row_passes``).
+and a count row stops once every cell is marked (``dense_row_passes``). Where the products
+of a row gather whole rows of one operand (SpGEMM's rows of B) that are long for their
+width, both passes take a row's cells from bitmaps of those rows instead (``RowBits``).
 
 Data per call (dense workspace): the count pass reads every product's coordinate and
 writes one mark; the fill pass also adds one value per product, and writes one coordinate
@@ -18,9 +20,50 @@ and one value per emitted entry.
 """
 from __future__ import annotations
 
-from .ir import (Assign, Bin, Decl, For, Helper, If, Lit, Load, Sym, While,
+from dataclasses import dataclass
+
+from ..formats.levels import Compressed, Dense
+from .ir import (Assign, Bin, Decl, For, Helper, If, Lit, Load, Node, Sym, While,
                  WORKSPACE_NAMES, block)
 from .iterate import arr, dim, horner
+
+# Row bitmaps pay when a gathered row's entries (a mark each, ~2.5 cycles) outweigh a fixed
+# cost of about ROW_BITS_FIXED entries plus one entry per ROW_BITS_WORDS_PER_ENTRY 64-bit
+# words OR-ed: on average at least 4 + words / 5 entries a row. Whole-call A/B, SpGEMM A@A
+# (compiler.py, 55 matrices): DLMC 90% 1.5-1.7x, 70% 1.1-1.2x, 98% 1.3x; bcsstk13 1.8x,
+# G51 1.5x, dwt_992 1.4x; a rule of one entry per word missed G51, one of a half or a
+# quarter also took short rows that lose (bcspwr05 0.72x, 494_bus, jagmesh7, olm500 0.89x).
+# The table is kept to ROW_BITS_MAX_WORDS words per stored entry of the gathered level.
+ROW_BITS_FIXED = 4
+ROW_BITS_WORDS_PER_ENTRY = 5
+ROW_BITS_MAX_WORDS = 2
+
+
+@dataclass(frozen=True)
+class RowBits:
+    """Bitmaps of the rows the products of a result row gather (level ``level`` of operand
+    ``operand``: SpGEMM's rows of B), one bit per workspace cell, built once per call.
+
+    A result row's cells are the union of the gathered rows' coordinates, so the count pass
+    ORs each gathered row's bitmap into the thread's ``ws_bits`` and counts its bits
+    (``ws_words`` word operations per gathered row instead of a mark per entry), and the
+    fill pass adds values without marks and lists the cells by walking the bits in order
+    (no list to sort). The kernel builds the bitmaps only when the gathered rows are long
+    enough for their width (``ROW_BITS_FIXED``, ``ROW_BITS_WORDS_PER_ENTRY``) and the table
+    small enough (``ROW_BITS_MAX_WORDS``), and otherwise runs the marked passes.
+    ``positions``: the level's parent position count (its bitmap rows)."""
+
+    operand: int
+    level: int
+    positions: Node
+
+    def build(self) -> Helper:
+        """The call's bitmaps, before the row loop (``st_bits`` says whether built)."""
+        pos, crd = arr(self.operand, f"pos{self.level}"), arr(self.operand, f"crd{self.level}")
+        rule = (ROW_BITS_FIXED, ROW_BITS_WORDS_PER_ENTRY, ROW_BITS_MAX_WORDS)
+        return Helper("row_bits_alloc", (Sym(pos), Sym(crd), self.positions,
+                                         *map(Lit, rule)),
+                      ("ws_size", pos, crd), ("st_bits", "st_rowbits", "st_words"))
 
 
 class Assembly:
@@ -67,8 +110,9 @@ class Assembly:
         out.append(Assign(Load("out_vals", slot), value))
         return out
 
-    def flush_workspace(self, st):
-        """After the reduction loop: emit the touched cells in order, then start a new row."""
+    def flush_workspace(self, st, order=None):
+        """After the reduction loop: emit the touched cells in order, then start a new row.
+        ``order``: the helper that lists them in order (default: sort the touched list)."""
         names = WORKSPACE_NAMES[self.ws_kind]
         if self.ws_kind == "dense":
             next_row = [Assign(Sym("ws_n"), Lit(0)),
@@ -84,7 +128,7 @@ class Assembly:
             body += self.emit(None, None, st)
         else:
             body += self.emit_cell(value, st)
-        return [Helper(f"{self.ws_kind}_sort", (), names),
+        return [order or Helper(f"{self.ws_kind}_sort", (), names),
                 For("ws_q", Lit(0), Sym("ws_n"), block(body))] + next_row
 
     def emit_cell(self, value, st):
@@ -117,11 +161,13 @@ class Assembly:
         5.6-6.0 ms; whole calls 1.76-1.94x, 90% sparse (98% full) 1.09-1.17x."""
         if self.ws_kind != "dense" or depth == 0:
             return listed
+        t = st.outer
+        bits = self.bits_row(depth, st)   # (per workspace row: any slice)
         if self.plan.mode == "count":
-            return _saturating(listed)
+            counted = _saturating(listed)
+            return [If(Sym("st_bits"), block(*bits), block(*counted))] if bits else counted
         if self.plan.mode != "fill":
             return listed
-        t = st.outer
         count = Bin("-", Load("out_offset", Bin("+", t, Lit(1))), Load("out_offset", t))
         at, cells = Sym("ws_at"), Sym("ws_size")
         scan = For("ws_at", Lit(0), cells, block(
@@ -130,11 +176,57 @@ class Assembly:
         dense = self.loops_at(depth, st.copy(marks_only=True)) + \
             [scan, Assign(Sym("ws_stamp"), Bin("+", Sym("ws_stamp"), Lit(1)))]
         by_count = If(Bin(">=", Bin("*", count, Lit(2)), cells), block(*dense), block(*listed))
+        if bits:
+            by_count = If(Sym("st_bits"), block(*bits), block(by_count))
         if isinstance(t, Lit) or depth != 1:
             return [by_count]   # a slice spans several rows: its count is no row's
         full = self.loops_at(depth, st.copy(unmarked=True)) + \
             [For("ws_at", Lit(0), cells, block(*self.emit_cell(Load("ws_vals", at), st)))]
         return [If(Bin("==", count, cells), block(*full), block(by_count))]
+
+    def bits_row(self, depth, st):
+        """A row's passes through the bitmaps of the rows it gathers (``RowBits``), or None
+        when its products do not gather whole rows of one operand's innermost level: the
+        row workspace is over the last loop's variable alone, which exactly one operand's
+        last level iterates, compressed and without runs of equal coordinates (COO), below
+        levels that are dense or compressed. Count: OR the bitmaps, count the bits. Fill:
+        the same, adding values unmarked, then list the cells from the bits."""
+        v = self.order[-1]
+        if self.ws_vars != (v,):
+            return None
+        over = [n for n in self.sparse if v in self.levels[n]]
+        if len(over) != 1:
+            return None
+        n = over[0]
+        levels = self.plan.formats[n].levels
+        k = self.levels[n].index(v)
+        if k != len(levels) - 1 or not isinstance(levels[k], Compressed) or \
+                not all(isinstance(x, (Dense, Compressed)) for x in levels[:k]):
+            return None
+        positions = Lit(1)
+        for j, level in enumerate(levels[:k]):
+            positions = Bin("*", positions, dim(self.levels[n][j])) if isinstance(level, Dense) \
+                else Load(arr(n, f"pos{j}"), positions)
+        found = RowBits(n, k, positions)
+        if self.row_bits not in (None, found):
+            return None
+        counting = self.plan.mode == "count"
+        try:
+            loops = self.loops_at(depth, st.copy(bits=True, unmarked=not counting))
+        except NoRowBits:
+            return None
+        self.row_bits = found
+        names = ("ws_bits", "st_words", "ws_n")
+        if counting:
+            return loops + [Helper("count_row_bits", (), names)] + self.flush_workspace(st)
+        return loops + self.flush_workspace(st, Helper("list_row_bits", (), (*names, "ws_list")))
+
+    def gathered_row_bits(self, n, c, st) -> list:
+        """In a bitmap row (``bits_row``), for the gathered level ``c`` of operand ``n``:
+        OR the bitmap of the row at the current position into the row's bits."""
+        if c.segments or st.flag.get(n) is not None:
+            raise NoRowBits   # (runs of coordinates; a row present only in part of a union)
+        return [Helper("or_row_bits", (st.pos[n],), ("st_rowbits", "st_words", "ws_bits"))]
 
     def with_outer(self, depth, t, st, body):
         """At the outermost loop, name the iteration number (emission counts per iteration);
@@ -149,6 +241,10 @@ class Assembly:
         if self.plan.mode == "fill" and inside:
             body.append(Decl("idx", "out_n", Load("out_offset", st.outer)))
         return body
+
+
+class NoRowBits(Exception):
+    """A bitmap row (``Assembly.bits_row``) met a loop that is not a gathered row."""
 
 
 def _saturating(stmts: list) -> list:

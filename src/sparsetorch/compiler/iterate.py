@@ -38,6 +38,7 @@ class LoopState:
         self.tile = None          # (k0, length, tile array, lane var) inside a register tile
         self.marks_only = False   # a dense result row: cells marked, not listed
         self.unmarked = False     # a full result row: cells neither marked nor listed
+        self.bits = False         # a result row's cells from row bitmaps (assemble.RowBits)
         self.outer = Lit(0)
 
     def copy(self, **changes):

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..formats.levels import Compressed, Dense
-from .assemble import Assembly, running_totals, written_coords
+from .assemble import Assembly, NoRowBits, running_totals, written_coords
 from .ir import (Assign, Bin, Call, Comment, Cond, Decl, For, Function, If, Lit, Load,
                  Param, Parallel, Helper, Sym, While, WORKSPACE_NAMES, block)
 from .iterate import LevelCode, LoopState, arr, dim, horner
@@ -124,6 +124,7 @@ class _Lowerer(Assembly):
         self.stores_every_entry = self._stores_every_entry()
         self.k_blocked = False   # set by ``kblock.k_blocked``
         self.column_blocked = None   # the gathered operand, set by ``sblock.column_blocked``
+        self.row_bits = None   # ``assemble.RowBits`` when a row's cells come from bitmaps
         self.names = 0
 
     def _write_placement(self):
@@ -307,7 +308,10 @@ class _Lowerer(Assembly):
 
         # With placeholder tokens only constant folding matters: True means the expression
         # can be nonzero where every sparse iterator is absent, so the space is dense.
-        if not sparse_iters or formula(lambda n: None) is True:
+        dense_space = not sparse_iters or formula(lambda n: None) is True
+        if st.bits and v in self.ws_vars and (dense_space or len(sparse_iters) != 1):
+            raise NoRowBits
+        if dense_space:
             return self.dense_loop(depth, v, iters, code, st)
         if len(sparse_iters) == 1:
             return self.sparse_loop(depth, v, iters, code, sparse_iters[0], st)
@@ -359,6 +363,11 @@ class _Lowerer(Assembly):
 
     def sparse_loop(self, depth, v, iters, code, n, st):
         c = code[n]
+        # A bitmap row (``assemble.RowBits``) ORs the gathered row's bitmap; the count pass
+        # needs nothing else of it.
+        bits = self.gathered_row_bits(n, c, st) if st.bits and v in self.ws_vars else []
+        if bits and self.plan.mode == "count":
+            return bits
         lo, hi = c.bounds(st)
         inner = st.copy()
         p = self.fresh(f"p{n}_")
@@ -379,8 +388,8 @@ class _Lowerer(Assembly):
             self.loops(depth + 1, inner)
         if depth == 0:
             self.outer_extent = ("level", n)
-        return [For(p, lo, hi, block(body), self.parallel(depth, v, sparse=True),
-                    reduction=self.vector_sum(depth, st))]
+        return bits + [For(p, lo, hi, block(body), self.parallel(depth, v, sparse=True),
+                           reduction=self.vector_sum(depth, st))]
 
     def vector_sum(self, depth, st):
         """The innermost loop of a scalar reduction may reassociate its sum (SIMD)."""
@@ -484,6 +493,11 @@ def lower(plan: Plan, name: str = "kernel"):
                 [Helper(f"free_{lw.ws_kind}", (), names)]
         body = [Comment(f"{lw.ws_kind} workspace over ({', '.join(lw.ws_vars)}): touched "
                         "cells are sorted before emission")] + body
+    if lw.row_bits is not None:
+        body = [lw.row_bits.build()] + body + [Helper("free_row_bits", (), ("st_rowbits",))]
+        plan.notes.append(
+            f"result rows from bitmaps of operand {lw.row_bits.operand}'s rows (one bit per "
+            "cell) when those rows are long for their width; marked cells otherwise")
     return Function(name, tuple(_params(plan, lw)), block(body)), lw
 
 
