@@ -11,6 +11,7 @@ the warm (memoised) call path too.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -433,8 +434,16 @@ FORMATS_BY_ORDER = {
 }
 
 
+SMALL_EXTENTS = (1, 2, 3, 5, 5, 0)
+# Extents that reach what small shapes never do: 8-wide vector steps and their tails, sums
+# side by side, register tiles, row bitmaps of several words, two threads (a cap on operand
+# and result sizes keeps each case under a second).
+MEDIUM_EXTENTS = (1, 4, 9, 17, 33, 64, 130)
+MEDIUM_CAP = 200_000
+
+
 @hst.composite
-def random_einsums(draw):
+def random_einsums(draw, extents=SMALL_EXTENTS, densities=(0.0, 0.2, 0.5, 1.0), cap=None):
     alphabet = "ijkl"
     nops = draw(hst.integers(1, 3))
     terms = []
@@ -445,9 +454,15 @@ def random_einsums(draw):
     used = sorted(set("".join(terms)))
     out = "".join(draw(hst.lists(hst.sampled_from(used), unique=True)))
     eq = ",".join(terms) + "->" + out
-    ext = {c: draw(hst.sampled_from([1, 2, 3, 5, 5, 0])) for c in used}
+    ext = {c: draw(hst.sampled_from(extents)) for c in used}
+    while cap is not None:      # shrink the largest extent of an oversized tensor
+        big = [t for t in (*terms, out) if math.prod(ext[c] for c in t) > cap]
+        if not big:
+            break
+        c = max(big[0], key=ext.get)
+        ext[c] //= 4
     fmts = [draw(hst.sampled_from(FORMATS_BY_ORDER[len(t)])) for t in terms]
-    density = draw(hst.sampled_from([0.0, 0.2, 0.5, 1.0]))
+    density = draw(hst.sampled_from(densities))
     dtype = draw(hst.sampled_from([F64, F32]))
     index_dtype = draw(hst.sampled_from([torch.int32, torch.int64]))
     out_format = None
@@ -457,10 +472,7 @@ def random_einsums(draw):
     return eq, terms, ext, fmts, density, dtype, index_dtype, out_format, seed
 
 
-@settings(max_examples=examples(30), deadline=None, derandomize=not LONG,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(random_einsums())
-def test_random_einsum_matches_torch(spec):
+def _check_random_einsum(spec):
     eq, terms, ext, fmts, density, dtype, index_dtype, out_format, seed = spec
     gen = torch.Generator().manual_seed(seed)
     ops = []
@@ -474,6 +486,22 @@ def test_random_einsum_matches_torch(spec):
             check_against_dense(eq, ops, out_format=out_format)
     except AssertionError as e:
         raise AssertionError(f"{note}: {e}") from e
+
+
+@settings(max_examples=examples(30), deadline=None, derandomize=not LONG,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(random_einsums())
+def test_random_einsum_matches_torch(spec):
+    _check_random_einsum(spec)
+
+
+@settings(max_examples=examples(6), deadline=None, derandomize=not LONG,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(random_einsums(MEDIUM_EXTENTS, (0.0, 0.02, 0.1, 0.5, 1.0), MEDIUM_CAP))
+def test_random_einsum_of_medium_size_matches_torch(spec):
+    """Random equations at sizes where kernels take their vector, side-by-side, tiled,
+    bitmap and threaded paths, which the small extents above never reach."""
+    _check_random_einsum(spec)
 
 
 # -- regression tests, each naming the bug it guards ----------------------------------------------
