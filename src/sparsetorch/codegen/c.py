@@ -207,13 +207,13 @@ _HELPERS = {
     # Bitmaps of the rows a sparse result's rows gather (``assemble.RowBits``): level
     # arrays {0} (positions) and {1} (coordinates), {2} rows, built when the rows hold on
     # average at least {3} + words / {4} entries and the table at most {5} words an entry
-    # (else, or when the allocation fails, st_bits is 0 and the kernel takes its marked
-    # passes). One pass over the level, before the threads start.
+    # and {6} words in all (else, or when the allocation fails, st_bits is 0 and the kernel
+    # takes its marked passes). One pass over the level, before the threads start.
     "row_bits_alloc": ["const int64_t st_words = (ws_size + 63) / 64, st_rows = {2};",
                        "const int64_t st_entries = st_rows > 0 ? {0}[st_rows] - {0}[0] : 0;",
                        "uint64_t* st_rowbits = st_rows > 0 && st_words > 0 &&",
                        "    {4} * st_entries >= st_rows * ({4} * {3} + st_words) &&",
-                       "    st_words * st_rows <= {5} * st_entries ?",
+                       "    st_words * st_rows <= {5} * st_entries && st_words * st_rows <= {6} ?",
                        "    (uint64_t*)calloc((size_t)(st_rows * st_words), sizeof(uint64_t)) "
                        ": 0;",
                        "const int st_bits = st_rowbits != 0;",

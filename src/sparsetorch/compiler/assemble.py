@@ -33,10 +33,12 @@ from .iterate import arr, dim, horner
 # (compiler.py, 55 matrices): DLMC 90% 1.5-1.7x, 70% 1.1-1.2x, 98% 1.3x; bcsstk13 1.8x,
 # G51 1.5x, dwt_992 1.4x; a rule of one entry per word missed G51, one of a half or a
 # quarter also took short rows that lose (bcspwr05 0.72x, 494_bus, jagmesh7, olm500 0.89x).
-# The table is kept to ROW_BITS_MAX_WORDS words per stored entry of the gathered level.
+# The table is kept to ROW_BITS_MAX_WORDS words per stored entry of the gathered level and
+# to ROW_BITS_MAX_TABLE words (64 MiB) in all: a temporary no larger than the operand.
 ROW_BITS_FIXED = 4
 ROW_BITS_WORDS_PER_ENTRY = 5
 ROW_BITS_MAX_WORDS = 2
+ROW_BITS_MAX_TABLE = 1 << 23
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ class RowBits:
     fill pass adds values without marks and lists the cells by walking the bits in order
     (no list to sort). The kernel builds the bitmaps only when the gathered rows are long
     enough for their width (``ROW_BITS_FIXED``, ``ROW_BITS_WORDS_PER_ENTRY``) and the table
-    small enough (``ROW_BITS_MAX_WORDS``), and otherwise runs the marked passes.
+    small enough (``ROW_BITS_MAX_WORDS``, ``ROW_BITS_MAX_TABLE``), and otherwise runs the
+    marked passes.
     ``positions``: the level's parent position count (its bitmap rows)."""
 
     operand: int
@@ -60,7 +63,8 @@ class RowBits:
     def build(self) -> Helper:
         """The call's bitmaps, before the row loop (``st_bits`` says whether built)."""
         pos, crd = arr(self.operand, f"pos{self.level}"), arr(self.operand, f"crd{self.level}")
-        rule = (ROW_BITS_FIXED, ROW_BITS_WORDS_PER_ENTRY, ROW_BITS_MAX_WORDS)
+        rule = (ROW_BITS_FIXED, ROW_BITS_WORDS_PER_ENTRY, ROW_BITS_MAX_WORDS,
+                ROW_BITS_MAX_TABLE)
         return Helper("row_bits_alloc", (Sym(pos), Sym(crd), self.positions,
                                          *map(Lit, rule)),
                       ("ws_size", pos, crd), ("st_bits", "st_rowbits", "st_words"))
