@@ -16,7 +16,10 @@ width, both passes take a row's cells from bitmaps of those rows instead (``RowB
 
 Data per call (dense workspace): the count pass reads every product's coordinate and
 writes one mark; the fill pass also adds one value per product, and writes one coordinate
-and one value per emitted entry.
+and one value per emitted entry. With row bitmaps, each pass first reads the gathered
+level once to build them (a word per 64 cells of each gathered row); the count pass then
+reads one bitmap per gathered row instead of the products' coordinates, and the fill pass
+writes no marks.
 """
 from __future__ import annotations
 
