@@ -213,6 +213,24 @@ def test_spgemm_rows_from_row_bitmaps(eq, fmts, width, dtype, index_dtype, row_c
     check_against_dense(eq, ops, kind="sparse")
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_row_bitmaps_per_thread(threads, row_cells):
+    """A product large enough for the thread team: each thread ORs, counts and lists in its
+    own slice of the row bits (several words a row), with bitmaps and with marks."""
+    gen = torch.Generator().manual_seed(5)
+    a = (torch.rand(300, 200, generator=gen) < 0.1).double() * torch.rand(300, 200,
+                                                                          generator=gen)
+    b = (torch.rand(200, 260, generator=gen) < 0.2).double() * torch.rand(200, 260,
+                                                                          generator=gen)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        r = st.einsum("ij,jk->ik", st.tensor(a, "csr"), st.tensor(b, "csr"))
+    finally:
+        torch.set_num_threads(before)
+    _same_as_torch_product(r, st.tensor(a, "csr"), st.tensor(b, "csr"))
+
+
 def test_row_bitmaps_only_for_whole_gathered_rows():
     """Bitmaps stand for whole gathered rows: not where two operands meet at the innermost
     level (A @ (B * C): a cell needs both B and C there), nor with a hashed workspace."""
