@@ -155,6 +155,19 @@ def _dense_workspace(threads: str, thread: str) -> tuple[list, list, list]:
 _ONE_ALLOC, _ONE_SLICE, _FREE_DENSE = _dense_workspace("1", "0")
 _TEAM_ALLOC, _TEAM_SLICE, _ = _dense_workspace("nt", "omp_get_thread_num()")
 
+
+def _list_from_bits(words: str, cursor: str, pad: str = "") -> list:
+    """Helper lines that walk the row bitmap ``ws_bits`` (``words`` words) and write its set
+    cells in order into ``ws_list`` at ``cursor`` (advanced), clearing the bits."""
+    return [f"{pad}for (int64_t w = 0; w < {words}; w++) {{{{",
+            f"{pad}  uint64_t b = ws_bits[w];",
+            f"{pad}  if (!b) continue;",
+            f"{pad}  ws_bits[w] = 0;",
+            f"{pad}  do {{{{ ws_list[{cursor}++] = w * 64 + __builtin_ctzll(b); b &= b - 1; }}}}",
+            f"{pad}  while (b);",
+            f"{pad}}}}}"]
+
+
 # Runtime helper statements, by name (see ir.Helper); {0}, {1} are the rendered arguments.
 _HELPERS = {
     # Dense workspace of a kernel without a parallel loop, and of a thread team (allocated
@@ -177,13 +190,7 @@ _HELPERS = {
                    "  for (int64_t q = 0; q < ws_n; q++)",
                    "    ws_bits[ws_list[q] >> 6] |= (uint64_t)1 << (ws_list[q] & 63);",
                    "  int64_t q = 0;",
-                   "  for (int64_t w = 0; w < ws_words; w++) {{",
-                   "    uint64_t b = ws_bits[w];",
-                   "    if (!b) continue;",
-                   "    ws_bits[w] = 0;",
-                   "    do {{ ws_list[q++] = w * 64 + __builtin_ctzll(b); b &= b - 1; }}",
-                   "    while (b);",
-                   "  }}",
+                   *_list_from_bits("ws_words", "q", "  "),
                    "}} else st_sort_i64(ws_list, ws_n);"],
     # With AVX-512, rows of 6-64 cells take the sorting network (``intrinsics.SORT_PRELUDE``)
     # first. Fill-pass A/B on SuiteSparse A@A, 6-32 cells: bcspwr10 1.7x, nnc1374,
@@ -235,14 +242,7 @@ _HELPERS = {
                        "  ws_bits[w_] = 0;",
                        "}}"],
     # The result row's cells in order into ws_list (ws_n of them); the bits are cleared.
-    "list_row_bits": ["ws_n = 0;",
-                      "for (int64_t w_ = 0; w_ < st_words; w_++) {{",
-                      "  uint64_t b_ = ws_bits[w_];",
-                      "  if (!b_) continue;",
-                      "  ws_bits[w_] = 0;",
-                      "  do {{ ws_list[ws_n++] = w_ * 64 + __builtin_ctzll(b_); b_ &= b_ - 1; }}",
-                      "  while (b_);",
-                      "}}"],
+    "list_row_bits": ["ws_n = 0;", *_list_from_bits("st_words", "ws_n")],
     # SpMM's cache-blocked nest (``kblock.py``): a buffer for a block's slice of the dense
     # operand, copied row after row (rows {0}, width {1}, from array {2} at row {3}, row
     # length {4}, column {5}) so the slice is contiguous. Without the buffer (allocation
