@@ -165,7 +165,9 @@ class Assembly:
         rajat19, bayer10 and bcspwr10 unchanged (as a rule of 1/4 or 1/8 instead: G51
         0.83x, 0.49x). Full rows and the early stop, DLMC 512x512 A@A (kernels called
         directly): 70% sparse (every result row full) count 5.3 -> 0.9-1.2 ms, fill 11.1 ->
-        5.6-6.0 ms; whole calls 1.76-1.94x, 90% sparse (98% full) 1.09-1.17x."""
+        5.6-6.0 ms; whole calls 1.76-1.94x, 90% sparse (98% full) 1.09-1.17x. Where the
+        call built row bitmaps (``bits_row``), both passes take them instead, except for
+        full fill rows."""
         if self.ws_kind != "dense" or depth == 0:
             return listed
         t = st.outer
