@@ -197,8 +197,8 @@ class Assembly:
         """A row's passes through the bitmaps of the rows it gathers (``RowBits``), or None
         when its products do not gather whole rows of one operand's innermost level: the
         row workspace is over the last loop's variable alone, which exactly one operand's
-        last level iterates, compressed and without runs of equal coordinates (COO), below
-        levels that are dense or compressed. Count: OR the bitmaps, count the bits. Fill:
+        last level iterates, compressed (not COO's singleton), below levels that are dense
+        or compressed. Count: OR the bitmaps, count the bits. Fill:
         the same, adding values unmarked, then list the cells from the bits."""
         v = self.order[-1]
         if self.ws_vars != (v,):
@@ -230,11 +230,11 @@ class Assembly:
             return loops + [Helper("count_row_bits", (), names)] + self.flush_workspace(st)
         return loops + self.flush_workspace(st, Helper("list_row_bits", (), (*names, "ws_list")))
 
-    def gathered_row_bits(self, n, c, st) -> list:
-        """In a bitmap row (``bits_row``), for the gathered level ``c`` of operand ``n``:
-        OR the bitmap of the row at the current position into the row's bits."""
-        if c.segments or st.flag.get(n) is not None:
-            raise NoRowBits   # (runs of coordinates; a row present only in part of a union)
+    def gathered_row_bits(self, n, st) -> list:
+        """In a bitmap row (``bits_row``), for the gathered level of operand ``n``: OR the
+        bitmap of the row at the current position into the row's bits."""
+        if st.flag.get(n) is not None:
+            raise NoRowBits   # (a row present only in part of a union)
         return [Helper("or_row_bits", (st.pos[n],), ("st_rowbits", "st_words", "ws_bits"))]
 
     def with_outer(self, depth, t, st, body):

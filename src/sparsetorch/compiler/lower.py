@@ -365,7 +365,7 @@ class _Lowerer(Assembly):
         c = code[n]
         # A bitmap row (``assemble.RowBits``) ORs the gathered row's bitmap; the count pass
         # needs nothing else of it.
-        bits = self.gathered_row_bits(n, c, st) if st.bits and v in self.ws_vars else []
+        bits = self.gathered_row_bits(n, st) if st.bits and v in self.ws_vars else []
         if bits and self.plan.mode == "count":
             return bits
         lo, hi = c.bounds(st)
