@@ -61,6 +61,8 @@ EINSUMS = {   # name: (equation, operand specs: (shape, format or None, density)
     "scale-by-0d": ("ij,->ij", [((6, 5), "S", 0.4), ((), None, 1)]),
     "size1": ("ij,jk->ik", [((1, 1), "S", 1.0), ((1, 2), None, 1)]),
     "nnz0": ("ij,jk->ik", [((4, 3), "S", 0.0), ((3, 2), None, 1)]),
+    "ellipsis": ("...j,jk->...k", [((6, 5), "S", 0.4), ((5, 3), None, 1)]),
+    "ellipsis-summed": ("i...->i", [((6, 5), "S", 0.4)]),
 }
 
 

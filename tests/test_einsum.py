@@ -610,6 +610,49 @@ def test_less_common_but_valid_einsums():
     check_against_dense("ij,ij,ij->ij", [A, A, A])                         # three times
 
 
+@pytest.mark.parametrize("eq,shapes", [
+    ("...ij,jk->...ik", [(2, 3, 4), (4, 5)]),     # batch dimensions in front
+    ("...ij,jk", [(2, 3, 4), (4, 5)]),            # implicit output: the ellipsis leads
+    ("...ij,jk->...ik", [(3, 4), (4, 5)]),        # an ellipsis of no dimensions
+    ("i...j,jk->ik", [(2, 3, 4), (4, 5)]),        # left out of the output: summed
+    ("...ij->ij", [(2, 3, 4)]),
+    ("...->", [(2, 3, 4)]),
+    ("...ij,...jk->...ik", [(2, 3, 4), (4, 5)]),
+    ("...j,...j->...", [(2, 3, 4), (3, 4)]),      # ellipses aligned from the right
+    ("...ij,...ij->...ij", [(2, 3, 4), (2, 3, 4)]),
+    ("b...,b...->b", [(2, 3, 4), (2, 3, 4)]),
+    ("ij...,j->i...", [(3, 4, 2), (4,)]),
+    ("...", [(2, 3, 4)]),
+    (" ... i j , j k -> ... i k ", [(2, 3, 4), (4, 5)]),
+])
+@pytest.mark.parametrize("fmt", ["coo", CSF120, "dense"])
+@pytest.mark.parametrize("dtype", [F64, F32])
+def test_ellipsis_matches_torch(eq, shapes, fmt, dtype):
+    """``...`` as torch.einsum reads it; the first operand sparse (its 2-D formats for 2-D
+    shapes), the second sparse too for elementwise products, else dense."""
+    gen = torch.Generator().manual_seed(seed_of(eq, fmt_label(fmt), str(dtype)))
+    ops = []
+    for n, shape in enumerate(shapes):
+        x = random_dense(shape, 0.4 if n == 0 or "ij,...ij" in eq else 0.9, dtype, gen,
+                         empty_slices=n == 0)
+        f = fmt if len(shape) == 3 else {"coo": "coo", "dense": "dense"}.get(fmt, "csc")
+        ops.append(make_operand(x, f) if n == 0 or "ij,...ij" in eq else x)
+    check_against_dense(eq, ops)
+
+
+def test_ellipsis_errors():
+    A = st.tensor(torch.ones(2, 3, 4, dtype=F64), "csf")
+    x = torch.ones(4, dtype=F64)
+    for eq, match in [("....ij,j->i", "one ellipsis"), ("i.j,j->i", "one ellipsis"),
+                      ("...ijkl,l->i", "names 4 besides"), ("...ij,j->....", "one ellipsis")]:
+        with pytest.raises(ValueError, match=match):
+            st.einsum(eq, A, x)
+    with pytest.raises(ValueError, match="size 2 .* but 3"):   # ellipsis extents disagree
+        st.einsum("...j,...j->...", A, torch.ones(3, 3, 4, dtype=F64))
+    with pytest.raises(ValueError, match="broadcast"):          # no size-1 broadcasting
+        st.einsum("...j,...j->...", A, torch.ones(1, 3, 4, dtype=F64))
+
+
 def test_nan_in_stored_entries_propagates():
     nan = float("nan")
     A = st.tensor(torch.tensor([[nan, 1.0, 0.0], [0.0, 2.0, 0.0]], dtype=F64), "csr")

@@ -233,30 +233,35 @@ def _parse_cached(equation: str, ndims: tuple) -> Assignment:
 
 def parse_einsum(equation: str, ndims) -> Assignment:
     """Parse ``"ij,jk->ik"`` (or implicit-output ``"ij,jk"``) for operands of the given orders.
+    An ellipsis stands for an operand's unnamed dimensions as in ``torch.einsum``: aligned
+    from the right across operands, leading the output of an implicit one, summed when an
+    explicit output leaves it out.
 
     Example:
         >>> str(parse_einsum("ij,jk->ik", [2, 2]))
         'out[i,k] = sum_{j} T0[i,j] * T1[j,k]'
+        >>> str(parse_einsum("...ij,jk", [3, 2]))
+        'out[A,i,k] = sum_{j} T0[A,i,j] * T1[j,k]'
     """
     return _parse_cached(equation, tuple(ndims))
 
 
 def _parse(equation: str, ndims) -> Assignment:
     eq = equation.replace(" ", "")
-    if "..." in eq:
-        raise ValueError("einsum: ellipsis ('...') is not supported; name every index")
     lhs, arrow, rhs = eq.partition("->")
     terms = lhs.split(",")
     if len(terms) != len(ndims):
         raise ValueError(f"einsum: equation {equation!r} names {len(terms)} operands but "
                          f"{len(ndims)} were given")
+    if "." in eq:
+        terms, rhs = _expand_ellipsis(terms, rhs, arrow, ndims)
     for n, (term, nd) in enumerate(zip(terms, ndims)):
         if not all(c.isalpha() for c in term):
             raise ValueError(f"einsum: operand {n} subscript {term!r} must be letters only")
         if len(term) != nd:
             raise ValueError(f"einsum: operand {n} has {nd} dimensions but subscript "
                              f"{term!r} names {len(term)}")
-    if arrow:
+    if arrow or "..." in lhs:   # an implicit output with an ellipsis: rhs was made for it
         out = rhs
         if not all(c.isalpha() for c in out) or len(set(out)) != len(out):
             raise ValueError(f"einsum: output subscript {out!r} must be distinct letters")
@@ -276,6 +281,42 @@ def _parse(equation: str, ndims) -> Assignment:
     return Assignment(tuple(out), expr)
 
 
+def _expand_ellipsis(terms: list, rhs: str, arrow: str, ndims) -> tuple[list, str]:
+    """``terms`` and the output subscript with each ``...`` replaced by letters the equation
+    does not use, one per unnamed dimension, shared right-aligned across operands (the
+    dimensions ``torch.einsum`` broadcasts; here their sizes must agree). Without an arrow the
+    output is the ellipsis letters followed by the indices used once, in alphabetical order."""
+    counts = []
+    for n, (term, nd) in enumerate(zip(terms, ndims)):
+        if "." not in term:
+            counts.append(0)
+            continue
+        named = term.replace("...", "", 1)
+        if "." in named:
+            raise ValueError(f"einsum: operand {n} subscript {term!r} may hold one ellipsis "
+                             "('...') and no other '.'")
+        if len(named) > nd:
+            raise ValueError(f"einsum: operand {n} has {nd} dimensions but subscript "
+                             f"{term!r} names {len(named)} besides the ellipsis")
+        counts.append(nd - len(named))
+    used = set("".join(terms) + rhs)
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in used]
+    width = max(counts)
+    if width > len(free):
+        raise ValueError(f"einsum: the ellipsis covers {width} dimensions, more than the "
+                         f"{len(free)} letters the equation leaves unused")
+    letters = "".join(free[:width])
+    terms = [t.replace("...", letters[width - k:]) for t, k in zip(terms, counts)]
+    if arrow:
+        if rhs.count("...") > 1 or "." in rhs.replace("...", "", 1):
+            raise ValueError(f"einsum: output subscript {rhs!r} may hold one ellipsis ('...') "
+                             "and no other '.'")
+        return terms, rhs.replace("...", letters)
+    named = "".join(terms)
+    once = sorted(c for c in set(named) if named.count(c) == 1 and c not in letters)
+    return terms, letters + "".join(once)
+
+
 def var_extents(assignment: Assignment, shapes) -> dict:
     """Size of every index variable, checking that all uses agree."""
     sizes: dict[str, int] = {}
@@ -283,8 +324,10 @@ def var_extents(assignment: Assignment, shapes) -> dict:
         shape = shapes[acc.operand]
         for d, v in enumerate(acc.indices):
             if v in sizes and sizes[v] != shape[d]:
+                hint = ("; sizes of 1 are not broadcast: expand that operand first"
+                        if 1 in (sizes[v], shape[d]) else "")
                 raise ValueError(f"einsum: index {v!r} has size {sizes[v]} in one operand but "
-                                 f"{shape[d]} in operand {acc.operand} (dimension {d})")
+                                 f"{shape[d]} in operand {acc.operand} (dimension {d}){hint}")
             sizes[v] = int(shape[d])
     return sizes
 

@@ -205,7 +205,7 @@ def _sddmm(node):
     kind = _kind(node)
     if kind == "einsum" and not node.kwargs and isinstance(node.args[0], str):
         eq, ops = node.args[0].replace(" ", ""), node.args[1:]
-        if len(ops) != 3 or "->" not in eq:
+        if len(ops) != 3 or "->" not in eq or "." in eq:   # (no ellipses: named indices)
             return None
         terms, out = eq.split("->")
         terms = terms.split(",")
@@ -313,7 +313,7 @@ def _product(node):
         eq, ops = node.args[0], tuple(node.args[1:])
         if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
             ops = tuple(ops[0])
-        if node.kwargs or not isinstance(eq, str) or "->" not in eq or "|" in eq:
+        if node.kwargs or not isinstance(eq, str) or "->" not in eq or "|" in eq or "." in eq:
             return None   # "|" carries an out_format through tracing (ops/einsum.py)
         eq = eq.replace(" ", "")
     elif kind == "linear":

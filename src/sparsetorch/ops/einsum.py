@@ -24,8 +24,10 @@ from .expr import EXPR_MARK, recorded_eval
 def einsum(equation: str, *operands, out_format=None, bias=None, activation=None):
     """Einstein summation over dense tensors and SparseTensors in any format.
 
-    Every repeated index not in the output is summed. The loop order, output format and
-    kernel are chosen automatically (see ``st.explain``). ``bias`` (a dense tensor that
+    Every repeated index not in the output is summed; ``...`` stands for the dimensions a
+    subscript does not name, as in ``torch.einsum`` (sizes must agree: no broadcasting of
+    size-1 dimensions). The loop order, output format and kernel are chosen automatically
+    (see ``st.explain``). ``bias`` (a dense tensor that
     broadcasts against the result) and ``activation`` (``"relu"``, ``"relu6"``, ``"abs"``,
     ``"neg"``, ``"exp"``, ``"sqrt"``) are fused into the same kernel, applied where each
     output element is written: ``activation(einsum + bias)``, a dense result.
@@ -41,6 +43,8 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
         >>> st.einsum("ij,j->i", A, torch.ones(2), bias=torch.tensor([-3., 0.]),
         ...           activation="relu")
         tensor([0., 2.])
+        >>> st.einsum("...j,j->...", A, torch.ones(2))
+        tensor([1., 2.])
     """
     if out_format is None and bias is None and activation is None and not _is_compiling():
         # A repeated call: the guarded shims of this string, no key to build. This is
