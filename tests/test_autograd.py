@@ -63,6 +63,8 @@ EINSUMS = {   # name: (equation, operand specs: (shape, format or None, density)
     "nnz0": ("ij,jk->ik", [((4, 3), "S", 0.0), ((3, 2), None, 1)]),
     "ellipsis": ("...j,jk->...k", [((6, 5), "S", 0.4), ((5, 3), None, 1)]),
     "ellipsis-summed": ("i...->i", [((6, 5), "S", 0.4)]),
+    "trace": ("ii->", [((5, 5), "S", 0.5)]),
+    "diagonal-times-dense": ("ii,ij->ij", [((5, 5), "S", 0.5), ((5, 3), None, 1)]),
 }
 
 

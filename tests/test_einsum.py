@@ -653,6 +653,47 @@ def test_ellipsis_errors():
         st.einsum("...j,...j->...", A, torch.ones(1, 3, 4, dtype=F64))
 
 
+@pytest.mark.parametrize("eq", ["ii->i", "ii->", "ii,i->i", "ii,j->ij", "ij,ii->j",
+                                "ii,ij->ij"])
+@pytest.mark.parametrize("fmt", F2)
+def test_diagonal_of_sparse_matrix_matches_torch(eq, fmt):
+    """A repeated index within a sparse operand's subscript takes its diagonal
+    (``ops/diagonal.py``): every 2-D format, with empty rows, nnz = 0 and a 1x1 matrix."""
+    sizes = [(6, 0.5), (6, 0.0), (4, 1.0)] + ([(1, 1.0)] if fmt != BSR else [])
+    for n, (size, density) in enumerate(sizes):
+        gen = torch.Generator().manual_seed(seed_of(eq, fmt_label(fmt), n))
+        ops = [make_operand(random_dense((size, size), density, F64, gen, empty_slices=True),
+                            fmt)]
+        if "," in eq:
+            rhs = eq.split(",")[1].split("->")[0]
+            x = random_dense((size,) * len(rhs), 0.6 if rhs == "ii" else 1.0, F64, gen)
+            ops.append(make_operand(x, fmt) if rhs == "ii" else x)
+        check_against_dense(eq, ops)
+
+
+@pytest.mark.parametrize("eq", ["iij->ij", "iji,j->i", "iii->i", "iij,jk->ik", "jii->j"])
+@pytest.mark.parametrize("fmt", F3)
+@pytest.mark.parametrize("dtype", [F64, F32])
+def test_diagonal_of_sparse_3d_tensor_matches_torch(eq, fmt, dtype):
+    gen = torch.Generator().manual_seed(seed_of(eq, fmt_label(fmt), str(dtype)))
+    ops = [make_operand(random_dense((4, 4, 4), 0.4, dtype, gen, empty_slices=True), fmt)]
+    if "," in eq:
+        rhs = eq.split(",")[1].split("->")[0]
+        ops.append(random_dense((4,) * len(rhs), 1.0, dtype, gen))
+    check_against_dense(eq, ops)
+
+
+def test_diagonal_sums_duplicates_and_keeps_index_dtype():
+    """COO may store a coordinate twice: both copies are on the diagonal and add."""
+    idx = torch.tensor([[0, 0, 1, 2, 2], [0, 0, 1, 0, 2]])
+    A = st.tensor((idx, torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=F64)), "coo",
+                  shape=(3, 3))
+    d = st.einsum("ii->i", A)
+    assert d.index_dtype == A.index_dtype
+    torch.testing.assert_close(d.to_dense(), torch.tensor([3.0, 3.0, 5.0], dtype=F64))
+    torch.testing.assert_close(st.einsum("ii->", A), torch.tensor(11.0, dtype=F64))
+
+
 def test_nan_in_stored_entries_propagates():
     nan = float("nan")
     A = st.tensor(torch.tensor([[nan, 1.0, 0.0], [0.0, 2.0, 0.0]], dtype=F64), "csr")

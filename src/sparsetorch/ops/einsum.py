@@ -17,6 +17,7 @@ from ..compiler.kernel import l2_bytes, panel_factors
 from ..compiler.notation import Assignment, parse_einsum, var_extents
 from ..compiler.sblock import describe as describe_column_blocks
 from ..formats.tensor import SparseTensor
+from .diagonal import take_diagonals
 from .execute import _BACKEND_KEY, _ENV_DATA as _ENV, _FAST, backend, kernel_for, lookup, run
 from .expr import EXPR_MARK, recorded_eval
 
@@ -75,9 +76,13 @@ def _einsum(equation, operands, out_format):
     prepared = lookup(equation, operands, out_format)
     if prepared is not None:
         return prepared(operands)
-    _check_tensors(operands, f"einsum({equation!r})")
+    what = f"einsum({equation!r})"
+    _check_tensors(operands, what)
     assignment = parse_einsum(equation, [t.dim() for t in operands])
-    return run(assignment, operands, out_format, what=f"einsum({equation!r})", alias=equation)
+    assignment, taken = take_diagonals(assignment, operands, what)
+    # (a call memoised under the equation would be handed the operands before their diagonals)
+    return run(assignment, taken, out_format, what=what,
+               alias=equation if taken is operands else None)
 
 
 def _einsum_epilogue(equation, operands, out_format, bias, activation):
@@ -94,6 +99,9 @@ def _einsum_epilogue(equation, operands, out_format, bias, activation):
     if grads or _is_compiling() or backend() != "c":
         return unfused(einsum(equation, *operands), bias, activation)
     _check_tensors(operands, what)
+    if take_diagonals(parse_einsum(equation, [t.dim() for t in operands]), operands,
+                      what)[1] is not operands:   # (a sparse diagonal: not worth a fused path)
+        return unfused(einsum(equation, *operands), bias, activation)
     shapes = tuple(tuple(t.shape) for t in operands)
     fused, bias_shape = _fused_assignment(equation, shapes, None if bias is None else
                                           tuple(bias.shape), activation, what)
@@ -188,10 +196,12 @@ def _einsum_recorded(equation, operands, out_format):
     notation (``sparsetorch.autograd``)."""
     from ..autograd.function import evaluate
 
-    _check_tensors(operands, f"einsum({equation!r})")
+    what = f"einsum({equation!r})"
+    _check_tensors(operands, what)
     assignment = parse_einsum(equation, [t.dim() for t in operands])
-    return evaluate(assignment, operands, out_format, what=f"einsum({equation!r})",
-                    alias=equation)
+    assignment, taken = take_diagonals(assignment, operands, what)
+    return evaluate(assignment, taken, out_format, what=what,
+                    alias=equation if taken is operands else None)
 
 
 def _check_tensors(operands, what):
@@ -248,12 +258,20 @@ def explain(equation, *operands, out_format=None) -> Explanation:
     if isinstance(equation, LazyExpr):
         assignment, operands = equation.assignment(), equation.operands
     else:
-        _check_tensors(operands, f"explain({equation!r})")
-        assignment = parse_einsum(equation, [t.dim() for t in operands])
+        what = f"explain({equation!r})"
+        _check_tensors(operands, what)
+        given = operands
+        assignment, operands = take_diagonals(
+            parse_einsum(equation, [t.dim() for t in operands]), operands, what)
     kernel, computed, split = kernel_for(assignment, operands, out_format)
     names = tuple(_describe(t, split) for t in operands)
     rows = operands[kernel.balanced] if kernel.balanced is not None and not split else None
     explanation = _explanation(computed, kernel, names, rows)
+    if not isinstance(equation, LazyExpr) and operands is not given:
+        taken = ", ".join(str(n) for n, (a, b) in enumerate(zip(given, operands)) if a is not b)
+        explanation = replace(explanation, notes=(
+            *explanation.notes, f"diagonal of sparse operand(s) {taken} taken first: the "
+            "stored entries on it, gathered into a new tensor (one pass over the entries)"))
     if kernel.column_blocked is not None and isinstance(rows, SparseTensor):
         call = describe_column_blocks(rows, operands[kernel.column_blocked], l2_bytes())
         explanation = replace(explanation, notes=(*explanation.notes, call))

@@ -105,7 +105,8 @@ def _check_repeated(assignment: Assignment, infos, what):
         if len(set(acc.indices)) != len(acc.indices) and not infos[acc.operand].strided:
             raise NotImplementedError(
                 f"{what}: operand {acc.operand} repeats an index ({''.join(acc.indices)}); "
-                "diagonals of sparse operands are not supported: take .to_dense() first")
+                "st.einsum takes diagonals of sparse operands (ops/diagonal.py), this path "
+                "does not: pass the diagonal, or a dense operand")
 
 
 def lookup(head, operands, out_format):
