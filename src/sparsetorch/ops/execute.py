@@ -399,8 +399,10 @@ class _Prepared:
         shapes = [t.shape for t in tensors]
         for v, (n, d), (n2, d2) in self.agree:
             if shapes[n2][d2] != shapes[n][d]:
+                hint = ("; sizes of 1 are not broadcast: expand that operand first"
+                        if 1 in (shapes[n][d], shapes[n2][d2]) else "")
                 raise ValueError(f"index {v!r} has size {shapes[n][d]} in operand {n} but "
-                                 f"{shapes[n2][d2]} in operand {n2} (dimension {d2})")
+                                 f"{shapes[n2][d2]} in operand {n2} (dimension {d2}){hint}")
         return [shapes[n][d] for n, d in self.sources]
 
     def work(self, dense_numel: int, stored: int, ext) -> int:
