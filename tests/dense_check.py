@@ -202,6 +202,10 @@ def expected_kind(equation: str, operands, out_format=None, conversions=(),
         return "dense"
     sparse = [(n, term, t) for n, (term, t) in enumerate(zip(terms, operands))
               if is_sparse_operand(t)]
+    for k, (n, term, t) in enumerate(sparse):   # a diagonal's levels are compressed (README)
+        if len(set(term)) < len(term):
+            converted.setdefault(n, st.Format((st.compressed,) * len(set(term))))
+            sparse[k] = (n, "".join(dict.fromkeys(term)), t)
     if not sparse:
         return "dense"
     for _, term, t in sparse:   # sampled: a sparse operand indexed by exactly the output vars
@@ -285,8 +289,9 @@ def check_against_dense(equation_or_fn, operands, out_format=None, *, ref=None, 
             # what each operand stores in the layout the kernel reads (a conversion into a
             # layout with a dense inner level stores explicit zeros, and may pass them on)
             laid = list(operands)
-            for n, f in conversions:
-                laid[n] = operands[n].asformat(f)
+            for n, f in conversions:   # (a diagonal's conversion: the pattern it reads is
+                if f.ndim == operands[n].dim():   # the operand's, on the diagonal)
+                    laid[n] = operands[n].asformat(f)
             pats = [stored_pattern(t).to(torch.float64) for t in laid]
             structure = torch.einsum(eq, *pats) != 0
     else:

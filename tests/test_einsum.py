@@ -443,18 +443,30 @@ MEDIUM_CAP = 200_000
 
 
 @hst.composite
-def random_einsums(draw, extents=SMALL_EXTENTS, densities=(0.0, 0.2, 0.5, 1.0), cap=None):
+def random_einsums(draw, extents=SMALL_EXTENTS, densities=(0.0, 0.2, 0.5, 1.0), cap=None,
+                   notation=False):
+    """``notation``: subscripts may also repeat an index (diagonals), start with an
+    ellipsis (written for the letter ``e``: one leading dimension) and leave the output
+    implicit."""
     alphabet = "ijkl"
     nops = draw(hst.integers(1, 3))
+    ellipsis = notation and draw(hst.booleans())
     terms = []
     for _ in range(nops):
-        order = draw(hst.integers(1, 3))
-        terms.append("".join(draw(hst.lists(hst.sampled_from(alphabet), min_size=order,
-                                             max_size=order, unique=True))))
-    used = sorted(set("".join(terms)))
+        lead = "e" if ellipsis and draw(hst.booleans()) else ""
+        order = draw(hst.integers(1, 3 - len(lead)))
+        terms.append(lead + "".join(draw(hst.lists(hst.sampled_from(alphabet), min_size=order,
+                                                    max_size=order, unique=not notation))))
+    used = sorted(set("".join(terms)) - {"e"})
     out = "".join(draw(hst.lists(hst.sampled_from(used), unique=True)))
-    eq = ",".join(terms) + "->" + out
-    ext = {c: draw(hst.sampled_from(extents)) for c in used}
+    if "e" in "".join(terms) and draw(hst.booleans()):
+        out = "e" + out               # the ellipsis kept (else summed)
+    eq = (",".join(terms) + "->" + out).replace("e", "...")
+    if notation and draw(hst.integers(0, 3)) == 0:   # implicit: torch.einsum's own output
+        eq = eq.split("->")[0]
+        once = [c for c in used if "".join(terms).count(c) == 1]
+        out = ("e" if "e" in "".join(terms) else "") + "".join(once)
+    ext = {c: draw(hst.sampled_from(extents)) for c in set("".join(terms))}
     while cap is not None:      # shrink the largest extent of an oversized tensor
         big = [t for t in (*terms, out) if math.prod(ext[c] for c in t) > cap]
         if not big:
@@ -501,6 +513,14 @@ def test_random_einsum_matches_torch(spec):
 def test_random_einsum_of_medium_size_matches_torch(spec):
     """Random equations at sizes where kernels take their vector, side-by-side, tiled,
     bitmap and threaded paths, which the small extents above never reach."""
+    _check_random_einsum(spec)
+
+
+@settings(max_examples=examples(15), deadline=None, derandomize=not LONG,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(random_einsums(notation=True))
+def test_random_einsum_notation_matches_torch(spec):
+    """Random equations with diagonals of any operand, ellipses and implicit outputs."""
     _check_random_einsum(spec)
 
 
