@@ -90,6 +90,20 @@ def test_einsum_gradcheck(name, fmt):
     gradcheck_mixed(lambda *xs: st.einsum(eq, *xs), ops)
 
 
+@pytest.mark.parametrize("eq", ["ij->", "ij->i", "ij->j", "ij,k->k", "ii->", "ii->i",
+                                "ij,kl->k"])
+def test_dense_operand_with_indices_the_gradient_does_not_read(eq):
+    """Regression: the gradient of a dense operand indexed by a variable that neither the
+    output nor another operand reads (``ij->i``: G[i] is constant along j) raised KeyError;
+    it is G broadcast along that variable (on the diagonal for ``ii->``)."""
+    terms = eq.split("->")[0].split(",")
+    ops = [_dense((4,) * len(terms[0]), 30)]
+    if len(terms) > 1:   # a sparse operand besides, over indices of its own
+        ops.append(_sparse((3,) * len(terms[1]), 0.7, "csr" if len(terms[1]) == 2 else "csf",
+                           31))
+    gradcheck_mixed(lambda *xs: st.einsum(eq, *xs), ops)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_sparse_grad_has_operand_pattern_and_matches_dense(fmt):
     A = _sparse((7, 6), 0.4, fmt, 1).requires_grad_()

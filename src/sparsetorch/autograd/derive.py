@@ -128,6 +128,12 @@ def operand_grad(assignment: Assignment, operands, n: int, grad_out, evaluate):
             # sampled result shares its operand's arrays; then a second sparse operand would
             # only add an intersection, and a result of data-dependent size when traced)
             expr = Mul(expr, b.leaf(ones_pattern(target), acc.indices))
+        present = _vars_of(expr)
+        for v in out_vars:   # an index only the operand reads (``ij->i``): G is constant along it
+            if v not in present:
+                size = target.shape[acc.indices.index(v)]
+                expr = Mul(expr, b.leaf(torch.ones(size, dtype=target.dtype,
+                                                   device=target.device), (v,)))
         if c != 1.0:
             expr = Scale(c, expr)
         result = b.run(out_vars, expr)
