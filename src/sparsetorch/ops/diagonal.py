@@ -35,14 +35,11 @@ def take_diagonals(assignment: Assignment, operands, what: str = "einsum"):
         >>> str(a), ops[0].to_dense().tolist()
         ('out[i] = T0[i]', [1.0, 3.0])
     """
-    accesses = assignment.expr.accesses()
-    if all(len(set(a.indices)) == len(a.indices) or not isinstance(operands[a.operand],
-                                                                     SparseTensor)
-           for a in accesses):
+    if not has_sparse_diagonal(assignment, operands):
         return assignment, operands
     operands = list(operands)
     expr = None
-    for acc in accesses:
+    for acc in assignment.expr.accesses():
         t = operands[acc.operand]
         if len(set(acc.indices)) != len(acc.indices) and isinstance(t, SparseTensor):
             if t.format.is_dense:   # a dense layout stays dense: read in place, as a tensor
@@ -53,6 +50,13 @@ def take_diagonals(assignment: Assignment, operands, what: str = "einsum"):
                 acc = Access(acc.operand, tuple(dict.fromkeys(acc.indices)))
         expr = acc if expr is None else Mul(expr, acc)
     return Assignment(assignment.out_vars, expr), operands
+
+
+def has_sparse_diagonal(assignment: Assignment, operands) -> bool:
+    """Whether a SparseTensor operand's subscript repeats an index."""
+    return any(len(set(a.indices)) != len(a.indices) and
+               isinstance(operands[a.operand], SparseTensor)
+               for a in assignment.expr.accesses())
 
 
 def diagonal(t: SparseTensor, indices, what: str = "diagonal") -> SparseTensor:

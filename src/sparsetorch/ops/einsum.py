@@ -17,7 +17,7 @@ from ..compiler.kernel import l2_bytes, panel_factors
 from ..compiler.notation import Assignment, parse_einsum, var_extents
 from ..compiler.sblock import describe as describe_column_blocks
 from ..formats.tensor import SparseTensor
-from .diagonal import take_diagonals
+from .diagonal import has_sparse_diagonal, take_diagonals
 from .execute import _BACKEND_KEY, _ENV_DATA as _ENV, _FAST, backend, kernel_for, lookup, run
 from .expr import EXPR_MARK, recorded_eval
 
@@ -99,9 +99,8 @@ def _einsum_epilogue(equation, operands, out_format, bias, activation):
     if grads or _is_compiling() or backend() != "c":
         return unfused(einsum(equation, *operands), bias, activation)
     _check_tensors(operands, what)
-    if take_diagonals(parse_einsum(equation, [t.dim() for t in operands]), operands,
-                      what)[1] is not operands:   # (a sparse diagonal: not worth a fused path)
-        return unfused(einsum(equation, *operands), bias, activation)
+    if has_sparse_diagonal(parse_einsum(equation, [t.dim() for t in operands]), operands):
+        return unfused(einsum(equation, *operands), bias, activation)   # (not worth fusing)
     shapes = tuple(tuple(t.shape) for t in operands)
     fused, bias_shape = _fused_assignment(equation, shapes, None if bias is None else
                                           tuple(bias.shape), activation, what)
