@@ -202,13 +202,21 @@ def expected_kind(equation: str, operands, out_format=None, conversions=(),
         return "dense"
     sparse = [(n, term, t) for n, (term, t) in enumerate(zip(terms, operands))
               if is_sparse_operand(t)]
-    for k, (n, term, t) in enumerate(sparse):   # a diagonal's levels are compressed (README)
-        if len(set(term)) < len(term):
-            converted.setdefault(n, st.Format((st.compressed,) * len(set(term))))
-            sparse[k] = (n, "".join(dict.fromkeys(term)), t)
+    size = {}
+    for term, t in zip(terms, operands):
+        for c, m in zip(term, t.shape):
+            size[c] = max(size.get(c, m), m)
+    for k, (n, term, t) in enumerate(sparse):   # (README) a diagonal, and an operand whose
+        kept = "".join(c for c, m in zip(term, t.shape) if m != 1 or size[c] == 1)
+        if len(set(kept)) < len(term):          # sizes of 1 broadcast, are compressed levels
+            converted.setdefault(n, st.Format((st.compressed,) * len(set(kept))) if kept
+                                 else None)     # (nothing left: read as a dense number)
+            sparse[k] = (n, "".join(dict.fromkeys(kept)), t)
+    sparse = [(n, term, t) for n, term, t in sparse if converted.get(n, t.format) is not None]
     if not sparse:
         return "dense"
-    for _, term, t in sparse:   # sampled: a sparse operand indexed by exactly the output vars
+    if len(sparse) == 1:   # sampled: the one sparse operand, indexed by exactly the output
+        _, term, t = sparse[0]
         if sorted(term) == sorted(out) and len(set(term)) == len(term):
             return "sparse"
     klass, depth = {}, {}

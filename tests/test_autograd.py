@@ -64,6 +64,8 @@ EINSUMS = {   # name: (equation, operand specs: (shape, format or None, density)
     "ellipsis": ("...j,jk->...k", [((6, 5), "S", 0.4), ((5, 3), None, 1)]),
     "ellipsis-summed": ("i...->i", [((6, 5), "S", 0.4)]),
     "trace": ("ii->", [((5, 5), "S", 0.5)]),
+    "broadcast-dense": ("ij,ij->ij", [((6, 5), "S", 0.4), ((1, 5), None, 1)]),
+    "broadcast-sparse": ("ij,ij->ij", [((1, 5), "S", 0.6), ((6, 5), None, 1)]),
     "diagonal-times-dense": ("ii,ij->ij", [((5, 5), "S", 0.5), ((5, 3), None, 1)]),
 }
 

@@ -446,8 +446,9 @@ MEDIUM_CAP = 200_000
 def random_einsums(draw, extents=SMALL_EXTENTS, densities=(0.0, 0.2, 0.5, 1.0), cap=None,
                    notation=False):
     """``notation``: subscripts may also repeat an index (diagonals), start with an
-    ellipsis (written for the letter ``e``: one leading dimension) and leave the output
-    implicit."""
+    ellipsis (written for the letter ``e``: one leading dimension), leave the output
+    implicit and give an operand size 1 where the index has another size (broadcasting;
+    written as the capital letter)."""
     alphabet = "ijkl"
     nops = draw(hst.integers(1, 3))
     ellipsis = notation and draw(hst.booleans())
@@ -455,18 +456,22 @@ def random_einsums(draw, extents=SMALL_EXTENTS, densities=(0.0, 0.2, 0.5, 1.0), 
     for _ in range(nops):
         lead = "e" if ellipsis and draw(hst.booleans()) else ""
         order = draw(hst.integers(1, 3 - len(lead)))
-        terms.append(lead + "".join(draw(hst.lists(hst.sampled_from(alphabet), min_size=order,
-                                                    max_size=order, unique=not notation))))
-    used = sorted(set("".join(terms)) - {"e"})
+        term = lead + "".join(draw(hst.lists(hst.sampled_from(alphabet), min_size=order,
+                                              max_size=order, unique=not notation)))
+        if notation:   # (a diagonal's dimensions have one size: torch.einsum says so too)
+            term = "".join(c.upper() if term.count(c) == 1 and draw(hst.integers(0, 5)) == 0
+                           else c for c in term)
+        terms.append(term)
+    used = sorted(set("".join(terms).lower()) - {"e"})
     out = "".join(draw(hst.lists(hst.sampled_from(used), unique=True)))
-    if "e" in "".join(terms) and draw(hst.booleans()):
+    named = "".join(terms).lower()
+    if "e" in named and draw(hst.booleans()):
         out = "e" + out               # the ellipsis kept (else summed)
-    eq = (",".join(terms) + "->" + out).replace("e", "...")
+    eq = (",".join(terms).lower() + "->" + out).replace("e", "...")
     if notation and draw(hst.integers(0, 3)) == 0:   # implicit: torch.einsum's own output
         eq = eq.split("->")[0]
-        once = [c for c in used if "".join(terms).count(c) == 1]
-        out = ("e" if "e" in "".join(terms) else "") + "".join(once)
-    ext = {c: draw(hst.sampled_from(extents)) for c in set("".join(terms))}
+        out = ("e" if "e" in named else "") + "".join(c for c in used if named.count(c) == 1)
+    ext = {c: draw(hst.sampled_from(extents)) for c in set(named)}
     while cap is not None:      # shrink the largest extent of an oversized tensor
         big = [t for t in (*terms, out) if math.prod(ext[c] for c in t) > cap]
         if not big:
@@ -488,9 +493,9 @@ def _check_random_einsum(spec):
     eq, terms, ext, fmts, density, dtype, index_dtype, out_format, seed = spec
     gen = torch.Generator().manual_seed(seed)
     ops = []
-    for term, fmt in zip(terms, fmts):
-        x = random_dense(tuple(ext[c] for c in term), density if fmt is not None else 0.8,
-                         dtype, gen)
+    for term, fmt in zip(terms, fmts):   # (a capital letter: size 1, broadcast)
+        x = random_dense(tuple(ext.get(c, 1) for c in term),
+                         density if fmt is not None else 0.8, dtype, gen)
         ops.append(make_operand(x, fmt, index_dtype if fmt is not None else None))
     note = f"{eq} formats={[fmt_label(f) for f in fmts]} ext={ext} out_format={out_format}"
     try:
@@ -660,6 +665,31 @@ def test_ellipsis_matches_torch(eq, shapes, fmt, dtype):
     check_against_dense(eq, ops)
 
 
+@pytest.mark.parametrize("eq,shapes,full,sparse", [
+    # (the sizes broadcast, the same equation without broadcasting, operands sparse up to)
+    ("bij,bjk->bik", [(3, 2, 4), (1, 4, 5)], [(3, 2, 4), (3, 4, 5)], 0),   # one dense batch
+    ("bij,bjk->bik", [(1, 2, 4), (3, 4, 5)], [(3, 2, 4), (3, 4, 5)], 0),   # one sparse batch
+    ("ij,ij->ij", [(3, 4), (1, 4)], [(3, 4), (3, 4)], 0),               # a row scales each row
+    ("ij,ij->ij", [(3, 4), (3, 1)], [(3, 4), (3, 4)], 0),
+    ("ij,ij->ij", [(1, 4), (3, 4)], [(3, 4), (3, 4)], 1),               # two sparse operands
+    ("ij,ij->ij", [(1, 1), (3, 4)], [(3, 4), (3, 4)], 0),               # nothing left to store
+    ("ij,jk->ik", [(3, 1), (4, 5)], [(3, 4), (4, 5)], 0),               # a summed index
+    ("...j,...j->...", [(2, 3, 4), (1, 3, 4)], [(2, 3, 4), (2, 3, 4)], 0),
+])
+@pytest.mark.parametrize("fmt", ["csr", "coo", "dcsc", CSF, "dense"])
+def test_broadcast_sizes_of_one_match_torch(eq, shapes, full, sparse, fmt):
+    """Sizes of 1 broadcast as in torch.einsum (``ops/broadcast.py``), on the first call and
+    on the memoised one after a call of the same equation without broadcasting."""
+    gen = torch.Generator().manual_seed(seed_of(eq, str(shapes), fmt_label(fmt)))
+    for sizes in (full, shapes):
+        ops = []
+        for n, shape in enumerate(sizes):
+            x = random_dense(shape, 0.5 if n <= sparse else 0.9, F64, gen)
+            f = fmt if len(shape) == 2 or fmt in (CSF, "coo", "dense") else CSF
+            ops.append(make_operand(x, f) if n <= sparse else x)
+        check_against_dense(eq, ops)
+
+
 def test_ellipsis_errors():
     A = st.tensor(torch.ones(2, 3, 4, dtype=F64), "csf")
     x = torch.ones(4, dtype=F64)
@@ -669,10 +699,6 @@ def test_ellipsis_errors():
             st.einsum(eq, A, x)
     with pytest.raises(ValueError, match="size 2 .* but 3"):   # ellipsis extents disagree
         st.einsum("...j,...j->...", A, torch.ones(3, 3, 4, dtype=F64))
-    for _ in range(2):   # the first call, then the memoised one
-        with pytest.raises(ValueError, match="broadcast"):      # no size-1 broadcasting
-            st.einsum("...j,...j->...", A, torch.ones(1, 3, 4, dtype=F64))
-        st.einsum("...j,...j->...", A, torch.ones(2, 3, 4, dtype=F64))
 
 
 @pytest.mark.parametrize("eq", ["ii->i", "ii->", "ii,i->i", "ii,j->ij", "ij,ii->j",

@@ -283,8 +283,8 @@ def _parse(equation: str, ndims) -> Assignment:
 
 def _expand_ellipsis(terms: list, rhs: str, arrow: str, ndims) -> tuple[list, str]:
     """``terms`` and the output subscript with each ``...`` replaced by letters the equation
-    does not use, one per unnamed dimension, shared right-aligned across operands (the
-    dimensions ``torch.einsum`` broadcasts; here their sizes must agree). Without an arrow the
+    does not use, one per unnamed dimension, shared right-aligned across operands (sizes of
+    1 among them broadcast: ``ops/broadcast.py``). Without an arrow the
     output is the ellipsis letters followed by the indices used once, in alphabetical order."""
     counts = []
     for n, (term, nd) in enumerate(zip(terms, ndims)):
@@ -317,6 +317,19 @@ def _expand_ellipsis(terms: list, rhs: str, arrow: str, ndims) -> tuple[list, st
     return terms, letters + "".join(once)
 
 
+class BroadcastShapes(ValueError):
+    """Operand sizes that differ only where one is 1: ``torch.einsum`` broadcasts them
+    (``ops/broadcast.py`` squeezes such dimensions before scheduling); raised by the size
+    checks so that a caller can do that, a plain ValueError to any other."""
+
+
+def size_mismatch(v: str, a: int, b: int, where: str) -> ValueError:
+    """The error for index ``v`` used with sizes ``a`` and ``b``; ``where`` says where, e.g.
+    "in operand 0 but 3 in operand 1": a BroadcastShapes when one of them is 1."""
+    return (BroadcastShapes if 1 in (a, b) else ValueError)(
+        f"einsum: index {v!r} has size {a} {where}")
+
+
 def var_extents(assignment: Assignment, shapes) -> dict:
     """Size of every index variable, checking that all uses agree."""
     sizes: dict[str, int] = {}
@@ -324,10 +337,8 @@ def var_extents(assignment: Assignment, shapes) -> dict:
         shape = shapes[acc.operand]
         for d, v in enumerate(acc.indices):
             if v in sizes and sizes[v] != shape[d]:
-                hint = ("; sizes of 1 are not broadcast: expand that operand first"
-                        if 1 in (sizes[v], shape[d]) else "")
-                raise ValueError(f"einsum: index {v!r} has size {sizes[v]} in one operand but "
-                                 f"{shape[d]} in operand {acc.operand} (dimension {d}){hint}")
+                raise size_mismatch(v, sizes[v], shape[d], f"in one operand but {shape[d]} "
+                                    f"in operand {acc.operand} (dimension {d})")
             sizes[v] = int(shape[d])
     return sizes
 

@@ -84,9 +84,23 @@ def diagonal(t: SparseTensor, indices, what: str = "diagonal") -> SparseTensor:
             same = coords[d] == coords[first[v]]
             on_diagonal = same if on_diagonal is None else on_diagonal & same
     keep = on_diagonal.nonzero().flatten()
-    kept = list(first.values())
+    return regroup(t, list(first.values()), coords.index_select(1, keep),
+                   values.index_select(0, keep))
+
+
+def regroup(t: SparseTensor, kept, coords=None, values=None) -> SparseTensor:
+    """Stored entries of ``t`` (``coords`` ``[ndim, n]`` and ``values``, default all of
+    them) as a tensor over dimensions ``kept`` of ``t``, one compressed level each; the
+    entries are sorted (and duplicates summed) into that layout.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> regroup(st.tensor(torch.ones(1, 3), "csr"), [1]).to_dense().tolist()
+        [1.0, 1.0, 1.0]
+    """
+    if coords is None:
+        coords, values = unpack(t.format, t.shape, t.arrays, t.values)
     shape = tuple(t.shape[d] for d in kept)
     fmt = Format((compressed,) * len(kept))
-    arrays, stored = pack(fmt, shape, coords[kept].index_select(1, keep),
-                          values.index_select(0, keep), t.index_dtype)
+    arrays, stored = pack(fmt, shape, coords[kept], values, t.index_dtype)
     return SparseTensor(shape, fmt, arrays, stored)

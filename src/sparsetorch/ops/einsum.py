@@ -14,9 +14,10 @@ import torch
 
 from ..compiler.kblock import block_coords
 from ..compiler.kernel import l2_bytes, panel_factors
-from ..compiler.notation import Assignment, parse_einsum, var_extents
+from ..compiler.notation import Assignment, BroadcastShapes, parse_einsum, var_extents
 from ..compiler.sblock import describe as describe_column_blocks
 from ..formats.tensor import SparseTensor
+from .broadcast import squeeze_broadcast
 from .diagonal import has_sparse_diagonal, take_diagonals
 from .execute import _BACKEND_KEY, _ENV_DATA as _ENV, _FAST, backend, kernel_for, lookup, run
 from .expr import EXPR_MARK, recorded_eval
@@ -25,10 +26,10 @@ from .expr import EXPR_MARK, recorded_eval
 def einsum(equation: str, *operands, out_format=None, bias=None, activation=None):
     """Einstein summation over dense tensors and SparseTensors in any format.
 
-    Every repeated index not in the output is summed; ``...`` stands for the dimensions a
-    subscript does not name, as in ``torch.einsum`` (sizes must agree: no broadcasting of
-    size-1 dimensions). The loop order, output format and kernel are chosen automatically
-    (see ``st.explain``). ``bias`` (a dense tensor that
+    Every repeated index not in the output is summed. The notation is ``torch.einsum``'s:
+    ``...`` for the dimensions a subscript does not name, sizes of 1 broadcast, an index
+    repeated within one subscript takes a diagonal. The loop order, output format and kernel
+    are chosen automatically (see ``st.explain``). ``bias`` (a dense tensor that
     broadcasts against the result) and ``activation`` (``"relu"``, ``"relu6"``, ``"abs"``,
     ``"neg"``, ``"exp"``, ``"sqrt"``) are fused into the same kernel, applied where each
     output element is written: ``activation(einsum + bias)``, a dense result.
@@ -54,10 +55,13 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
         calls = _FAST.get(equation) if type(equation) is str else None
         if calls and ((_ENV is not None and _ENV.get(_BACKEND_KEY) is None) or
                       backend() == "c"):
-            for call in calls:
-                out = call(operands)
-                if out is not None:
-                    return out
+            try:
+                for call in calls:
+                    out = call(operands)
+                    if out is not None:
+                        return out
+            except BroadcastShapes:   # sizes of 1 to broadcast: the full path squeezes them
+                return _einsum(equation, operands, out_format, memo=False)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     if bias is not None or activation is not None:
@@ -66,23 +70,38 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
         return _traced_einsum(equation, operands, out_format)
     prepared = lookup(equation, operands, out_format)   # the memo (no autograd), inline
     if prepared is not None:
-        return prepared(operands)
+        try:
+            return prepared(operands)
+        except BroadcastShapes:
+            return _einsum(equation, operands, out_format, memo=False)
     return _einsum(equation, operands, out_format)
 
 
-def _einsum(equation, operands, out_format):
+def _einsum(equation, operands, out_format, memo=True):
     if _is_grad_enabled() and _any_requires_grad(operands):
         return _einsum_recorded(equation, operands, out_format)
-    prepared = lookup(equation, operands, out_format)
+    prepared = lookup(equation, operands, out_format) if memo else None   # (no autograd)
     if prepared is not None:
-        return prepared(operands)
+        try:
+            return prepared(operands)
+        except BroadcastShapes:
+            pass
     what = f"einsum({equation!r})"
     _check_tensors(operands, what)
+    assignment, taken, alias = _kernel_problem(equation, operands, what)
+    return run(assignment, taken, out_format, what=what, alias=alias)
+
+
+def _kernel_problem(equation, operands, what):
+    """``(assignment, operands, alias)`` the kernels run for ``st.einsum(equation,
+    *operands)``: sparse operands' diagonals taken (``diagonal.py``) and broadcast sizes of 1
+    squeezed (``broadcast.py``); ``alias`` (the equation, to memoise the call under) is None
+    when the operands changed, since a call memoised under the equation would be handed the
+    operands as given."""
     assignment = parse_einsum(equation, [t.dim() for t in operands])
     assignment, taken = take_diagonals(assignment, operands, what)
-    # (a call memoised under the equation would be handed the operands before their diagonals)
-    return run(assignment, taken, out_format, what=what,
-               alias=equation if taken is operands else None)
+    assignment, taken = squeeze_broadcast(assignment, taken)
+    return assignment, taken, (equation if taken is operands else None)
 
 
 def _einsum_epilogue(equation, operands, out_format, bias, activation):
@@ -102,8 +121,11 @@ def _einsum_epilogue(equation, operands, out_format, bias, activation):
     if has_sparse_diagonal(parse_einsum(equation, [t.dim() for t in operands]), operands):
         return unfused(einsum(equation, *operands), bias, activation)   # (not worth fusing)
     shapes = tuple(tuple(t.shape) for t in operands)
-    fused, bias_shape = _fused_assignment(equation, shapes, None if bias is None else
-                                          tuple(bias.shape), activation, what)
+    try:
+        fused, bias_shape = _fused_assignment(equation, shapes, None if bias is None else
+                                              tuple(bias.shape), activation, what)
+    except BroadcastShapes:   # (neither is this)
+        return unfused(einsum(equation, *operands), bias, activation)
     ops = operands if bias is None else (*operands, bias.reshape(bias_shape))
     return run(fused, ops, None, what=what)
 
@@ -197,10 +219,8 @@ def _einsum_recorded(equation, operands, out_format):
 
     what = f"einsum({equation!r})"
     _check_tensors(operands, what)
-    assignment = parse_einsum(equation, [t.dim() for t in operands])
-    assignment, taken = take_diagonals(assignment, operands, what)
-    return evaluate(assignment, taken, out_format, what=what,
-                    alias=equation if taken is operands else None)
+    assignment, taken, alias = _kernel_problem(equation, operands, what)
+    return evaluate(assignment, taken, out_format, what=what, alias=alias)
 
 
 def _check_tensors(operands, what):
@@ -260,17 +280,18 @@ def explain(equation, *operands, out_format=None) -> Explanation:
         what = f"explain({equation!r})"
         _check_tensors(operands, what)
         given = operands
-        assignment, operands = take_diagonals(
-            parse_einsum(equation, [t.dim() for t in operands]), operands, what)
+        assignment, operands, _ = _kernel_problem(equation, operands, what)
     kernel, computed, split = kernel_for(assignment, operands, out_format)
     names = tuple(_describe(t, split) for t in operands)
     rows = operands[kernel.balanced] if kernel.balanced is not None and not split else None
     explanation = _explanation(computed, kernel, names, rows)
     if not isinstance(equation, LazyExpr) and operands is not given:
-        taken = ", ".join(str(n) for n, (a, b) in enumerate(zip(given, operands)) if a is not b)
+        changed = ", ".join(str(n) for n, (a, b) in enumerate(zip(given, operands))
+                            if a is not b)
         explanation = replace(explanation, notes=(
-            *explanation.notes, f"diagonal of sparse operand(s) {taken} taken first: the "
-            "stored entries on it, gathered into a new tensor (one pass over the entries)"))
+            *explanation.notes, f"operand(s) {changed} reshaped first: a sparse operand's "
+            "diagonal gathered into a new tensor (one pass over its entries), dimensions of "
+            "size 1 that broadcast taken out"))
     if kernel.column_blocked is not None and isinstance(rows, SparseTensor):
         call = describe_column_blocks(rows, operands[kernel.column_blocked], l2_bytes())
         explanation = replace(explanation, notes=(*explanation.notes, call))

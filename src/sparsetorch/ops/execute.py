@@ -15,7 +15,7 @@ import torch
 from ..compiler.kblock import long_rows
 from ..compiler.kernel import (CompiledKernel, block_cap, compile_kernel, first_sparse,
                                tile_width, vector_lanes)
-from ..compiler.notation import Assignment, var_extents
+from ..compiler.notation import Assignment, size_mismatch, var_extents
 from ..compiler.output import infer_output
 from ..compiler.schedule import OperandInfo, schedule
 from ..compiler.lower import MAX_WORKSPACE
@@ -399,10 +399,8 @@ class _Prepared:
         shapes = [t.shape for t in tensors]
         for v, (n, d), (n2, d2) in self.agree:
             if shapes[n2][d2] != shapes[n][d]:
-                hint = ("; sizes of 1 are not broadcast: expand that operand first"
-                        if 1 in (shapes[n][d], shapes[n2][d2]) else "")
-                raise ValueError(f"index {v!r} has size {shapes[n][d]} in operand {n} but "
-                                 f"{shapes[n2][d2]} in operand {n2} (dimension {d2}){hint}")
+                raise size_mismatch(v, shapes[n][d], shapes[n2][d2], f"in operand {n} but "
+                                    f"{shapes[n2][d2]} in operand {n2} (dimension {d2})")
         return [shapes[n][d] for n, d in self.sources]
 
     def work(self, dense_numel: int, stored: int, ext) -> int:
