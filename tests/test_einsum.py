@@ -525,7 +525,8 @@ def test_random_einsum_of_medium_size_matches_torch(spec):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(random_einsums(notation=True))
 def test_random_einsum_notation_matches_torch(spec):
-    """Random equations with diagonals of any operand, ellipses and implicit outputs."""
+    """Random equations with diagonals of any operand, ellipses, implicit outputs and sizes
+    of 1 that broadcast."""
     _check_random_einsum(spec)
 
 
