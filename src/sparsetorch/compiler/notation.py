@@ -272,13 +272,23 @@ def _parse(equation: str, ndims) -> Assignment:
     else:  # implicit: indices appearing exactly once, alphabetically (numpy's rule)
         counts = {c: "".join(terms).count(c) for c in "".join(terms)}
         out = "".join(sorted(c for c, k in counts.items() if k == 1))
-    expr = None
-    for n, term in enumerate(terms):
-        acc = Access(n, tuple(term))
-        expr = acc if expr is None else Mul(expr, acc)
+    expr = product([Access(n, tuple(term)) for n, term in enumerate(terms)])
     if expr is None:
         raise ValueError("einsum: no operands")
     return Assignment(tuple(out), expr)
+
+
+def product(factors):
+    """The einsum product of ``factors`` (expressions), left to right; None for none.
+
+    Example:
+        >>> str(product([Access(0, ("i",)), Access(1, ("i",))]))
+        'T0[i] * T1[i]'
+    """
+    expr = None
+    for f in factors:
+        expr = f if expr is None else Mul(expr, f)
+    return expr
 
 
 def _expand_ellipsis(terms: list, rhs: str, arrow: str, ndims) -> tuple[list, str]:

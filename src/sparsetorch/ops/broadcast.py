@@ -11,7 +11,7 @@ or one common size n, and the result takes n.
 """
 from __future__ import annotations
 
-from ..compiler.notation import Access, Assignment, Mul
+from ..compiler.notation import Access, Assignment, product
 from ..formats.tensor import SparseTensor
 from .diagonal import regroup
 
@@ -42,8 +42,7 @@ def squeeze_broadcast(assignment: Assignment, operands):
                           if n == 1 and size.get(v, 1) != 1] for acc in accesses}
     if not any(unit.values()):
         return assignment, operands
-    operands = list(operands)
-    expr = None
+    operands, factors = list(operands), []
     for acc in accesses:
         dims = unit[acc.operand]
         if dims:
@@ -57,5 +56,5 @@ def squeeze_broadcast(assignment: Assignment, operands):
                 t = t.to_dense().squeeze(tuple(dims))
             operands[acc.operand] = t
             acc = Access(acc.operand, tuple(acc.indices[d] for d in kept))
-        expr = acc if expr is None else Mul(expr, acc)
-    return Assignment(assignment.out_vars, expr), operands
+        factors.append(acc)
+    return Assignment(assignment.out_vars, product(factors)), operands

@@ -16,7 +16,7 @@ repeated indices: the kernels read a dense diagonal in place.
 """
 from __future__ import annotations
 
-from ..compiler.notation import Access, Assignment, Mul
+from ..compiler.notation import Access, Assignment, product
 from ..formats.format import Format, compressed
 from ..formats.pack import pack, unpack
 from ..formats.tensor import SparseTensor
@@ -37,8 +37,7 @@ def take_diagonals(assignment: Assignment, operands, what: str = "einsum"):
     """
     if not has_sparse_diagonal(assignment, operands):
         return assignment, operands
-    operands = list(operands)
-    expr = None
+    operands, factors = list(operands), []
     for acc in assignment.expr.accesses():
         t = operands[acc.operand]
         if len(set(acc.indices)) != len(acc.indices) and isinstance(t, SparseTensor):
@@ -48,8 +47,8 @@ def take_diagonals(assignment: Assignment, operands, what: str = "einsum"):
                 operands[acc.operand] = diagonal(t, acc.indices,
                                                  f"{what}: operand {acc.operand}")
                 acc = Access(acc.operand, tuple(dict.fromkeys(acc.indices)))
-        expr = acc if expr is None else Mul(expr, acc)
-    return Assignment(assignment.out_vars, expr), operands
+        factors.append(acc)
+    return Assignment(assignment.out_vars, product(factors)), operands
 
 
 def has_sparse_diagonal(assignment: Assignment, operands) -> bool:
