@@ -184,7 +184,7 @@ def expected_kind(equation: str, operands, out_format=None, conversions=(),
     ``loop_order`` (ditto) orders the output levels: the rule applies to what the kernel
     iterates. Without a loop order, each variable's deepest level position stands in."""
     converted = dict(conversions)
-    if "." in equation:   # ellipses: the letters the parser gives them (shapes: test_einsum)
+    if "." in equation:   # ellipses: the letters the parser gives them (test_einsum_notation)
         a = st.compiler.parse_einsum(equation, [t.dim() for t in operands])
         terms = {acc.operand: "".join(acc.indices) for acc in a.expr.accesses()}
         equation = f"{','.join(terms[n] for n in sorted(terms))}->{''.join(a.out_vars)}"
