@@ -51,9 +51,9 @@ PTR = ctypes.c_void_p    # a tensor's data_ptr()
 I64 = ctypes.c_int64     # sizes, strides, the thread count
 F64 = ctypes.c_double    # scalars
 
-__all__ = ["load_kernel", "load_entries", "num_threads", "cache_dir", "clear_cache", "stats",
-           "reset_stats", "KernelLibrary", "PTR", "I64", "F64", "KernelBuildError",
-           "CompilerNotFoundError", "KernelCompileError"]
+__all__ = ["load_kernel", "load_entries", "load_library", "kernel_address", "num_threads",
+           "cache_dir", "clear_cache", "stats", "reset_stats", "KernelLibrary", "PTR", "I64",
+           "F64", "KernelBuildError", "CompilerNotFoundError", "KernelCompileError"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,9 @@ class KernelLibrary:
 
 
 _funcs: dict[tuple, object] = {}                               # memo key -> ctypes function
+# id of a function from load_entries -> (the function, its C function's address); keyed by
+# id since ctypes functions do not hash, holding the function so the id is never reused
+_addresses: dict[int, tuple] = {}
 _libs: dict[str, tuple[ctypes.CDLL, KernelLibrary]] = {}       # cache key -> loaded library
 _lock = threading.RLock()   # serialises the slow path only; memo hits are a dict lookup
 _STATS0 = {"memo_hits": 0, "disk_hits": 0, "builds": 0, "build_seconds": 0.0, "rebuilt_corrupt": 0}
@@ -158,8 +161,40 @@ def load_entries(source: str, signatures: dict) -> dict:
         fns = _entry.entries(lib, kinds)
         if fns is None:
             fns = {s: load_kernel(full, s, signatures[s]) for s in kinds}
+        for s, fn in fns.items():
+            _addresses[id(fn)] = (fn, ctypes.cast(getattr(lib, s), ctypes.c_void_p).value)
         _funcs[mkey] = fns
         return fns
+
+
+def kernel_address(fn) -> int | None:
+    """Address of the C function behind ``fn``, a function from :func:`load_entries`
+    (None for any other), for C code that calls kernels without Python in between
+    (``ops/cshim.py``).
+
+    Example:
+        >>> from sparsetorch import runtime
+        >>> src = "#include <stdint.h>\\nvoid nop(int64_t n) { (void)n; }\\n"
+        >>> nop = runtime.load_entries(src, {"nop": [runtime.I64]})["nop"]
+        >>> runtime.kernel_address(nop) > 0, runtime.kernel_address(print)
+        (True, None)
+    """
+    known = _addresses.get(id(fn))
+    return known[1] if known is not None and known[0] is fn else None
+
+
+def load_library(source: str) -> ctypes.CDLL:
+    """Compile (or find cached) ``source`` and return the loaded library, for callers that
+    bind its symbols themselves; cached and rebuilt like :func:`load_kernel`'s.
+
+    Example:
+        >>> from sparsetorch import runtime
+        >>> lib = runtime.load_library("int seven(void) { return 7; }\\n")
+        >>> lib.seven()
+        7
+    """
+    with _lock:
+        return _library(source)[0]
 
 
 def _library(source: str) -> tuple[ctypes.CDLL, KernelLibrary]:
