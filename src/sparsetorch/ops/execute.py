@@ -163,7 +163,7 @@ def _remember(alias: str, operands, out_format, call) -> None:
     if key is None:
         return
     _PREPARED[key] = call
-    guarded = getattr(call, "guarded", None)
+    guarded = getattr(call, "cguarded", None) or getattr(call, "guarded", None)
     known = _FAST.get(alias, ())
     if guarded is not None and out_format is None and guarded not in known:
         _FAST[alias] = (guarded, *known[:_FAST_PER_EQUATION - 1])

@@ -33,6 +33,7 @@ import torch
 from ..compiler.kernel import first_sparse
 from ..compiler.lower import MAX_WORKSPACE
 from ..formats.tensor import SparseTensor, layout
+from . import cshim
 from .balance import ranges_per_thread
 
 
@@ -171,6 +172,8 @@ def make_shim(prepared, tensors, parallel_work: int):
     call = scope["call"]
     call.source = source
     call.guarded = scope.get("guarded")
+    # the same guard and call in C, where it applies (``cshim.py``)
+    call.cguarded = cshim.make(prepared, tensors, sparse, parallel_work, call) if guard else None
     return call
 
 
