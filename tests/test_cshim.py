@@ -163,3 +163,20 @@ def test_python_shims_serve_without_the_dispatcher(monkeypatch):
     assert shim.__name__ == "guarded"
     assert torch.allclose(st.einsum("ij,j->i", A, x), A.to_dense() @ x)
     forget_call_memo()
+
+
+def test_a_dispatcher_that_cannot_be_built_leaves_the_python_shims(monkeypatch):
+    """A cache that cannot take a new library (read-only, prebuilt by an older version) or
+    a compiler that fails: no C shims, the reason kept, every call answered in Python."""
+    def refuse(source):
+        raise st.runtime.KernelBuildError("cannot write a new kernel into the cache")
+
+    monkeypatch.setattr(cshim, "_state", {})
+    monkeypatch.setattr(st.runtime, "load_library", refuse)
+    assert cshim.dispatcher() is None and "cannot write" in cshim._state["off"]
+    forget_call_memo()
+    A, x = _operands([((9, 7), "csr"), ((7, 2), None)], F64, torch.int64, seed=7)
+    st.einsum("ij,jk->ik", A, x)
+    assert execute.fast_calls("ij,jk->ik")[0].__name__ == "guarded"
+    assert torch.allclose(st.einsum("ij,jk->ik", A, 3 * x), 3 * (A.to_dense() @ x))
+    forget_call_memo()
