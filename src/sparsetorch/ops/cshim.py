@@ -53,19 +53,51 @@ _MAX_ARGS = 24   # kernel parameters the C side passes (MTTKRP on CSF: 14); more
 _MAX_OPERANDS = 8
 _MAX_EXTENTS = 16
 
-# The C API the dispatcher calls, bound in this order by ``st_fast_bind``.
-_API = ("PyObject_GetAttr", "PyDict_GetItemWithError", "PyLong_AsLongLong",
-        "PyLong_AsVoidPtr", "PyLong_FromLongLong", "PyTuple_GetItem", "PyTuple_Size",
-        "PyObject_CallNoArgs", "PyObject_Vectorcall", "PyObject_VectorcallMethod",
-        "PyObject_Type", "Py_DecRef", "PyErr_Occurred", "PyErr_Clear", "PyEval_SaveThread",
-        "PyEval_RestoreThread", "Py_IncRef")
-# Attribute and key names, interned, bound after the functions (same order as ``s_*``).
+# The C API the dispatcher calls: (function, its name in the C source, its pointer type);
+# ``st_fast_bind`` takes their addresses in this order.
+_API = (("PyObject_GetAttr", "GetAttr", "O (*)(O, O)"),
+        ("PyDict_GetItemWithError", "DictGet", "O (*)(O, O)"),   # borrowed; NULL: absent
+        ("PyLong_AsLongLong", "AsI64", "long long (*)(O)"),
+        ("PyLong_AsVoidPtr", "AsPtr", "void* (*)(O)"),
+        ("PyLong_FromLongLong", "FromI64", "O (*)(long long)"),
+        ("PyTuple_GetItem", "TupleItem", "O (*)(O, ptrdiff_t)"),     # borrowed
+        ("PyTuple_Size", "TupleSize", "ptrdiff_t (*)(O)"),
+        ("PyObject_CallNoArgs", "Call0", "O (*)(O)"),
+        ("PyObject_Vectorcall", "Vectorcall", "O (*)(O, O const*, size_t, O)"),
+        ("PyObject_VectorcallMethod", "VectorcallMethod", "O (*)(O, O const*, size_t, O)"),
+        ("PyObject_Type", "TypeOf", "O (*)(O)"),
+        ("Py_DecRef", "DecRef", "void (*)(O)"),
+        ("Py_IncRef", "IncRef", "void (*)(O)"),
+        ("PyErr_Occurred", "ErrOccurred", "O (*)(void)"),
+        ("PyErr_Clear", "ErrClear", "void (*)(void)"),
+        ("PyEval_SaveThread", "SaveThread", "void* (*)(void)"),
+        ("PyEval_RestoreThread", "RestoreThread", "void (*)(void*)"))
+# Attribute and key names the dispatcher reads, interned; ``s_<name>`` in the C source.
 _NAMES = ("__dict__", "_call_key", "_raw", "_size", "_values", "layout", "dtype", "is_cpu",
           "shape", "requires_grad", "_wrapper_grad", "is_contiguous", "data_ptr",
           "new_empty")
-# Plan header fields (int64 each), then the variable-length sections ``make`` documents.
+# Plan header fields (int64 each; upper case in C), then the sections ``make`` writes.
 _HEADER = ("n_ops", "n_ext", "n_agree", "n_out", "parallel_work", "balanced", "kernel",
            "lanes", "vector_index", "entry_work", "n_dense_only", "like")
+# The items of the tuple each C shim is bound to (``self`` in C, ``P_<ITEM>``), in order.
+_STATE = ("plan", "keep", "sparse", "tensor", "strided", "dtype", "grad", "threads", "ranges",
+          "shim")
+
+
+def _bindings() -> str:
+    """C declarations of the API pointers and names, ``st_fast_bind`` that sets them, and
+    the indices of the plan header and state tuple: all from the tables above."""
+    names = ["s_" + n.strip("_") for n in _NAMES]
+    return "\n".join([
+        *(f"static {ctype.replace('(*)', f'(*{var})', 1)};" for _, var, ctype in _API),
+        f"static O py_true, py_none, {', '.join(names)};",
+        "void st_fast_bind(void* const* f, O const* names, O t, O none) {",
+        *(f"  {var} = ({ctype})f[{i}];" for i, (_, var, ctype) in enumerate(_API)),
+        *(f"  {var} = names[{i}];" for i, var in enumerate(names)),
+        "  py_true = t; py_none = none;",
+        "}",
+        f"enum {{ {', '.join(h.upper() for h in _HEADER)}, HEADER }};",
+        f"enum {{ {', '.join('P_' + x.upper() for x in _STATE)} }};"])
 
 
 def _kernel_call_cases() -> str:
@@ -86,51 +118,7 @@ _SOURCE = """\
 #include <stddef.h>
 #include <stdint.h>
 typedef void* O;   /* PyObject* */
-static O (*GetAttr)(O, O);
-static O (*DictGet)(O, O);                  /* borrowed, NULL when absent */
-static long long (*AsI64)(O);
-static void* (*AsPtr)(O);
-static O (*FromI64)(long long);
-static O (*TupleItem)(O, ptrdiff_t);        /* borrowed */
-static ptrdiff_t (*TupleSize)(O);
-static O (*Call0)(O);
-static O (*Vectorcall)(O, O const*, size_t, O);
-static O (*VectorcallMethod)(O, O const*, size_t, O);
-static O (*TypeOf)(O);
-static void (*DecRef)(O);
-static O (*ErrOccurred)(void);
-static void (*ErrClear)(void);
-static void* (*SaveThread)(void);
-static void (*RestoreThread)(void*);
-static void (*IncRef)(O);
-static O py_true, py_none;
-static O s_dict, s_call_key, s_raw, s_size, s_values, s_layout, s_dtype, s_is_cpu, s_shape,
-         s_requires_grad, s_wrapper_grad, s_is_contiguous, s_data_ptr, s_new_empty;
-
-void st_fast_bind(void* const* f, O const* names, O t, O none) {
-  GetAttr = (O (*)(O, O))f[0]; DictGet = (O (*)(O, O))f[1];
-  AsI64 = (long long (*)(O))f[2]; AsPtr = (void* (*)(O))f[3];
-  FromI64 = (O (*)(long long))f[4]; TupleItem = (O (*)(O, ptrdiff_t))f[5];
-  TupleSize = (ptrdiff_t (*)(O))f[6]; Call0 = (O (*)(O))f[7];
-  Vectorcall = (O (*)(O, O const*, size_t, O))f[8];
-  VectorcallMethod = (O (*)(O, O const*, size_t, O))f[9];
-  TypeOf = (O (*)(O))f[10]; DecRef = (void (*)(O))f[11];
-  ErrOccurred = (O (*)(void))f[12]; ErrClear = (void (*)(void))f[13];
-  SaveThread = (void* (*)(void))f[14]; RestoreThread = (void (*)(void*))f[15];
-  IncRef = (void (*)(O))f[16];
-  s_dict = names[0]; s_call_key = names[1]; s_raw = names[2]; s_size = names[3];
-  s_values = names[4]; s_layout = names[5]; s_dtype = names[6]; s_is_cpu = names[7];
-  s_shape = names[8]; s_requires_grad = names[9]; s_wrapper_grad = names[10];
-  s_is_contiguous = names[11]; s_data_ptr = names[12]; s_new_empty = names[13];
-  py_true = t; py_none = none;
-}
-
-enum { N_OPS, N_EXT, N_AGREE, N_OUT, PARALLEL_WORK, BALANCED, KERNEL, LANES, VECTOR_INDEX,
-       ENTRY_WORK, N_DENSE_ONLY, LIKE, HEADER };
-/* The plan tuple ``self``: (plan address, its buffer, SparseTensor, Tensor, strided,
-   dtype, is_grad_enabled, get_num_threads, ranges_per_thread, the Python shim). */
-enum { P_PLAN, P_KEEP, P_SPARSE, P_TENSOR, P_STRIDED, P_DTYPE, P_GRAD, P_THREADS, P_RANGES,
-       P_SHIM };
+%(bindings)s
 
 typedef struct { O refs[128]; int n; } Owned;   /* new references to drop */
 static O own(Owned* o, O x) { if (x) o->refs[o->n++] = x; return x; }
@@ -271,8 +259,8 @@ O st_fast_call(O self, O const* a, ptrdiff_t nargs) {
   release(&o);
   return out;
 }
-""" % {"cases": _kernel_call_cases(), "max_ops": _MAX_OPERANDS, "max_args": _MAX_ARGS,
-       "max_ext": _MAX_EXTENTS}
+""" % {"bindings": _bindings(), "cases": _kernel_call_cases(), "max_ops": _MAX_OPERANDS,
+       "max_args": _MAX_ARGS, "max_ext": _MAX_EXTENTS}
 
 
 class _MethodDef(ctypes.Structure):
@@ -299,7 +287,7 @@ def dispatcher():
 def _build():
     try:
         api = [ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value
-               for name in _API]
+               for name, _, _ in _API]
         # its own function object: ``entry.py`` gives the shared one other argument types
         new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.py_object,
                                 ctypes.c_void_p)(("PyCFunction_NewEx", ctypes.pythonapi))
@@ -359,7 +347,8 @@ def make(prepared, tensors, sparse: list, parallel_work: int, python_shim):
         plan += [len(used), *used]
     buffer = (ctypes.c_int64 * len(plan))(*plan)
     method, new = _state["def"]
-    state = (ctypes.addressof(buffer), buffer, SparseTensor, torch.Tensor, torch.strided,
-             prepared.dtype, torch.is_grad_enabled, torch.get_num_threads, ranges_per_thread,
-             python_shim)
-    return new(ctypes.addressof(method), state, None)
+    state = {"plan": ctypes.addressof(buffer), "keep": buffer, "sparse": SparseTensor,
+             "tensor": torch.Tensor, "strided": torch.strided, "dtype": prepared.dtype,
+             "grad": torch.is_grad_enabled, "threads": torch.get_num_threads,
+             "ranges": ranges_per_thread, "shim": python_shim}
+    return new(ctypes.addressof(method), tuple(state[item] for item in _STATE), None)

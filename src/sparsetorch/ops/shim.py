@@ -173,7 +173,7 @@ def make_shim(prepared, tensors, parallel_work: int):
     call.source = source
     call.guarded = scope.get("guarded")
     # the same guard and call in C, where it applies (``cshim.py``)
-    call.cguarded = cshim.make(prepared, tensors, sparse, parallel_work, call) if guard else None
+    call.cguarded = cshim.make(prepared, tensors, sparse, parallel_work, call)
     return call
 
 
