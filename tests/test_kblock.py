@@ -41,6 +41,23 @@ def test_blocked_spmm_matches_dense(n_cols, dtype):
 
 
 @needs_intrinsics
+@pytest.mark.parametrize("equation, x_shape", [
+    ("ij,jk->ki", (384, 40)),    # the result transposed
+    ("ni,oi->no", (40, 384)),    # F.linear's form: the dense operand first, out[n, o]
+    ("ij,kj->ik", (40, 384)),    # the dense operand read by columns (not packed)
+    ("ij,kj->ki", (40, 384))])
+def test_blocked_nest_follows_the_index_order(equation, x_shape):
+    # the partial sums between blocks go where the result's own index order puts them
+    # (once hard-wired to out[i, k]: 'ni,oi->no' returned garbage for long rows)
+    d = long_rows(GROUP_ROWS + 5, 384, 0.4, torch.float32, seed=3)
+    A = st.tensor(d, format="csr")
+    x = torch.randn(*x_shape)
+    ops = (x, A) if equation.startswith("ni") else (A, x)
+    assert "cache blocks of" in st.explain(equation, *ops).tiles
+    check_against_dense(equation, ops)
+
+
+@needs_intrinsics
 def test_blocked_spmm_on_one_thread_and_with_epilogue(monkeypatch):
     d = long_rows(70, 256, 0.5, torch.float32, seed=1)
     A = st.tensor(d, format="csr")

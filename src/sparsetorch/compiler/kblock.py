@@ -48,7 +48,7 @@ from __future__ import annotations
 from ..formats.levels import Compressed, Dense
 from .ir import (RANGE_END, Assign, Bin, Cond, Decl, For, Helper, If, Lit, Load, Sym, While,
                  block, rewrite)
-from .iterate import LoopState, arr
+from .iterate import LoopState, arr, horner
 from .notation import presence
 from .tiles import lane_loop, register_tiles
 
@@ -200,7 +200,7 @@ def blocked_nest(lw, n, parallel) -> For:
     kb, blocks = lw.fresh("kb"), lw.fresh("nb")
     b, j1 = lw.fresh("b"), lw.fresh("j1_")
     p, e = lw.fresh(f"p{n}_"), lw.fresh(f"e{n}_")
-    out_at = Load("out_vals", Bin("+", Bin("*", Sym(i), Sym(f"n_{k}")), Sym(k)))
+    out_at = Load("out_vals", horner(lw.out_vars))   # (i, k) in either order
     rel = Bin("-", Sym(i), Sym(i0))
 
     def rows(body):
