@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hst
 
 import sparsetorch as st
 from sparsetorch.compiler.kblock import GROUP_ROWS, block_coords, blocks_pay
 from sparsetorch.compiler.kernel import vector_isa
 
-from dense_check import check_against_dense, forget_call_memo, long_rows
+from dense_check import LONG, check_against_dense, examples, forget_call_memo, long_rows
 
 needs_intrinsics = pytest.mark.skipif(vector_isa() is None, reason="no AVX-512 or AVX2 on this CPU")
 
@@ -55,6 +57,32 @@ def test_blocked_nest_follows_the_index_order(equation, x_shape):
     ops = (x, A) if equation.startswith("ni") else (A, x)
     assert "cache blocks of" in st.explain(equation, *ops).tiles
     check_against_dense(equation, ops)
+
+
+@needs_intrinsics
+@settings(max_examples=examples(10), deadline=None, derandomize=not LONG,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=hst.data())
+def test_random_products_over_long_rows(data):
+    """Products of a long-row CSR or CSC operand (stored rows i, long along j) and a dense
+    one, each index order of the dense operand and the result, either operand first."""
+    draw = data.draw
+    ext = {"i": draw(hst.sampled_from([4, 70, GROUP_ROWS + 3])),
+           "j": draw(hst.sampled_from([64, 200, 384])),
+           "k": draw(hst.sampled_from([1, 8, 33, 96]))}
+    fmt = draw(hst.sampled_from(["csr", "csc"]))
+    dtype = draw(hst.sampled_from([torch.float32, torch.float64]))
+    d = long_rows(ext["i"], ext["j"], draw(hst.sampled_from([0.4, 0.7])), dtype,
+                  seed=draw(hst.integers(0, 99)))
+    sparse_term = "ij" if fmt == "csr" else "ji"
+    A = st.tensor(d if fmt == "csr" else d.T.contiguous(), format=fmt)
+    dense_term = draw(hst.sampled_from(["jk", "kj"]))
+    x = torch.randn(*(ext[c] for c in dense_term), dtype=dtype)
+    out = draw(hst.sampled_from(["ik", "ki"]))
+    terms, ops = [sparse_term, dense_term], [A, x]
+    if draw(hst.booleans()):
+        terms, ops = terms[::-1], ops[::-1]
+    check_against_dense(f"{terms[0]},{terms[1]}->{out}", tuple(ops))
 
 
 @needs_intrinsics
