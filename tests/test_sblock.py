@@ -94,6 +94,24 @@ def test_blocked_sddmm_on_one_thread(small_l2):
 
 
 @needs_intrinsics
+@pytest.mark.parametrize("equation, fmt", [
+    ("ij,ki,jk->ij", "csr"),     # X read by columns
+    ("ij,ik,jk->ji", "csr"),     # the result transposed (CSC of the mask's pattern)
+    ("ik,ij,jk->ij", "csr"),     # the mask second
+    ("ij,jk,ik->ij", "csr"),     # Y before X
+    ("ji,ik,jk->ji", "csc")])    # a CSC mask whose stored columns are the long rows
+def test_blocked_sddmm_in_other_index_orders(small_l2, equation, fmt):
+    d = long_rows(GROUP_ROWS + 5, 300, 0.5, torch.float32, seed=4)
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(d.shape[0], 12, generator=g), torch.randn(d.shape[1], 12, generator=g)
+    A = st.tensor(d if fmt == "csr" else d.T.contiguous(), format=fmt)
+    by_term = {"ij": A, "ji": A, "ik": x, "ki": x.T.contiguous(), "jk": y}
+    ops = tuple(by_term[t] for t in equation.split("->")[0].split(","))
+    assert NOTE in " ".join(st.explain(equation, *ops).notes)
+    check_against_dense(equation, ops)
+
+
+@needs_intrinsics
 def test_blocked_sddmm_gradients(small_l2):
     d = long_rows(6, 300, 0.6, torch.float64, seed=3)
     A = st.tensor(d, format="csr")
