@@ -217,6 +217,25 @@ def test_transpose_is_a_free_view(fmt):
     assert torch.equal(C.mT.to_dense(), C.to_dense().mT)
 
 
+def test_a_view_is_kept_with_its_source():
+    import copy
+
+    A = sp((5, 3), 0.5, "csr", 37)
+    assert A.T is A.t() is A.permute(1, 0) is A.permute(-1, 0)   # one object: its memo
+    assert A.permute(0, 1) is A
+    B = copy.deepcopy(A)   # a copy builds its own views, of its own arrays
+    assert "_views" not in B.__dict__ and B.T is not A.T
+    assert B.T.values is B.values
+    # values that require grad: each view records its own autograd node
+    G = sp((5, 3), 0.5, "csr", 38).requires_grad_()
+    assert G.T is not G.T and G.T.requires_grad
+    x = dn((5, 2), 39)
+    (G.T @ x).sum().backward()
+    assert torch.allclose(G.values.grad, (x.sum(1)[G.to_dense().nonzero()[:, 0]]))
+    A.requires_grad_()    # after its views were kept: recorded views from now on
+    assert A.T is not A.T and A.T.requires_grad
+
+
 def test_structural_ops():
     A = sp((4, 3), 0.5, "csr", 36).requires_grad_()
     assert A.requires_grad and A.values.requires_grad

@@ -155,7 +155,8 @@ class SparseTensor(torch.Tensor):
         # copy or a loaded tensor must read its own.
         super()._clear_non_serializable_cached_data()
         self.__dict__.pop("_raw", None)
-        self.__dict__.pop("_unblocked", None)   # a view of this object's arrays: rebuilt
+        self.__dict__.pop("_unblocked", None)   # views of this object's arrays: rebuilt
+        self.__dict__.pop("_views", None)
 
     # -- traceability -------------------------------------------------------------------------
     def __tensor_flatten__(self):
