@@ -69,7 +69,7 @@ def forget_call_memo() -> None:
     memo across the session on purpose: a long-lived process sees many structures."""
     from sparsetorch.ops import execute
 
-    for name in ("_PREPARED", "_BLOCKED", "_FAST"):
+    for name in ("_PREPARED", "_BLOCKED", "_FAST", "_FAST_DENSE"):
         memo = getattr(execute, name, None)
         if isinstance(memo, dict):
             memo.clear()

@@ -41,7 +41,7 @@ def _operands(shapes_formats, dtype, index_dtype, seed):
 CASES = [   # equation, (shape, format or None for dense) per operand; calls with a shim
     ("ij,j->i", [((9, 7), "csr"), ((7,), None)]),
     ("ij,j->i", [((9, 1), "csr"), ((1,), None)]),
-    ("ij,kj->ik", [((9, 7), "csr"), ((4, 7), None)]),
+    ("ij,jk->ik", [((9, 7), "csc"), ((7, 4), None)]),
     ("ij,jk->ik", [((9, 7), "csr"), ((7, 19), None)]),
     ("ij,jk->ik", [((9, 7), "dcsr"), ((7, 5), None)]),
     ("ji,jk->ik", [((7, 9), "csr"), ((7, 3), None)]),

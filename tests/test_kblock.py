@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import importlib
+from unittest import mock
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
@@ -19,6 +22,10 @@ from sparsetorch.compiler.kernel import vector_isa
 from dense_check import LONG, check_against_dense, examples, forget_call_memo, long_rows
 
 needs_intrinsics = pytest.mark.skipif(vector_isa() is None, reason="no AVX-512 or AVX2 on this CPU")
+# ``st.einsum`` runs these index orders as the natural one (``ops/relayout.py``); the kernels
+# for them are still reached another way (``execute.run``, lazy expressions): test those.
+as_written = mock.patch.object(importlib.import_module("sparsetorch.ops.einsum"), "relayout",
+                               lambda *args: None)
 
 
 def test_block_rule_blocks_long_rows_only():
@@ -55,8 +62,9 @@ def test_blocked_nest_follows_the_index_order(equation, x_shape):
     A = st.tensor(d, format="csr")
     x = torch.randn(*x_shape)
     ops = (x, A) if equation.startswith("ni") else (A, x)
-    assert "cache blocks of" in st.explain(equation, *ops).tiles
-    check_against_dense(equation, ops)
+    with as_written:
+        assert "cache blocks of" in st.explain(equation, *ops).tiles
+        check_against_dense(equation, ops)
 
 
 @needs_intrinsics
@@ -82,7 +90,10 @@ def test_random_products_over_long_rows(data):
     terms, ops = [sparse_term, dense_term], [A, x]
     if draw(hst.booleans()):
         terms, ops = terms[::-1], ops[::-1]
-    check_against_dense(f"{terms[0]},{terms[1]}->{out}", tuple(ops))
+    equation = f"{terms[0]},{terms[1]}->{out}"
+    check_against_dense(equation, tuple(ops))
+    with as_written:
+        check_against_dense(equation, tuple(ops))
 
 
 @needs_intrinsics

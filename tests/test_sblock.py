@@ -8,6 +8,7 @@ inner dimensions with masked tails and under one vector.
 from __future__ import annotations
 
 import importlib
+from unittest import mock
 
 import pytest
 import torch
@@ -107,8 +108,10 @@ def test_blocked_sddmm_in_other_index_orders(small_l2, equation, fmt):
     A = st.tensor(d if fmt == "csr" else d.T.contiguous(), format=fmt)
     by_term = {"ij": A, "ji": A, "ik": x, "ki": x.T.contiguous(), "jk": y}
     ops = tuple(by_term[t] for t in equation.split("->")[0].split(","))
-    assert NOTE in " ".join(st.explain(equation, *ops).notes)
-    check_against_dense(equation, ops)
+    # as written (``st.einsum`` itself would run 'ij,ki,jk->ij' as 'ij,ik,jk->ij')
+    with mock.patch.object(einsum_module, "relayout", lambda *args: None):
+        assert NOTE in " ".join(st.explain(equation, *ops).notes)
+        check_against_dense(equation, ops)
 
 
 @needs_intrinsics

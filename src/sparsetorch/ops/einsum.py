@@ -19,8 +19,10 @@ from ..compiler.sblock import describe as describe_column_blocks
 from ..formats.tensor import SparseTensor
 from .broadcast import squeeze_broadcast
 from .diagonal import has_sparse_diagonal, take_diagonals
-from .execute import _BACKEND_KEY, _ENV_DATA as _ENV, _FAST, backend, kernel_for, lookup, run
+from .execute import (_BACKEND_KEY, _ENV_DATA as _ENV, _FAST, _FAST_DENSE, backend,
+                      kernel_for, lookup, run)
 from .expr import EXPR_MARK, recorded_eval
+from .relayout import relayout
 
 
 def einsum(equation: str, *operands, out_format=None, bias=None, activation=None):
@@ -48,11 +50,13 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
         >>> st.einsum("...j,j->...", A, torch.ones(2))
         tensor([1., 2.])
     """
-    if out_format is None and bias is None and activation is None and not _is_compiling():
+    if bias is None and activation is None and not _is_compiling():
         # A repeated call: the guarded shims of this string, no key to build. This is
         # ``execute.fast_calls`` inlined (0.2 us, about 5% of a tiny SpMM), with
         # its backend test reduced to "SPARSETORCH_BACKEND unset" where CPython allows.
-        calls = _FAST.get(equation) if type(equation) is str else None
+        table = _FAST if out_format is None else \
+            _FAST_DENSE if type(out_format) is str and out_format == "dense" else {}
+        calls = table.get(equation) if type(equation) is str else None
         if calls and ((_ENV is not None and _ENV.get(_BACKEND_KEY) is None) or
                       backend() == "c"):
             try:
@@ -64,6 +68,15 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
                 return _einsum(equation, operands, out_format, memo=False)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    # the vectorised index moved last in dense operands and result (while compiling:
+    # ``torch_einsum``, below dynamo)
+    plan = None if _is_compiling() else relayout(equation, operands, out_format, bias)
+    if plan is not None:
+        try:
+            return plan.run(lambda eq, ops: einsum(eq, *ops, out_format=out_format, bias=bias,
+                                                   activation=activation), operands)
+        except (TypeError, ValueError, IndexError, NotImplementedError):
+            pass           # reported for the equation as written, below
     if bias is not None or activation is not None:
         return _einsum_epilogue(equation, operands, out_format, bias, activation)
     if _is_compiling():   # dynamo: record torch.einsum, which routes back here (see below)
@@ -194,15 +207,21 @@ def torch_einsum(equation, *operands):
     """
     if isinstance(equation, str) and equation.startswith(EXPR_MARK):   # a lazy expression
         return recorded_eval(equation, operands)
+    out_format = None
     if isinstance(equation, str) and FORMAT_MARK in equation:
         equation, out_format = equation.split(FORMAT_MARK)
-        return _einsum(equation, operands, out_format)
     if not isinstance(equation, str):
         raise TypeError("torch.einsum with SparseTensor operands takes an equation string "
                         "(the sublist form is not supported)")
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    return _einsum(equation, operands, None)
+    plan = relayout(equation, operands, out_format, None)
+    if plan is not None:   # (errors: the checks of the rewritten call, then as written)
+        try:
+            return plan.run(lambda eq, ops: _einsum(eq, ops, out_format), operands)
+        except (TypeError, ValueError, IndexError, NotImplementedError):
+            pass
+    return _einsum(equation, operands, out_format)
 
 
 def _any_requires_grad(operands) -> bool:
@@ -279,6 +298,11 @@ def explain(equation, *operands, out_format=None) -> Explanation:
     else:
         what = f"explain({equation!r})"
         _check_tensors(operands, what)
+        plan = relayout(equation, operands, out_format, None)
+        if plan is not None:
+            inner = explain(plan.inner, *(t if p is None else t.permute(p) for t, p in
+                                          zip(operands, plan.perms)), out_format=out_format)
+            return replace(inner, notes=(*inner.notes, _relayout_note(equation, plan)))
         given = operands
         assignment, operands, _ = _kernel_problem(equation, operands, what)
     kernel, computed, split = kernel_for(assignment, operands, out_format)
@@ -296,6 +320,15 @@ def explain(equation, *operands, out_format=None) -> Explanation:
         call = describe_column_blocks(rows, operands[kernel.column_blocked], l2_bytes())
         explanation = replace(explanation, notes=(*explanation.notes, call))
     return explanation
+
+
+def _relayout_note(equation, plan) -> str:
+    moved = ", ".join(str(n) for n, p in enumerate(plan.perms) if p is not None)
+    return (f"{equation!r} run as {plan.inner!r} (ops/relayout.py): "
+            + (f"dense operand(s) {moved} copied with the vectorised index last" if moved
+               else "") + ("; " if moved and plan.out_perm else "")
+            + ("the result computed in that order, then permuted back into a contiguous "
+               "tensor" if plan.out_perm else ""))
 
 
 def _describe(operand, split: bool) -> str:

@@ -164,16 +164,32 @@ def _remember(alias: str, operands, out_format, call) -> None:
         return
     _PREPARED[key] = call
     guarded = getattr(call, "cguarded", None) or getattr(call, "guarded", None)
-    known = _FAST.get(alias, ())
-    if guarded is not None and out_format is None and guarded not in known:
-        _FAST[alias] = (guarded, *known[:_FAST_PER_EQUATION - 1])
+    if guarded is None:
+        return
+    if out_format is None:
+        _offer(_FAST, alias, guarded)
+    # a dense result is what ``out_format="dense"`` asks for (``@`` and ``torch.matmul``
+    # ask for it: torch's products with a dense operand are dense)
+    if (out_format is None and getattr(call, "dense", False)) or _asks_dense(out_format):
+        _offer(_FAST_DENSE, alias, guarded)
 
 
-def fast_calls(equation) -> tuple:
-    """The guarded call shims recorded for einsum string ``equation`` (no ``out_format``),
-    newest first: each returns the result, or None when the operands do not have its
-    signature. Empty under another backend."""
-    calls = _FAST.get(equation, ()) if type(equation) is str else ()
+def _asks_dense(out_format) -> bool:
+    return type(out_format) is str and out_format == "dense"
+
+
+def _offer(table: dict, alias: str, guarded) -> None:
+    known = table.get(alias, ())
+    if guarded not in known:
+        table[alias] = (guarded, *known[:_FAST_PER_EQUATION - 1])
+
+
+def fast_calls(equation, out_format=None) -> tuple:
+    """The guarded call shims recorded for einsum string ``equation`` and ``out_format``
+    (None or ``"dense"``; any other: none), newest first: each returns the result, or None
+    when the operands do not have its signature. Empty under another backend."""
+    table = _FAST if out_format is None else _FAST_DENSE if _asks_dense(out_format) else {}
+    calls = table.get(equation, ()) if type(equation) is str else ()
     return calls if not calls or backend() == "c" else ()
 
 
@@ -274,6 +290,7 @@ _BLOCKED: dict = {}    # compile arguments -> _Prepared, for blocked operands
 # tries them before building a key, about 2 us of a 5-10 us call. A few per string, for
 # code that alternates operand kinds (float32 and float64, CSR and COO).
 _FAST: dict = {}
+_FAST_DENSE: dict = {}   # the same for ``out_format="dense"``: shims with a dense result
 _FAST_PER_EQUATION = 4
 _is_grad_enabled = torch.is_grad_enabled
 

@@ -172,6 +172,7 @@ def make_shim(prepared, tensors, parallel_work: int):
     call = scope["call"]
     call.source = source
     call.guarded = scope.get("guarded")
+    call.dense = kind == "dense"   # (also answers calls that ask for out_format="dense")
     # the same guard and call in C, where it applies (``cshim.py``)
     call.cguarded = cshim.make(prepared, tensors, sparse, parallel_work, call)
     return call

@@ -1,0 +1,119 @@
+"""Dense operands and results laid out for the kernel: the vectorised index contiguous.
+
+A product of sparse and dense operands has its dense-only index innermost, in register
+tiles (SpMM's ``k`` of ``ij,jk->ik``, SDDMM's reduction ``k``): its loads and stores are
+contiguous when that index is the last one of every dense operand and of the result. Where
+the equation puts it elsewhere, the kernel strides: ``F.linear``'s ``ni,oi->no`` (``x @
+W.T``) gathered 32 floats from 32 rows of ``x`` for every stored weight and stored them
+into 32 rows of the result. Here such an einsum is run as the equation with that index moved
+last: the dense operand copied in that order (free where it already is, as ``X.T``'s
+source), the result computed in that order and permuted back into a contiguous tensor.
+Measured (2 threads, float32, in one process): ``F.linear`` of a 256 x 1024 input and a 90%
+sparse 1024 x 1024 CSR weight 61.8 -> 3.5 ms (dense: 7.9 ms); 64 x 512 by 2048 x 512 10.7
+-> 0.75 ms (dense: 2.0 ms).
+
+Only plain equations are rewritten (explicit ``->``, letters, no index repeated within a
+term, no ``...``), with one index that no sparse operand has; the result only where it is
+known dense (``out_format="dense"``, or no stored index of a sparse operand in it) and no
+bias is added. Errors are reported for the equation as written: a call that fails is run
+again unrewritten.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from ..formats.levels import Dense
+from ..formats.tensor import SparseTensor
+
+
+@dataclass(frozen=True)
+class Relayout:
+    """``equation`` computed as ``inner`` on operands permuted by ``perms`` (None: as
+    given), whose result ``out_perm`` permutes back (None: as it is)."""
+
+    inner: str
+    perms: tuple
+    out_perm: tuple | None
+
+    def run(self, einsum, operands):
+        """``einsum(equation, operands)`` of the call as rewritten."""
+        ops = tuple(t if p is None else t.permute(p).contiguous()
+                    for t, p in zip(operands, self.perms))
+        out = einsum(self.inner, ops)
+        return out if self.out_perm is None else out.permute(self.out_perm).contiguous()
+
+
+def relayout(equation, operands, out_format, bias) -> Relayout | None:
+    """The rewrite of ``st.einsum(equation, *operands)`` (see the module docstring), or None
+    where the call runs as written.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> W = st.tensor(torch.eye(3), format="csr")
+        >>> relayout("ni,oi->no", (torch.ones(2, 3), W), None, None)
+        Relayout(inner='in,oi->on', perms=((1, 0), None), out_perm=(1, 0))
+        >>> relayout("ij,jk->ik", (W, torch.ones(3, 2)), None, None) is None
+        True
+    """
+    if type(equation) is not str:
+        return None
+    kinds = []
+    for t in operands:
+        if type(t) is SparseTensor:
+            kinds.append(_stored_modes(t._format))
+        elif isinstance(t, torch.Tensor) and t.layout == torch.strided:
+            kinds.append(None)
+        else:
+            return None   # torch's sparse layouts, non-tensors: the call as written
+    dense_result = bias is None and (out_format is None or (
+        type(out_format) is str and out_format == "dense"))
+    return _plan(equation, tuple(kinds), dense_result, out_format is not None)
+
+
+@lru_cache(maxsize=64)
+def _stored_modes(fmt) -> frozenset:
+    """Modes of a format held by a compressed (or singleton) level."""
+    return frozenset(m for m, level in zip(fmt.mode_order, fmt.levels)
+                     if not isinstance(level, Dense))
+
+
+@lru_cache(maxsize=512)
+def _plan(equation: str, kinds: tuple, dense_result: bool, forced: bool):
+    """``kinds``: per operand, None (dense) or the modes a sparse operand stores;
+    ``forced``: ``out_format`` names dense (else the result is dense only when no stored
+    index of a sparse operand is in it)."""
+    if "->" not in equation:
+        return None
+    lhs, out = equation.replace(" ", "").split("->")
+    terms = lhs.split(",")
+    if len(terms) != len(kinds) or None not in kinds or all(k is None for k in kinds):
+        return None
+    if not all(t.isalpha() and len(set(t)) == len(t) for t in terms) or \
+            not (out == "" or out.isalpha()) or len(set(out)) != len(out):
+        return None
+    sparse_vars = {c for t, k in zip(terms, kinds) if k is not None for c in t}
+    only_dense = {c for t, k in zip(terms, kinds) if k is None for c in t} - sparse_vars
+    if len(only_dense) != 1:
+        return None
+    (v,) = only_dense
+    perms = tuple(_last(t, v) if k is None and v in t and t[-1] != v else None
+                  for t, k in zip(terms, kinds))
+    stored = {t[m] for t, k in zip(terms, kinds) if k is not None for m in k}
+    out_perm, inner_out = None, out
+    if v in out and out[-1] != v and dense_result and (forced or not stored & set(out)):
+        order = _last(out, v)
+        inner_out = "".join(out[m] for m in order)
+        out_perm = tuple(inner_out.index(c) for c in out)
+    if out_perm is None and all(p is None for p in perms):
+        return None
+    inner = ",".join(t if p is None else "".join(t[m] for m in p)
+                     for t, p in zip(terms, perms))
+    return Relayout(f"{inner}->{inner_out}", perms, out_perm)
+
+
+def _last(term: str, v: str) -> tuple:
+    """The permutation of ``term``'s modes that moves ``v`` last."""
+    return (*(m for m, c in enumerate(term) if c != v), term.index(v))

@@ -1,0 +1,162 @@
+"""Dense operands and results laid out with the vectorised index last (ops/relayout.py):
+which calls are rewritten, that their results, gradients and errors are those of the
+equation as written, and that ``F.linear``, ``x @ W.T`` and ``X.T @ A.T`` take the path.
+"""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sparsetorch as st
+from sparsetorch.ops import execute
+from sparsetorch.ops.relayout import Relayout, relayout
+
+from dense_check import check_against_dense, long_rows, random_dense
+
+F32, F64 = torch.float32, torch.float64
+
+
+def _csr(shape, dtype=F64, seed=0, fmt="csr"):
+    g = torch.Generator().manual_seed(seed)
+    d = random_dense(shape, 0.3, dtype, g)
+    d[0] = 0   # an empty row
+    return st.tensor(d, fmt)
+
+
+# -- which calls are rewritten ----------------------------------------------------------------
+def test_plans():
+    W, x = _csr((5, 4)), torch.randn(3, 4, dtype=F64)
+    assert relayout("ni,oi->no", (x, W), None, None) == \
+        Relayout("in,oi->on", ((1, 0), None), (1, 0))
+    assert relayout("ij,kj->ik", (W, x), None, None) == Relayout("ij,jk->ik", (None, (1, 0)),
+                                                                  None)
+    assert relayout("ij,jk->ki", (W, x.T), None, None) == Relayout("ij,jk->ik", (None, None),
+                                                                    (1, 0))
+    # already in order, or nothing to move: as written
+    for eq, ops in [("ij,jk->ik", (W, x.T)), ("ij,j->i", (W, x[0])), ("ij,ij->i", (W, W))]:
+        assert relayout(eq, ops, None, None) is None
+    # not a plain equation, two dense-only indices, a torch sparse layout: as written
+    y = torch.randn(4, 3, 2, dtype=F64)
+    for eq, ops in [("ni,oi", (x, W)), ("...i,oi->...o", (x, W)), ("nii,oi->no", (y, W)),
+                    ("ij,jkl->lik", (W, y)), ("ni,oi->no", (x, W.to_dense().to_sparse()))]:
+        assert relayout(eq, ops, None, None) is None, eq
+
+
+def test_the_result_is_permuted_only_where_it_is_dense():
+    x = torch.randn(3, 4, dtype=F64)
+    A = _csr((5, 4), fmt="csc")   # stores rows o in its compressed level: o could be sparse
+    assert relayout("ni,oi->no", (x, A), None, None).out_perm is None
+    assert relayout("ni,oi->no", (x, A), "dense", None).out_perm == (1, 0)
+    W = _csr((5, 4))
+    assert relayout("ni,oi->no", (x, W), "coo", None).out_perm is None
+    # a bias broadcasts against the result as written: only operands move
+    plan = relayout("ni,oi->no", (x, W), None, torch.zeros(5, dtype=F64))
+    assert plan.out_perm is None and plan.perms == ((1, 0), None)
+
+
+# -- results, as written ----------------------------------------------------------------------
+CASES = [   # equation, operand specs: (shape, format) sparse or shape dense
+    ("ni,oi->no", [(3, 7), ((5, 7), "csr")]),
+    ("ni,oi->no", [(1, 7), ((5, 7), "coo")]),
+    ("ij,kj->ik", [((6, 7), "csr"), (4, 7)]),
+    ("ij,kj->ki", [((6, 7), "dcsr"), (4, 7)]),
+    ("ij,jk->ki", [((6, 7), "csr"), (7, 9)]),
+    ("ij,ki,jk->ij", [((6, 7), "csr"), (5, 6), (7, 5)]),   # SDDMM, X read by columns
+    ("bij,bkj->bik", [((2, 6, 7), "csf"), (2, 3, 7)]),
+    ("ni,oi->no", [(3, 1), ((5, 1), "csr")]),
+    ("ni,oi->no", [(4, 7), ((1, 7), "csr")]),
+]
+
+
+def _operands(specs, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ops = []
+    for spec in specs:
+        if isinstance(spec[0], tuple):
+            d = random_dense(spec[0], 0.4, dtype, g)
+            ops.append(st.tensor(d, spec[1]))
+        else:
+            ops.append(torch.randn(spec, dtype=dtype, generator=g))
+    return ops
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("equation,specs", CASES, ids=[c[0] for c in CASES])
+def test_rewritten_calls_match_dense(equation, specs, dtype):
+    ops = _operands(specs, dtype)
+    assert relayout(equation, ops, None, None) is not None
+    for _ in range(2):   # the second call: memoised shims
+        out = check_against_dense(equation, ops)
+    if not isinstance(out, st.SparseTensor):
+        assert out.is_contiguous()
+    check_against_dense(equation, ops, out_format="dense")
+
+
+def test_nnz_zero_and_a_dense_operand_already_in_order():
+    W = st.tensor(torch.zeros(5, 7, dtype=F64), "csr")
+    check_against_dense("ni,oi->no", [torch.randn(3, 7, dtype=F64), W])
+    xt = torch.randn(7, 3, dtype=F64)   # x = xt.T: permuting it back is free
+    check_against_dense("ni,oi->no", [xt.T, _csr((5, 7))])
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+def test_long_rows_through_the_torch_api(fmt):
+    d = long_rows(40, 300, 0.4, F32, seed=5)
+    W = st.tensor(d, fmt)
+    x, b = torch.randn(17, 300), torch.randn(40)
+    tol = dict(rtol=1e-4, atol=1e-3)
+    for got in (F.linear(x, W), F.linear(x, W, b) - b, x @ W.T, torch.matmul(x, W.T),
+                (W @ x.T).T):
+        torch.testing.assert_close(got, x @ d.T, **tol)
+        assert got.is_contiguous() or got.stride() == (1, 17)
+    X = torch.randn(300, 23)
+    got = X.T @ W.T    # a dense view of the transposed X: no copy on the way in
+    torch.testing.assert_close(got, X.T @ d.T, **tol)
+    assert got.is_contiguous()
+    # F.linear goes to the memoised natural call (``out_format="dense"`` from the torch API)
+    assert execute.fast_calls("in,oi->on", "dense")
+
+
+# -- gradients and errors ---------------------------------------------------------------------
+def test_gradients_flow_through_the_permutations():
+    W = _csr((5, 4), seed=2)
+    vals = W.values.clone().requires_grad_()
+    x = torch.randn(3, 4, dtype=F64, requires_grad=True)
+    torch.autograd.gradcheck(lambda v, x: st.einsum("ni,oi->no", x, W.with_values(v)),
+                             (vals, x))
+    b = torch.randn(5, dtype=F64, requires_grad=True)
+    torch.autograd.gradcheck(lambda v, x, b: F.linear(x, W.with_values(v), b), (vals, x, b))
+
+
+def test_errors_are_those_of_the_equation_as_written(monkeypatch):
+    W = _csr((5, 4))
+    bad = [(ValueError, (torch.randn(3, 6, dtype=F64), W)),   # i: 6 against 4
+           (TypeError, (torch.randn(3, 4, dtype=F32), W))]    # float32 with float64
+    got = []
+    for error, ops in bad:
+        with pytest.raises(error) as e:
+            st.einsum("ni,oi->no", *ops)
+        got.append(str(e.value))
+    monkeypatch.setattr(importlib.import_module("sparsetorch.ops.einsum"), "relayout",
+                        lambda *args: None)
+    for (error, ops), message in zip(bad, got):
+        with pytest.raises(error) as e:
+            st.einsum("ni,oi->no", *ops)
+        assert str(e.value) == message
+
+
+def test_explain_tells_the_rewrite():
+    W, x = _csr((5, 4)), torch.randn(3, 4, dtype=F64)
+    e = st.explain("ni,oi->no", x, W)
+    assert e.loop_order == ("o", "i", "n")
+    assert any("run as 'in,oi->on'" in n and "permuted back" in n for n in e.notes)
+
+
+def test_under_torch_compile():
+    W, x = _csr((5, 4)), torch.randn(3, 4, dtype=F64)
+    for fn in (lambda x: st.einsum("ni,oi->no", x, W), lambda x: F.linear(x, W)):
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        torch.testing.assert_close(compiled(x), x @ W.to_dense().T)
