@@ -214,8 +214,15 @@ class VectorLoops:
                     for line in text]
             if mask is not None:
                 copy = [line.replace(_MASK, mask) for line in copy]
-            out += [f"{pad}  {{", *("  " + line for line in copy), f"{pad}  }}"] if scoped \
-                else copy
+            if mask is not None and r > 0:
+                # a register with no lane in the tile is skipped, not run under an empty
+                # mask: a result of 1-8 columns (a vector as a matrix, a GCN's class scores)
+                # costs one register per entry instead of the tile's four
+                out += [f"{pad}  if ({s.var}_n > {r * lanes.n}) {{",
+                        *("  " + line for line in copy), f"{pad}  }}"]
+            else:
+                out += [f"{pad}  {{", *("  " + line for line in copy), f"{pad}  }}"] \
+                    if scoped else copy
         return out + [f"{pad}}}"]
 
     # -- sums ----------------------------------------------------------------------------
