@@ -30,11 +30,14 @@ def _csr(shape, dtype=F64, seed=0, fmt="csr"):
 def test_plans():
     W, x = _csr((5, 4)), torch.randn(3, 4, dtype=F64)
     assert relayout("ni,oi->no", (x, W), None, None) == \
-        Relayout("in,oi->on", ((1, 0), None), (1, 0))
-    assert relayout("ij,kj->ik", (W, x), None, None) == Relayout("ij,jk->ik", (None, (1, 0)),
-                                                                  None)
-    assert relayout("ij,jk->ki", (W, x.T), None, None) == Relayout("ij,jk->ik", (None, None),
-                                                                    (1, 0))
+        Relayout("in,oi->on", ((1, 0), None), (1, 0), "i,oi->o", (0, None), 0)
+    assert relayout("ij,kj->ik", (W, x), None, None) == \
+        Relayout("ij,jk->ik", (None, (1, 0)), None, "ij,j->i", (None, 0), 1)
+    assert relayout("ij,jk->ki", (W, x.T), None, None) == \
+        Relayout("ij,jk->ik", (None, None), (1, 0), "ij,j->i", (None, 1), 0)
+    # SDDMM reading X by columns: the reduction index moves; size 1: no reduction left
+    assert relayout("ij,ki,jk->ij", (W, x.T, x), None, None) == \
+        Relayout("ij,ik,jk->ij", (None, (1, 0), None), None, "ij,i,j->ij", (None, 0, 1), None)
     # already in order, or nothing to move: as written
     for eq, ops in [("ij,jk->ik", (W, x.T)), ("ij,j->i", (W, x[0])), ("ij,ij->i", (W, W))]:
         assert relayout(eq, ops, None, None) is None
@@ -52,9 +55,19 @@ def test_the_result_is_permuted_only_where_it_is_dense():
     assert relayout("ni,oi->no", (x, A), "dense", None).out_perm == (1, 0)
     W = _csr((5, 4))
     assert relayout("ni,oi->no", (x, W), "coo", None).out_perm is None
-    # a bias broadcasts against the result as written: only operands move
+    # a bias broadcasts against the result as written: only operands move, none squeezed
     plan = relayout("ni,oi->no", (x, W), None, torch.zeros(5, dtype=F64))
-    assert plan.out_perm is None and plan.perms == ((1, 0), None)
+    assert plan.out_perm is None and plan.perms == ((1, 0), None) and plan.squeezed is None
+    assert relayout("ni,oi->no", (x, A), None, None).squeezed is None   # o may be sparse
+
+
+def test_a_moved_index_of_size_1_is_squeezed_out():
+    W, x = _csr((5, 4), seed=7), torch.randn(1, 4, dtype=F64)
+    execute._FAST_DENSE.pop("i,oi->o", None)
+    for got in (F.linear(x, W), x @ W.T, st.einsum("ni,oi->no", x, W, out_format="dense")):
+        torch.testing.assert_close(got, x @ W.to_dense().T)
+        assert got.shape == (1, 5) and got.is_contiguous()
+    assert execute.fast_calls("i,oi->o", "dense")   # SpMV ran, not a one-column SpMM
 
 
 # -- results, as written ----------------------------------------------------------------------

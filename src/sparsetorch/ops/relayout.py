@@ -32,18 +32,32 @@ from ..formats.tensor import SparseTensor
 @dataclass(frozen=True)
 class Relayout:
     """``equation`` computed as ``inner`` on operands permuted by ``perms`` (None: as
-    given), whose result ``out_perm`` permutes back (None: as it is)."""
+    given), whose result ``out_perm`` permutes back (None: as it is); where the moved index
+    has size 1, as ``squeezed`` instead (without it: ``F.linear`` of one row is SpMV, not
+    an SpMM of one column), on operands without dimension ``dims[n]`` (None: as given), the
+    result given it back at ``out_dim``."""
 
     inner: str
     perms: tuple
     out_perm: tuple | None
+    squeezed: str | None = None
+    dims: tuple = ()
+    out_dim: int | None = None
 
     def run(self, einsum, operands):
         """``einsum(equation, operands)`` of the call as rewritten."""
+        if self.squeezed is not None and self._size(operands) == 1:
+            out = einsum(self.squeezed, tuple(t if d is None else t.select(d, 0)
+                                              for t, d in zip(operands, self.dims)))
+            return out if self.out_dim is None else out.unsqueeze(self.out_dim)
         ops = tuple(t if p is None else t.permute(p).contiguous()
                     for t, p in zip(operands, self.perms))
         out = einsum(self.inner, ops)
         return out if self.out_perm is None else out.permute(self.out_perm).contiguous()
+
+    def _size(self, operands) -> int:
+        n = next(n for n, d in enumerate(self.dims) if d is not None)
+        return operands[n].shape[self.dims[n]]
 
 
 def relayout(equation, operands, out_format, bias) -> Relayout | None:
@@ -53,8 +67,8 @@ def relayout(equation, operands, out_format, bias) -> Relayout | None:
     Example:
         >>> import torch, sparsetorch as st
         >>> W = st.tensor(torch.eye(3), format="csr")
-        >>> relayout("ni,oi->no", (torch.ones(2, 3), W), None, None)
-        Relayout(inner='in,oi->on', perms=((1, 0), None), out_perm=(1, 0))
+        >>> relayout("ni,oi->no", (torch.ones(2, 3), W), None, None).inner
+        'in,oi->on'
         >>> relayout("ij,jk->ik", (W, torch.ones(3, 2)), None, None) is None
         True
     """
@@ -102,8 +116,9 @@ def _plan(equation: str, kinds: tuple, dense_result: bool, forced: bool):
     perms = tuple(_last(t, v) if k is None and v in t and t[-1] != v else None
                   for t, k in zip(terms, kinds))
     stored = {t[m] for t, k in zip(terms, kinds) if k is not None for m in k}
+    known_dense = dense_result and (forced or not stored & set(out))
     out_perm, inner_out = None, out
-    if v in out and out[-1] != v and dense_result and (forced or not stored & set(out)):
+    if v in out and out[-1] != v and known_dense:
         order = _last(out, v)
         inner_out = "".join(out[m] for m in order)
         out_perm = tuple(inner_out.index(c) for c in out)
@@ -111,7 +126,14 @@ def _plan(equation: str, kinds: tuple, dense_result: bool, forced: bool):
         return None
     inner = ",".join(t if p is None else "".join(t[m] for m in p)
                      for t, p in zip(terms, perms))
-    return Relayout(f"{inner}->{inner_out}", perms, out_perm)
+    dims = tuple(t.index(v) if k is None and v in t else None for t, k in zip(terms, kinds))
+    # (squeezed: no operand left without dimensions; the result's kind and shape known)
+    if any(len(t) < 2 for t in terms if v in t) or not (
+            known_dense or (dense_result and v not in out)):
+        return Relayout(f"{inner}->{inner_out}", perms, out_perm)
+    squeezed = ",".join(t.replace(v, "") for t in terms) + "->" + out.replace(v, "")
+    return Relayout(f"{inner}->{inner_out}", perms, out_perm, squeezed, dims,
+                    out.index(v) if v in out else None)
 
 
 def _last(term: str, v: str) -> tuple:
