@@ -5,7 +5,7 @@ a float64 reference, and the correctness check applied to sparsetorch's result.
 
 A case is built outside any timed call: every library gets its native operands up front, so
 the callables time only the multiplication. Our side always goes through public API
-(``st.tensor``, ``st.einsum``).
+(``st.tensor``, ``st.einsum``, ``F.linear`` on a SparseTensor).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 import torch
+import torch.nn.functional as F
 from _inputs import canonical, select_dlmc, select_suitesparse, torch_csr
 
 import sparsetorch as st
@@ -24,12 +25,13 @@ from sparsetorch.bench import load_or_generate
 
 OURS = "sparsetorch"
 TORCH_CSR = ("torch_csr32", "torch_csr64")
-KERNELS = ("spmm", "dlmc", "sddmm", "spgemm", "bsr", "conv")
-PRIMARY = {"spmm": "torch", "dlmc": "dense", "sddmm": "torch", "spgemm": "torch",
-           "bsr": "dense", "conv": "conv2d"}   # the ratio each kernel's "worst" list sorts by
+KERNELS = ("spmm", "dlmc", "linear", "sddmm", "spgemm", "bsr", "conv")
+PRIMARY = {"spmm": "torch", "dlmc": "dense", "linear": "dense", "sddmm": "torch",
+           "spgemm": "torch", "bsr": "dense", "conv": "conv2d"}   # what "worst" sorts by
 
 SPMM_N = 128                   # dense columns, graphs + SuiteSparse
 DLMC_N = 256                   # dense columns, DLMC weights (X is K x 256)
+LINEAR_BATCH = (1, 256)        # rows of x in F.linear(x, W), W a DLMC weight
 SDDMM_INNER = (64, 256)
 SPGEMM_FLOP_CAP = 20_000_000   # largest multiply count of A @ A we time
 BSR_BLOCK = (4, 4)
@@ -229,6 +231,22 @@ def dlmc_case(dset: str, name: str, m: sp.csr_array, seed: int) -> Case:
     ref, bound = _spmm_ref(m, Xn)
     info = _info(m, n=DLMC_N, flop_nnz=2 * m.nnz * DLMC_N, flop_dense=2 * M * K * DLMC_N)
     return Case("dlmc", f"{dset} N={DLMC_N}", name, impls, ref, bound, info)
+
+
+def linear_case(dset: str, name: str, m: sp.csr_array, batch: int, seed: int) -> Case:
+    """``F.linear(x, W)`` as a pruned layer is called, W a DLMC weight (out x in), x a
+    batch of rows, vs dense ``F.linear`` and torch CSR (``(W @ x.T).T``)."""
+    g = torch.Generator().manual_seed(seed)
+    M, K = m.shape
+    W = st.tensor(m, format="csr")
+    T32, T64 = torch_csr(m, np.int32), torch_csr(m, np.int64)
+    Wd = torch.from_numpy(m.toarray())
+    x = torch.randn(batch, K, generator=g)
+    impls = {OURS: lambda: F.linear(x, W), "dense": lambda: F.linear(x, Wd),
+             "torch_csr32": lambda: (T32 @ x.T).T, "torch_csr64": lambda: (T64 @ x.T).T}
+    ref, bound = _spmm_ref(m, x.numpy().T)
+    info = _info(m, batch=batch, flop_nnz=2 * m.nnz * batch, flop_dense=2 * M * K * batch)
+    return Case("linear", f"{dset} B={batch}", name, impls, ref.T, bound.T, info)
 
 
 def sddmm_case(dset: str, name: str, m: sp.csr_array, inner: int, seed: int) -> Case:

@@ -17,6 +17,8 @@ Kernels (``--kernels``; all by default)
           K x 256. vs dense ``torch.matmul``, torch CSR, scipy. ``frac_sgemm`` = our effective
           GFLOP/s (2 nnz N / time) over dense sgemm GFLOP/s (2 M K N / time, same run, same
           shape).
+  linear  ``F.linear(x, W)`` with the same DLMC weights, x of 1 and 256 rows, vs dense
+          ``F.linear`` and torch CSR ``(W @ x.T).T``: the pruned layer as users call it.
   sddmm   ``st.einsum("ij,ik,jk->ij", mask, X, Y)`` with the DLMC patterns as masks, inner
           dimension 64 and 256, vs ``torch.sparse.sampled_addmm(mask, X, Y.T, beta=0)``.
   spgemm  ``st.einsum("ij,jk->ik", A, A)`` on the square SuiteSparse matrices vs torch CSR@CSR
@@ -141,13 +143,19 @@ def case_builders(args, root, report: Report, skipped: list):
             seed += 1
             yield "spmm", name, lambda c=coll, n=name, ld=load, s=seed: kc.spmm_case(
                 c, n, get(("ss", n), ld), s)
-    if want & {"dlmc", "sddmm"}:
+    if want & {"dlmc", "linear", "sddmm"}:
         dl = kc.dlmc_inputs(root, args.quick, report)
     if "dlmc" in want:
         for dset, name, load in dl:
             seed += 1
             yield "dlmc", name, lambda d=dset, n=name, ld=load, s=seed: kc.dlmc_case(
                 d, n, get(("dlmc", n), ld), s)
+    if "linear" in want:
+        for dset, name, load in dl:
+            for batch in kc.LINEAR_BATCH:
+                seed += 1
+                yield "linear", name, lambda d=dset, n=name, ld=load, b=batch, s=seed: \
+                    kc.linear_case(d, n, get(("dlmc", n), ld), b, s)
     if "sddmm" in want:
         for dset, name, load in dl:
             for inner in kc.SDDMM_INNER:
@@ -343,6 +351,10 @@ def goal_lines(summary: list, wide: list, skipped: list) -> list:
                 "geo_x_dense", 1)
             add(f"DLMC {s} SpMM N=256: slowest case vs dense (info; goal is on geomean)", row,
                 "min_x_dense", 1)
+    for row in (r for r in summary if r["kernel"] == "linear" and r["group"] != "all"):
+        add(f"F.linear, DLMC {row['group']}: geomean vs dense F.linear (no target; info)",
+            row, "geo_x_dense", 1)
+        out[-1]["status"] = "info"
     for k in kc.SDDMM_INNER:
         rows = [r for r in summary if r["kernel"] == "sddmm" and r["group"].endswith(f"k={k}")]
         vals = [w["x_torch"] for w in wide if w["kernel"] == "sddmm" and w.get("inner") == k
@@ -375,8 +387,8 @@ def worst_cases(wide: list, n: int = 5) -> dict:
 
 
 # == main =====================================================================================
-COLUMNS = ["group", "name", "shape", "nnz", "density", "inner", "flops", "sparsetorch_s",
-           "torch_s", "torch_idx", "scipy_s", "dense_s", "conv2d_s", "torch_bsr_s",
+COLUMNS = ["group", "name", "shape", "nnz", "density", "inner", "batch", "flops",
+           "sparsetorch_s", "torch_s", "torch_idx", "scipy_s", "dense_s", "conv2d_s", "torch_bsr_s",
            "scipy_bsr_s", "x_torch", "x_scipy", "x_dense", "x_conv2d", "x_torch_bsr",
            "x_scipy_bsr", "gflops", "dense_gflops", "frac_sgemm", "spread", "base_spread",
            "load1", "flag", "check"]
