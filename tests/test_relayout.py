@@ -166,6 +166,8 @@ def test_explain_tells_the_rewrite():
     e = st.explain("ni,oi->no", x, W)
     assert e.loop_order == ("o", "i", "n")
     assert any("run as 'in,oi->on'" in n and "permuted back" in n for n in e.notes)
+    e = st.explain("ni,oi->no", x[:1], W)   # one row: SpMV
+    assert e.loop_order == ("o", "i") and any("run as 'i,oi->o'" in n for n in e.notes)
 
 
 def test_under_torch_compile():

@@ -300,9 +300,10 @@ def explain(equation, *operands, out_format=None) -> Explanation:
         _check_tensors(operands, what)
         plan = relayout(equation, operands, out_format, None)
         if plan is not None:
-            inner = explain(plan.inner, *(t if p is None else t.permute(p) for t, p in
-                                          zip(operands, plan.perms)), out_format=out_format)
-            return replace(inner, notes=(*inner.notes, _relayout_note(equation, plan)))
+            inner, ops, _ = plan.rewrite(operands)
+            explanation = explain(inner, *ops, out_format=out_format)
+            return replace(explanation, notes=(*explanation.notes, f"{equation!r} run as "
+                                               f"{inner!r}: {_relayout_note(plan, inner)}"))
         given = operands
         assignment, operands, _ = _kernel_problem(equation, operands, what)
     kernel, computed, split = kernel_for(assignment, operands, out_format)
@@ -322,13 +323,14 @@ def explain(equation, *operands, out_format=None) -> Explanation:
     return explanation
 
 
-def _relayout_note(equation, plan) -> str:
+def _relayout_note(plan, inner) -> str:
+    if inner == plan.squeezed:
+        return "its vectorised index has size 1 here, and the call runs without it"
     moved = ", ".join(str(n) for n, p in enumerate(plan.perms) if p is not None)
-    return (f"{equation!r} run as {plan.inner!r} (ops/relayout.py): "
-            + (f"dense operand(s) {moved} copied with the vectorised index last" if moved
-               else "") + ("; " if moved and plan.out_perm else "")
-            + ("the result computed in that order, then permuted back into a contiguous "
-               "tensor" if plan.out_perm else ""))
+    return "; ".join(
+        ([f"dense operand(s) {moved} copied with the vectorised index last"] if moved else [])
+        + (["the result computed in that order, then permuted back into a contiguous tensor"]
+           if plan.out_perm else [])) + " (ops/relayout.py)"
 
 
 def _describe(operand, split: bool) -> str:

@@ -46,14 +46,22 @@ class Relayout:
 
     def run(self, einsum, operands):
         """``einsum(equation, operands)`` of the call as rewritten."""
+        equation, ops, finish = self.rewrite(operands)
+        return finish(einsum(equation, ops))
+
+    def rewrite(self, operands) -> tuple:
+        """``(equation, operands, finish)`` this call runs as: the squeezed or the permuted
+        equation, its operands, and what turns its result into the one asked for."""
         if self.squeezed is not None and self._size(operands) == 1:
-            out = einsum(self.squeezed, tuple(t if d is None else t.select(d, 0)
-                                              for t, d in zip(operands, self.dims)))
-            return out if self.out_dim is None else out.unsqueeze(self.out_dim)
+            ops = tuple(t if d is None else t.select(d, 0) for t, d in zip(operands, self.dims))
+            dim = self.out_dim
+            return self.squeezed, ops, (lambda out: out) if dim is None else \
+                (lambda out: out.unsqueeze(dim))
         ops = tuple(t if p is None else t.permute(p).contiguous()
                     for t, p in zip(operands, self.perms))
-        out = einsum(self.inner, ops)
-        return out if self.out_perm is None else out.permute(self.out_perm).contiguous()
+        perm = self.out_perm
+        return self.inner, ops, (lambda out: out) if perm is None else \
+            (lambda out: out.permute(perm).contiguous())
 
     def _size(self, operands) -> int:
         n = next(n for n, d in enumerate(self.dims) if d is not None)
