@@ -214,14 +214,18 @@ def spmm_case(coll: str, name: str, m: sp.csr_array, seed: int) -> Case:
     return Case("spmm", coll, name, impls, ref, bound, _info(m, n=SPMM_N))
 
 
+def _weight(m: sp.csr_array, seed: int) -> tuple:
+    """A generator for the dense operand, and the weight as ours, torch CSR (int32,
+    int64) and dense."""
+    return (torch.Generator().manual_seed(seed), st.tensor(m, format="csr"),
+            torch_csr(m, np.int32), torch_csr(m, np.int64), torch.from_numpy(m.toarray()))
+
+
 def dlmc_case(dset: str, name: str, m: sp.csr_array, seed: int) -> Case:
     """W (M x K sparse weight) @ X (K x 256) vs dense torch.matmul, torch CSR and scipy;
     ``flop_nnz`` (2 nnz N) and ``flop_dense`` (2 M K N) give effective GFLOP/s."""
-    g = torch.Generator().manual_seed(seed)
+    g, W, T32, T64, Wd = _weight(m, seed)
     M, K = m.shape
-    W = st.tensor(m, format="csr")
-    T32, T64 = torch_csr(m, np.int32), torch_csr(m, np.int64)
-    Wd = torch.from_numpy(m.toarray())
     X = torch.randn(K, DLMC_N, generator=g)
     Xn = X.numpy()
     impls = {OURS: lambda: st.einsum("ij,jk->ik", W, X),
@@ -236,11 +240,8 @@ def dlmc_case(dset: str, name: str, m: sp.csr_array, seed: int) -> Case:
 def linear_case(dset: str, name: str, m: sp.csr_array, batch: int, seed: int) -> Case:
     """``F.linear(x, W)`` as a pruned layer is called, W a DLMC weight (out x in), x a
     batch of rows, vs dense ``F.linear`` and torch CSR (``(W @ x.T).T``)."""
-    g = torch.Generator().manual_seed(seed)
+    g, W, T32, T64, Wd = _weight(m, seed)
     M, K = m.shape
-    W = st.tensor(m, format="csr")
-    T32, T64 = torch_csr(m, np.int32), torch_csr(m, np.int64)
-    Wd = torch.from_numpy(m.toarray())
     x = torch.randn(batch, K, generator=g)
     impls = {OURS: lambda: F.linear(x, W), "dense": lambda: F.linear(x, Wd),
              "torch_csr32": lambda: (T32 @ x.T).T, "torch_csr64": lambda: (T64 @ x.T).T}

@@ -150,18 +150,13 @@ def case_builders(args, root, report: Report, skipped: list):
             seed += 1
             yield "dlmc", name, lambda d=dset, n=name, ld=load, s=seed: kc.dlmc_case(
                 d, n, get(("dlmc", n), ld), s)
-    if "linear" in want:
-        for dset, name, load in dl:
-            for batch in kc.LINEAR_BATCH:
+    for kernel, sizes, case in (("linear", kc.LINEAR_BATCH, kc.linear_case),   # batch
+                                ("sddmm", kc.SDDMM_INNER, kc.sddmm_case)):     # inner dim
+        for dset, name, load in dl if kernel in want else ():
+            for size in sizes:
                 seed += 1
-                yield "linear", name, lambda d=dset, n=name, ld=load, b=batch, s=seed: \
-                    kc.linear_case(d, n, get(("dlmc", n), ld), b, s)
-    if "sddmm" in want:
-        for dset, name, load in dl:
-            for inner in kc.SDDMM_INNER:
-                seed += 1
-                yield "sddmm", name, lambda d=dset, n=name, ld=load, k=inner, s=seed: \
-                    kc.sddmm_case(d, n, get(("dlmc", n), ld), k, s)
+                yield kernel, name, lambda c=case, d=dset, n=name, ld=load, z=size, s=seed: \
+                    c(d, n, get(("dlmc", n), ld), z, s)
     if "spgemm" in want:
         for coll, name, load in ss:
             m = get(("ss", name), load)
