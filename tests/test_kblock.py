@@ -3,21 +3,24 @@
 Long rows take the blocked nest: panels of 16, 8 and 4 registers (AVX2: 8 and 4) plus a
 masked remainder (so the dense widths below cross every panel boundary), row groups cut at
 thread ranges, cursors that skip blocks a row has no entries in, and the epilogue at the
-last block.
+last block. A call blocks only when its dense operand fills L2 (``MIN_GATHERED_L2``); here it
+blocks whatever that operand's size (``always_blocked``), but where a test says otherwise.
 """
 from __future__ import annotations
 
-import pytest
-import torch
 import importlib
+import re
 from unittest import mock
 
+import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
 import sparsetorch as st
+from sparsetorch.compiler import kblock
 from sparsetorch.compiler.kblock import GROUP_ROWS, block_coords, blocks_pay
-from sparsetorch.compiler.kernel import vector_isa
+from sparsetorch.compiler.kernel import compile_kernel, vector_isa
 
 from dense_check import LONG, check_against_dense, examples, forget_call_memo, long_rows
 
@@ -26,6 +29,40 @@ needs_intrinsics = pytest.mark.skipif(vector_isa() is None, reason="no AVX-512 o
 # for them are still reached another way (``execute.run``, lazy expressions): test those.
 as_written = mock.patch.object(importlib.import_module("sparsetorch.ops.einsum"), "relayout",
                                lambda *args: None)
+
+
+def _forget_kernels():
+    compile_kernel.cache_clear()
+    forget_call_memo()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def always_blocked():
+    """Kernels built here block any call with long rows (small dense operands too, so the
+    shapes below reach every path of the nest); forgotten before and after."""
+    _forget_kernels()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kblock, "MIN_GATHERED_L2", 0.0)
+        yield
+    _forget_kernels()
+
+
+@needs_intrinsics
+@pytest.mark.parametrize("n_cols", [8, 700])   # X of 12 KB, of 1 MB
+def test_a_call_blocks_only_when_its_dense_operand_fills_l2(monkeypatch, n_cols):
+    from sparsetorch.compiler.kernel import l2_bytes
+
+    d = long_rows(GROUP_ROWS + 5, 384, 0.4, torch.float32, seed=6)
+    A, x = st.tensor(d, format="csr"), torch.randn(384, n_cols)
+    _forget_kernels()
+    monkeypatch.setattr(kblock, "MIN_GATHERED_L2", 1.0)
+    try:
+        floor = re.search(r"\((\d+) <= \(n_j \* n_k\)\)", st.explain("ij,jk->ik", A, x).source)
+        assert floor and l2_bytes() // 2 < 4 * int(floor.group(1)) <= l2_bytes()   # float32
+        check_against_dense("ij,jk->ik", (A, x))
+    finally:
+        monkeypatch.undo()
+        _forget_kernels()
 
 
 def test_block_rule_blocks_long_rows_only():

@@ -55,6 +55,12 @@ from .tiles import lane_loop, register_tiles
 # Entries per row that a block should hold; rows per group sharing a block's slice of X.
 ENTRIES = 16
 GROUP_ROWS = 256
+# The size of X, in L2s, from which blocking pays: a smaller X stays in L2 unblocked, and the
+# blocked nest's passes per block only cost. Blocked against unblocked here (2 threads, AMD
+# Zen 3, 512 KB L2; DLMC 70%/90% 512x2048 and 2048x512 layers, a random 80%-sparse
+# 4096x1024): N = 8-32 1.2-4.8x slower, N = 64 0.83-1.8x, N = 128 0.81-1.34x, N = 256
+# 0.59-0.94x; an X of 512 KB or more was blocked to advantage (0.59-1.0x) but for one case.
+MIN_GATHERED_L2 = 1.0
 
 
 def blockable(lw) -> int | None:
@@ -168,9 +174,15 @@ def block_size(lw, n, entries=ENTRIES):
 
 
 def worth_blocking(lw, n):
-    """IR condition ``blocks_pay`` for this call."""
-    kb = Formula(block_size(lw, n))
-    return blocks_pay(kb, Formula(Sym(f"n_{lw.order[1]}")), lw.plan.block_cap).node
+    """IR condition for this call: ``blocks_pay``, and X (``n_j`` x ``n_k`` values) at
+    least ``MIN_GATHERED_L2`` of L2 (a block cap is a quarter of L2 in rows of the widest
+    panel)."""
+    _, j, k = lw.order
+    kb, cols = Formula(block_size(lw, n)), Formula(Sym(f"n_{j}"))
+    plan = lw.plan
+    floor = int(MIN_GATHERED_L2 * 4 * plan.block_cap * plan.tile * plan.panels[0])
+    return (blocks_pay(kb, cols, plan.block_cap) &
+            (Formula(Lit(floor)) <= cols * Formula(Sym(f"n_{k}")))).node
 
 
 def k_blocked(lw, body: list) -> list:
