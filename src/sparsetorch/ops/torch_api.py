@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from ..formats import views
 from ..formats.tensor import _TORCH_FUNCTIONS, SparseTensor, map_arrays
 from . import elementwise as ew
+from . import inplace
 from . import matmul as mm_
 from . import reduce as red
 from .einsum import torch_einsum
@@ -91,6 +92,7 @@ def _install():
         Tensor.float: lambda t, memory_format=None: _to(t, torch.float32),
     }
     _TORCH_FUNCTIONS.update(table)
+    _TORCH_FUNCTIONS.update(inplace.TABLE)   # same-pattern value updates: optimizers, loading
     # Python operators find these before torch's (a subclass's methods win).
     SparseTensor.__add__ = lambda a, b: ew.add(a, b)
     SparseTensor.__radd__ = lambda a, b: ew.add(b, a)

@@ -1,0 +1,148 @@
+"""In-place updates of a SparseTensor's stored values: what ``load_state_dict`` and
+optimizers do to a buffer or a parameter.
+
+Each op keeps the pattern. Its tensor operands are SparseTensors of the same pattern (a
+loaded copy, a gradient, a momentum buffer: same format, shape and level arrays, shared or
+equal) and its numbers scale (``mul_``, ``div_``, ``lerp_``'s weight), so the op runs on the
+values tensor in place and the SparseTensor is returned. Adding a number (``add_(eps)``, as
+Adam does to its denominator) would make every implicit zero nonzero: it raises, naming
+the fix (give the optimizer ``W.values``; any optimizer then works). Another pattern raises
+too: ``load_state_dict(..., assign=True)`` takes the loaded tensor as it is.
+"""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from ..formats.tensor import SparseTensor
+
+
+def same_pattern(a: SparseTensor, b) -> bool:
+    """Whether ``b`` is a SparseTensor storing exactly ``a``'s entries (format, shape and
+    level arrays the same objects, or equal).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.eye(3), "csr")
+        >>> same_pattern(A, A.with_values(A.values * 2)), same_pattern(A, A.clone())
+        (True, True)
+        >>> same_pattern(A, st.tensor(torch.ones(3, 3), "csr"))
+        False
+    """
+    if not isinstance(b, SparseTensor) or a._format != b._format or a._size != b._size:
+        return False
+    for x, y in zip(a.arrays.values(), b.arrays.values()):
+        if x is not y and (x.dtype != y.dtype or x.shape != y.shape or
+                           (x.data_ptr() != y.data_ptr() and not torch.equal(x, y))):
+            return False
+    return True
+
+
+def _values(t: SparseTensor, x, op: str, scale: bool = False):
+    """What ``x`` contributes to ``t.values``: the values of a same-pattern SparseTensor, or
+    (``scale``) a number or 0-d tensor."""
+    if isinstance(x, SparseTensor):
+        if same_pattern(t, x):
+            return x._values
+        raise ValueError(
+            f"SparseTensor.{op}: the other operand stores another pattern ({x.format.name}, "
+            f"{x.nnz} entries, shape {tuple(x.shape)}) than this one ({t.format.name}, {t.nnz} "
+            f"entries, shape {tuple(t.shape)}); an in-place update keeps the stored pattern: "
+            f"use the out-of-place op, or give the tensor with_values of the new values")
+    if scale and (isinstance(x, numbers.Number) or
+                  (isinstance(x, torch.Tensor) and x.dim() == 0)):
+        return x
+    if isinstance(x, numbers.Number):
+        raise NotImplementedError(
+            f"SparseTensor.{op}({x!r}) would make every implicit zero nonzero, so it is not "
+            f"done in place; W.values.{op}({x!r}) updates the stored entries only. For "
+            "torch.optim, pass W.values (any optimizer works on it; Adam, for one, adds eps "
+            "to its denominator in place)")
+    shape = f" of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else ""
+    raise TypeError(f"SparseTensor.{op}: the other operand must be a SparseTensor of the same "
+                    f"pattern{' or a number' if scale else ''}, got {type(x).__name__}{shape}")
+
+
+def copy_(t: SparseTensor, src, non_blocking: bool = False) -> SparseTensor:
+    """``t.copy_(src)`` from a SparseTensor of the same pattern: what ``load_state_dict``
+    does to a SparseTensor buffer or parameter.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.eye(2), "csr")
+        >>> A.copy_(A.clone() * 3).values
+        tensor([3., 3.])
+    """
+    if isinstance(src, SparseTensor) and not same_pattern(t, src):
+        raise ValueError(
+            f"SparseTensor.copy_: the source stores another pattern ({src.format.name}, "
+            f"{src.nnz} entries) than this tensor ({t.format.name}, {t.nnz} entries); to load "
+            "a state dict whose patterns changed (pruning, RigL), call "
+            "module.load_state_dict(state, assign=True) or assign the loaded SparseTensor")
+    t._values.copy_(_values(t, src, "copy_"), non_blocking=non_blocking)
+    return t
+
+
+def add_(t, other, *, alpha=1):
+    t._values.add_(_values(t, other, "add_"), alpha=alpha)
+    return t
+
+
+def sub_(t, other, *, alpha=1):
+    t._values.sub_(_values(t, other, "sub_"), alpha=alpha)
+    return t
+
+
+def mul_(t, other):
+    t._values.mul_(_values(t, other, "mul_", scale=True))
+    return t
+
+
+def div_(t, other, *, rounding_mode=None):
+    t._values.div_(_values(t, other, "div_", scale=True), rounding_mode=rounding_mode)
+    return t
+
+
+def addcmul_(t, tensor1, tensor2, *, value=1):
+    t._values.addcmul_(_values(t, tensor1, "addcmul_"), _values(t, tensor2, "addcmul_"),
+                       value=value)
+    return t
+
+
+def addcdiv_(t, tensor1, tensor2, *, value=1):
+    t._values.addcdiv_(_values(t, tensor1, "addcdiv_"), _values(t, tensor2, "addcdiv_"),
+                       value=value)
+    return t
+
+
+def lerp_(t, end, weight):
+    t._values.lerp_(_values(t, end, "lerp_"), _values(t, weight, "lerp_", scale=True))
+    return t
+
+
+def zero_(t):
+    t._values.zero_()
+    return t
+
+
+def zeros_like(t, *, dtype=None, layout=None, device=None, requires_grad=False,
+               memory_format=None, pin_memory=None):
+    """Zeros on ``t``'s pattern (the optimizers' state buffers); ``dtype``/``device`` as
+    ``torch.zeros_like``."""
+    if layout not in (None, torch.strided):
+        raise NotImplementedError(f"zeros_like of a SparseTensor with layout={layout}")
+    out = t.with_values(torch.zeros_like(t._values.detach(), dtype=dtype, device=device))
+    if device is not None and torch.device(device) != t.device:
+        out = out.to(device)
+    return out.requires_grad_() if requires_grad else out
+
+
+TABLE = {
+    torch.Tensor.copy_: copy_, torch.Tensor.add_: add_, torch.Tensor.sub_: sub_,
+    torch.Tensor.mul_: mul_, torch.Tensor.div_: div_, torch.Tensor.addcmul_: addcmul_,
+    torch.Tensor.addcdiv_: addcdiv_, torch.Tensor.lerp_: lerp_, torch.Tensor.zero_: zero_,
+    torch.zeros_like: zeros_like,
+    # formats never hold duplicates: coalesced by construction
+    torch.Tensor.coalesce: lambda t: t, torch.Tensor.is_coalesced: lambda t: True,
+}
