@@ -236,6 +236,24 @@ def test_a_view_is_kept_with_its_source():
     assert A.T is not A.T and A.T.requires_grad
 
 
+def test_mv_addmm_and_pow():
+    A, v, X, b = sp((5, 3), 0.5, "csr", 40), dn((3,), 41), dn((3, 2), 42), dn((5, 2), 43)
+    for fn in (lambda a, v: torch.mv(a, v), lambda a, v: a.mv(v)):
+        check_against_dense(fn, [A, v], kind="dense")
+    check_against_dense(lambda b, a, x: torch.addmm(b, a, x, beta=0.5, alpha=2), [b, A, X],
+                        kind="dense")
+    check_against_dense(lambda b, a, x: torch.sparse.addmm(b, a, x), [b, A, X], kind="dense",
+                        ref=lambda b, a, x: b + a @ x)
+    check_against_dense(lambda a: a ** 2, [A], kind="sparse")
+    check_against_dense(lambda a: torch.pow(a.abs(), 1.5), [A], kind="sparse")
+    gradcheck_mixed(lambda a, v: torch.mv(a, v), [A, v])
+    gradcheck_mixed(lambda a: a.pow(3), [A])
+    with pytest.raises(TypeError, match="positive real"):
+        A ** 0
+    with pytest.raises(ValueError, match="1-D"):
+        torch.mv(A, X)
+
+
 def test_structural_ops():
     A = sp((4, 3), 0.5, "csr", 36).requires_grad_()
     assert A.requires_grad and A.values.requires_grad

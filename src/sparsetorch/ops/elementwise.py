@@ -10,7 +10,8 @@ Rules (zeros stay zeros, nothing is silently densified):
   entry, so it raises TypeError (say ``A.to_dense() + c`` or ``A.with_values(A.values + c)``).
 * ``A / dense`` multiplies by the reciprocal; dividing *by* a sparse tensor divides by its
   missing zeros and raises TypeError.
-* ``relu``, ``abs``, ``sqrt``, ``neg`` keep the pattern; ``exp`` (exp(0) = 1) is dense.
+* ``relu``, ``abs``, ``sqrt``, ``neg`` and ``** p`` (``p > 0``) keep the pattern; ``exp``
+  (exp(0) = 1) is dense.
 """
 from __future__ import annotations
 
@@ -167,6 +168,24 @@ def div(a, b, *, rounding_mode=None):
     if _is_scalar(b):
         return (lazy(a) * (1.0 / b)).eval()
     return mul(a, torch.reciprocal(b))
+
+
+def pow(a, exponent):
+    """``a ** exponent`` for a sparse ``a`` and a positive real exponent: the values raised,
+    zeros left zero. Another exponent would fill the missing entries (``0 ** 0 = 1``,
+    ``0 ** -1 = inf``) and raises TypeError.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> pow(st.tensor(torch.tensor([[3., 0.]]), "csr"), 2).to_dense()
+        tensor([[9., 0.]])
+    """
+    if not isinstance(a, SparseTensor) or not _is_scalar(exponent) or exponent <= 0:
+        raise TypeError(f"pow: a SparseTensor raised to a positive real number keeps its zeros; "
+                        f"got {type(a).__name__} ** {exponent!r} ({_fmt(a, exponent)}); "
+                        "say A.to_dense() ** x, or A.with_values(A.values ** x) for the stored "
+                        "entries only")
+    return a.with_values(a.values ** exponent)
 
 
 def neg(a):

@@ -75,6 +75,39 @@ def mm(a, b):
     return _product("ij,jk->ik", a, b)
 
 
+def mv(a, b):
+    """``torch.mv``: a 2-D tensor times a 1-D one.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> mv(st.tensor(torch.eye(2), "csr"), torch.tensor([1., 2.]))
+        tensor([1., 2.])
+    """
+    _check(a, "mv", 0)
+    _check(b, "mv", 1)
+    if a.dim() != 2 or b.dim() != 1:
+        raise ValueError(f"mv: takes a 2-D and a 1-D tensor, got shapes {tuple(a.shape)} and "
+                         f"{tuple(b.shape)} (use matmul for other ranks)")
+    return _product("ij,j->i", a, b)
+
+
+def addmm(input, mat1, mat2, *, beta=1, alpha=1):
+    """``torch.addmm`` / ``torch.sparse.addmm``: ``beta * input + alpha * (mat1 @ mat2)``.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> addmm(torch.ones(2, 1), st.tensor(torch.eye(2), "csr"), torch.ones(2, 1), alpha=2)
+        tensor([[3.],
+                [3.]])
+    """
+    out = mm(mat1, mat2)
+    if alpha != 1:
+        out = out * alpha
+    if beta == 0:   # (torch ignores input then, nan and inf included)
+        return out
+    return out + (input if beta == 1 else input * beta)
+
+
 def bmm(a, b):
     """``torch.bmm``: batched product of two 3-D tensors (sparse 3-D in any format).
 

@@ -62,6 +62,8 @@ def _install():
         Tensor.__rmatmul__: lambda a, b: mm_.matmul(b, a),
         torch.mm: mm_.mm, Tensor.mm: mm_.mm, torch.sparse.mm: mm_.mm,
         torch.bmm: mm_.bmm, Tensor.bmm: mm_.bmm, torch.einsum: torch_einsum,
+        torch.mv: mm_.mv, Tensor.mv: mm_.mv, torch.addmm: mm_.addmm, Tensor.addmm: mm_.addmm,
+        torch.sparse.addmm: mm_.addmm,
         torch.sparse.sampled_addmm: mm_.sampled_addmm, F.linear: mm_.linear,
         # elementwise
         torch.add: ew.add, Tensor.add: ew.add, Tensor.__add__: ew.add,
@@ -73,6 +75,7 @@ def _install():
         torch.div: ew.div, Tensor.div: ew.div, Tensor.__truediv__: ew.div,
         torch.true_divide: ew.div, Tensor.__rtruediv__: lambda a, b: ew.div(b, a),
         torch.neg: ew.neg, Tensor.neg: ew.neg, Tensor.__neg__: ew.neg,
+        torch.pow: ew.pow, Tensor.pow: ew.pow, Tensor.__pow__: ew.pow,
         torch.relu: relu, Tensor.relu: relu, F.relu: relu,
         torch.abs: abs_, Tensor.abs: abs_, Tensor.__abs__: abs_,
         torch.exp: exp, Tensor.exp: exp, torch.sqrt: sqrt, Tensor.sqrt: sqrt,
@@ -103,6 +106,7 @@ def _install():
     SparseTensor.__truediv__ = lambda a, b: ew.div(a, b)
     SparseTensor.__rtruediv__ = lambda a, b: ew.div(b, a)
     SparseTensor.__neg__ = ew.neg
+    SparseTensor.__pow__ = ew.pow
     SparseTensor.__abs__ = abs_
     SparseTensor.__matmul__ = mm_.matmul
     SparseTensor.__rmatmul__ = lambda a, b: mm_.matmul(b, a)
