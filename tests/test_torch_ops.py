@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
+from sparsetorch.autograd import ones_pattern
 from dense_check import (check_against_dense, private_kernel_cache,  # noqa: F401
                          random_dense, stored_pattern)
 from test_autograd import gradcheck_mixed
@@ -68,6 +69,11 @@ def test_sampled_addmm(fmt):
     assert all(out.arrays[k] is S.arrays[k] for k in S.arrays)
     gradcheck_mixed(lambda s, a, b: torch.sparse.sampled_addmm(s, a, b, beta=0.5, alpha=2.0),
                     [S, M1, M2])
+    # its mask is kept with S (the pattern's, whatever the values): new values, new result
+    assert ones_pattern(S) is ones_pattern(S)
+    S.values.mul_(-1)
+    got = torch.sparse.sampled_addmm(S, M1, M2, beta=1.0, alpha=1.0).to_dense()
+    torch.testing.assert_close(got, S.to_dense() + (M1 @ M2) * mask)
 
 
 @pytest.mark.parametrize("dtype", [F32, F64])

@@ -157,6 +157,7 @@ class SparseTensor(torch.Tensor):
         self.__dict__.pop("_raw", None)
         self.__dict__.pop("_unblocked", None)   # views of this object's arrays: rebuilt
         self.__dict__.pop("_views", None)
+        self.__dict__.pop("_ones", None)
 
     # -- traceability -------------------------------------------------------------------------
     def __tensor_flatten__(self):
