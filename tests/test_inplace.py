@@ -54,15 +54,18 @@ def test_sgd_steps_a_sparse_parameter_like_a_masked_dense_one(momentum, weight_d
     Wd = d.clone().requires_grad_()
     x = torch.randn(4, 5, dtype=F64)
     kw = dict(lr=0.1, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
-    opts = torch.optim.SGD([W], **kw), torch.optim.SGD([Wd], **kw)
-    for _ in range(3):
-        for opt in opts:
-            opt.zero_grad()
-        F.linear(x, W).tanh().sum().backward()
-        F.linear(x, Wd * mask).tanh().sum().backward()
-        for opt in opts:
-            opt.step()
+    _train_both(torch.optim.SGD([W], **kw), torch.optim.SGD([Wd], **kw),
+                lambda: F.linear(x, W).tanh().sum(), lambda: F.linear(x, Wd * mask).tanh().sum())
     torch.testing.assert_close(W.to_dense(), Wd.detach() * mask, rtol=1e-12, atol=1e-12)
+
+
+def _train_both(opt, dense_opt, loss, dense_loss, steps=3):
+    """``steps`` optimizer steps of the sparse and the masked dense model side by side."""
+    for _ in range(steps):
+        for o, f in ((opt, loss), (dense_opt, dense_loss)):
+            o.zero_grad()
+            f().backward()
+            o.step()
 
 
 def test_adam_takes_the_values_and_explains_itself_when_given_the_tensor():
@@ -75,14 +78,9 @@ def test_adam_takes_the_values_and_explains_itself_when_given_the_tensor():
         torch.optim.Adam([W]).step()
     W = st.tensor(d, format="csr").requires_grad_()
     Wd = d.clone().requires_grad_()
-    opts = torch.optim.Adam([W.values], lr=0.01), torch.optim.Adam([Wd], lr=0.01)
-    for _ in range(3):
-        for opt in opts:
-            opt.zero_grad()
-        F.linear(x, W).square().sum().backward()
-        F.linear(x, Wd * mask).square().sum().backward()
-        for opt in opts:
-            opt.step()
+    _train_both(torch.optim.Adam([W.values], lr=0.01), torch.optim.Adam([Wd], lr=0.01),
+                lambda: F.linear(x, W).square().sum(),
+                lambda: F.linear(x, Wd * mask).square().sum())
     torch.testing.assert_close(W.to_dense(), Wd.detach() * mask, rtol=1e-12, atol=1e-12)
 
 
