@@ -19,10 +19,10 @@ from ..compiler.sblock import describe as describe_column_blocks
 from ..formats.tensor import SparseTensor
 from .broadcast import squeeze_broadcast
 from .diagonal import has_sparse_diagonal, take_diagonals
-from .execute import (_BACKEND_KEY, _ENV_DATA as _ENV, _FAST, _FAST_DENSE, backend,
-                      kernel_for, lookup, run)
+from .execute import (_BACKEND_KEY, _ENV_DATA as _ENV, _FAST, _FAST_DENSE, asks_dense,
+                      backend, kernel_for, lookup, run)
 from .expr import EXPR_MARK, recorded_eval
-from .relayout import relayout
+from .relayout import relayout, run_relaid
 
 
 def einsum(equation: str, *operands, out_format=None, bias=None, activation=None):
@@ -54,8 +54,7 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
         # A repeated call: the guarded shims of this string, no key to build. This is
         # ``execute.fast_calls`` inlined (0.2 us, about 5% of a tiny SpMM), with
         # its backend test reduced to "SPARSETORCH_BACKEND unset" where CPython allows.
-        table = _FAST if out_format is None else \
-            _FAST_DENSE if type(out_format) is str and out_format == "dense" else {}
+        table = _FAST if out_format is None else _FAST_DENSE if asks_dense(out_format) else {}
         calls = table.get(equation) if type(equation) is str else None
         if calls and ((_ENV is not None and _ENV.get(_BACKEND_KEY) is None) or
                       backend() == "c"):
@@ -70,13 +69,12 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
         operands = tuple(operands[0])
     # the vectorised index moved last in dense operands and result (while compiling:
     # ``torch_einsum``, below dynamo)
-    plan = None if _is_compiling() else relayout(equation, operands, out_format, bias)
-    if plan is not None:
-        try:
-            return plan.run(lambda eq, ops: einsum(eq, *ops, out_format=out_format, bias=bias,
-                                                   activation=activation), operands)
-        except (TypeError, ValueError, IndexError, NotImplementedError):
-            pass           # reported for the equation as written, below
+    if not _is_compiling():
+        out = run_relaid(lambda eq, ops: einsum(eq, *ops, out_format=out_format, bias=bias,
+                                                activation=activation),
+                         equation, operands, out_format, bias)
+        if out is not None:
+            return out
     if bias is not None or activation is not None:
         return _einsum_epilogue(equation, operands, out_format, bias, activation)
     if _is_compiling():   # dynamo: record torch.einsum, which routes back here (see below)
@@ -215,13 +213,9 @@ def torch_einsum(equation, *operands):
                         "(the sublist form is not supported)")
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    plan = relayout(equation, operands, out_format, None)
-    if plan is not None:   # (errors: the checks of the rewritten call, then as written)
-        try:
-            return plan.run(lambda eq, ops: _einsum(eq, ops, out_format), operands)
-        except (TypeError, ValueError, IndexError, NotImplementedError):
-            pass
-    return _einsum(equation, operands, out_format)
+    out = run_relaid(lambda eq, ops: _einsum(eq, ops, out_format), equation, operands,
+                     out_format, None)
+    return out if out is not None else _einsum(equation, operands, out_format)
 
 
 def _any_requires_grad(operands) -> bool:

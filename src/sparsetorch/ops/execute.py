@@ -170,11 +170,12 @@ def _remember(alias: str, operands, out_format, call) -> None:
         _offer(_FAST, alias, guarded)
     # a dense result is what ``out_format="dense"`` asks for (``@`` and ``torch.matmul``
     # ask for it: torch's products with a dense operand are dense)
-    if (out_format is None and getattr(call, "dense", False)) or _asks_dense(out_format):
+    if (out_format is None and getattr(call, "dense", False)) or asks_dense(out_format):
         _offer(_FAST_DENSE, alias, guarded)
 
 
-def _asks_dense(out_format) -> bool:
+def asks_dense(out_format) -> bool:
+    """Whether ``out_format`` names the dense result (``"dense"``)."""
     return type(out_format) is str and out_format == "dense"
 
 
@@ -188,7 +189,7 @@ def fast_calls(equation, out_format=None) -> tuple:
     """The guarded call shims recorded for einsum string ``equation`` and ``out_format``
     (None or ``"dense"``; any other: none), newest first: each returns the result, or None
     when the operands do not have its signature. Empty under another backend."""
-    table = _FAST if out_format is None else _FAST_DENSE if _asks_dense(out_format) else {}
+    table = _FAST if out_format is None else _FAST_DENSE if asks_dense(out_format) else {}
     calls = table.get(equation, ()) if type(equation) is str else ()
     return calls if not calls or backend() == "c" else ()
 

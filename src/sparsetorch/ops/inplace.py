@@ -15,6 +15,7 @@ import numbers
 
 import torch
 
+from ..autograd.pattern import _same_storage
 from ..formats.tensor import SparseTensor
 
 
@@ -30,13 +31,13 @@ def same_pattern(a: SparseTensor, b) -> bool:
         >>> same_pattern(A, st.tensor(torch.ones(3, 3), "csr"))
         False
     """
-    if not isinstance(b, SparseTensor) or a._format != b._format or a._size != b._size:
+    if not isinstance(b, SparseTensor) or a._size != b._size:
         return False
-    for x, y in zip(a.arrays.values(), b.arrays.values()):
-        if x is not y and (x.dtype != y.dtype or x.shape != y.shape or
-                           (x.data_ptr() != y.data_ptr() and not torch.equal(x, y))):
-            return False
-    return True
+    if _same_storage(a, b):   # shared arrays (a gradient, with_values)
+        return True
+    return a._format == b._format and all(   # equal ones (a clone, a loaded copy)
+        x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
+        for x, y in zip(a.arrays.values(), b.arrays.values()))
 
 
 def _values(t: SparseTensor, x, op: str, scale: bool = False):
@@ -132,9 +133,8 @@ def zeros_like(t, *, dtype=None, layout=None, device=None, requires_grad=False,
     ``torch.zeros_like``."""
     if layout not in (None, torch.strided):
         raise NotImplementedError(f"zeros_like of a SparseTensor with layout={layout}")
-    out = t.with_values(torch.zeros_like(t._values.detach(), dtype=dtype, device=device))
-    if device is not None and torch.device(device) != t.device:
-        out = out.to(device)
+    out = t.with_values(torch.zeros_like(t._values.detach(), dtype=dtype))
+    out = out if device is None else out.to(device)   # (arrays and values move together)
     return out.requires_grad_() if requires_grad else out
 
 

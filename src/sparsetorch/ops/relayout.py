@@ -29,6 +29,7 @@ import torch
 
 from ..formats.levels import Dense
 from ..formats.tensor import SparseTensor
+from .execute import asks_dense
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,19 @@ class Relayout:
         return operands[n].shape[self.dims[n]]
 
 
+def run_relaid(einsum, equation, operands, out_format, bias):
+    """``einsum(equation', operands')`` of the rewritten call, or None where the call runs as
+    written: no rewrite applies, or the rewritten call raised (the call as written then
+    reports the error for the equation the user wrote)."""
+    plan = relayout(equation, operands, out_format, bias)
+    if plan is None:
+        return None
+    try:
+        return plan.run(einsum, operands)
+    except (TypeError, ValueError, IndexError, NotImplementedError):
+        return None
+
+
 def relayout(equation, operands, out_format, bias) -> Relayout | None:
     """The rewrite of ``st.einsum(equation, *operands)`` (see the module docstring), or None
     where the call runs as written.
@@ -92,8 +106,7 @@ def relayout(equation, operands, out_format, bias) -> Relayout | None:
             kinds.append(None)
         else:
             return None   # torch's sparse layouts, non-tensors: the call as written
-    dense_result = bias is None and (out_format is None or (
-        type(out_format) is str and out_format == "dense"))
+    dense_result = bias is None and (out_format is None or asks_dense(out_format))
     return _plan(equation, tuple(kinds), dense_result, out_format is not None)
 
 
