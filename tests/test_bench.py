@@ -42,7 +42,7 @@ def test_medians_and_per_round_ratios():
     clock = FakeClock()
     # Ratio of medians would be 1/11; the median of per-round ratios (a/b) is 0.5.
     cases = {"a": clock.case("a", [1, 1, 10]), "b": clock.case("b", [2, 12, 11])}
-    res = compare(cases, baseline="a", rounds=3, warmup=0, timer=clock)
+    res = compare(cases, baseline="a", rounds=3, warmup=0, prime=False, timer=clock)
     a, b = res["impls"]["a"], res["impls"]["b"]
     assert a["times_s"] == [1, 1, 10] and b["times_s"] == [2, 12, 11]
     assert a["median_s"] == 1 and b["median_s"] == 11
@@ -58,8 +58,32 @@ def test_rounds_interleave_in_rotating_order():
     compare(cases, rounds=4, warmup=1, timer=clock)
     warm, timed = clock.log[:3], clock.log[3:]
     assert warm == list("abc")
+    # each timed call follows one untimed call of the same case (``prime``)
+    assert timed[::2] == timed[1::2]
+    timed = timed[::2]
     assert [timed[i:i + 3] for i in range(0, 12, 3)] == [list("abc"), list("bca"),
                                                          list("cab"), list("abc")]
+
+
+def test_each_sample_is_primed_by_an_untimed_call_of_its_case():
+    """A case whose first call after another case is slow (sleeping worker threads) is
+    timed at its own steady pace; ``prime=False`` shows the cost it would otherwise pay."""
+    clock = FakeClock()
+    last = []
+
+    def sensitive():
+        clock.t += 1.0 if last and last[-1] != "s" else 0.001
+        last.append("s")
+
+    def single_threaded():
+        clock.t += 0.01
+        last.append("o")
+
+    cases = {"s": sensitive, "other": single_threaded}
+    primed = compare(cases, rounds=5, warmup=1, timer=clock)
+    assert primed["impls"]["s"]["median_s"] == pytest.approx(0.001)
+    cold = compare(cases, rounds=5, warmup=1, prime=False, timer=clock)
+    assert cold["impls"]["s"]["median_s"] == pytest.approx(1.0)
 
 
 def test_min_time_calibrates_number_of_calls_per_sample():
@@ -70,7 +94,8 @@ def test_min_time_calibrates_number_of_calls_per_sample():
     assert number in (10, 11)   # 0.01 / 0.001, give or take the fake clock's float rounding
     assert res["impls"]["slow"]["number"] == 1
     assert res["impls"]["fast"]["median_s"] == pytest.approx(0.001)
-    assert clock.log.count("fast") == 2 + 2 * number  # warm-up, one calibration call, rounds
+    # warm-up, one calibration call, then per round one priming call and the sample
+    assert clock.log.count("fast") == 2 + 2 * (1 + number)
 
 
 def test_a_cold_first_call_does_not_size_the_batches():
@@ -86,7 +111,8 @@ def test_max_time_stops_early_but_keeps_three_rounds():
     clock = FakeClock()
     cases = {"a": clock.case("a", [1]), "b": clock.case("b", [1])}
     assert compare(cases, rounds=10, warmup=0, max_time=0.5, timer=clock)["rounds"] == 3
-    assert compare(cases, rounds=10, warmup=0, max_time=7, timer=clock)["rounds"] == 4
+    # a round is 4 calls: each case primed, then timed
+    assert compare(cases, rounds=10, warmup=0, max_time=13, timer=clock)["rounds"] == 4
 
 
 def test_failing_case_is_reported_not_raised():
