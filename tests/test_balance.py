@@ -70,6 +70,24 @@ def test_assembly_through_a_workspace_weighs_each_entry():
     assert generic.work(0, 10, [5, 5, 5]) == 10 * execute._ASSEMBLY_ENTRY_WORK
 
 
+def test_an_entry_without_a_dense_only_index_weighs_a_gathered_multiply_add():
+    """SpMV and A * dense on A's pattern count ``_GATHER_ENTRY_WORK`` per stored entry (one
+    multiply-add on a gathered value, four vector steps of SpMM), SpMM one per vector step."""
+    forget_call_memo()
+    A = st.tensor(torch.eye(5, dtype=F64), format="csr")
+    x, X = torch.ones(5, dtype=F64), torch.ones(5, 3, dtype=F64)
+    st.einsum("ij,j->i", A, x)
+    st.einsum("ij,ij->ij", A, X[:, :1].expand(5, 5).contiguous())
+    st.einsum("ij,jk->ik", A, X)
+    spmv = execute.lookup("ij,j->i", (A, x), None)
+    sampled = execute.lookup("ij,ij->ij", (A, torch.ones(5, 5, dtype=F64)), None)
+    spmm = execute.lookup("ij,jk->ik", (A, X), None)
+    weight = f"* {execute._GATHER_ENTRY_WORK}"
+    assert weight in spmv.source and weight in sampled.source and weight not in spmm.source
+    assert spmv.__globals__["generic"].work(5, 10, [5, 5]) == 5 + 10 * execute._GATHER_ENTRY_WORK
+    assert spmm.__globals__["generic"].work(15, 10, [5, 3, 5]) == 15 // 4 + 10
+
+
 @pytest.mark.parametrize("eq,fmts", [
     ("ij,jk->ik", ("csr", None)), ("ij,j->i", ("csr", None)), ("ij,ik,jk->ij", ("csr", None, None)),
     ("ij,jk->ik", ("csr", "csr")), ("ij,ij->ij", ("csr", "csr")), ("ij->i", ("csr",))])

@@ -33,10 +33,15 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.int32:
                 torch.int64: "int64"}
 COMPILED_DTYPES = tuple(_DTYPE_NAMES)
 # Below this much work a kernel runs on one thread: waking a team costs more (~1.2 us
-# here). Work counts scalar multiply-adds, and vector steps where a register tile covers
-# the dense index: SpMV on 6-17k stored entries measured ~10% faster on two threads, and
-# SpMM with 128 columns from ~1-2k entries (below that, one thread is 1.05-1.3x faster).
+# here, with the workers spinning). Work counts vector steps where a register tile covers
+# the dense index: SpMM with 128 columns ran faster on two threads from ~8k steps (0.5-1k
+# entries; below, one thread was 1.05-2.5x faster).
 _PARALLEL_WORK = 1 << 13
+# A stored entry with no dense-only index (SpMV, sampled elementwise products) is one
+# multiply-add on a gathered value plus its share of a short row: 0.5-2.5 ns, about four
+# vector steps of SpMM (0.7 ns). SpMV on two threads ran 1.1-1.6x faster from ~2k entries
+# (SuiteSparse, DLMC) and 0.55-0.9x below; so did A * dense on A's pattern.
+_GATHER_ENTRY_WORK = 4
 # A result assembled through a row workspace costs more per stored operand entry: each one
 # drives workspace updates and emission, not one multiply-add. SpGEMM A@A of 400-500-row
 # SuiteSparse matrices (1.6-2k entries, 6-8k products) ran 1.3-1.7x faster on two threads
@@ -410,7 +415,8 @@ class _Prepared:
         self.num_threads = runtime.num_threads
         # The operand whose rows a balanced outer loop splits: the call passes ``nc``.
         self.balanced = kernel.balanced
-        self.entry_work = _ASSEMBLY_ENTRY_WORK if kernel.workspace_vars else 1
+        self.entry_work = _ASSEMBLY_ENTRY_WORK if kernel.workspace_vars else \
+            1 if self.dense_only else _GATHER_ENTRY_WORK
 
     def extents(self, tensors) -> list:
         """Index extents in ``all_vars`` order, checking that every use agrees."""
