@@ -11,12 +11,18 @@ import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
-from sparsetorch.ops import execute
+from sparsetorch.ops import execute, relayout as relayout_module, transpose
 from sparsetorch.ops.relayout import Relayout, relayout
 
 from dense_check import check_against_dense, long_rows, random_dense
 
 F32, F64 = torch.float32, torch.float64
+
+
+@pytest.fixture(autouse=True)
+def always_permuted(monkeypatch):
+    """Rewrite the small products of these tests too (``MIN_PERMUTED_WORK``)."""
+    monkeypatch.setattr(relayout_module, "MIN_PERMUTED_WORK", 0)
 
 
 def _csr(shape, dtype=F64, seed=0, fmt="csr"):
@@ -68,6 +74,27 @@ def test_a_moved_index_of_size_1_is_squeezed_out():
         torch.testing.assert_close(got, x @ W.to_dense().T)
         assert got.shape == (1, 5) and got.is_contiguous()
     assert execute.fast_calls("i,oi->o", "dense")   # SpMV ran, not a one-column SpMM
+
+
+def test_small_products_run_as_written_and_leave_no_shim_behind(monkeypatch):
+    """Below ``MIN_PERMUTED_WORK`` the call runs as written; its shim is not offered to the
+    fast path, so a later large call of the same string is still rewritten."""
+    monkeypatch.setattr(relayout_module, "MIN_PERMUTED_WORK", 2000)
+    copies = []
+    real = relayout_module.permuted
+    monkeypatch.setattr(relayout_module, "permuted",
+                        lambda t, p: copies.append(tuple(t.shape)) or real(t, p))
+    execute._FAST.pop("ni,oi->no", None)
+    W = _csr((60, 50), seed=3)   # 0.3 dense, an empty row: about 880 stored entries
+    small, large = torch.randn(2, 50, dtype=F64), torch.randn(3, 50, dtype=F64)
+    assert 2 * W.nnz < 2000 <= 3 * W.nnz
+    for _ in range(2):
+        check_against_dense("ni,oi->no", [small, W])
+    assert copies == [] and not execute.fast_calls("ni,oi->no")
+    assert not any("run as" in n for n in st.explain("ni,oi->no", small, W).notes)
+    got = st.einsum("ni,oi->no", large, W)
+    assert copies == [(3, 50), (60, 3)]   # x in, the result out
+    torch.testing.assert_close(got, large @ W.to_dense().T, rtol=1e-10, atol=1e-12)
 
 
 # -- results, as written ----------------------------------------------------------------------
@@ -175,3 +202,37 @@ def test_under_torch_compile():
     for fn in (lambda x: st.einsum("ni,oi->no", x, W), lambda x: F.linear(x, W)):
         compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
         torch.testing.assert_close(compiled(x), x @ W.to_dense().T)
+
+
+# -- transposing copies (ops/transpose.py) ----------------------------------------------------
+@pytest.mark.parametrize("dtype", [F32, F64, torch.int32, torch.int64])
+@pytest.mark.parametrize("shape,perm", [
+    ((40, 33), (1, 0)), ((33, 40), (1, 0)), ((8, 8), (1, 0)), ((9, 300), (1, 0)),
+    ((3, 17, 70), (0, 2, 1)), ((2, 5, 9, 30), (0, 3, 1, 2)), ((2, 5, 9, 30), (0, 2, 3, 1)),
+    ((4, 300), (1, 0)),                     # fewer than 8 rows: torch's copy
+    ((300, 300), (1, 0)),                   # 90k elements: two threads
+    ((3, 17, 70), (1, 0, 2)), ((3, 17, 70), (2, 1, 0))])   # other permutations: torch's
+def test_permuted_matches_torch(shape, perm, dtype):
+    g = torch.Generator().manual_seed(len(shape) + perm[-1])
+    x = (torch.randn(shape, generator=g) * 1000).to(dtype)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = transpose.permuted(x, perm)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(got, x.permute(perm).contiguous()) and got.is_contiguous()
+    assert got.data_ptr() != x.data_ptr()
+
+
+def test_permuted_keeps_bits_and_falls_back_where_it_must():
+    x = torch.randn(64, 48)
+    x[3, 5], x[40, 47] = float("nan"), -0.0
+    bits = transpose.permuted(x.view(torch.int32), (1, 0)).view(torch.float32)
+    assert torch.equal(bits.view(torch.int32), x.T.contiguous().view(torch.int32))
+    # a non-contiguous source, float16, and a source that needs a gradient: torch's copy
+    y = torch.randn(64, 48)
+    for t in (y[:, ::2], y.half()):
+        assert torch.equal(transpose.permuted(t, (1, 0)), t.T.contiguous())
+    w = torch.randn(64, 48, dtype=F64, requires_grad=True)
+    torch.autograd.gradcheck(lambda w: transpose.permuted(w, (1, 0)), (w,))

@@ -293,8 +293,9 @@ def explain(equation, *operands, out_format=None) -> Explanation:
         what = f"explain({equation!r})"
         _check_tensors(operands, what)
         plan = relayout(equation, operands, out_format, None)
-        if plan is not None:
-            inner, ops, _ = plan.rewrite(operands)
+        rewritten = plan.rewrite(operands) if plan is not None else None
+        if rewritten is not None:
+            inner, ops, _ = rewritten
             explanation = explain(inner, *ops, out_format=out_format)
             return replace(explanation, notes=(*explanation.notes, f"{equation!r} run as "
                                                f"{inner!r}: {_relayout_note(plan, inner)}"))

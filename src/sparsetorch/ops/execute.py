@@ -164,12 +164,16 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
 def _remember(alias: str, operands, out_format, call) -> None:
     """Key ``call`` by einsum string ``alias`` too, and offer its guarded shim to
     ``fast_calls``."""
+    from .relayout import relayout   # (here: relayout.py imports this module)
+
     key = _signature(alias, operands, out_format)
     if key is None:
         return
     _PREPARED[key] = call
     guarded = getattr(call, "cguarded", None) or getattr(call, "guarded", None)
-    if guarded is None:
+    # An equation relayout rewrites runs as written only while small: its shim, offered,
+    # would answer every later call of that string, large ones too, before relayout.
+    if guarded is None or relayout(alias, operands, out_format, None) is not None:
         return
     if out_format is None:
         _offer(_FAST, alias, guarded)
