@@ -71,9 +71,9 @@ static inline __m128 st_hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
 /* x[c[0]], ..., x[c[L-1]] by scalar loads, for int32 or int64 indices c: AVX2's gather
    instructions ran 1.3-1.7x slower than this on AMD Zen 3 (SpMV rows of 17-614 entries,
    one thread). int32 indices are read in pairs, one 64-bit load split by a shift (x86 is
-   little-endian, so the low half is c[0]; indices are validated non-negative): loads, not arithmetic, bound
-   this loop, and the pairs made SpMV 1.06x faster (geomean over 70 SuiteSparse and DLMC
-   matrices, one thread; 1.1-1.2x on DLMC rows of 50-900 entries). */
+   little-endian, so the low half is c[0]; indices are validated non-negative): loads, not
+   arithmetic, bound this loop, and the pairs made SpMV 1.06x faster (geomean over 70
+   SuiteSparse and DLMC matrices, one thread; 1.1-1.2x on DLMC rows of 50-900 entries). */
 static inline __m256 st_gather_ps_i32(const float* x, const int32_t* c) {
   uint64_t a, b, d, e;
   memcpy(&a, c, 8); memcpy(&b, c + 2, 8); memcpy(&d, c + 4, 8); memcpy(&e, c + 6, 8);
