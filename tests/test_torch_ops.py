@@ -296,6 +296,10 @@ def test_errors():
         torch.bmm(A, torch.ones(3, 2, dtype=F64))
     with pytest.raises(NotImplementedError, match="4-D"):
         A @ torch.ones(2, 2, 3, 2, dtype=F64)
+    with pytest.raises(TypeError, match="operand 1 is a int"):
+        st.ops.matmul.matmul(A, 3)
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        sp((2, 2, 2), 0.5, "csf", 38) @ torch.ones(3, 2, 2, dtype=F64)
     with pytest.raises(TypeError, match="SparseTensor"):
         st.ops.softmax(torch.ones(2, 2), 0)
     with pytest.raises(TypeError, match="SparseTensor"):

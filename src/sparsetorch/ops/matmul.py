@@ -45,15 +45,18 @@ def matmul(a, b):
         >>> matmul(A, torch.ones(2))
         tensor([1., 2.])
     """
-    _check(a, "matmul", 0)
-    _check(b, "matmul", 1)
-    eq = _MATMUL.get((a.dim(), b.dim()))
+    # (the checks of the common case folded into one lookup: ``A @ x`` is the call users
+    # repeat most, and each Python-level call here costs a tenth of a tiny SpMV)
+    eq = _MATMUL.get((a.dim(), b.dim())) if isinstance(a, torch.Tensor) and \
+        isinstance(b, torch.Tensor) else None
     if eq is None:
+        _check(a, "matmul", 0)
+        _check(b, "matmul", 1)
         raise NotImplementedError(
             f"matmul of a {a.dim()}-D and a {b.dim()}-D tensor (format {_formats(a, b)}) is "
             "not supported; sparse matmul takes 1-D to 3-D operands (reshape the batch "
             "dimensions into one)")
-    if a.dim() == 3 and b.dim() == 3 and a.shape[0] != b.shape[0]:
+    if eq == "bij,bjk->bik" and a.shape[0] != b.shape[0]:
         raise ValueError(f"matmul: batch sizes differ ({a.shape[0]} and {b.shape[0]}); "
                          "broadcasting batch dimensions of sparse operands is not supported")
     return _product(eq, a, b)
