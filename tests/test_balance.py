@@ -105,6 +105,41 @@ def test_dynamic_ranges_match_dense(eq, fmts, dynamic_ranges):
     check_against_dense(eq, ops)
 
 
+def test_shims_ask_for_ranges_only_from_chunked_work(monkeypatch):
+    """Below ``_CHUNKED_WORK`` a call runs one range per thread, and neither call shim (C
+    or Python) spends a Python call asking; at or above it both ask."""
+    from sparsetorch.ops import cshim, shim
+
+    asked = []
+
+    def counting(t, work):
+        asked.append(work)
+        return balance.ranges_per_thread(t, work)
+
+    for module in (shim, cshim):
+        monkeypatch.setattr(module, "ranges_per_thread", counting)
+    monkeypatch.setattr(execute, "_PARALLEL_WORK", 0)
+    gen = torch.Generator().manual_seed(5)
+    A = st.tensor(skewed_dense(80, 60, gen), format="csr")
+    x = torch.randn(60, dtype=F64, generator=gen)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for chunked in (1 << 30, 0):
+            monkeypatch.setattr(balance, "_CHUNKED_WORK", chunked)
+            forget_call_memo()   # shims read the threshold when made
+            st.einsum("ij,j->i", A, x)
+            shims = (execute.fast_calls("ij,j->i")[0], execute.lookup("ij,j->i", (A, x), None))
+            shims[0]((A, x))   # (the C shim's first call caches A's pointers through Python)
+            asked.clear()
+            for fn in shims:
+                torch.testing.assert_close(fn((A, x)), A.to_dense() @ x)
+            assert len(asked) == (0 if chunked else 2), chunked
+    finally:
+        torch.set_num_threads(old)
+        forget_call_memo()
+
+
 def test_concurrent_dynamic_calls(dynamic_ranges):
     """Each call has its own range counter: concurrent calls do not share ranges."""
     gen = torch.Generator().manual_seed(7)

@@ -77,6 +77,12 @@ def row_profile(t) -> RowProfile:
     return found
 
 
+def chunked_work() -> int:
+    """The work from which ``ranges_per_thread`` may answer more than one range: call shims
+    skip the call below it (``shim.py``, ``cshim.py``; read when a shim is made)."""
+    return _CHUNKED_WORK
+
+
 def ranges_per_thread(t, work: int) -> int:
     """The ``nc`` argument for a call of ``work`` that splits the rows of ``t`` (see the
     module docstring).

@@ -47,7 +47,7 @@ import torch
 
 from .. import runtime
 from ..formats.tensor import SparseTensor
-from .balance import ranges_per_thread
+from .balance import chunked_work, ranges_per_thread
 
 _MAX_ARGS = 24   # kernel parameters the C side passes (MTTKRP on CSF: 14); more: Python
 _MAX_OPERANDS = 8
@@ -78,7 +78,7 @@ _NAMES = ("__dict__", "_call_key", "_raw", "_size", "_values", "layout", "dtype"
           "new_empty")
 # Plan header fields (int64 each; upper case in C), then the sections ``make`` writes.
 _HEADER = ("n_ops", "n_ext", "n_agree", "n_out", "parallel_work", "balanced", "kernel",
-           "lanes", "vector_index", "entry_work", "n_dense_only", "like")
+           "lanes", "vector_index", "entry_work", "n_dense_only", "like", "chunked_work")
 # The items of the tuple each C shim is bound to (``self`` in C, ``P_<ITEM>``), in order.
 _STATE = ("plan", "keep", "sparse", "tensor", "strided", "dtype", "grad", "threads", "ranges",
           "shim")
@@ -229,7 +229,7 @@ O st_fast_call(O self, O const* a, ptrdiff_t nargs) {
   int64_t nt = 1, nc = 1;
   if (work >= plan[PARALLEL_WORK]) {
     nt = AsI64(own(&o, Call0(TupleItem(self, P_THREADS))));
-    if (plan[BALANCED] >= 0) {
+    if (plan[BALANCED] >= 0 && work >= plan[CHUNKED_WORK]) {   /* (below: one range) */
       O args[2] = {t[plan[BALANCED]], own(&o, FromI64(work))};
       nc = AsI64(own(&o, Vectorcall(TupleItem(self, P_RANGES), args, 2, NULL)));
     }
@@ -333,7 +333,7 @@ def make(prepared, tensors, sparse: list, parallel_work: int, python_shim):
               "kernel": address, "lanes": prepared.lanes,
               "vector_index": -1 if prepared.vector_index is None else prepared.vector_index,
               "entry_work": prepared.entry_work, "n_dense_only": len(prepared.dense_only),
-              "like": sparse[0]}
+              "like": sparse[0], "chunked_work": chunked_work()}
     plan = [header[name] for name in _HEADER]
     for n, t in enumerate(tensors):   # kind, call key or rank, arrays passed
         plan += [1, keys[n], arrays[n]] if n in keys else [0, t.dim(), 1]

@@ -34,7 +34,7 @@ from ..compiler.kernel import first_sparse
 from ..compiler.lower import MAX_WORKSPACE
 from ..formats.tensor import SparseTensor, layout
 from . import cshim
-from .balance import ranges_per_thread
+from .balance import chunked_work, ranges_per_thread
 
 
 def raw(t) -> tuple:
@@ -132,7 +132,8 @@ def make_shim(prepared, tensors, parallel_work: int):
     else:   # a balanced outer loop also takes its ranges per thread (``ops/balance.py``)
         rows = f"t{prepared.balanced}"
         lines += [f"    w = {work}",
-                  f"    if w >= {parallel_work}: nt = threads(); nc = ranges({rows}, w)",
+                  f"    if w >= {parallel_work}: nt = threads(); "
+                  f"nc = ranges({rows}, w) if w >= {chunked_work()} else 1",
                   "    else: nt = nc = 1"]
         args.insert(1, "nc")
     for n, t in enumerate(tensors):
