@@ -49,6 +49,27 @@ def test_products(shape, fmt, dtype):
     check_against_dense(lambda a, b: a @ b, [A, B], kind="sparse")
 
 
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_a_dense_operand_of_one_column_or_row_runs_as_a_matrix_vector_product(fmt):
+    """``A @ x[:, None]`` and ``y[None] @ A`` run SpMV's (and v @ A's) kernels, not a
+    register tile over one column; results, shapes and gradients are those of the product."""
+    from sparsetorch.ops import execute
+    from dense_check import forget_call_memo
+
+    A = sp((6, 5), 0.5, fmt, 11)
+    x1, y1 = dn((5, 1), 12), dn((1, 6), 13)
+    forget_call_memo()   # (the fast tables below are filled by first calls)
+    check_against_dense(lambda a, x: a @ x, [A, x1], kind="dense")
+    check_against_dense(lambda a, x: torch.mm(a, x), [A, x1], kind="dense")
+    check_against_dense(lambda y, a: y @ a, [y1, A], kind="dense")
+    assert execute.fast_calls("ij,j->i", "dense") and execute.fast_calls("j,jk->k", "dense")
+    out = A @ dn((3, 5), 14)[1:2].T   # a strided column
+    torch.testing.assert_close(out, A.to_dense() @ dn((3, 5), 14)[1:2].T)
+    assert out.shape == (6, 1) and (A @ x1).shape == (6, 1) and (y1 @ A).shape == (1, 5)
+    gradcheck_mixed(lambda a, x: a @ x, [A, x1])
+    gradcheck_mixed(lambda y, a: y @ a, [y1, A])
+
+
 @pytest.mark.parametrize("fmt", ["csf", "coo"])
 def test_bmm_3d(fmt):
     A = sp((2, 4, 3), 0.5, fmt, 6)
