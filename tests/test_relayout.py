@@ -236,3 +236,6 @@ def test_permuted_keeps_bits_and_falls_back_where_it_must():
         assert torch.equal(transpose.permuted(t, (1, 0)), t.T.contiguous())
     w = torch.randn(64, 48, dtype=F64, requires_grad=True)
     torch.autograd.gradcheck(lambda w: transpose.permuted(w, (1, 0)), (w,))
+    with torch.device("meta"):   # another default device: the copy stays on the CPU
+        got = transpose.permuted(y, (1, 0))
+    assert got.is_cpu and torch.equal(got, y.T.contiguous())

@@ -131,7 +131,7 @@ def permuted(t: torch.Tensor, perm) -> torch.Tensor:
             (t.requires_grad and torch.is_grad_enabled()):
         return t.permute(perm).contiguous()
     na, nr, nc = split
-    out = torch.empty([t.shape[p] for p in perm], dtype=t.dtype)
+    out = t.new_empty([t.shape[p] for p in perm])   # (t's device: CPU, whatever the default)
     nt = torch.get_num_threads() if t.numel() >= _PARALLEL_ELEMENTS else 1
     fn(na, nr, nc, t.data_ptr(), out.data_ptr(), nt)
     return out
