@@ -7,7 +7,8 @@ the equation puts it elsewhere, the kernel strides: ``F.linear``'s ``ni,oi->no``
 W.T``) gathered 32 floats from 32 rows of ``x`` for every stored weight and stored them
 into 32 rows of the result. Here such an einsum is run as the equation with that index moved
 last: the dense operand copied in that order (free where it already is, as ``X.T``'s
-source), the result computed in that order and permuted back into a contiguous tensor.
+source; otherwise by ``transpose.py``'s block transposes), the result computed in that order
+and permuted back into a contiguous tensor.
 Measured (2 threads, float32, in one process): ``F.linear`` of a 256 x 1024 input and a 90%
 sparse 1024 x 1024 CSR weight 61.8 -> 3.5 ms (dense: 7.9 ms); 64 x 512 by 2048 x 512 10.7
 -> 0.75 ms (dense: 2.0 ms). Where that index has size 1 (``F.linear`` of one row) the call
@@ -18,7 +19,9 @@ Only plain equations are rewritten (explicit ``->``, letters, no index repeated 
 term, no ``...``), with one index that no sparse operand has; the result only where it is
 known dense (``out_format="dense"``, or no stored index of a sparse operand in it) and no
 bias is added. Errors are reported for the equation as written: a call that fails is run
-again unrewritten.
+again unrewritten. A product too small to pay for the copies (``MIN_PERMUTED_WORK``) runs
+as written too; the call shim it leaves is not offered to ``st.einsum``'s fast path
+(``execute._remember``), which would answer later, larger calls of the string with it.
 """
 from __future__ import annotations
 

@@ -38,6 +38,7 @@ from functools import lru_cache
 
 import torch
 
+from .. import runtime
 from .execute import backend
 
 _MIN_ELEMENTS = 1024       # below: torch's copy costs the same (16 x 30: 7.7 vs 7.1 us)
@@ -132,7 +133,7 @@ def permuted(t: torch.Tensor, perm) -> torch.Tensor:
         return t.permute(perm).contiguous()
     na, nr, nc = split
     out = t.new_empty([t.shape[p] for p in perm])   # (t's device: CPU, whatever the default)
-    nt = torch.get_num_threads() if t.numel() >= _PARALLEL_ELEMENTS else 1
+    nt = runtime.num_threads() if t.numel() >= _PARALLEL_ELEMENTS else 1
     fn(na, nr, nc, t.data_ptr(), out.data_ptr(), nt)
     return out
 
@@ -155,7 +156,6 @@ def _split(shape: tuple, perm: tuple):
 def _kernel(element_bytes: int):
     """The transpose for elements of this size, or None where torch's copy is used: no
     AVX2, another size, or no C compiler."""
-    from .. import runtime
     from ..compiler.kernel import vector_isa
 
     if element_bytes not in (4, 8) or vector_isa() is None:
