@@ -214,12 +214,14 @@ def tile_width(value_dtype: str, rows: int = 1) -> int:
 @lru_cache(maxsize=4096)
 def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_dtype: str,
                    index_dtypes: tuple[str, ...], out_format=None, static: tuple = (),
-                   workspace: str = "dense") -> CompiledKernel:
+                   workspace: str = "dense", allow_scatter: bool = False) -> CompiledKernel:
     """Schedule, lower and render ``assignment`` for operands described by ``infos``.
     ``static``: (variable, extent) pairs the operands fix (block sizes); loops over them
     around a register tile are unrolled into it (``jam.py``). ``workspace`` picks the row
     accumulator of sparse results: a 'dense' array per thread, or a 'hash' table for
-    dimensions too large for that.
+    dimensions too large for that. ``allow_scatter``: keep an order that scatters into a
+    dense result from one thread rather than re-lay an operand (the kernel for calls too
+    small for threads; ``schedule.py`` rule 4).
 
     Example:
         >>> from sparsetorch.compiler.notation import parse_einsum
@@ -232,7 +234,7 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
         (('i', 'j'), 'dense')
     """
     t0 = time.perf_counter()
-    sched = schedule(assignment, infos)
+    sched = schedule(assignment, infos, allow_scatter)
     out = infer_output(assignment, sched.order, sched.formats, out_format)
     notes: list[str] = []
     modes = ("count", "fill") if out.kind == "emit" else (out.kind,)

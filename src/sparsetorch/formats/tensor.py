@@ -158,6 +158,7 @@ class SparseTensor(torch.Tensor):
         self.__dict__.pop("_unblocked", None)   # views of this object's arrays: rebuilt
         self.__dict__.pop("_views", None)
         self.__dict__.pop("_ones", None)
+        self.__dict__.pop("_relaid", None)      # patterns kept for this object's arrays
 
     # -- traceability -------------------------------------------------------------------------
     def __tensor_flatten__(self):

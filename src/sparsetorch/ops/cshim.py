@@ -78,7 +78,8 @@ _NAMES = ("__dict__", "_call_key", "_raw", "_size", "_values", "layout", "dtype"
           "new_empty")
 # Plan header fields (int64 each; upper case in C), then the sections ``make`` writes.
 _HEADER = ("n_ops", "n_ext", "n_agree", "n_out", "parallel_work", "balanced", "kernel",
-           "lanes", "vector_index", "entry_work", "n_dense_only", "like", "chunked_work")
+           "lanes", "vector_index", "entry_work", "n_dense_only", "like", "chunked_work",
+           "max_work")
 # The items of the tuple each C shim is bound to (``self`` in C, ``P_<ITEM>``), in order.
 _STATE = ("plan", "keep", "sparse", "tensor", "strided", "dtype", "grad", "threads", "ranges",
           "shim")
@@ -226,6 +227,7 @@ O st_fast_call(O self, O const* a, ptrdiff_t nargs) {
     work += op[3 * n] == 1 ? stored[n] * per_entry : size / lanes;
     w += 1 + w[0];
   }
+  if (work >= plan[MAX_WORK]) return python_shim(&o, self, ops);   /* (not this kernel's) */
   int64_t nt = 1, nc = 1;
   if (work >= plan[PARALLEL_WORK]) {
     nt = AsI64(own(&o, Call0(TupleItem(self, P_THREADS))));
@@ -309,10 +311,11 @@ def _build():
     return _state["def"]
 
 
-def make(prepared, tensors, sparse: list, parallel_work: int, python_shim):
+def make(prepared, tensors, sparse: list, parallel_work: int, python_shim, max_work=None):
     """The C twin of ``python_shim`` (a guarded shim from ``shim.make_shim``) for a call
     with a dense result, or None where it does not apply (no sparse operand, a scalar
-    result, a kernel without a raw address, too many operands) or cannot be built."""
+    result, a kernel without a raw address, too many operands) or cannot be built. Calls
+    of ``max_work`` or more (None: no limit) are handed to ``python_shim``."""
     kernel = prepared.kernel
     address = runtime.kernel_address(prepared.fns[0])
     keys = {n: tensors[n].__dict__.get("_call_key") for n in sparse}
@@ -333,7 +336,8 @@ def make(prepared, tensors, sparse: list, parallel_work: int, python_shim):
               "kernel": address, "lanes": prepared.lanes,
               "vector_index": -1 if prepared.vector_index is None else prepared.vector_index,
               "entry_work": prepared.entry_work, "n_dense_only": len(prepared.dense_only),
-              "like": sparse[0], "chunked_work": chunked_work()}
+              "like": sparse[0], "chunked_work": chunked_work(),
+              "max_work": (1 << 62) if max_work is None else max_work}
     plan = [header[name] for name in _HEADER]
     for n, t in enumerate(tensors):   # kind, call key or rank, arrays passed
         plan += [1, keys[n], arrays[n]] if n in keys else [0, t.dim(), 1]

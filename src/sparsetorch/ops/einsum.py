@@ -15,6 +15,7 @@ import torch
 from ..compiler.kblock import block_coords
 from ..compiler.kernel import l2_bytes, panel_factors
 from ..compiler.notation import Assignment, BroadcastShapes, parse_einsum, var_extents
+from ..compiler.schedule import pads
 from ..compiler.sblock import describe as describe_column_blocks
 from ..formats.tensor import SparseTensor
 from .broadcast import squeeze_broadcast
@@ -261,8 +262,10 @@ class Explanation:
     source: str
 
     def __str__(self) -> str:
-        conv = ", ".join(f"operand {n} -> mode order {f.mode_order} ({f.name})"
-                         for n, f in self.conversions) or "none"
+        conv = ", ".join(f"operand {n} -> mode order {f.mode_order} ({f.name}; " + (
+            "converted on every call)" if pads(f) else
+            "pattern converted once and kept, values gathered per call)")
+            for n, f in self.conversions) or "none"
         lines = [f"expression:   {self.assignment}",
                  f"loop order:   {', '.join(self.loop_order)}",
                  f"operands:     {', '.join(self.operand_formats)}",

@@ -69,11 +69,27 @@ def make_shim(prepared, tensors, parallel_work: int):
         >>> call((A, torch.arange(3.)))
         tensor([0., 1., 2.])
     """
+    schedule = prepared.kernel.schedule
+    if schedule.conversions:
+        if not schedule.avoids_scatter:
+            return None
+        # Conversions that only avoid a serial scatter: calls too small for threads run
+        # the order as written here, larger ones the re-laid operand (``generic``). The
+        # written kernel counts work in vector steps of its own width (often untiled: 1).
+        from .execute import _SCATTER_WORK
+        written = prepared.written()
+        return _make(written, tensors, parallel_work, prepared,
+                     _SCATTER_WORK * prepared.lanes // written.lanes)
+    return _make(prepared, tensors, parallel_work, prepared, None)
+
+
+def _make(prepared, tensors, parallel_work: int, generic, max_work):
+    """``make_shim`` for ``prepared``'s kernel without conversions; calls of ``max_work``
+    or more (None: no limit) go to ``generic``."""
     kernel = prepared.kernel
     kind = kernel.output.kind
     rows_emitted = kind == "emit" and kernel.emit_rows and kernel.workspace_kind == "dense"
-    if kernel.schedule.conversions or not (
-            (kind in ("dense", "sampled") and not prepared.ws_index) or rows_emitted):
+    if not ((kind in ("dense", "sampled") and not prepared.ws_index) or rows_emitted):
         return None
     n_ops = len(tensors)
     names = [f"t{n}" for n in range(n_ops)]
@@ -91,6 +107,19 @@ def make_shim(prepared, tensors, parallel_work: int):
     first = {v: i for i, v in enumerate(prepared.var_order)}
     for v, _, (n2, d2) in prepared.agree:
         lines.append(f"    if s{n2}[{d2}] != e{first[v]}: mismatch(ops)")
+    lanes = prepared.lanes   # the same estimate as ``prepared.work``
+    dense_only = "".join(f" * ((e{i} + {lanes - 1}) // {lanes})" if i == prepared.vector_index
+                         else f" * e{i}" for i in prepared.dense_only)
+    per = "" if lanes == 1 else f" // {lanes}"
+    # A dense operand's size from the extents already read (``numel()`` is a call)
+    indices = {acc.operand: acc.indices for acc in kernel.assignment.expr.accesses()}
+    work = [f"({' * '.join(f'e{first[v]}' for v in indices[n]) or '1'}){per}"
+            for n in range(n_ops) if n not in sparse]
+    entry = f" * {prepared.entry_work}" if prepared.entry_work != 1 else ""
+    work += [f"n{n}{dense_only}{entry}" for n in sparse]
+    work = " + ".join(work)
+    if max_work is not None:
+        lines.append(f"    if {work} >= {max_work}: return generic(ops)")
     dims, strides, step = [f"e{i}" for i in prepared.out_index], [], "1"
     shape = "".join(f"{x}, " for x in dims)
     # Uninitialised values: ``new_empty`` of a sparse operand's values (a plain CPU tensor of
@@ -115,17 +144,6 @@ def make_shim(prepared, tensors, parallel_work: int):
             step = d if step == "1" else f"{d} * {step}"
         strides = "".join(f"{x}, " for x in strides)
         lines.append(f"    out = empty_strided(({shape}), ({strides}), dtype=dtype)")
-    lanes = prepared.lanes   # the same estimate as ``prepared.work``
-    dense_only = "".join(f" * ((e{i} + {lanes - 1}) // {lanes})" if i == prepared.vector_index
-                         else f" * e{i}" for i in prepared.dense_only)
-    per = "" if lanes == 1 else f" // {lanes}"
-    # A dense operand's size from the extents already read (``numel()`` is a call)
-    indices = {acc.operand: acc.indices for acc in kernel.assignment.expr.accesses()}
-    work = [f"({' * '.join(f'e{first[v]}' for v in indices[n]) or '1'}){per}"
-            for n in range(n_ops) if n not in sparse]
-    entry = f" * {prepared.entry_work}" if prepared.entry_work != 1 else ""
-    work += [f"n{n}{dense_only}{entry}" for n in sparse]
-    work = " + ".join(work)
     args = ["nt", *(f"e{i}" for i in range(len(prepared.sources)))]
     if prepared.balanced is None:
         lines.append(f"    nt = threads() if {work} >= {parallel_work} else 1")
@@ -164,7 +182,7 @@ def make_shim(prepared, tensors, parallel_work: int):
              "parts": None if kind == "dense" else layout(kernel.output.format),
              "threads": torch.get_num_threads,   # what runtime.num_threads answers
              "ranges": ranges_per_thread, "raw": raw,
-             "f0": prepared.fns[0], "f1": prepared.fns[-1], "generic": prepared,
+             "f0": prepared.fns[0], "f1": prepared.fns[-1], "generic": generic,
              "max_dense_ws": MAX_WORKSPACE, "int64": torch.int64, "int32": torch.int32,
              "i64_at": ctypes.c_int64.from_address,
              "mismatch": prepared.extents, "SparseTensor": SparseTensor,
@@ -175,7 +193,7 @@ def make_shim(prepared, tensors, parallel_work: int):
     call.guarded = scope.get("guarded")
     call.dense = kind == "dense"   # (also answers calls that ask for out_format="dense")
     # the same guard and call in C, where it applies (``cshim.py``)
-    call.cguarded = cshim.make(prepared, tensors, sparse, parallel_work, call)
+    call.cguarded = cshim.make(prepared, tensors, sparse, parallel_work, call, max_work)
     return call
 
 
