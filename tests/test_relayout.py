@@ -230,12 +230,51 @@ def test_permuted_keeps_bits_and_falls_back_where_it_must():
     x[3, 5], x[40, 47] = float("nan"), -0.0
     bits = transpose.permuted(x.view(torch.int32), (1, 0)).view(torch.float32)
     assert torch.equal(bits.view(torch.int32), x.T.contiguous().view(torch.int32))
-    # a non-contiguous source, float16, and a source that needs a gradient: torch's copy
+    # a non-contiguous source and float16: torch's copy
     y = torch.randn(64, 48)
     for t in (y[:, ::2], y.half()):
         assert torch.equal(transpose.permuted(t, (1, 0)), t.T.contiguous())
-    w = torch.randn(64, 48, dtype=F64, requires_grad=True)
-    torch.autograd.gradcheck(lambda w: transpose.permuted(w, (1, 0)), (w,))
     with torch.device("meta"):   # another default device: the copy stays on the CPU
         got = transpose.permuted(y, (1, 0))
     assert got.is_cpu and torch.equal(got, y.T.contiguous())
+
+
+def test_a_source_that_needs_a_gradient_is_copied_and_recorded(monkeypatch):
+    w = torch.randn(64, 48, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda w: transpose.permuted(w, (1, 0)), (w,))
+    out = transpose.permuted(w, (1, 0))
+    assert type(out.grad_fn).__name__ == "_PermutedCopyBackward"
+    copies = []
+    real = transpose._kernel
+    monkeypatch.setattr(transpose, "_kernel",
+                        lambda n: lambda *a: copies.append(n) or real(n)(*a))
+    grad = torch.randn(48, 64, dtype=F64)
+    out = transpose.permuted(w, (1, 0))
+    (got,) = torch.autograd.grad(out, w, grad)
+    assert torch.equal(got, grad.T) and got.is_contiguous()
+    assert len(copies) == 2                  # the copy and the gradient's copy back
+
+
+@pytest.mark.parametrize("view", [
+    lambda x: x.T, lambda x: x.reshape(4, 40, 30).permute(0, 2, 1),
+    lambda x: x.reshape(4, 40, 30).permute(2, 0, 1),   # (torch's copy: not a block move)
+    lambda x: x[:, ::2].T,                             # not a permuted contiguous tensor
+    lambda x: x[:1].expand(5, 120).T, lambda x: x])
+def test_contiguous_matches_torch(view):
+    x = torch.randn(40, 120)
+    t = view(x)
+    got = transpose.contiguous(t)
+    assert torch.equal(got, t.contiguous()) and got.is_contiguous()
+
+
+def test_the_kernels_copy_a_transposed_dense_operand_by_block_transposes(monkeypatch):
+    A = st.tensor(random_dense((30, 40), 0.2, F32, torch.Generator().manual_seed(0)), "csr")
+    X = torch.randn(64, 40)
+    want = A.to_dense() @ X.T
+    copies = []
+    real = transpose.permuted
+    monkeypatch.setattr(transpose, "permuted", lambda *a: copies.append(1) or real(*a))
+    for _ in range(3):   # the first call (generic path), then the call shims
+        copies.clear()
+        assert torch.allclose(st.einsum("ij,jk->ik", A, X.T), want, rtol=1e-5, atol=1e-5)
+        assert copies, "a transposed dense operand was copied by torch"

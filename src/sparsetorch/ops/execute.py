@@ -497,7 +497,7 @@ class _Prepared:
                 vals = t._values
                 sparse_work += vals.numel()
             else:
-                vals = t if t.is_contiguous() else t.contiguous()
+                vals = t if t.is_contiguous() else _contiguous(t)
                 dense_work += vals.numel()
                 keep.append(vals)
             args.append(vals.data_ptr())
@@ -555,6 +555,12 @@ def kernel_argtypes(fn) -> list:
     from .. import runtime
 
     return [runtime.PTR if p.ctype.endswith("*") else runtime.I64 for p in fn.params]
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    from .transpose import contiguous   # (transpose.py imports this module)
+
+    return contiguous(t)
 
 
 def prepare_operands(kernel: CompiledKernel, tensors):

@@ -12,7 +12,7 @@ signature the shim is memoised under), and ``exec``\\s it once, the way
     def call(ops):
         t0, t1 = ops
         s1 = t1.shape; d0 = t0.__dict__
-        t1 = t1.contiguous()
+        t1 = t1 if t1.is_contiguous() else contiguous(t1)
         n0, p0 = d0.get('_raw') or raw(t0)
         s0 = t0._size
         e0 = s0[0]; e1 = s0[1]
@@ -95,7 +95,8 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
     names = [f"t{n}" for n in range(n_ops)]
     unpack = f"    {', '.join(names)}, = ops"
     sparse = [n for n, t in enumerate(tensors) if isinstance(t, SparseTensor)]
-    lines = [f"    t{n} = t{n}.contiguous()" for n in range(n_ops) if n not in sparse]
+    lines = [f"    t{n} = t{n} if t{n}.is_contiguous() else contiguous(t{n})"
+             for n in range(n_ops) if n not in sparse]
     # A SparseTensor's entry count and raw pointers never change: read once (``raw``).
     lines += [f"    n{n}, p{n} = d{n}.get('_raw') or raw(t{n})" for n in sparse]
     # Dense shapes are read by the caller of these lines: ``call`` below, or the guard,
@@ -177,7 +178,10 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
                         *(["def guarded(ops):", "    try:", "    " + unpack,
                            "    except (TypeError, ValueError): return None",
                            *guard, *lines] if guard else [])])
-    scope = {"empty_strided": torch.empty_strided, "zeros": torch.zeros, "dtype": prepared.dtype,
+    from .transpose import contiguous   # (transpose.py imports execute.py, which this)
+
+    scope = {"contiguous": contiguous, "empty_strided": torch.empty_strided,
+             "zeros": torch.zeros, "dtype": prepared.dtype,
              "from_parts": SparseTensor._from_parts,
              "parts": None if kind == "dense" else layout(kernel.output.format),
              "threads": torch.get_num_threads,   # what runtime.num_threads answers

@@ -18,9 +18,11 @@ Measured against ``t.T.contiguous()`` (float32, AMD Zen 3, in one process): 256 
 (shuffles, no arithmetic), so any 4- or 8-byte dtype is copied exactly.
 
 Used where the CPU has AVX2 (``compiler.kernel.vector_isa``) and the C backend is on, for a
-contiguous CPU tensor that does not need a gradient, whose permutation moves a trailing
-group of dimensions ahead of the group before it (``x.T``; ``bni -> bin``; the inverse);
-anything else is torch's copy.
+contiguous CPU tensor whose permutation moves a trailing group of dimensions ahead of the
+group before it (``x.T``; ``bni -> bin``; the inverse); anything else is torch's copy. A
+tensor that needs a gradient is copied the same way, recorded (``_PermutedCopy``): its
+gradient comes back through the inverse copy. ``contiguous`` applies it to a permuted view
+(the kernels' dense operands: ``shim.py``, ``execute.py``).
 
 Example:
     >>> import torch
@@ -117,7 +119,8 @@ ST_TRANSPOSE(st_transpose8, double, 4, st_block8)
 def permuted(t: torch.Tensor, perm) -> torch.Tensor:
     """``t.permute(perm).contiguous()``, copied by the block transposes of this module where
     they apply (see the module docstring), else by torch. Always a new tensor or ``t``
-    itself where the permutation leaves it contiguous, exactly as torch's copy.
+    itself where the permutation leaves it contiguous, exactly as torch's copy; recorded by
+    autograd where ``t`` needs a gradient (whose copy back is a block transpose too).
 
     Example:
         >>> import torch
@@ -128,14 +131,48 @@ def permuted(t: torch.Tensor, perm) -> torch.Tensor:
     perm = tuple(perm)
     split = _split(tuple(t.shape), perm) if t.numel() >= _MIN_ELEMENTS else None
     fn = _kernel(t.element_size()) if split is not None and backend() == "c" else None
-    if fn is None or not t.is_contiguous() or t.layout != torch.strided or not t.is_cpu or \
-            (t.requires_grad and torch.is_grad_enabled()):
+    if fn is None or not t.is_contiguous() or t.layout != torch.strided or not t.is_cpu:
         return t.permute(perm).contiguous()
+    if t.requires_grad and torch.is_grad_enabled():
+        return _PermutedCopy.apply(t, perm)
     na, nr, nc = split
     out = t.new_empty([t.shape[p] for p in perm])   # (t's device: CPU, whatever the default)
     nt = runtime.num_threads() if t.numel() >= _PARALLEL_ELEMENTS else 1
     fn(na, nr, nc, t.data_ptr(), out.data_ptr(), nt)
     return out
+
+
+def contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t.contiguous()``, by the block transposes where ``t`` is a permuted view of a
+    contiguous tensor (``x.T``, a gradient that autograd permuted back): torch copies such a
+    view one element at a time.
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(30, 40)
+        >>> torch.equal(contiguous(x.T), x.T.contiguous())
+        True
+    """
+    if t.is_contiguous():
+        return t
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+    base = t.permute(order)
+    if not base.is_contiguous():
+        return t.contiguous()
+    return permuted(base, sorted(range(t.dim()), key=order.__getitem__))
+
+
+class _PermutedCopy(torch.autograd.Function):
+    """``permuted`` recorded: the gradient is copied back by the inverse permutation."""
+
+    @staticmethod
+    def forward(ctx, t, perm):
+        ctx.inverse = tuple(sorted(range(len(perm)), key=perm.__getitem__))
+        return permuted(t, perm)   # (grad mode is off here: the copy itself)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return permuted(contiguous(grad), ctx.inverse), None
 
 
 def _split(shape: tuple, perm: tuple):
