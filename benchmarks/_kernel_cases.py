@@ -25,9 +25,10 @@ from sparsetorch.bench import load_or_generate
 
 OURS = "sparsetorch"
 TORCH_CSR = ("torch_csr32", "torch_csr64")
-KERNELS = ("spmm", "dlmc", "linear", "sddmm", "spgemm", "bsr", "conv")
-PRIMARY = {"spmm": "torch", "dlmc": "dense", "linear": "dense", "sddmm": "torch",
-           "spgemm": "torch", "bsr": "dense", "conv": "conv2d"}   # what "worst" sorts by
+KERNELS = ("spmm", "spmm_t", "spmm_grad", "dlmc", "linear", "sddmm", "spgemm", "bsr", "conv")
+PRIMARY = {"spmm": "torch", "spmm_t": "torch", "spmm_grad": "torch", "dlmc": "dense",
+           "linear": "dense", "sddmm": "torch", "spgemm": "torch", "bsr": "dense",
+           "conv": "conv2d"}   # what "worst" sorts by
 
 SPMM_N = 128                   # dense columns, graphs + SuiteSparse
 DLMC_N = 256                   # dense columns, DLMC weights (X is K x 256)
@@ -212,6 +213,42 @@ def spmm_case(coll: str, name: str, m: sp.csr_array, seed: int) -> Case:
              "scipy": lambda: m @ Bn}
     ref, bound = _spmm_ref(m, Bn)
     return Case("spmm", coll, name, impls, ref, bound, _info(m, n=SPMM_N))
+
+
+def spmm_t_case(coll: str, name: str, m: sp.csr_array, seed: int) -> Case:
+    """``A.T @ B``, A stored as CSR (its transpose is a free CSC view), B dense with 128
+    columns, vs torch (``T.t() @ B``, a CSC operand) and scipy (``m.T @ B``)."""
+    g = torch.Generator().manual_seed(seed)
+    A = st.tensor(m, format="csr")
+    T32, T64 = torch_csr(m, np.int32), torch_csr(m, np.int64)
+    B = torch.randn(m.shape[0], SPMM_N, generator=g)
+    Bn = B.numpy()
+    impls = {OURS: lambda: A.T @ B, "torch_csr32": lambda: T32.t() @ B,
+             "torch_csr64": lambda: T64.t() @ B, "scipy": lambda: m.T @ Bn}
+    ref, bound = _spmm_ref(m.T.tocsr(), Bn)
+    return Case("spmm_t", coll, name, impls, ref, bound, _info(m, n=SPMM_N))
+
+
+def spmm_grad_case(coll: str, name: str, m: sp.csr_array, seed: int) -> Case:
+    """A training step's product: ``A @ X`` and its gradient with respect to X (``A.T @
+    dY``) through autograd, X dense with 128 columns, vs ``torch.sparse.mm`` of torch CSR
+    (which supports it) and scipy doing the same two products by hand. The check is on dX."""
+    g = torch.Generator().manual_seed(seed)
+    A = st.tensor(m, format="csr")
+    T32, T64 = torch_csr(m, np.int32), torch_csr(m, np.int64)
+    X = torch.randn(m.shape[1], SPMM_N, generator=g).requires_grad_()
+    dY = torch.randn(m.shape[0], SPMM_N, generator=g)
+    Xn, dYn = X.detach().numpy(), dY.numpy()
+
+    def step(product):
+        return torch.autograd.grad(product(), X, dY)[0]
+
+    impls = {OURS: lambda: step(lambda: A @ X),
+             "torch_csr32": lambda: step(lambda: torch.sparse.mm(T32, X)),
+             "torch_csr64": lambda: step(lambda: torch.sparse.mm(T64, X)),
+             "scipy": lambda: (m @ Xn, m.T @ dYn)[1]}
+    ref, bound = _spmm_ref(m.T.tocsr(), dYn)
+    return Case("spmm_grad", coll, name, impls, ref, bound, _info(m, n=SPMM_N))
 
 
 def _weight(m: sp.csr_array, seed: int) -> tuple:

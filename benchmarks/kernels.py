@@ -13,6 +13,11 @@ Kernels (``--kernels``; all by default)
           pubmed), Amazon (computers, photo) and Coauthor-CS adjacencies and every non-complex
           SuiteSparse matrix. vs torch.sparse CSR (int32 and int64 indices; ``x_torch`` uses
           the faster per case) and scipy.sparse.
+  spmm_t  ``A.T @ B`` on the same matrices (A stored as CSR, its transpose a free view; the
+          compiler re-lays its pattern once and gathers the values per call), vs torch
+          ``T.t() @ B`` and scipy ``m.T @ B``.
+  spmm_grad  ``A @ X`` and dX by autograd (a training step's product; dX = A.T dY), same
+          matrices, vs ``torch.sparse.mm`` with autograd and scipy's two products.
   dlmc    W @ X, W a DLMC transformer magnitude-pruning weight (0.9 and 0.7; M x K), X dense
           K x 256. vs dense ``torch.matmul``, torch CSR, scipy. ``frac_sgemm`` = our effective
           GFLOP/s (2 nnz N / time) over dense sgemm GFLOP/s (2 M K N / time, same run, same
@@ -133,15 +138,18 @@ def case_builders(args, root, report: Report, skipped: list):
 
     want = set(args.kernels)
     seed = 0
-    if want & {"spmm", "spgemm"}:
+    if want & {"spmm", "spmm_t", "spmm_grad", "spgemm"}:
         ss = kc.suitesparse_inputs(root, args.quick, report, skipped)
-    if "spmm" in want:
-        for coll, name, m in kc.graph_inputs(root, args.quick, report):
+    if want & {"spmm", "spmm_t", "spmm_grad"}:
+        graphs = kc.graph_inputs(root, args.quick, report)
+    for kernel, case in (("spmm", kc.spmm_case), ("spmm_t", kc.spmm_t_case),
+                         ("spmm_grad", kc.spmm_grad_case)):
+        for coll, name, m in graphs if kernel in want else ():
             seed += 1
-            yield "spmm", name, lambda c=coll, n=name, m=m, s=seed: kc.spmm_case(c, n, m, s)
-        for coll, name, load in ss:
+            yield kernel, name, lambda f=case, c=coll, n=name, m=m, s=seed: f(c, n, m, s)
+        for coll, name, load in ss if kernel in want else ():
             seed += 1
-            yield "spmm", name, lambda c=coll, n=name, ld=load, s=seed: kc.spmm_case(
+            yield kernel, name, lambda f=case, c=coll, n=name, ld=load, s=seed: f(
                 c, n, get(("ss", n), ld), s)
     if want & {"dlmc", "linear", "sddmm"}:
         dl = kc.dlmc_inputs(root, args.quick, report)
@@ -333,6 +341,13 @@ def goal_lines(summary: list, wide: list, skipped: list) -> list:
     add("SpMM N=128 graphs+SuiteSparse: geomean vs torch.sparse CSR", sp_all, "geo_x_torch", 2)
     add("SpMM N=128 graphs+SuiteSparse: geomean vs scipy.sparse", sp_all, "geo_x_scipy", 3)
     add("SpMM N=128: slowest matrix vs torch.sparse (none slower)", sp_all, "min_x_torch", 1)
+    for kernel, what in (("spmm_t", "A.T @ B"), ("spmm_grad", "A @ X and dX by autograd")):
+        row = by.get((kernel, "all"))
+        for lib in ("torch", "scipy"):
+            add(f"{what} N=128 graphs+SuiteSparse: geomean vs {lib} (no target; info)", row,
+                f"geo_x_{lib}", 1)
+            if row:
+                out[-1]["status"] = "info"
     for s in ("0.9", "0.7"):
         key = f"transformer/{s} N={kc.DLMC_N}"
         row = by.get(("dlmc", key))
