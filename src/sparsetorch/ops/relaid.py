@@ -8,7 +8,7 @@ a pruned weight, every training step), while its values change. So the conversio
 once per pattern, on the entry numbers ``0..nnz-1`` instead of the values: that gives the
 new level arrays and the permutation that moves each stored value to its new place. A
 later call only gathers the values through it (nnz reads and writes, against the sort):
-on a 4096 x 4096 matrix of 168k entries the conversion took about 3 ms, the gather 0.1 ms.
+on a 4096 x 4096 matrix of 167k entries the conversion took 7.6 ms, the gather 0.16 ms.
 
 From 64K entries the gather is a C loop split across threads (``gather``): torch's
 ``index_select`` took 170-350 us for those 168k float32 values, this loop 110 us on two

@@ -178,7 +178,7 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
                         *(["def guarded(ops):", "    try:", "    " + unpack,
                            "    except (TypeError, ValueError): return None",
                            *guard, *lines] if guard else [])])
-    from .transpose import contiguous   # (transpose.py imports execute.py, which this)
+    from .transpose import contiguous   # (here: transpose imports execute, execute this)
 
     scope = {"contiguous": contiguous, "empty_strided": torch.empty_strided,
              "zeros": torch.zeros, "dtype": prepared.dtype,
