@@ -218,7 +218,7 @@ def schedule(assignment: Assignment, infos, allow_scatter: bool = False) -> Sche
     if best is None:
         raise NotImplementedError(f"no loop order found for {assignment}")
     found = best[1]
-    if found.conversions and not allow_scatter:
+    if found.conversions and scatters:   # (else rule 4 decided nothing: no second pass)
         written = schedule(assignment, infos, True)
         if written.conversions != found.conversions:
             # small calls run ``written``: both must give the same kind of result

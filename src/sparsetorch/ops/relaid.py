@@ -175,17 +175,21 @@ def gather(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
         >>> gather(torch.tensor([10., 20., 30.]), torch.tensor([2, 0, 1])).tolist()
         [30.0, 10.0, 20.0]
     """
-    from .execute import backend
-
     n = perm.numel()
     fn = _kernel(values.element_size(), perm.dtype) \
-        if n >= _PARALLEL_ENTRIES and backend() == "c" else None
+        if n >= _PARALLEL_ENTRIES and _c_backend() else None
     if fn is None or not values.is_cpu or not values.is_contiguous() or \
             (values.requires_grad and torch.is_grad_enabled()):
         return values.index_select(0, perm)
     out = torch.empty_like(values)
     fn(n, values.data_ptr(), perm.data_ptr(), out.data_ptr(), runtime.num_threads())
     return out
+
+
+def _c_backend() -> bool:
+    from .execute import backend   # (execute.py imports this module)
+
+    return backend() == "c"
 
 
 @lru_cache(maxsize=None)
