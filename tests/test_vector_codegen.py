@@ -159,7 +159,12 @@ def test_spmm_uses_register_tiles_and_spmv_masked_gathers():
     assert "_mm512_mask_i32gather_ps" in spmv    # int32 indices as stored: 16 lanes
     assert "< 4) {" in spmv                      # rows of 1-3 entries stay scalar
     assert "<= 8) {" in spmv and "_mm256_mmask_i32gather_ps" in spmv   # 4-8: 256-bit step
-    assert ">= 32) {" in spmv     # two accumulators only for sums of two registers or more
+    assert "<= 16) {" in spmv     # 9-16: one 512-bit step, no loop
+    assert "p0_3 += 8) {" in spmv and ">= 32) {" not in spmv   # longer: 256-bit steps
+    # a sum without a gather (SDDMM's inner products over k) keeps 512-bit steps, two
+    # accumulators from two registers on
+    sddmm = st.explain("ij,ik,jk->ij", A, torch.ones(4, 70), torch.ones(4, 70)).source
+    assert ">= 32) {" in sddmm and "<= 16) {" not in sddmm
     spmv = st.explain("ij,j->i", A.to(torch.float64), torch.ones(4, dtype=torch.float64))
     assert "_mm512_mask_i32gather_pd" in spmv.source   # 8 doubles through int32 indices
     A64 = st.tensor(torch.eye(4), format="csr", index_dtype=torch.int64)

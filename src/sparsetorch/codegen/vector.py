@@ -43,6 +43,16 @@ SHORT_SUM = {"avx512": 4, "avx2": 8}
 # and horizontal add cost half of 512-bit ones, which dominate rows of 4-8 entries (graph
 # and FEM rows): 1.3-2x on SpMV of such matrices.
 HALF_SUM = 8
+# A float32 sum through a gather (``x[crd[p]]``: SpMV's rows) of 9-16 terms takes one
+# masked 16-lane step, no loop; longer ones loop over 8-lane steps. On Intel Sapphire Rapids
+# 512-bit gathers in a loop ran slower per term than 256-bit ones (hand-written C, one
+# thread: rows of 20 entries 177 -> 152 us, of 100 44 -> 38 us), while one 512-bit step
+# beat two 256-bit ones and a loop whose exit the row lengths make unpredictable (the DLMC
+# embedding, rows of 4-70 entries: 228 -> 152 us for the step alone). The generated SpMV,
+# ``benchmarks/compiler.py`` old and new interleaved twice (2 threads): DLMC median 0.90x ->
+# 1.08-1.10x torch.sparse, all 108 matrices 0.96-0.98x -> 1.08-1.11x, the embedding 124-129
+# -> 106-110 us. Sums without a gather (SDDMM's inner products) keep 16-lane loops.
+GATHERED_LOOP_LANES = 8
 
 _UNARY_BY_TEMPLATE = {template: name for name, (template, *_rest) in UNARY.items()}
 
@@ -230,21 +240,29 @@ class VectorLoops:
         """``acc += f(p)`` over p in [start, end): masked vector steps (AVX2: whole steps
         and a scalar tail), one horizontal add; runs shorter than ``SHORT_SUM`` (graph rows
         of a few entries) stay scalar, where the fixed cost of a gather and a horizontal add
-        would dominate, and float32 runs of at most ``HALF_SUM`` take 256-bit steps."""
+        would dominate, and float32 runs of at most ``HALF_SUM`` take one 256-bit step.
+        Longer float32 runs through a gather take one 512-bit step up to 16 terms, then
+        loop over 256-bit steps (``GATHERED_LOOP_LANES``)."""
         if isinstance(s.reduction, tuple):
             return self.side_by_side_sums(s, pad)
         full = full_lanes(self.val, self.isa)
         eight = min(8, full)   # the lanes of int64 index vectors (AVX-512)
         attempts = list(dict.fromkeys([(full, True), (eight, True), (eight, False)]))
-        vector, lanes = self._first_sum_loop(s, pad + "  ", attempts)
+        vector, lanes, gathers = self._first_sum_loop(s, pad + "  ", attempts)
         scalar = self._scalar(For(s.var, s.start, s.end, s.body), pad + "  ")
         trip = f"({self.scalar.expr(s.end)}) - ({self.scalar.expr(s.start)})"
-        half = []
-        if lanes.n > 8:
-            step, _ = self._first_sum_loop(s, pad + "  ", [(8, True), (8, False)], single=True)
-            half = [f"{pad}}} else if ({trip} <= {HALF_SUM}) {{", *step]
-        return [f"{pad}if ({trip} < {SHORT_SUM[self.isa]}) {{", *scalar, *half,
-                f"{pad}}} else {{", *vector, f"{pad}}}"]
+        out = [f"{pad}if ({trip} < {SHORT_SUM[self.isa]}) {{", *scalar]
+        if lanes.n > HALF_SUM:
+            narrow = [(HALF_SUM, True), (HALF_SUM, False)]
+            step, _, _ = self._first_sum_loop(s, pad + "  ", narrow, single=True)
+            out += [f"{pad}}} else if ({trip} <= {HALF_SUM}) {{", *step]
+            if gathers:
+                shot, _, _ = self._first_sum_loop(s, pad + "  ", [(lanes.n, True)],
+                                                  single=True)
+                out += [f"{pad}}} else if ({trip} <= {lanes.n}) {{", *shot]
+                narrow = [(GATHERED_LOOP_LANES, True), (GATHERED_LOOP_LANES, False)]
+                vector, _, _ = self._first_sum_loop(s, pad + "  ", narrow)
+        return out + [f"{pad}}} else {{", *vector, f"{pad}}}"]
 
     def _scalar(self, loop: For, pad: str) -> list[str]:
         """``loop`` rendered without vector loops."""
@@ -292,25 +310,30 @@ class VectorLoops:
         return out + [f"{pad}}}"]
 
     def _first_sum_loop(self, s: For, pad, attempts, single=False):
-        """The first (lanes, int32 index lanes allowed) attempt that renders, and its lanes.
-        Full-width loops run two accumulators (long DLMC rows: ~8% faster); ``single``: the
-        trip count is known to fit one register, so one masked step, no loop."""
+        """The first (lanes, int32 index lanes allowed) attempt that renders: its lines, its
+        lanes and whether it gathers. Full-width loops run two accumulators (long DLMC
+        rows: ~8% faster); ``single``: the trip count is known to fit one register, so one
+        masked step, no loop."""
         full = full_lanes(self.val, self.isa)
         for n, i32 in attempts:
             lanes = self.shape(n)
             try:
-                return self._sum_loop(s, pad, lanes, i32, 2 if n == full else 1, single), lanes
+                bodies = []
+                unroll = 2 if n == full and not single else 1
+                lines = self._sum_loop(s, pad, lanes, i32, unroll, single, bodies)
+                return lines, lanes, any(b.gathers for b in bodies)
             except _NeedIndexLanes:
                 continue
         raise Unsupported("index lanes")
 
     def _sum_loop(self, s: For, pad, lanes: _Lanes, i32: bool, unroll: int,
-                  single: bool = False) -> list[str]:
+                  single: bool = False, bodies: list | None = None) -> list[str]:
         """Unmasked steps of ``unroll`` registers (one accumulator each: independent FMA
         chains), then masked steps for the rest, then one horizontal add; with ``single``
         (at most one register of terms) one masked step and the add, nothing to branch on.
         AVX2 has no masked gathers: whole steps there, and the rest runs scalar after the
-        horizontal add."""
+        horizontal add. The ``_Body`` of each step is appended to ``bodies``."""
+        bodies = [] if bodies is None else bodies
         if s.step != 1:
             raise Unsupported("strided sum")
         acc, var, n = s.reduction, s.var, lanes.n
@@ -330,6 +353,7 @@ class VectorLoops:
             for k, vacc in enumerate(vaccs):
                 lane = _V("lin", f"({var} + {k * n})" if k else var)
                 body = _Body(self, lanes, None, var, {var: lane}, acc={acc: vacc}, i32=i32)
+                bodies.append(body)
                 out += [f"{pad}      {{", *body.stmts(s.body, pad + "        "),
                         f"{pad}      }}"]
             total = vaccs[0]
@@ -339,6 +363,7 @@ class VectorLoops:
         whole = lanes.isa == "avx2"
         body = _Body(self, lanes, None if whole else mask, var, {var: _V("lin", var)},
                      acc={acc: vaccs[0]}, i32=i32)
+        bodies.append(body)
         step = body.stmts(s.body, pad + "    ")
         if whole:
             rest = self.fresh("rest")
@@ -382,6 +407,7 @@ class _Body:
         self.tile_reg = tile_reg    # (tile array, register number)
         self.i32 = i32              # int32 indices may be gathered with as stored ('vi32')
         self.scalar = loops.scalar
+        self.gathers = False        # set once a gather is rendered
 
     # -- statements ------------------------------------------------------------------------
     def stmts(self, node, pad) -> list[str]:
@@ -476,6 +502,7 @@ class _Body:
         if index_type is None:      # a value array
             if idx.kind == "lin":
                 return _V("vv", self.load(f"({arr} + {idx.text})"))
+            self.gathers = True
             if idx.kind == "vi32":
                 return _V("vv", self.lanes.gather_i32(self.mask, idx.text, arr))
             if idx.kind in ("at32", "at64"):
