@@ -109,9 +109,13 @@ def test_linear(fmt, dtype):
                         kind="dense")
     check_against_dense(lambda x, w: F.linear(x, w), [Xs, W], kind="sparse")
     check_against_dense(lambda x, w, bb: F.linear(x, w, bb), [Xs, W, b], kind="dense")
+    # one input row (run as the weight's SpMV), alone and as the batch of a 3-D input
+    for x in (dn((1, 5), 18, dtype), dn((1, 1, 5), 19, dtype)):
+        check_against_dense(lambda x, w, bb: F.linear(x, w, bb), [x, W, b], kind="dense")
     if dtype == F64 and fmt in ("csr", "coo"):
         gradcheck_mixed(lambda x, w, bb: F.linear(x, w, bb), [dn((3, 5), 17), W, b])
         gradcheck_mixed(lambda x, w: F.linear(x, w), [Xs, W])
+        gradcheck_mixed(lambda x, w, bb: F.linear(x, w, bb), [dn((1, 5), 18), W, b])
 
 
 @pytest.mark.parametrize("fmt", ["csr", "dcsr"])

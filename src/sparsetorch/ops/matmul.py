@@ -39,6 +39,11 @@ def _product(eq, a, b):
             return _product("ij,j->i", a, b.select(1, 0)).unsqueeze(1)
         if type(b) is SparseTensor and _strided(a) and a.shape[0] == 1:
             return _product("j,jk->k", a.select(0, 0), b).unsqueeze(0)
+    elif eq == "ni,oi->no" and type(b) is SparseTensor and _strided(a) and a.shape[0] == 1:
+        # ``F.linear`` of one input row (batch-1 inference, a decoding step): the weight's
+        # SpMV. Relayout would drop the row too, but after a plan lookup and a rewrite per
+        # call: 15 -> 9 us on a DLMC 90%-sparse 512 x 512 weight here (dense: 9 us).
+        return _product("i,oi->o", a.select(0, 0), b).unsqueeze(0)
     # torch's products with a dense operand return dense tensors; keep that contract even
     # where format inference would pick a sparse vector (CSC @ v)
     dense = not (isinstance(a, SparseTensor) and isinstance(b, SparseTensor))
