@@ -208,6 +208,22 @@ def test_with_values_shares_arrays_and_checks_input():
         A.with_values(A)
 
 
+def test_with_values_inherits_pattern_facts_of_the_same_dtype_only():
+    """A wrapper rebuilt per call (autograd's saved values) keeps the call key and kernel
+    facts of its pattern; values of another dtype work theirs out (a float32 key would
+    hand float64 values to a float32 kernel)."""
+    A = _sparse((6, 5), 0.5, "csr", 21).to(torch.float32)
+    x = torch.rand(5)
+    A @ x
+    B = A.with_values(torch.rand(A.nnz))
+    assert B.__dict__["_call_key"] == A.__dict__["_call_key"]
+    torch.testing.assert_close(B @ x, B.to_dense() @ x)
+    C = A.with_values(torch.rand(A.nnz, dtype=F64))
+    assert "_call_key" not in C.__dict__
+    x64 = x.to(F64)
+    torch.testing.assert_close(C @ x64, C.to_dense() @ x64)
+
+
 def test_large_sparse_gradient_stays_sparse(monkeypatch):
     """A 200000 x 200000 operand with 1e5 nonzeros: the gradient is one value per stored
     entry and nothing of the full shape (4e10 entries) is ever allocated."""

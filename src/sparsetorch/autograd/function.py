@@ -46,8 +46,10 @@ class _Plan:
         self.out_pattern = None
 
     def rebuild(self, inputs):
-        return [t.with_values(v) if isinstance(t, SparseTensor) else v
-                for t, v in zip(self.operands, inputs)]
+        # a saved input unpacks to the operand's own values tensor (autograd has checked
+        # its version): the operand itself, whose pointers and call key are known
+        return [(t if v is t._values else t.with_values(v)) if isinstance(t, SparseTensor)
+                else v for t, v in zip(self.operands, inputs)]
 
 
 class _ExprFunction(torch.autograd.Function):

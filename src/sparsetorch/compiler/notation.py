@@ -27,7 +27,7 @@ UNARY = {
 class Expr:
     """Base of expression nodes (trees are built by ``ops/expr.py``'s ``LazyExpr``)."""
 
-    def accesses(self):
+    def accesses(self) -> tuple:
         """Every ``Access`` in the tree, left to right."""
         raise NotImplementedError
 
@@ -37,8 +37,8 @@ class Access(Expr):
     operand: int
     indices: tuple[str, ...]
 
-    def accesses(self):
-        return [self]
+    def accesses(self) -> tuple:
+        return (self,)
 
     def __str__(self):
         return f"T{self.operand}[{','.join(self.indices)}]"
@@ -50,8 +50,14 @@ class _Node(Expr):
     def children(self):
         return [v for v in vars(self).values() if isinstance(v, Expr)]
 
-    def accesses(self):
-        return [acc for child in self.children() for acc in child.accesses()]
+    def accesses(self) -> tuple:
+        # Kept with the node (trees are immutable, and the parsed einsum of a repeated call
+        # is the same object): every call path walks the accesses several times.
+        found = self.__dict__.get("_accesses")
+        if found is None:
+            found = tuple(acc for child in self.children() for acc in child.accesses())
+            self.__dict__["_accesses"] = found
+        return found
 
 
 @dataclass(frozen=True)
@@ -98,8 +104,8 @@ class Unary(_Node):
 class Result(Expr):
     """Inside an ``Epilogue``'s function: the completed sum of the epilogue's body."""
 
-    def accesses(self):
-        return []
+    def accesses(self) -> tuple:
+        return ()
 
     def __str__(self):
         return "sum"

@@ -44,6 +44,35 @@ def layout(fmt: Format) -> tuple:
 
 # The wrapper's own autograd state (the class overrides the Python properties). Read with
 # torch functions off: through ``__torch_function__`` the getter costs ~1.7 us, ~0.35 here.
+# What kernels work out about a SparseTensor from its pattern and value dtype alone and keep
+# in its ``__dict__`` (the call key, ``ops/execute.py``; the blocking and row-length facts,
+# ``ops/balance.py``; the ones-valued mask, ``autograd/pattern.py``): another wrapper of the
+# same arrays with values of the same dtype inherits them (``inherit_pattern_facts``).
+PATTERN_FACTS = ("_call_key", "_long_rows", "_row_profile", "_ones")
+
+
+def inherit_pattern_facts(source, t) -> None:
+    """Copy ``source``'s ``PATTERN_FACTS`` to ``t``, a SparseTensor of the same pattern
+    (its level arrays or equal copies of them), when their values share dtype and device
+    and ``t``'s are eager (a traced wrapper must not find a call key: its calls are
+    recorded, not run). Saves a wrapper rebuilt per call (autograd's saved values, a
+    re-laid operand) from working them out again.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.eye(3), format="csr")
+        >>> _ = A @ torch.ones(3)
+        >>> B = A.with_values(torch.ones(3))
+        >>> B.__dict__["_call_key"] == A.__dict__["_call_key"]
+        True
+    """
+    values = t._values
+    if type(values) is torch.Tensor and source._values.dtype == values.dtype and \
+            source._values.device == values.device:
+        facts = source.__dict__
+        t.__dict__.update((k, facts[k]) for k in PATTERN_FACTS if k in facts)
+
+
 def _wrapper_requires_grad(t) -> bool:
     with _DisableTorchFunction():
         return torch.Tensor.requires_grad.__get__(t)
@@ -294,7 +323,9 @@ class SparseTensor(torch.Tensor):
         from .validate import check_value_dtype
 
         check_value_dtype(values, "with_values")
-        return SparseTensor(self._size, self._format, self.arrays, values)
+        out = SparseTensor(self._size, self._format, self.arrays, values)
+        inherit_pattern_facts(self, out)
+        return out
 
     # -- accessors ----------------------------------------------------------------------------
     @property

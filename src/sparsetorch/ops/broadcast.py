@@ -30,6 +30,8 @@ def squeeze_broadcast(assignment: Assignment, operands):
         >>> str(a), tuple(ops[0].shape)
         ('out[b,i,k] = sum_{j} T0[i,j] * T1[b,j,k]', (2, 3))
     """
+    if not any(1 in t.shape for t in operands):   # no size 1 anywhere: the common case
+        return assignment, operands
     accesses = assignment.expr.accesses()
     size: dict = {}
     for acc in accesses:

@@ -177,7 +177,7 @@ def _remember(alias: str, operands, out_format, call) -> None:
     from .relayout import relayout   # (here: relayout.py imports this module)
 
     key = _signature(alias, operands, out_format)
-    if key is None:
+    if key is None or _PREPARED.get(key) is call:   # (autograd's forward: every call)
         return
     _PREPARED[key] = call
     guarded = getattr(call, "cguarded", None) or getattr(call, "guarded", None)

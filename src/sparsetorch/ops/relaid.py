@@ -41,12 +41,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .. import runtime
 from ..formats.format import Format
 from ..formats.pack import choose_index_dtype, pack, unpack_rows
-from ..formats.tensor import SparseTensor, layout
+from ..formats.tensor import SparseTensor, inherit_pattern_facts, layout
 
 # first level array -> {(source format, format, index dtype): _Kept}
 _KEPT = WeakIdKeyDictionary()
-# what the kernels keep on a SparseTensor about its pattern alone (``ops/balance.py``)
-_PATTERN_FACTS = ("_row_profile",)
 
 
 class _Kept:
@@ -69,15 +67,15 @@ class _Kept:
         """``t`` with its values gathered into the new order: on every call, since values
         can change without a trace (through ``.data``, which has its own version counter:
         ``gradcheck`` perturbs inputs that way). Facts the kernels worked out about the
-        pattern (row-length profile) carry over from the last tensor made."""
+        pattern (``PATTERN_FACTS``: the call key, the row-length profile) carry over from
+        the last tensor made."""
         values = gather(t._values, self.perm)
         if values.requires_grad:   # recorded: the wrapper's constructor connects it
             return SparseTensor(t._size, self.parts[0], self.arrays, values)
         out = SparseTensor._from_parts(t._size, self.parts,
                                        [self.arrays[n] for n in self.parts[1]], values)
         if self.last is not None:
-            facts = self.last.__dict__
-            out.__dict__.update((k, facts[k]) for k in _PATTERN_FACTS if k in facts)
+            inherit_pattern_facts(self.last, out)
         self.last = out
         return out
 
