@@ -42,8 +42,6 @@ def layout(fmt: Format) -> tuple:
     return fmt, names, tuple("_" + name for name in names)
 
 
-# The wrapper's own autograd state (the class overrides the Python properties). Read with
-# torch functions off: through ``__torch_function__`` the getter costs ~1.7 us, ~0.35 here.
 # What kernels work out about a SparseTensor from its pattern and value dtype alone and keep
 # in its ``__dict__`` (the call key, ``ops/execute.py``; the blocking and row-length facts,
 # ``ops/balance.py``; the ones-valued mask, ``autograd/pattern.py``): another wrapper of the
@@ -73,6 +71,8 @@ def inherit_pattern_facts(source, t) -> None:
         t.__dict__.update((k, facts[k]) for k in PATTERN_FACTS if k in facts)
 
 
+# The wrapper's own autograd state (the class overrides the Python properties). Read with
+# torch functions off: through ``__torch_function__`` the getter costs ~1.7 us, ~0.35 here.
 def _wrapper_requires_grad(t) -> bool:
     with _DisableTorchFunction():
         return torch.Tensor.requires_grad.__get__(t)
