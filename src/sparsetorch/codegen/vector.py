@@ -260,6 +260,7 @@ class VectorLoops:
                 shot, _, _ = self._first_sum_loop(s, pad + "  ", [(lanes.n, True)],
                                                   single=True)
                 out += [f"{pad}}} else if ({trip} <= {lanes.n}) {{", *shot]
+                # (the full-width loop above only told that the sum gathers; this replaces it)
                 narrow = [(GATHERED_LOOP_LANES, True), (GATHERED_LOOP_LANES, False)]
                 vector, _, _ = self._first_sum_loop(s, pad + "  ", narrow)
         return out + [f"{pad}}} else {{", *vector, f"{pad}}}"]
@@ -327,13 +328,12 @@ class VectorLoops:
         raise Unsupported("index lanes")
 
     def _sum_loop(self, s: For, pad, lanes: _Lanes, i32: bool, unroll: int,
-                  single: bool = False, bodies: list | None = None) -> list[str]:
+                  single: bool, bodies: list) -> list[str]:
         """Unmasked steps of ``unroll`` registers (one accumulator each: independent FMA
         chains), then masked steps for the rest, then one horizontal add; with ``single``
         (at most one register of terms) one masked step and the add, nothing to branch on.
         AVX2 has no masked gathers: whole steps there, and the rest runs scalar after the
         horizontal add. The ``_Body`` of each step is appended to ``bodies``."""
-        bodies = [] if bodies is None else bodies
         if s.step != 1:
             raise Unsupported("strided sum")
         acc, var, n = s.reduction, s.var, lanes.n
