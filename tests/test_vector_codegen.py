@@ -173,9 +173,9 @@ def test_spmm_uses_register_tiles_and_spmv_masked_gathers():
 
 
 def test_sddmm_sums_entries_side_by_side():
-    """Loop IR: the mask value leaves the k loop (multiplied once per entry), four entries'
-    inner products (eight with AVX2) share one k loop, a remainder loop takes the rest of a
-    row; the horizontal adds are combined four sums at a time."""
+    """Loop IR: the mask value leaves the k loop (multiplied once per entry), eight entries'
+    inner products (four without AVX2 or AVX-512) share one k loop, remainder loops take the
+    rest of a row; the horizontal adds are combined four sums at a time."""
     from sparsetorch.compiler.kernel import sum_copies
 
     copies = sum_copies()
