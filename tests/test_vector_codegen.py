@@ -160,7 +160,7 @@ def test_spmm_uses_register_tiles_and_spmv_masked_gathers():
     assert "< 4) {" in spmv                      # rows of 1-3 entries stay scalar
     assert "<= 8) {" in spmv and "_mm256_mmask_i32gather_ps" in spmv   # 4-8: 256-bit step
     assert "<= 16) {" in spmv     # 9-16: one 512-bit step, no loop
-    assert "p0_3 += 8) {" in spmv and ">= 32) {" not in spmv   # longer: 256-bit steps
+    assert "p0_3 += 8) {" in spmv   # longer: 256-bit steps (and 512-bit past 48 on AMD)
     # a sum without a gather (SDDMM's inner products over k) keeps 512-bit steps, two
     # accumulators from two registers on
     sddmm = st.explain("ij,ik,jk->ij", A, torch.ones(4, 70), torch.ones(4, 70)).source
@@ -170,6 +170,33 @@ def test_spmm_uses_register_tiles_and_spmv_masked_gathers():
     A64 = st.tensor(torch.eye(4), format="csr", index_dtype=torch.int64)
     spmv = st.explain("ij,j->i", A64, torch.ones(4)).source
     assert "_mm512_mask_i64gather_ps" in spmv and "st_hsum256" in spmv
+
+
+@needs_avx512
+@pytest.mark.parametrize("wide_from", [None, 48])
+def test_long_gathered_sums_take_full_registers_past_a_threshold(monkeypatch, wide_from):
+    """``kernel.wide_gathers_from`` (48 on AMD, None elsewhere): SpMV rows of 17 to 48
+    entries loop over 256-bit steps, longer ones over 512-bit steps with two accumulators;
+    without it, 256-bit steps throughout. Both renderings, forced on this CPU, match dense
+    on rows of every length up to 110 (float64 sums take 8-lane steps either way)."""
+    from sparsetorch.compiler import kernel
+
+    monkeypatch.setattr(kernel, "wide_gathers_from", lambda: wide_from)
+    kernel.compile_kernel.cache_clear()
+    forget_call_memo()
+    try:
+        d = _rows_of_every_length(cols=110, dtype=torch.float32)
+        A = st.tensor(d, format="csr", index_dtype=torch.int32)
+        spmv = st.explain("ij,j->i", A, torch.ones(110)).source
+        assert "p0_3 += 8) {" in spmv
+        assert ("<= 48) {" in spmv and ">= 32) {" in spmv) == (wide_from is not None)
+        for dtype in (torch.float32, torch.float64):
+            for index in (torch.int32, torch.int64):
+                A = st.tensor(d.to(dtype), format="csr", index_dtype=index)
+                check_against_dense("ij,j->i", [A, _dense((110,), dtype, 2)])
+    finally:
+        kernel.compile_kernel.cache_clear()
+        forget_call_memo()
 
 
 def test_sddmm_sums_entries_side_by_side():

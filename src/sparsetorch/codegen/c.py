@@ -286,8 +286,10 @@ _MATH = {"float": {"fabs": "fabsf", "exp": "expf", "sqrt": "sqrtf"},
 
 
 class _CRenderer:
-    def __init__(self, val_ctype: str, index_ctypes: dict, isa: str | None = None):
+    def __init__(self, val_ctype: str, index_ctypes: dict, isa: str | None = None,
+                 wide_gathers_from: int | None = None):
         self.val = val_ctype
+        self.wide_gathers_from = wide_gathers_from
         self.index = index_ctypes
         self.math = _MATH[val_ctype]
         self.isa = isa if full_lanes(val_ctype, isa) else None
@@ -566,10 +568,13 @@ def _uses_hash(node) -> bool:
 
 
 def render_c(functions, val_ctype: str, index_ctypes: dict, header: str = "",
-             isa: str | None = None) -> str:
+             isa: str | None = None, wide_gathers_from: int | None = None) -> str:
     """C source for ``functions`` (IR ``Function``s sharing one value type).
 
     ``index_ctypes`` maps operand number to its index C type (``int32_t``/``int64_t``).
+    ``isa``: the intrinsics of vector loops (None: pragmas); ``wide_gathers_from``: sums
+    through a gather longer than this loop over full AVX-512 registers instead of halves
+    (``vector.GATHERED_LOOP_LANES``; None: halves throughout).
 
     Example:
         >>> from sparsetorch.compiler.ir import Function, Param, block, Assign, Load, Lit
@@ -578,7 +583,7 @@ def render_c(functions, val_ctype: str, index_ctypes: dict, header: str = "",
         >>> "out_vals[0] = ((val_t)1.0);" in render_c([f], "float", {})
         True
     """
-    r = _CRenderer(val_ctype, index_ctypes, isa)
+    r = _CRenderer(val_ctype, index_ctypes, isa, wide_gathers_from)
     bodies = [r.function(fn) for fn in functions]
     parts = [f"/* {line} */" for line in header.splitlines()] if header else []
     parts.append(_PRELUDE.format(val=val_ctype))

@@ -53,6 +53,12 @@ HALF_SUM = 8
 # 1.08-1.10x torch.sparse, all 108 matrices 0.96-0.98x -> 1.08-1.11x, the embedding 124-129
 # -> 106-110 us. Sums without a gather (SDDMM's inner products) keep 16-lane loops.
 GATHERED_LOOP_LANES = 8
+# On AMD Zen 5 the loop over 16-lane steps (two accumulators) is the faster one for long
+# rows: ``render_c(..., wide_gathers_from=n)`` keeps the 8-lane loop up to n terms and takes
+# 16-lane steps beyond (``kernel.wide_gathers_from`` picks n per CPU). Generated SpMV, the
+# 70 matrices of ``benchmarks/compiler.py`` with a row over 16 entries, 8-lane loops and
+# this interleaved in one process: geomean 1.10x, rows of 150-900 entries 1.13-1.38x, none
+# slower; 16-lane loops from 17 terms on were 1.04x (rows of 17-48: down to 0.89x).
 
 _UNARY_BY_TEMPLATE = {template: name for name, (template, *_rest) in UNARY.items()}
 
@@ -172,6 +178,7 @@ class VectorLoops:
     def __init__(self, scalar):
         self.scalar = scalar
         self.val, self.isa = scalar.val, scalar.isa
+        self.wide_from = scalar.wide_gathers_from   # see GATHERED_LOOP_LANES
         if full_lanes(self.val, self.isa) is None:
             raise Unsupported(f"value type {self.val} on {self.isa}")
         self.tiles = {}          # tile array name -> number of registers
@@ -242,7 +249,8 @@ class VectorLoops:
         of a few entries) stay scalar, where the fixed cost of a gather and a horizontal add
         would dominate, and float32 runs of at most ``HALF_SUM`` take one 256-bit step.
         Longer float32 runs through a gather take one 512-bit step up to 16 terms, then
-        loop over 256-bit steps (``GATHERED_LOOP_LANES``)."""
+        loop over 256-bit steps (``GATHERED_LOOP_LANES``), and over 512-bit steps past
+        ``wide_gathers_from`` terms where the renderer sets it."""
         if isinstance(s.reduction, tuple):
             return self.side_by_side_sums(s, pad)
         full = full_lanes(self.val, self.isa)
@@ -260,9 +268,12 @@ class VectorLoops:
                 shot, _, _ = self._first_sum_loop(s, pad + "  ", [(lanes.n, True)],
                                                   single=True)
                 out += [f"{pad}}} else if ({trip} <= {lanes.n}) {{", *shot]
-                # (the full-width loop above only told that the sum gathers; this replaces it)
                 narrow = [(GATHERED_LOOP_LANES, True), (GATHERED_LOOP_LANES, False)]
-                vector, _, _ = self._first_sum_loop(s, pad + "  ", narrow)
+                loop, _, _ = self._first_sum_loop(s, pad + "  ", narrow)
+                if self.wide_from is None:
+                    vector = loop   # (the full-width loop above only told that it gathers)
+                else:
+                    out += [f"{pad}}} else if ({trip} <= {self.wide_from}) {{", *loop]
         return out + [f"{pad}}} else {{", *vector, f"{pad}}}"]
 
     def _scalar(self, loop: For, pad: str) -> list[str]:
