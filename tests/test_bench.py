@@ -235,12 +235,16 @@ def test_machine_info_names_threads():
         assert machine_info()["threads"] == 1
 
 
-def _load_conversions_script():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "conversions.py"
-    spec = importlib.util.spec_from_file_location("conversions_bench", path)
+def _load_script(name):
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _load_conversions_script():
+    return _load_script("conversions")
 
 
 def test_conversions_benchmark_smoke(tmp_path, capsys):
@@ -259,3 +263,28 @@ def test_conversions_benchmark_smoke(tmp_path, capsys):
     assert any("stand-in" in n for n in data["notes"])
     assert not [r for r in data["rows"] if r.get("check")], "a library disagreed with scipy"
     assert "x_scipy" in capsys.readouterr().out
+
+
+def test_variants_benchmark_compares_settings_of_a_tuning_function(tmp_path, capsys):
+    """``benchmarks/variants.py`` holds one kernel per setting side by side: both settings'
+    rows are written, the tuning function is restored afterwards, and a bad knob or a single
+    setting is refused. Needs the shared DLMC masks (skipped without them)."""
+    from sparsetorch.compiler import kernel
+
+    bench = _load_script("variants")
+    for bad in (["--knob", "no_such_fn=1,2"], ["--knob", "sum_copies=4"],
+                ["--knob", "sum_copies=four,8"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args([*bad, "--kernel", "sddmm"])
+    root = find_data()
+    if root is None or not (root / "dlmc").is_dir():
+        pytest.skip("no shared DLMC data")
+    before = kernel.sum_copies
+    out = tmp_path / "v.json"
+    assert bench.main(["--knob", "sum_copies=4,8", "--kernel", "sddmm", "--inner", "16",
+                       "--quick", "--rounds", "2", "--min-time", "0", "--out", str(out)]) == 0
+    assert kernel.sum_copies is before
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["impl"] for r in rows} == {"sum_copies=4", "sum_copies=8"}
+    assert all(r["speedup"] > 0 for r in rows)
+    assert "geomean" in capsys.readouterr().out

@@ -1,0 +1,180 @@
+#!/usr/bin/env python
+"""A code-generation choice, measured: the same calls compiled under two or more settings of
+one tuning function of ``sparsetorch.compiler.kernel`` and timed side by side in one process.
+
+    python benchmarks/variants.py --knob sum_copies=4,8 --kernel sddmm --inner 64
+    python benchmarks/variants.py --knob wide_gathers_from=none,48 --kernel spmv
+    python benchmarks/variants.py --knob sum_copies=4,8 --kernel sddmm --quick --out /tmp/v.json
+
+Why: the shared machines drift by 10-30% within minutes, so two runs of ``kernels.py`` or
+``compiler.py`` taken minutes apart, one per setting, cannot resolve a 5% change. Here every
+round calls each variant's kernel back to back on the same operands
+(``sparsetorch.bench.compare``), so drift cancels out of the per-round ratios.
+
+How: for each setting the tuning function (a function of no arguments in
+``sparsetorch.compiler.kernel``, such as ``sum_copies`` or ``wide_gathers_from``) is replaced
+by one returning the setting, the kernel memo and the ops layer's call memos are cleared (a
+dependence on ``ops/execute.py``'s internals, as in the tests' ``forget_call_memo``), and one
+``st.einsum`` call compiles the kernel and memoises its call shim, which is kept. The function
+is restored afterwards. Before timing, every variant's result is checked against the first's.
+
+Inputs: ``spmv`` (``ij,j->i``) and ``spmm`` (``ij,jk->ik``, 128 columns) run the SuiteSparse
+and DLMC matrices of ``compiler.py``; ``sddmm`` (``ij,ik,jk->ij``, inner dimension
+``--inner``) runs the DLMC transformer 0.7 and 0.9 masks of ``kernels.py``. Float32.
+Output: each case's ratio of the first setting's time to each setting's (> 1: faster than the
+first), then per setting the geomean, median and smallest ratio; JSON with every row.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import sparsetorch as st  # noqa: E402
+from sparsetorch.bench import Report, compare, find_data, geomean  # noqa: E402
+from sparsetorch.bench.harness import quiet_sparse_warnings  # noqa: E402
+from sparsetorch.compiler import kernel as _kernel  # noqa: E402
+from sparsetorch.ops import execute as _execute  # noqa: E402
+
+from _inputs import select_dlmc, select_suitesparse  # noqa: E402
+
+EQUATIONS = {"spmv": "ij,j->i", "spmm": "ij,jk->ik", "sddmm": "ij,ik,jk->ij"}
+SPMM_N = 128
+SDDMM_SETS = ("transformer/0.7/", "transformer/0.9/")
+_MEMOS = ("_PREPARED", "_BLOCKED", "_FAST", "_FAST_DENSE")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--knob", required=True,
+                   help="NAME=V1,V2,...: a no-argument function of sparsetorch.compiler."
+                   "kernel and the settings to compare (integers or 'none'; the first is "
+                   "the baseline)")
+    p.add_argument("--kernel", choices=sorted(EQUATIONS), required=True)
+    p.add_argument("--inner", type=int, default=64, help="SDDMM inner dimension (64)")
+    p.add_argument("--quick", action="store_true", help="a quarter of the matrices")
+    p.add_argument("--threads", type=int, default=2, help="torch and kernel threads (2)")
+    p.add_argument("--rounds", type=int, default=30, help="timed rounds per case (30)")
+    p.add_argument("--min-time", type=float, default=5e-3,
+                   help="seconds per timed sample; faster calls are batched (5e-3)")
+    p.add_argument("--data", default=None, help="shared data folder (default ../shared/data)")
+    p.add_argument("--out", default=None,
+                   help="JSON path (default benchmarks/results/variants.json)")
+    args = p.parse_args(argv)
+    name, _, values = args.knob.partition("=")
+    if not callable(getattr(_kernel, name, None)) or name.startswith("_"):
+        p.error(f"--knob: sparsetorch.compiler.kernel has no public function {name!r}")
+    try:
+        args.values = [None if v.lower() == "none" else int(v) for v in values.split(",")]
+    except ValueError:
+        p.error(f"--knob: settings must be integers or 'none', got {values!r}")
+    if len(args.values) < 2:
+        p.error("--knob: give at least two settings, e.g. sum_copies=4,8")
+    args.name = name
+    return args
+
+
+def matrices(kernel: str, root: Path, quick: bool) -> list:
+    """(name, loader) of the matrices ``kernel`` runs (see the module docstring)."""
+    if kernel == "sddmm":
+        picked = [m for m in select_dlmc(root, 12) if m[1].startswith(SDDMM_SETS)]
+    else:
+        picked = select_suitesparse(root, False, []) + select_dlmc(root, 10)
+    picked = [(name, load) for _, name, load in picked]
+    return picked[::4] if quick else picked
+
+
+def operands(kernel: str, m, inner: int, seed: int) -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    rows, cols = m.shape
+    if kernel == "sddmm":
+        mask = st.tensor(m.astype(np.float32), format="csr")
+        return (mask, torch.randn(rows, inner, generator=g),
+                torch.randn(cols, inner, generator=g))
+    A = st.tensor(m, format="csr")
+    if kernel == "spmv":
+        return A, torch.randn(cols, generator=g)
+    return A, torch.randn(cols, SPMM_N, generator=g)
+
+
+def compiled_call(name: str, value, equation: str, ops: tuple):
+    """The memoised call shim of ``equation`` on ``ops`` compiled with
+    ``sparsetorch.compiler.kernel.<name>()`` answering ``value``."""
+    original = getattr(_kernel, name)
+    setattr(_kernel, name, lambda: value)
+    try:
+        _kernel.compile_kernel.cache_clear()
+        for memo in _MEMOS:
+            getattr(_execute, memo).clear()
+        st.einsum(equation, *ops)
+        calls = _execute.fast_calls(equation)
+    finally:
+        setattr(_kernel, name, original)
+    if not calls:
+        raise RuntimeError(f"{equation}: no memoised call shim (this case takes the generic "
+                           "path), so its variants cannot be held side by side")
+    return calls[0]
+
+
+def _values(result):
+    return result._values if isinstance(result, st.SparseTensor) else result
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    quiet_sparse_warnings()
+    torch.set_num_threads(args.threads)
+    root = find_data(args.data)
+    if root is None:
+        print("variants.py needs the shared data folder (pass --data or set SPARSETORCH_DATA)",
+              file=sys.stderr)
+        return 2
+    labels = [f"{args.name}={v}" for v in args.values]
+    report = Report(f"{args.kernel}: {', '.join(labels)}",
+                    meta={"argv": sys.argv[1:] if argv is None else list(argv),
+                          "kernel": args.kernel, "knob": args.name, "values": args.values,
+                          "inner": args.inner if args.kernel == "sddmm" else None,
+                          "threads": args.threads, "rounds": args.rounds})
+    equation, ratios, t0 = EQUATIONS[args.kernel], {lab: [] for lab in labels}, time.time()
+    for n, (name, load) in enumerate(matrices(args.kernel, root, args.quick)):
+        m = load()
+        ops = operands(args.kernel, m, args.inner, seed=n)
+        calls = [compiled_call(args.name, v, equation, ops) for v in args.values]
+        first = _values(calls[0](ops))
+        for lab, call in zip(labels[1:], calls[1:]):
+            if not torch.allclose(_values(call(ops)), first, rtol=1e-4, atol=1e-3):
+                print(f"!! {name}: {lab} disagrees with {labels[0]}", file=sys.stderr)
+                return 1
+        res = compare({lab: (lambda c=c: c(ops)) for lab, c in zip(labels, calls)},
+                      baseline=labels[0], rounds=args.rounds, min_time=args.min_time)
+        report.add(name, res, nnz=int(m.nnz), shape=f"{m.shape[0]}x{m.shape[1]}")
+        line = []
+        for lab in labels:
+            r = res["impls"][lab]["speedup"]
+            ratios[lab].append(r)
+            line.append(f"{r:.3f}x")
+        print(f"{name[:48]:48s} {m.shape[0]:>6}x{m.shape[1]:<6} nnz {m.nnz:>8} "
+              f"{res['impls'][labels[0]]['median_s'] * 1e6:9.1f} us  {'  '.join(line)}",
+              flush=True)
+    print(f"\n== {report.title}: time of {labels[0]} / time of each (> 1: faster) ==")
+    for lab in labels:
+        rs = [r for r in ratios[lab] if r is not None and math.isfinite(r)]
+        print(f"  {lab:28s} geomean {geomean(rs):.3f}x  median {statistics.median(rs):.3f}x  "
+              f"min {min(rs):.3f}x  over {len(rs)} cases")
+    out = Path(args.out or Path(__file__).resolve().parent / "results" / "variants.json")
+    report.write_json(out)
+    print(f"wrote {out} ({time.time() - t0:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
