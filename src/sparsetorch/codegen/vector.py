@@ -56,9 +56,10 @@ GATHERED_LOOP_LANES = 8
 # On AMD Zen 5 the loop over 16-lane steps (two accumulators) is the faster one for long
 # rows: ``render_c(..., wide_gathers_from=n)`` keeps the 8-lane loop up to n terms and takes
 # 16-lane steps beyond (``kernel.wide_gathers_from`` picks n per CPU). Generated SpMV on
-# the 108 matrices of ``benchmarks/compiler.py``, 8-lane loops and this interleaved in one
-# process: geomean 1.047x, none below 0.985x; rows of 150-900 entries 1.13-1.38x. 16-lane
-# loops from 17 terms on were slower on rows of 17-48 (down to 0.89x).
+# the 108 matrices of ``benchmarks/compiler.py`` (``benchmarks/variants.py --knob
+# wide_gathers_from=none,48 --kernel spmv``, two runs): geomean 1.047-1.062x, none below
+# 0.985x; rows of 150-900 entries 1.13-1.38x. 16-lane loops from 17 terms on were slower on
+# rows of 17-48 (down to 0.89x).
 
 _UNARY_BY_TEMPLATE = {template: name for name, (template, *_rest) in UNARY.items()}
 
