@@ -1,7 +1,8 @@
 """Cache blocking of SDDMM by column ranges (compiler/sblock.py), checked against dense.
 
-The blocked nest runs when the gathered dense operand exceeds half of L2; the tests tell
-it L2 holds 4 KB so small shapes take it: row groups cut at thread ranges, rows
+The blocked nest runs when the gathered dense operand exceeds a block's budget (a little
+more than L1); the tests tell it L2 holds 4 KB and a block 2 KB, so small shapes take it:
+row groups cut at thread ranges, rows
 that skip blocks, empty and full rows, blocks ending inside a run of side-by-side sums,
 inner dimensions with masked tails and under one vector.
 """
@@ -30,17 +31,18 @@ einsum_module = importlib.import_module("sparsetorch.ops.einsum")
 
 @pytest.fixture
 def small_l2(monkeypatch):
-    """SDDMM kernels blocked as if L2 held 4 KB, so every long-row SDDMM here runs blocked
-    (the long-row test itself is unchanged); kernels and memoised calls built under it are
-    forgotten afterwards."""
+    """SDDMM kernels blocked as if L2 held 4 KB and a block's budget were 2 KB, so every
+    long-row SDDMM here runs blocked (the long-row test itself is unchanged); kernels and
+    memoised calls built under it are forgotten afterwards."""
     def forget():
         kernel.compile_kernel.cache_clear()
         forget_call_memo()
     forget()
     monkeypatch.setattr(kernel, "column_blocked",
-                        lambda body, lw, copies, size, l2: column_blocked(body, lw, copies,
-                                                                          size, 4096))
+                        lambda body, lw, copies, size, l2, near: column_blocked(
+                            body, lw, copies, size, 4096, 2048))
     monkeypatch.setattr(einsum_module, "l2_bytes", lambda: 4096)   # what explain tells
+    monkeypatch.setattr(einsum_module, "sampled_block_bytes", lambda: 2048)
     yield
     monkeypatch.undo()
     forget()
@@ -50,9 +52,9 @@ def small_l2(monkeypatch):
 @pytest.mark.parametrize("inner,dtype,columns", [
     (1, torch.float32, 192), (1, torch.float64, 192),   # ~64 entries of a row
     (5, torch.float32, 96), (5, torch.float64, 48),      # below: Y's rows of a block fill
-    (8, torch.float32, 64), (8, torch.float64, 32),      # half of the 4 KB "L2"...
-    (13, torch.float32, 32), (13, torch.float64, 192),   # ...unless that leaves under 8
-    (64, torch.float32, 192)])                           # entries of a row (32 columns)
+    (8, torch.float32, 64), (8, torch.float64, 48),      # the 2 KB budget, with at least
+    (13, torch.float32, 48), (13, torch.float64, 192),   # 12 entries of a row (48 columns),
+    (64, torch.float32, 192)])                           # unless 8 (32 columns) outgrow L2/2
 def test_blocked_sddmm_matches_dense(small_l2, inner, dtype, columns):
     d = long_rows(GROUP_ROWS + 37, 700, 0.4, dtype)
     g = torch.Generator().manual_seed(1)
@@ -65,20 +67,27 @@ def test_blocked_sddmm_matches_dense(small_l2, inner, dtype, columns):
         check_against_dense(SDDMM, (A, x, y))
 
 
-def test_blocks_keep_the_gathered_rows_within_half_of_l2(monkeypatch):
-    """DLMC-like 90%-sparse 512x2048 weights (205 entries a row): at K = 64 a block holds
-    ~64 entries of a row (640 columns: 160 KB of Y); at K = 256 that many rows of Y would
-    be 640 KB, over a 512 KB L2, so blocks shrink to 256 columns (256 KB); at K = 2048 the
-    32 columns that fit would hold 3 entries of a row, so blocks stay at 640."""
-    monkeypatch.setattr(einsum_module, "l2_bytes", lambda: 512 * 1024)
+def test_blocks_fill_about_l1_with_the_gathered_rows(monkeypatch):
+    """DLMC-like 512x2048 weights, a 1 MB L2 and a 64 KB block budget: at 70% sparsity (614
+    entries a row) a block holds the 64 KB of Y's rows that fit at K = 256 (64 columns), at
+    K = 64 the 224 columns of about 64 entries (the 256 that fit would hold more); at 90%
+    (205 a row) 64 columns would hold 6 entries of a row at K = 256, so blocks grow to the 12
+    entries of 128 columns, and at K = 64 hold the 256 that fit; at K = 4096 even 8 entries'
+    rows (1.3 MB) outgrow half of L2, so blocks hold about 64 entries (640 columns). Y of 64
+    KB or less is not blocked."""
+    monkeypatch.setattr(einsum_module, "l2_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(einsum_module, "sampled_block_bytes", lambda: 64 << 10)
     g = torch.Generator().manual_seed(6)
-    keep = torch.rand(512, 2048, generator=g).argsort(1)[:, :205]
-    d = torch.zeros(512, 2048).scatter_(1, keep, 1.0)
-    A = st.tensor(d, format="csr")
-    for inner, columns in ((64, 640), (256, 256), (2048, 640)):
-        notes = " ".join(st.explain(SDDMM, A, torch.zeros(512, inner),
-                                    torch.zeros(2048, inner)).notes)
-        assert f"this call: blocks of {columns} columns" in notes
+    for per_row, cases in ((614, ((256, 64), (64, 224))),
+                           (205, ((256, 128), (64, 256), (4096, 640), (8, None)))):
+        keep = torch.rand(512, 2048, generator=g).argsort(1)[:, :per_row]
+        A = st.tensor(torch.zeros(512, 2048).scatter_(1, keep, 1.0), format="csr")
+        for inner, columns in cases:
+            notes = " ".join(st.explain(SDDMM, A, torch.zeros(512, inner),
+                                        torch.zeros(2048, inner)).notes)
+            want = "this call: unblocked (operand of 64 KB, within 64 KB)" if columns is None \
+                else f"this call: blocks of {columns} columns"
+            assert want in notes, notes
 
 
 @needs_intrinsics
@@ -135,7 +144,7 @@ def test_short_rows_and_small_operands_run_unblocked(small_l2):
     assert NOTE not in " ".join(st.explain(SDDMM, A, x, y).notes)
     check_against_dense(SDDMM, (A, x, y))
     # rows long enough for the blocked nest, too short for two blocks of ENTRIES (Y of
-    # 3.2 KB: its half-L2 share, 256 rows, does not split the 400 columns either): the
+    # 3.2 KB: its 2 KB budget, 256 rows, does not split the 400 columns either): the
     # kernel's own test picks the plain nest
     d = long_rows(9, 400, 0.2, torch.float32)
     ops = (st.tensor(d, format="csr"), torch.randn(9, 2), torch.randn(400, 2))
@@ -177,8 +186,10 @@ def test_every_remainder_of_the_side_by_side_sums(small_l2, monkeypatch, blocked
     """Rows of 130-170 entries in a random order: every remainder of the eight side by side
     sums (then the loop of four, then 0-3 one at a time), in the plain nest and in the
     column-blocked one (two blocks: runs end inside blocks too)."""
-    if not blocked:   # Y under half of the real L2: the plain nest
+    if not blocked:   # Y within a block's budget (1 MB here): the plain nest
         monkeypatch.undo()
+        monkeypatch.setattr(kernel, "sampled_block_bytes", lambda: 1 << 20)
+        monkeypatch.setattr(einsum_module, "sampled_block_bytes", lambda: 1 << 20)
         kernel.compile_kernel.cache_clear()
         forget_call_memo()
     g = torch.Generator().manual_seed(5)

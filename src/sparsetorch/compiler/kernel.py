@@ -113,18 +113,17 @@ def simd_bytes() -> int:
 
 
 @lru_cache(maxsize=None)
-def l2_bytes() -> int:
-    """Per-core L2 cache size from sysfs (1 MiB when it cannot be read).
-
-    Example:
-        >>> l2_bytes() >= 64 * 1024
-        True
-    """
+def _cache_bytes(level: int, default: int) -> int:
+    """Per-core data (or unified) cache size of ``level`` from sysfs; ``default`` when it
+    cannot be read."""
     base = "/sys/devices/system/cpu/cpu0/cache"
     try:
         for index in sorted(os.listdir(base)):
             with open(f"{base}/{index}/level") as f:
-                if f.read().strip() != "2":
+                if f.read().strip() != str(level):
+                    continue
+            with open(f"{base}/{index}/type") as f:
+                if f.read().strip() == "Instruction":
                     continue
             with open(f"{base}/{index}/size") as f:
                 size = f.read().strip().upper()
@@ -132,7 +131,25 @@ def l2_bytes() -> int:
             return int(size.rstrip("KM")) * scale
     except (OSError, ValueError):
         pass
-    return 1 << 20
+    return default
+
+
+def l2_bytes() -> int:
+    """Per-core L2 cache size from sysfs (1 MiB when it cannot be read).
+
+    Example:
+        >>> l2_bytes() >= 64 * 1024
+        True
+    """
+    return _cache_bytes(2, 1 << 20)
+
+
+def sampled_block_bytes() -> int:
+    """What a column block of SDDMM's blocked nest (``sblock.py``, measured there) may fill
+    with the dense operand's rows: the L1 data cache and a third (64 KB with a 48 KB L1d;
+    a 32 KB L1d assumed when sysfs does not say). On AMD Zen 5 (DLMC masks, K = 64 and 256)
+    blocks of 48 and 64 KB ran alike, 32 KB and 96 KB ones slower."""
+    return _cache_bytes(1, 32 << 10) * 4 // 3
 
 
 def block_cap(value_dtype: str, tile: int) -> int | None:
@@ -281,9 +298,9 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
             copies = sum_copies()
             body, summed = jam_sums(fn.body, copies)
             if summed:
-                if plan.block_cap is not None:   # long rows: Y's rows may outgrow L2
+                if plan.block_cap is not None:   # long rows: Y's rows may outgrow L1
                     body = column_blocked(body, lw, copies, _VALUE_BYTES[value_dtype],
-                                          l2_bytes())
+                                          l2_bytes(), sampled_block_bytes())
                 fn = replace(fn, body=body)
                 narrower = "".join(f"then {w}, " for w in sum_widths(copies)[1:])
                 notes.append(f"inner products of {copies} stored entries side by side "

@@ -22,9 +22,20 @@ L2 (``columns_per_block``): by entries alone the 90%-sparse 512x2048 layers took
 columns that fit would hold under ``MIN_ENTRIES`` entries of a row (K in the thousands),
 the blocks stay at their size by entries.
 
-The choice is made per call inside the kernel: blocked when Y is larger than half of L2 and
-there are at least two blocks. Kernels get the blocked nest only for operands with long
-rows (``kblock.long_rows``; graphs' short rows never pay for its build).
+Since then the blocks shrink further, to the rows of Y that fill about the L1 data cache
+and a third (``kernel.sampled_block_bytes``: 64 KB with a 48 KB L1d), so a block's rows are
+read from L2 once per group and from L1 for the rest of it, as long as a block still holds
+``NEAR_ENTRIES`` entries of a row (else it holds that many; the half-L2 cap and its
+``MIN_ENTRIES`` floor still bound the large-K case). On AMD Zen 5 (1 MB L2), against
+blocking past half of L2 (``benchmarks/variants.py --knob
+sampled_block_bytes=524288,65536 --kernel sddmm``, 24 DLMC masks, two runs; the first with
+blocks of at least 8 entries a row): 70%-sparse masks geomean 1.14-1.18x at K = 64 (cases
+1.05-1.30x) and 1.12-1.29x at K = 256 (0.96-1.44x); 90%-sparse ones 1.01-1.05x and
+0.99x; all 24 1.07-1.12x (K = 64) and 1.06-1.13x (K = 256).
+
+The choice is made per call inside the kernel: blocked when Y is larger than a block's
+budget and there are at least two blocks. Kernels get the blocked nest only for operands
+with long rows (``kblock.long_rows``; graphs' short rows never pay for its build).
 
 Measured (whole calls, 2 threads, interleaved A/B in one process against the unblocked
 kernel, the 48 DLMC transformer SDDMM cases of ``benchmarks/kernels.py``, 70% and 90%
@@ -41,7 +52,8 @@ larger K (whole calls, one 512x2048 and one 512x512 layer at 90%, one 512x2048 a
 256-2048): 0.97-1.14x against blocks by entries alone; the half-L2 cap without the
 ``MIN_ENTRIES`` floor lost up to 18% at K = 2048 (512x512: 16 blocks of 3 entries a row).
 
-Data per call: A's entries once, Y's block once per group from L3, X's row once per block.
+Data per call: A's entries once, Y's block once per group from L2 or L3, X's row once per
+block.
 """
 from __future__ import annotations
 
@@ -57,14 +69,21 @@ ENTRIES = 64
 # Fewest entries of a row a block is cut to for L2's sake: one group of side-by-side sums
 # (eight with AVX2); below that, blocking costs reads of X's row and saves no reads of Y.
 MIN_ENTRIES = 8
+# Fewest entries of a row a block holds when its rows of Y would fill more than the budget
+# near L1 (``kernel.sampled_block_bytes``): 90%-sparse DLMC masks at K = 256 (Zen 5, 64 KB,
+# against blocking past half of L2) ran 0.94-1.07x with blocks of 8 entries a row, and
+# 0.97-1.02x and 1.00-1.17x in two runs with 10-13.
+NEAR_ENTRIES = 12
 GROUP_ROWS = 64
 
 
-def column_blocked(body: Block, lw, copies: int, value_bytes: int, l2: int) -> Block:
+def column_blocked(body: Block, lw, copies: int, value_bytes: int, l2: int,
+                   near: int) -> Block:
     """``body`` (a sampled kernel's nest after ``jam.jam_sums`` with ``copies`` sums side by
     side) behind a run-time choice between it and the column-blocked nest (see the module
     docstring), when its shape allows; else ``body`` itself. ``value_bytes``: the size of a
-    value; ``l2``: the L2 cache size in bytes."""
+    value; ``l2``: the L2 cache size in bytes; ``near``: what a block's rows of the gathered
+    operand should fill (``kernel.sampled_block_bytes``)."""
     found = _sampled_rows(body, lw, copies)
     if found is None:
         return body
@@ -72,65 +91,74 @@ def column_blocked(body: Block, lw, copies: int, value_bytes: int, l2: int) -> B
     _, j, k = lw.order
     n_j, n_k = Sym(f"n_{j}"), Sym(f"n_{k}")
     gathered_bytes = Bin("*", Bin("*", n_j, n_k), Lit(value_bytes))
-    jb = _columns_ir(lw, value_bytes, l2)
-    worth = Bin("&&", Bin(">", gathered_bytes, Lit(l2 // 2)),
+    jb = _columns_ir(lw, value_bytes, l2, near)
+    worth = Bin("&&", Bin(">", gathered_bytes, Lit(near)),
                 Bin("<=", Bin("*", Lit(2), jb), n_j))
     lw.column_blocked = gathered
     lw.plan.notes.append(
-        f"entries taken in blocks of columns {j} (about {ENTRIES} per row, the block's rows "
-        f"of operand {gathered} within half of L2, groups of {GROUP_ROWS} rows) when "
-        f"operand {gathered}'s rows over {j} exceed half of L2")
+        f"entries taken in blocks of columns {j} (the block's rows of operand {gathered} "
+        f"filling about {near >> 10} KB, {NEAR_ENTRIES}-{ENTRIES} entries of a row; groups "
+        f"of {GROUP_ROWS} rows) when operand {gathered}'s rows over {j} exceed "
+        f"{near >> 10} KB")
     return block(If(worth, block(_blocked_nest(loop, lw, copies, jb)), body))
 
 
-def columns_per_block(nnz, rows, cols, depth, value_bytes: int, l2: int):
-    """Columns of a block: about ``ENTRIES`` entries of a row (``kblock.block_coords``), but
-    no more than keep the block's rows of the gathered operand (``depth`` values each)
-    within half of L2, unless so few columns would hold under ``MIN_ENTRIES`` entries of a
-    row; a multiple of 16, at least 16. Ints, or ``kblock.Formula`` objects for the kernel's
-    expression (one formula for both).
+def columns_per_block(nnz, rows, cols, depth, value_bytes: int, l2: int, near: int):
+    """Columns of a block: as many as keep the block's rows of the gathered operand
+    (``depth`` values each) within ``near`` bytes, but enough to hold ``NEAR_ENTRIES``
+    entries of a row and no more than hold about ``ENTRIES`` (``kblock.block_coords``); where
+    even ``MIN_ENTRIES`` entries' rows would not fit in half of L2 (K in the thousands),
+    about ``ENTRIES`` entries. A multiple of 16, at least 16. Ints, or ``kblock.Formula``
+    objects for the kernel's expression (one formula for both).
 
     Example:
-        >>> l2 = 512 * 1024   # DLMC 90%-sparse 512x2048 (205 entries a row), float32
-        >>> columns_per_block(104857, 512, 2048, 64, 4, l2)    # by entries
-        656
-        >>> columns_per_block(104857, 512, 2048, 256, 4, l2)   # Y's rows of 1 KB: by L2
+        >>> l2, near = 1 << 20, 64 << 10   # a 1 MB L2 and a 48 KB L1d, float32
+        >>> columns_per_block(314572, 512, 2048, 256, 4, l2, near)  # 70%: 64 rows of 1 KB
+        64
+        >>> columns_per_block(104857, 512, 2048, 256, 4, l2, near)  # 90%: 12 entries a row
+        128
+        >>> columns_per_block(104857, 512, 2048, 64, 4, l2, near)   # 256 rows of 256 B
         256
-        >>> columns_per_block(104857, 512, 2048, 2048, 4, l2)  # 32 columns: 3 entries a row
+        >>> columns_per_block(104857, 512, 2048, 4096, 4, l2, near)  # 8 entries: 1.3 MB
         656
     """
     by_entries = block_coords(nnz, rows, cols, ENTRIES)
-    fits = imax((l2 // 2) // (imax(depth, 1) * value_bytes) // 16 * 16, 16)
-    too_few = fits < block_coords(nnz, rows, cols, MIN_ENTRIES)
-    # ``fits if not too_few else by_entries``, as arithmetic (a comparison is 0 or 1) so
-    # the same line builds the kernel's expression
-    return imin(by_entries, imax(fits, too_few * by_entries))
+    fewest = block_coords(nnz, rows, cols, NEAR_ENTRIES)
+    row_bytes = imax(depth, 1) * value_bytes
+    fits = imax(near // row_bytes // 16 * 16, 16)
+    too_few = imax((l2 // 2) // row_bytes // 16 * 16, 16) < \
+        block_coords(nnz, rows, cols, MIN_ENTRIES)
+    # ``by_entries if too_few else min(by_entries, max(fits, fewest))``, as arithmetic (a
+    # comparison is 0 or 1) so the same line builds the kernel's expression
+    return imin(by_entries, imax(imax(fits, fewest), too_few * by_entries))
 
 
-def _columns_ir(lw, value_bytes: int, l2: int):
+def _columns_ir(lw, value_bytes: int, l2: int, near: int):
     """IR of ``columns_per_block`` for this call."""
     depth = Formula(Sym(f"n_{lw.order[2]}"))
-    return columns_per_block(*call_sizes(lw, lw.balanced), depth, value_bytes, l2).node
+    return columns_per_block(*call_sizes(lw, lw.balanced), depth, value_bytes, l2, near).node
 
 
-def describe(rows, gathered, l2: int) -> str:
+def describe(rows, gathered, l2: int, near: int) -> str:
     """Whether a call on CSR-like ``rows`` that gathers rows of dense ``gathered`` runs the
     blocked nest (the kernel's own test, for ``st.explain``).
 
     Example:
         >>> import torch, sparsetorch as st
         >>> A = st.tensor(torch.ones(4, 512), format="csr")
-        >>> describe(A, torch.zeros(512, 256), 512 * 1024)
-        'this call: blocks of 64 columns (operand of 512 KB, over half of L2)'
+        >>> describe(A, torch.zeros(512, 256), 1 << 20, 64 << 10)
+        'this call: blocks of 64 columns (operand of 512 KB, over 64 KB)'
     """
     n_i, n_j = rows.format.storage_dims(rows.shape)
     size = gathered.numel() * gathered.element_size()
-    jb = columns_per_block(rows.nnz, n_i, n_j, gathered.shape[-1], gathered.element_size(), l2)
-    if size <= l2 // 2:
-        return f"this call: unblocked (operand of {size >> 10} KB, within half of L2)"
+    jb = columns_per_block(rows.nnz, n_i, n_j, gathered.shape[-1], gathered.element_size(),
+                           l2, near)
+    if size <= near:
+        return f"this call: unblocked (operand of {size >> 10} KB, within {near >> 10} KB)"
     if 2 * jb > n_j:
         return f"this call: unblocked (blocks of {jb} columns would not make two)"
-    return f"this call: blocks of {jb} columns (operand of {size >> 10} KB, over half of L2)"
+    return f"this call: blocks of {jb} columns (operand of {size >> 10} KB, over " \
+           f"{near >> 10} KB)"
 
 
 def _sampled_rows(body: Block, lw, copies: int):

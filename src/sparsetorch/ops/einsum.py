@@ -13,7 +13,7 @@ from functools import lru_cache
 import torch
 
 from ..compiler.kblock import block_coords
-from ..compiler.kernel import l2_bytes, panel_factors
+from ..compiler.kernel import l2_bytes, panel_factors, sampled_block_bytes
 from ..compiler.notation import Assignment, BroadcastShapes, parse_einsum, var_extents
 from ..compiler.schedule import pads
 from ..compiler.sblock import describe as describe_column_blocks
@@ -316,7 +316,8 @@ def explain(equation, *operands, out_format=None) -> Explanation:
             "diagonal gathered into a new tensor (one pass over its entries), dimensions of "
             "size 1 that broadcast taken out"))
     if kernel.column_blocked is not None and isinstance(rows, SparseTensor):
-        call = describe_column_blocks(rows, operands[kernel.column_blocked], l2_bytes())
+        call = describe_column_blocks(rows, operands[kernel.column_blocked], l2_bytes(),
+                                      sampled_block_bytes())
         explanation = replace(explanation, notes=(*explanation.notes, call))
     return explanation
 
