@@ -4,6 +4,7 @@ one tuning function of ``sparsetorch.compiler.kernel`` and timed side by side in
 
     python benchmarks/variants.py --knob sum_copies=4,8 --kernel sddmm --inner 64
     python benchmarks/variants.py --knob wide_gathers_from=none,48 --kernel spmv
+    python benchmarks/variants.py --knob sblock.NEAR_ENTRIES=8,12,16 --kernel sddmm --inner 256
     python benchmarks/variants.py --knob sum_copies=4,8 --kernel sddmm --quick --out /tmp/v.json
 
 Why: the shared machines drift by 10-30% within minutes, so two runs of ``kernels.py`` or
@@ -11,12 +12,16 @@ Why: the shared machines drift by 10-30% within minutes, so two runs of ``kernel
 round calls each variant's kernel back to back on the same operands
 (``sparsetorch.bench.compare``), so drift cancels out of the per-round ratios.
 
-How: for each setting the tuning function (a function of no arguments in
-``sparsetorch.compiler.kernel``, such as ``sum_copies`` or ``wide_gathers_from``) is replaced
-by one returning the setting, the kernel memo and the ops layer's call memos are cleared (a
-dependence on ``ops/execute.py``'s internals, as in the tests' ``forget_call_memo``), and one
-``st.einsum`` call compiles the kernel and memoises its call shim, which is kept. The function
-is restored afterwards. Before timing, every variant's result is checked against the first's.
+How: for each setting the knob is set (a function of no arguments in
+``sparsetorch.compiler.kernel``, such as ``sum_copies`` or ``wide_gathers_from``, is replaced
+by one returning the setting; ``MODULE.NAME``, an upper-case integer constant of a module of
+``sparsetorch.compiler`` read at compile time, such as ``sblock.NEAR_ENTRIES``, is replaced
+by the setting), the kernel memo and the ops layer's call memos are cleared (a dependence on
+``ops/execute.py``'s internals, as in the tests' ``forget_call_memo``), and one ``st.einsum``
+call compiles the kernel and memoises its call shim, which is kept. The knob is restored
+afterwards. Before timing, every variant's result is checked against the first's. Facts a
+SparseTensor caches about its pattern (whether its rows are long enough for the blocked
+nests) are computed under the first setting and kept for the others.
 
 Inputs: ``spmv`` (``ij,j->i``) and ``spmm`` (``ij,jk->ik``, 128 columns) run the SuiteSparse
 and DLMC matrices of ``compiler.py``; ``sddmm`` (``ij,ik,jk->ij``, inner dimension
@@ -27,6 +32,7 @@ first), then per setting the geomean, median and smallest ratio; JSON with every
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import statistics
 import sys
@@ -57,8 +63,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--knob", required=True,
                    help="NAME=V1,V2,...: a no-argument function of sparsetorch.compiler."
-                   "kernel and the settings to compare (integers or 'none'; the first is "
-                   "the baseline)")
+                   "kernel, or MODULE.CONSTANT of sparsetorch.compiler, and the settings to "
+                   "compare (integers or 'none'; the first is the baseline)")
     p.add_argument("--kernel", choices=sorted(EQUATIONS), required=True)
     p.add_argument("--inner", type=int, default=64, help="SDDMM inner dimension (64)")
     p.add_argument("--quick", action="store_true", help="a quarter of the matrices")
@@ -71,8 +77,10 @@ def parse_args(argv=None):
                    help="JSON path (default benchmarks/results/variants.json)")
     args = p.parse_args(argv)
     name, _, values = args.knob.partition("=")
-    if not callable(getattr(_kernel, name, None)) or name.startswith("_"):
-        p.error(f"--knob: sparsetorch.compiler.kernel has no public function {name!r}")
+    try:
+        _knob(name)
+    except ValueError as e:
+        p.error(f"--knob: {e}")
     try:
         args.values = [None if v.lower() == "none" else int(v) for v in values.split(",")]
     except ValueError:
@@ -106,11 +114,30 @@ def operands(kernel: str, m, inner: int, seed: int) -> tuple:
     return A, torch.randn(cols, SPMM_N, generator=g)
 
 
+def _knob(name: str) -> tuple:
+    """(module, attribute, whether it is a function) for a knob name (see the module
+    docstring), or ValueError."""
+    if "." not in name:
+        if name.startswith("_") or not callable(getattr(_kernel, name, None)):
+            raise ValueError(f"sparsetorch.compiler.kernel has no public function {name!r}")
+        return _kernel, name, True
+    module_name, _, attr = name.partition(".")
+    try:
+        module = importlib.import_module(f"sparsetorch.compiler.{module_name}")
+    except ImportError:
+        raise ValueError(f"no module sparsetorch.compiler.{module_name}") from None
+    if not attr.isupper() or not isinstance(getattr(module, attr, None), int):
+        raise ValueError(f"sparsetorch.compiler.{module_name} has no integer constant "
+                         f"{attr!r}")
+    return module, attr, False
+
+
 def compiled_call(name: str, value, equation: str, ops: tuple):
-    """The memoised call shim of ``equation`` on ``ops`` compiled with
-    ``sparsetorch.compiler.kernel.<name>()`` answering ``value``."""
-    original = getattr(_kernel, name)
-    setattr(_kernel, name, lambda: value)
+    """The memoised call shim of ``equation`` on ``ops`` compiled with the knob ``name``
+    set to ``value``."""
+    module, attr, is_function = _knob(name)
+    original = getattr(module, attr)
+    setattr(module, attr, (lambda: value) if is_function else value)
     try:
         _kernel.compile_kernel.cache_clear()
         for memo in _MEMOS:
@@ -118,7 +145,7 @@ def compiled_call(name: str, value, equation: str, ops: tuple):
         st.einsum(equation, *ops)
         calls = _execute.fast_calls(equation)
     finally:
-        setattr(_kernel, name, original)
+        setattr(module, attr, original)
     if not calls:
         raise RuntimeError(f"{equation}: no memoised call shim (this case takes the generic "
                            "path), so its variants cannot be held side by side")

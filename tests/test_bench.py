@@ -273,9 +273,12 @@ def test_variants_benchmark_compares_settings_of_a_tuning_function(tmp_path, cap
 
     bench = _load_script("variants")
     for bad in (["--knob", "no_such_fn=1,2"], ["--knob", "sum_copies=4"],
-                ["--knob", "sum_copies=four,8"]):
+                ["--knob", "sum_copies=four,8"], ["--knob", "sblock.no_such=1,2"],
+                ["--knob", "nomodule.X=1,2"]):
         with pytest.raises(SystemExit):
             bench.parse_args([*bad, "--kernel", "sddmm"])
+    assert bench.parse_args(["--knob", "sblock.NEAR_ENTRIES=8,12", "--kernel",
+                             "sddmm"]).values == [8, 12]
     root = find_data()
     if root is None or not (root / "dlmc").is_dir():
         pytest.skip("no shared DLMC data")

@@ -70,9 +70,11 @@ ENTRIES = 64
 # (eight with AVX2); below that, blocking costs reads of X's row and saves no reads of Y.
 MIN_ENTRIES = 8
 # Fewest entries of a row a block holds when its rows of Y would fill more than the budget
-# near L1 (``kernel.sampled_block_bytes``): 90%-sparse DLMC masks at K = 256 (Zen 5, 64 KB,
-# against blocking past half of L2) ran 0.94-1.07x with blocks of 8 entries a row, and
-# 0.97-1.02x and 1.00-1.17x in two runs with 10-13.
+# near L1 (``kernel.sampled_block_bytes``). On Zen 5 (64 KB) the 90%-sparse DLMC masks at
+# K = 256 are the cases it decides; against 12, ``benchmarks/variants.py --knob
+# sblock.NEAR_ENTRIES=12,8,16,20 --kernel sddmm --inner 256`` gave 0.99x (8), 1.00x (16),
+# 1.00x (20; 0.95x on the 70%-sparse masks): flat, within the ~2% that a rebuilt but
+# otherwise identical kernel moves.
 NEAR_ENTRIES = 12
 GROUP_ROWS = 64
 
