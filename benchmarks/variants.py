@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """A code-generation choice, measured: the same calls compiled under two or more settings of
-one tuning function of ``sparsetorch.compiler.kernel`` and timed side by side in one process.
+one knob of the compiler (a tuning function or constant) and timed side by side in one
+process.
 
     python benchmarks/variants.py --knob sum_copies=4,8 --kernel sddmm --inner 64
     python benchmarks/variants.py --knob wide_gathers_from=none,48 --kernel spmv
@@ -78,7 +79,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     name, _, values = args.knob.partition("=")
     try:
-        _knob(name)
+        is_function = _knob(name)[2]
     except ValueError as e:
         p.error(f"--knob: {e}")
     try:
@@ -87,6 +88,8 @@ def parse_args(argv=None):
         p.error(f"--knob: settings must be integers or 'none', got {values!r}")
     if len(args.values) < 2:
         p.error("--knob: give at least two settings, e.g. sum_copies=4,8")
+    if None in args.values and not is_function:
+        p.error(f"--knob: {name} is a constant; 'none' is for functions")
     args.name = name
     return args
 
@@ -139,17 +142,22 @@ def compiled_call(name: str, value, equation: str, ops: tuple):
     original = getattr(module, attr)
     setattr(module, attr, (lambda: value) if is_function else value)
     try:
-        _kernel.compile_kernel.cache_clear()
-        for memo in _MEMOS:
-            getattr(_execute, memo).clear()
+        _forget_kernels()
         st.einsum(equation, *ops)
         calls = _execute.fast_calls(equation)
     finally:
         setattr(module, attr, original)
+        _forget_kernels()   # later calls in this process compile under the real knob
     if not calls:
         raise RuntimeError(f"{equation}: no memoised call shim (this case takes the generic "
                            "path), so its variants cannot be held side by side")
     return calls[0]
+
+
+def _forget_kernels() -> None:
+    _kernel.compile_kernel.cache_clear()
+    for memo in _MEMOS:
+        getattr(_execute, memo).clear()
 
 
 def _values(result):

@@ -274,7 +274,7 @@ def test_variants_benchmark_compares_settings_of_a_tuning_function(tmp_path, cap
     bench = _load_script("variants")
     for bad in (["--knob", "no_such_fn=1,2"], ["--knob", "sum_copies=4"],
                 ["--knob", "sum_copies=four,8"], ["--knob", "sblock.no_such=1,2"],
-                ["--knob", "nomodule.X=1,2"]):
+                ["--knob", "nomodule.X=1,2"], ["--knob", "sblock.NEAR_ENTRIES=none,8"]):
         with pytest.raises(SystemExit):
             bench.parse_args([*bad, "--kernel", "sddmm"])
     assert bench.parse_args(["--knob", "sblock.NEAR_ENTRIES=8,12", "--kernel",
