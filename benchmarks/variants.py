@@ -16,11 +16,12 @@ round calls each variant's kernel back to back on the same operands
 How: for each setting the knob is set (a function of no arguments in
 ``sparsetorch.compiler.kernel``, such as ``sum_copies`` or ``wide_gathers_from``, is replaced
 by one returning the setting; ``MODULE.NAME``, an upper-case integer constant of a module of
-``sparsetorch.compiler`` read at compile time, such as ``sblock.NEAR_ENTRIES``, is replaced
-by the setting), the kernel memo and the ops layer's call memos are cleared (a dependence on
-``ops/execute.py``'s internals, as in the tests' ``forget_call_memo``), and one ``st.einsum``
-call compiles the kernel and memoises its call shim, which is kept. The knob is restored
-afterwards. Before timing, every variant's result is checked against the first's. Facts a
+``sparsetorch.compiler`` or ``sparsetorch.codegen`` read at compile time, such as
+``sblock.NEAR_ENTRIES``, is replaced by the setting; a setting the code generator cannot
+take stops the run with its error), the kernel memo and the ops layer's call memos are
+cleared (a dependence on ``ops/execute.py``'s internals, as in the tests'
+``forget_call_memo``), and one ``st.einsum`` call compiles the kernel and memoises its call
+shim, which is kept. The knob is restored afterwards. Before timing, every variant's result is checked against the first's. Facts a
 SparseTensor caches about its pattern (whether its rows are long enough for the blocked
 nests) are computed under the first setting and kept for the others.
 
@@ -57,6 +58,7 @@ EQUATIONS = {"spmv": "ij,j->i", "spmm": "ij,jk->ik", "sddmm": "ij,ik,jk->ij"}
 SPMM_N = 128
 SDDMM_SETS = ("transformer/0.7/", "transformer/0.9/")
 _MEMOS = ("_PREPARED", "_BLOCKED", "_FAST", "_FAST_DENSE")
+_PACKAGES = ("sparsetorch.compiler", "sparsetorch.codegen")   # where MODULE.CONSTANT knobs live
 
 
 def parse_args(argv=None):
@@ -64,8 +66,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--knob", required=True,
                    help="NAME=V1,V2,...: a no-argument function of sparsetorch.compiler."
-                   "kernel, or MODULE.CONSTANT of sparsetorch.compiler, and the settings to "
-                   "compare (integers or 'none'; the first is the baseline)")
+                   "kernel, or MODULE.CONSTANT of sparsetorch.compiler or .codegen, and the "
+                   "settings to compare (integers or 'none'; the first is the baseline)")
     p.add_argument("--kernel", choices=sorted(EQUATIONS), required=True)
     p.add_argument("--inner", type=int, default=64, help="SDDMM inner dimension (64)")
     p.add_argument("--quick", action="store_true", help="a quarter of the matrices")
@@ -125,13 +127,16 @@ def _knob(name: str) -> tuple:
             raise ValueError(f"sparsetorch.compiler.kernel has no public function {name!r}")
         return _kernel, name, True
     module_name, _, attr = name.partition(".")
-    try:
-        module = importlib.import_module(f"sparsetorch.compiler.{module_name}")
-    except ImportError:
-        raise ValueError(f"no module sparsetorch.compiler.{module_name}") from None
+    for package in _PACKAGES:
+        try:
+            module = importlib.import_module(f"{package}.{module_name}")
+            break
+        except ImportError:
+            continue
+    else:
+        raise ValueError(f"no module {module_name} in {' or '.join(_PACKAGES)}")
     if not attr.isupper() or not isinstance(getattr(module, attr, None), int):
-        raise ValueError(f"sparsetorch.compiler.{module_name} has no integer constant "
-                         f"{attr!r}")
+        raise ValueError(f"{module.__name__} has no integer constant {attr!r}")
     return module, attr, False
 
 
@@ -145,6 +150,8 @@ def compiled_call(name: str, value, equation: str, ops: tuple):
         _forget_kernels()
         st.einsum(equation, *ops)
         calls = _execute.fast_calls(equation)
+    except Exception as e:   # a setting the code generator cannot take
+        raise RuntimeError(f"{name}={value}: the call failed ({type(e).__name__}: {e})") from e
     finally:
         setattr(module, attr, original)
         _forget_kernels()   # later calls in this process compile under the real knob
@@ -183,7 +190,11 @@ def main(argv=None) -> int:
     for n, (name, load) in enumerate(matrices(args.kernel, root, args.quick)):
         m = load()
         ops = operands(args.kernel, m, args.inner, seed=n)
-        calls = [compiled_call(args.name, v, equation, ops) for v in args.values]
+        try:
+            calls = [compiled_call(args.name, v, equation, ops) for v in args.values]
+        except RuntimeError as e:
+            print(f"!! {name}: {e}", file=sys.stderr)
+            return 2
         first = _values(calls[0](ops))
         for lab, call in zip(labels[1:], calls[1:]):
             if not torch.allclose(_values(call(ops)), first, rtol=1e-4, atol=1e-3):

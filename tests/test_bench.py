@@ -291,3 +291,11 @@ def test_variants_benchmark_compares_settings_of_a_tuning_function(tmp_path, cap
     assert {r["impl"] for r in rows} == {"sum_copies=4", "sum_copies=8"}
     assert all(r["speedup"] > 0 for r in rows)
     assert "geomean" in capsys.readouterr().out
+    # a constant the code generator cannot take (no 4-lane shape): a clear stop, and the
+    # constant restored
+    from sparsetorch.codegen import vector
+    if kernel.vector_isa() == "avx512":
+        assert bench.main(["--knob", "vector.HALF_SUM=8,4", "--kernel", "spmv", "--quick",
+                           "--rounds", "1", "--min-time", "0", "--out", str(out)]) == 2
+        assert vector.HALF_SUM == 8 and "vector.HALF_SUM=4: the call failed" in \
+            capsys.readouterr().err
