@@ -21,9 +21,10 @@ by one returning the setting; ``MODULE.NAME``, an upper-case integer constant of
 take stops the run with its error), the kernel memo and the ops layer's call memos are
 cleared (a dependence on ``ops/execute.py``'s internals, as in the tests'
 ``forget_call_memo``), and one ``st.einsum`` call compiles the kernel and memoises its call
-shim, which is kept. The knob is restored afterwards. Before timing, every variant's result is checked against the first's. Facts a
-SparseTensor caches about its pattern (whether its rows are long enough for the blocked
-nests) are computed under the first setting and kept for the others.
+shim, which is kept. The knob is restored afterwards. Before timing, every variant's result
+is checked against the first's. Facts a SparseTensor caches about its pattern (whether its
+rows are long enough for the blocked nests) are computed under the first setting and kept
+for the others.
 
 Inputs: ``spmv`` (``ij,j->i``) and ``spmm`` (``ij,jk->ik``, 128 columns) run the SuiteSparse
 and DLMC matrices of ``compiler.py``; ``sddmm`` (``ij,ik,jk->ij``, inner dimension
