@@ -19,12 +19,11 @@ by one returning the setting; ``MODULE.NAME``, an upper-case integer constant of
 ``sparsetorch.compiler`` or ``sparsetorch.codegen`` read at compile time, such as
 ``sblock.NEAR_ENTRIES``, is replaced by the setting; a setting the code generator cannot
 take stops the run with its error), the kernel memo and the ops layer's call memos are
-cleared (a dependence on ``ops/execute.py``'s internals, as in the tests'
-``forget_call_memo``), and one ``st.einsum`` call compiles the kernel and memoises its call
-shim, which is kept. The knob is restored afterwards. Before timing, every variant's result
-is checked against the first's. Facts a SparseTensor caches about its pattern (whether its
-rows are long enough for the blocked nests) are computed under the first setting and kept
-for the others.
+cleared (``execute.forget_calls``), and one ``st.einsum`` call compiles the kernel and
+memoises its call shim, which is kept. The knob is restored afterwards. Before timing, every
+variant's result is checked against the first's. Facts a SparseTensor caches about its
+pattern (whether its rows are long enough for the blocked nests) are computed under the
+first setting and kept for the others.
 
 Inputs: ``spmv`` (``ij,j->i``) and ``spmm`` (``ij,jk->ik``, 128 columns) run the SuiteSparse
 and DLMC matrices of ``compiler.py``; ``sddmm`` (``ij,ik,jk->ij``, inner dimension
@@ -58,7 +57,6 @@ from _inputs import select_dlmc, select_suitesparse  # noqa: E402
 EQUATIONS = {"spmv": "ij,j->i", "spmm": "ij,jk->ik", "sddmm": "ij,ik,jk->ij"}
 SPMM_N = 128
 SDDMM_SETS = ("transformer/0.7/", "transformer/0.9/")
-_MEMOS = ("_PREPARED", "_BLOCKED", "_FAST", "_FAST_DENSE")
 _PACKAGES = ("sparsetorch.compiler", "sparsetorch.codegen")   # where MODULE.CONSTANT knobs live
 
 
@@ -82,7 +80,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     name, _, values = args.knob.partition("=")
     try:
-        is_function = _knob(name)[2]
+        args.target = _knob(name)
     except ValueError as e:
         p.error(f"--knob: {e}")
     try:
@@ -91,7 +89,7 @@ def parse_args(argv=None):
         p.error(f"--knob: settings must be integers or 'none', got {values!r}")
     if len(args.values) < 2:
         p.error("--knob: give at least two settings, e.g. sum_copies=4,8")
-    if None in args.values and not is_function:
+    if None in args.values and not args.target[2]:
         p.error(f"--knob: {name} is a constant; 'none' is for functions")
     args.name = name
     return args
@@ -141,10 +139,10 @@ def _knob(name: str) -> tuple:
     return module, attr, False
 
 
-def compiled_call(name: str, value, equation: str, ops: tuple):
-    """The memoised call shim of ``equation`` on ``ops`` compiled with the knob ``name``
-    set to ``value``."""
-    module, attr, is_function = _knob(name)
+def compiled_call(target: tuple, value, equation: str, ops: tuple):
+    """The memoised call shim of ``equation`` on ``ops`` compiled with the knob ``target``
+    (``_knob``'s answer) set to ``value``."""
+    module, attr, is_function = target
     original = getattr(module, attr)
     setattr(module, attr, (lambda: value) if is_function else value)
     try:
@@ -152,7 +150,7 @@ def compiled_call(name: str, value, equation: str, ops: tuple):
         st.einsum(equation, *ops)
         calls = _execute.fast_calls(equation)
     except Exception as e:   # a setting the code generator cannot take
-        raise RuntimeError(f"{name}={value}: the call failed ({type(e).__name__}: {e})") from e
+        raise RuntimeError(f"the call failed ({type(e).__name__}: {e})") from e
     finally:
         setattr(module, attr, original)
         _forget_kernels()   # later calls in this process compile under the real knob
@@ -164,8 +162,7 @@ def compiled_call(name: str, value, equation: str, ops: tuple):
 
 def _forget_kernels() -> None:
     _kernel.compile_kernel.cache_clear()
-    for memo in _MEMOS:
-        getattr(_execute, memo).clear()
+    _execute.forget_calls()
 
 
 def _values(result):
@@ -191,11 +188,13 @@ def main(argv=None) -> int:
     for n, (name, load) in enumerate(matrices(args.kernel, root, args.quick)):
         m = load()
         ops = operands(args.kernel, m, args.inner, seed=n)
-        try:
-            calls = [compiled_call(args.name, v, equation, ops) for v in args.values]
-        except RuntimeError as e:
-            print(f"!! {name}: {e}", file=sys.stderr)
-            return 2
+        calls = []
+        for lab, v in zip(labels, args.values):
+            try:
+                calls.append(compiled_call(args.target, v, equation, ops))
+            except RuntimeError as e:
+                print(f"!! {name}: {lab}: {e}", file=sys.stderr)
+                return 2
         first = _values(calls[0](ops))
         for lab, call in zip(labels[1:], calls[1:]):
             if not torch.allclose(_values(call(ops)), first, rtol=1e-4, atol=1e-3):

@@ -64,15 +64,12 @@ def private_kernel_cache(tmp_path_factory):
 
 
 def forget_call_memo() -> None:
-    """Empty the ops layer's per-signature call memo (if this version has one), for tests
-    that need the next call to take the cold path (build, schedule). Other tests share the
-    memo across the session on purpose: a long-lived process sees many structures."""
+    """Empty the ops layer's per-signature call memos, for tests that need the next call to
+    take the cold path (build, schedule). Other tests share the memos across the session on
+    purpose: a long-lived process sees many structures."""
     from sparsetorch.ops import execute
 
-    for name in ("_PREPARED", "_BLOCKED", "_FAST", "_FAST_DENSE"):
-        memo = getattr(execute, name, None)
-        if isinstance(memo, dict):
-            memo.clear()
+    execute.forget_calls()
 
 
 # -- operands ---------------------------------------------------------------------------------

@@ -76,22 +76,23 @@ def first_sparse(formats) -> int:
 
 
 @lru_cache(maxsize=None)
-def _cpu_flags() -> frozenset:
+def _cpuinfo(field: str) -> str:
+    """The value of ``field`` in the first processor's block of /proc/cpuinfo ("" when
+    absent or unreadable)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return frozenset(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return frozenset()
-
-
-@lru_cache(maxsize=None)
-def _cpu_vendor() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((line for line in f if line.startswith("vendor_id")), "")
+            line = next((line for line in f if line.startswith(field)), "")
     except OSError:
         return ""
     return line.partition(":")[2].strip()
+
+
+def _cpu_flags() -> frozenset:
+    return frozenset(_cpuinfo("flags").split())
+
+
+def _cpu_vendor() -> str:
+    return _cpuinfo("vendor_id")
 
 
 def wide_gathers_from() -> int | None:

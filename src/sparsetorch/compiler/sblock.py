@@ -127,9 +127,11 @@ def columns_per_block(nnz, rows, cols, depth, value_bytes: int, l2: int, near: i
     by_entries = block_coords(nnz, rows, cols, ENTRIES)
     fewest = block_coords(nnz, rows, cols, NEAR_ENTRIES)
     row_bytes = imax(depth, 1) * value_bytes
-    fits = imax(near // row_bytes // 16 * 16, 16)
-    too_few = imax((l2 // 2) // row_bytes // 16 * 16, 16) < \
-        block_coords(nnz, rows, cols, MIN_ENTRIES)
+
+    def rows_within(size):   # rows of the gathered operand in ``size`` bytes, by 16, >= 16
+        return imax(size // row_bytes // 16 * 16, 16)
+    fits = rows_within(near)
+    too_few = rows_within(l2 // 2) < block_coords(nnz, rows, cols, MIN_ENTRIES)
     # ``by_entries if too_few else min(by_entries, max(fits, fewest))``, as arithmetic (a
     # comparison is 0 or 1) so the same line builds the kernel's expression
     return imin(by_entries, imax(imax(fits, fewest), too_few * by_entries))

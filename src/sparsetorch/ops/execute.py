@@ -213,6 +213,23 @@ def fast_calls(equation, out_format=None) -> tuple:
     return calls if not calls or backend() == "c" else ()
 
 
+def forget_calls() -> None:
+    """Empty the per-signature call memos (``_PREPARED``, ``_BLOCKED`` and the guarded shims
+    of ``fast_calls``), so each signature's next call takes the cold path (schedule, kernel
+    lookup): for tests and tools that change how kernels are compiled in-process
+    (``benchmarks/variants.py``).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> _ = st.einsum("ij,j->i", st.tensor(torch.eye(2), format="csr"), torch.ones(2))
+        >>> forget_calls()
+        >>> fast_calls("ij,j->i")
+        ()
+    """
+    for memo in (_PREPARED, _BLOCKED, _FAST, _FAST_DENSE):
+        memo.clear()
+
+
 def kernel_for(assignment: Assignment, operands, out_format, what="explain"):
     """``(kernel, assignment run, split)``: the kernel ``run`` executes for these operands
     and the assignment it computes, which is the block/in-block split of ``assignment``
