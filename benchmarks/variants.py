@@ -1,12 +1,14 @@
 #!/usr/bin/env python
 """A code-generation choice, measured: the same calls compiled under two or more settings of
-one knob of the compiler (a tuning function or constant) and timed side by side in one
-process.
+one knob of the compiler (a tuning function or constant), or of several knobs moved together,
+and timed side by side in one process.
 
     python benchmarks/variants.py --knob sum_copies=4,8 --kernel sddmm --inner 64
     python benchmarks/variants.py --knob wide_gathers_from=none,48 --kernel spmv
     python benchmarks/variants.py --knob sblock.NEAR_ENTRIES=8,12,16 --kernel sddmm --inner 256
     python benchmarks/variants.py --knob sum_copies=4,8 --kernel sddmm --quick --out /tmp/v.json
+    python benchmarks/variants.py --knob sampled_block_bytes=65536,32768 \
+        --knob sblock.NEAR_BYTES=0,8192 --kernel sddmm     # setting i: each knob's i-th value
 
 Why: the shared machines drift by 10-30% within minutes, so two runs of ``kernels.py`` or
 ``compiler.py`` taken minutes apart, one per setting, cannot resolve a 5% change. Here every
@@ -18,9 +20,10 @@ How: for each setting the knob is set (a function of no arguments in
 by one returning the setting; ``MODULE.NAME``, an upper-case integer constant of a module of
 ``sparsetorch.compiler`` or ``sparsetorch.codegen`` read at compile time, such as
 ``sblock.NEAR_ENTRIES``, is replaced by the setting; a setting the code generator cannot
-take stops the run with its error), the kernel memo and the ops layer's call memos are
+take stops the run with its error; with several ``--knob``s, setting i sets each knob to its
+i-th value), the kernel memo and the ops layer's call memos are
 cleared (``execute.forget_calls``), and one ``st.einsum`` call compiles the kernel and
-memoises its call shim, which is kept. The knob is restored afterwards. Before timing, every
+memoises its call shim, which is kept. The knobs are restored afterwards. Before timing, every
 variant's result is checked against the first's. Facts a SparseTensor caches about its
 pattern (whether its rows are long enough for the blocked nests) are computed under the
 first setting and kept for the others.
@@ -63,10 +66,11 @@ _PACKAGES = ("sparsetorch.compiler", "sparsetorch.codegen")   # where MODULE.CON
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--knob", required=True,
+    p.add_argument("--knob", required=True, action="append",
                    help="NAME=V1,V2,...: a no-argument function of sparsetorch.compiler."
                    "kernel, or MODULE.CONSTANT of sparsetorch.compiler or .codegen, and the "
-                   "settings to compare (integers or 'none'; the first is the baseline)")
+                   "settings to compare (integers or 'none'; the first is the baseline); "
+                   "repeat it to move several knobs together (as many settings each)")
     p.add_argument("--kernel", choices=sorted(EQUATIONS), required=True)
     p.add_argument("--inner", type=int, default=64, help="SDDMM inner dimension (64)")
     p.add_argument("--quick", action="store_true", help="a quarter of the matrices")
@@ -78,20 +82,28 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None,
                    help="JSON path (default benchmarks/results/variants.json)")
     args = p.parse_args(argv)
-    name, _, values = args.knob.partition("=")
-    try:
-        args.target = _knob(name)
-    except ValueError as e:
-        p.error(f"--knob: {e}")
-    try:
-        args.values = [None if v.lower() == "none" else int(v) for v in values.split(",")]
-    except ValueError:
-        p.error(f"--knob: settings must be integers or 'none', got {values!r}")
-    if len(args.values) < 2:
-        p.error("--knob: give at least two settings, e.g. sum_copies=4,8")
-    if None in args.values and not args.target[2]:
-        p.error(f"--knob: {name} is a constant; 'none' is for functions")
-    args.name = name
+    args.names, args.targets, settings = [], [], []
+    for knob in args.knob:
+        name, _, values = knob.partition("=")
+        try:
+            target = _knob(name)
+        except ValueError as e:
+            p.error(f"--knob: {e}")
+        try:
+            values = [None if v.lower() == "none" else int(v) for v in values.split(",")]
+        except ValueError:
+            p.error(f"--knob: settings must be integers or 'none', got {values!r}")
+        if len(values) < 2:
+            p.error("--knob: give at least two settings, e.g. sum_copies=4,8")
+        if None in values and not target[2]:
+            p.error(f"--knob: {name} is a constant; 'none' is for functions")
+        if settings and len(values) != len(settings[0]):
+            p.error(f"--knob: {name} has {len(values)} settings, {args.names[0]} "
+                    f"{len(settings[0])}; knobs moved together need as many each")
+        args.names.append(name)
+        args.targets.append(target)
+        settings.append(values)
+    args.settings = list(zip(*settings))   # setting i: each knob's i-th value
     return args
 
 
@@ -139,12 +151,12 @@ def _knob(name: str) -> tuple:
     return module, attr, False
 
 
-def compiled_call(target: tuple, value, equation: str, ops: tuple):
-    """The memoised call shim of ``equation`` on ``ops`` compiled with the knob ``target``
-    (``_knob``'s answer) set to ``value``."""
-    module, attr, is_function = target
-    original = getattr(module, attr)
-    setattr(module, attr, (lambda: value) if is_function else value)
+def compiled_call(targets: list, values: tuple, equation: str, ops: tuple):
+    """The memoised call shim of ``equation`` on ``ops`` compiled with each knob of
+    ``targets`` (``_knob``'s answers) set to its value in ``values``."""
+    originals = [getattr(module, attr) for module, attr, _ in targets]
+    for (module, attr, is_function), value in zip(targets, values):
+        setattr(module, attr, (lambda v=value: v) if is_function else value)
     try:
         _forget_kernels()
         st.einsum(equation, *ops)
@@ -152,8 +164,9 @@ def compiled_call(target: tuple, value, equation: str, ops: tuple):
     except Exception as e:   # a setting the code generator cannot take
         raise RuntimeError(f"the call failed ({type(e).__name__}: {e})") from e
     finally:
-        setattr(module, attr, original)
-        _forget_kernels()   # later calls in this process compile under the real knob
+        for (module, attr, _), original in zip(targets, originals):
+            setattr(module, attr, original)
+        _forget_kernels()   # later calls in this process compile under the real knobs
     if not calls:
         raise RuntimeError(f"{equation}: no memoised call shim (this case takes the generic "
                            "path), so its variants cannot be held side by side")
@@ -178,10 +191,12 @@ def main(argv=None) -> int:
         print("variants.py needs the shared data folder (pass --data or set SPARSETORCH_DATA)",
               file=sys.stderr)
         return 2
-    labels = [f"{args.name}={v}" for v in args.values]
+    labels = [" ".join(f"{name}={v}" for name, v in zip(args.names, values))
+              for values in args.settings]
     report = Report(f"{args.kernel}: {', '.join(labels)}",
                     meta={"argv": sys.argv[1:] if argv is None else list(argv),
-                          "kernel": args.kernel, "knob": args.name, "values": args.values,
+                          "kernel": args.kernel, "knobs": args.names,
+                          "settings": args.settings,
                           "inner": args.inner if args.kernel == "sddmm" else None,
                           "threads": args.threads, "rounds": args.rounds})
     equation, ratios, t0 = EQUATIONS[args.kernel], {lab: [] for lab in labels}, time.time()
@@ -189,9 +204,9 @@ def main(argv=None) -> int:
         m = load()
         ops = operands(args.kernel, m, args.inner, seed=n)
         calls = []
-        for lab, v in zip(labels, args.values):
+        for lab, values in zip(labels, args.settings):
             try:
-                calls.append(compiled_call(args.target, v, equation, ops))
+                calls.append(compiled_call(args.targets, values, equation, ops))
             except RuntimeError as e:
                 print(f"!! {name}: {lab}: {e}", file=sys.stderr)
                 return 2

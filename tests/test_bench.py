@@ -267,9 +267,10 @@ def test_conversions_benchmark_smoke(tmp_path, capsys):
 
 def test_variants_benchmark_compares_settings_of_a_tuning_function(tmp_path, capsys):
     """``benchmarks/variants.py`` holds one kernel per setting side by side: both settings'
-    rows are written, the tuning function is restored afterwards, and a bad knob or a single
-    setting is refused. Needs the shared DLMC masks (skipped without them)."""
-    from sparsetorch.compiler import kernel
+    rows are written, the tuning function (and a constant moved with it) is restored
+    afterwards, and a bad knob, a single setting or knobs with unequal settings are refused.
+    Needs the shared DLMC masks (skipped without them)."""
+    from sparsetorch.compiler import kernel, sblock
 
     bench = _load_script("variants")
     for bad in (["--knob", "no_such_fn=1,2"], ["--knob", "sum_copies=4"],
@@ -278,17 +279,26 @@ def test_variants_benchmark_compares_settings_of_a_tuning_function(tmp_path, cap
         with pytest.raises(SystemExit):
             bench.parse_args([*bad, "--kernel", "sddmm"])
     assert bench.parse_args(["--knob", "sblock.NEAR_ENTRIES=8,12", "--kernel",
-                             "sddmm"]).values == [8, 12]
+                             "sddmm"]).settings == [(8,), (12,)]
+    # knobs moved together: setting i takes each knob's i-th value, as many each
+    assert bench.parse_args(["--knob", "sblock.NEAR_ENTRIES=8,12", "--knob", "sum_copies=4,8",
+                             "--kernel", "sddmm"]).settings == [(8, 4), (12, 8)]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--knob", "sblock.NEAR_ENTRIES=8,12", "--knob", "sum_copies=4,8,16",
+                          "--kernel", "sddmm"])
     root = find_data()
     if root is None or not (root / "dlmc").is_dir():
         pytest.skip("no shared DLMC data")
     before = kernel.sum_copies
     out = tmp_path / "v.json"
-    assert bench.main(["--knob", "sum_copies=4,8", "--kernel", "sddmm", "--inner", "16",
-                       "--quick", "--rounds", "2", "--min-time", "0", "--out", str(out)]) == 0
-    assert kernel.sum_copies is before
+    near = sblock.NEAR_ENTRIES
+    assert bench.main(["--knob", "sum_copies=4,8", "--knob", "sblock.NEAR_ENTRIES=8,16",
+                       "--kernel", "sddmm", "--inner", "16", "--quick", "--rounds", "2",
+                       "--min-time", "0", "--out", str(out)]) == 0
+    assert kernel.sum_copies is before and sblock.NEAR_ENTRIES == near
     rows = json.loads(out.read_text())["rows"]
-    assert {r["impl"] for r in rows} == {"sum_copies=4", "sum_copies=8"}
+    assert {r["impl"] for r in rows} == {"sum_copies=4 sblock.NEAR_ENTRIES=8",
+                                         "sum_copies=8 sblock.NEAR_ENTRIES=16"}
     assert all(r["speedup"] > 0 for r in rows)
     assert "geomean" in capsys.readouterr().out
     # a constant the code generator cannot take (no 4-lane shape): a clear stop, and the
