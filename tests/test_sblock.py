@@ -1,10 +1,11 @@
 """Cache blocking of SDDMM by column ranges (compiler/sblock.py), checked against dense.
 
-The blocked nest runs when the gathered dense operand exceeds a block's budget (a little
-more than L1); the tests tell it L2 holds 4 KB and a block 2 KB, so small shapes take it:
-row groups cut at thread ranges, rows
-that skip blocks, empty and full rows, blocks ending inside a run of side-by-side sums,
-inner dimensions with masked tails and under one vector.
+The blocked nest runs when the gathered dense operand exceeds a block's budget (two thirds
+of L1); the tests tell it L2 holds 4 KB and a block 2 KB (and drop the floor in bytes of Y a
+block gives a row, sized for real caches), so small shapes take it: row groups cut at thread
+ranges, rows that skip blocks, empty and full rows, blocks ending inside a run of
+side-by-side sums, blocks evened out over 700 columns, inner dimensions with masked tails
+and under one vector.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 import sparsetorch as st
-from sparsetorch.compiler import kernel
+from sparsetorch.compiler import kernel, sblock
 from sparsetorch.compiler.sblock import GROUP_ROWS, column_blocked
 from sparsetorch.ops import execute
 
@@ -38,6 +39,7 @@ def small_l2(monkeypatch):
         kernel.compile_kernel.cache_clear()
         forget_call_memo()
     forget()
+    monkeypatch.setattr(sblock, "NEAR_BYTES", 0)
     monkeypatch.setattr(kernel, "column_blocked",
                         lambda body, lw, copies, size, l2, near: column_blocked(
                             body, lw, copies, size, 4096, 2048))
@@ -49,12 +51,12 @@ def small_l2(monkeypatch):
 
 
 @needs_intrinsics
-@pytest.mark.parametrize("inner,dtype,columns", [
-    (1, torch.float32, 192), (1, torch.float64, 192),   # ~64 entries of a row
-    (5, torch.float32, 96), (5, torch.float64, 48),      # below: Y's rows of a block fill
-    (8, torch.float32, 64), (8, torch.float64, 48),      # the 2 KB budget, with at least
-    (13, torch.float32, 48), (13, torch.float64, 192),   # 12 entries of a row (48 columns),
-    (64, torch.float32, 192)])                           # unless 8 (32 columns) outgrow L2/2
+@pytest.mark.parametrize("inner,dtype,columns", [   # (before evening out over 700 columns)
+    (1, torch.float32, 175), (1, torch.float64, 175),   # ~64 entries of a row (192 columns)
+    (5, torch.float32, 100), (5, torch.float64, 47),     # below: Y's rows of a block fill
+    (8, torch.float32, 64), (8, torch.float64, 47),      # the 2 KB budget (96, 64), with at
+    (13, torch.float32, 47), (13, torch.float64, 175),   # least 12 entries of a row (48),
+    (64, torch.float32, 175)])                           # unless 8 (32 columns) outgrow L2/2
 def test_blocked_sddmm_matches_dense(small_l2, inner, dtype, columns):
     d = long_rows(GROUP_ROWS + 37, 700, 0.4, dtype)
     g = torch.Generator().manual_seed(1)
@@ -68,24 +70,25 @@ def test_blocked_sddmm_matches_dense(small_l2, inner, dtype, columns):
 
 
 def test_blocks_fill_about_l1_with_the_gathered_rows(monkeypatch):
-    """DLMC-like 512x2048 weights, a 1 MB L2 and a 64 KB block budget: at 70% sparsity (614
-    entries a row) a block holds the 64 KB of Y's rows that fit at K = 256 (64 columns), at
-    K = 64 the 224 columns of about 64 entries (the 256 that fit would hold more); at 90%
-    (205 a row) 64 columns would hold 6 entries of a row at K = 256, so blocks grow to the 12
-    entries of 128 columns, and at K = 64 hold the 256 that fit; at K = 4096 even 8 entries'
-    rows (1.3 MB) outgrow half of L2, so blocks hold about 64 entries (640 columns). Y of 64
-    KB or less is not blocked."""
+    """DLMC-like 512x2048 weights, a 1 MB L2 and a 32 KB block budget: at 70% sparsity (614
+    entries a row) the 32 KB of Y's rows that fit at K = 256 (32 columns) would hold 10
+    entries of a row, so blocks grow to the 12 entries of 48 columns; at K = 64 they hold
+    the 128 columns that fit; at 90% (205 a row) blocks hold 12 entries at K = 256 (128
+    columns) and at K = 64 the 24 entries of 6 KB of Y's rows (240 columns, evened out to 9
+    blocks of 228); at K = 4096 even 8 entries' rows (1.3 MB) outgrow half of L2, so blocks
+    hold about 64 entries (640 columns, evened: 3 of 683). Y of 32 KB or less is not
+    blocked."""
     monkeypatch.setattr(einsum_module, "l2_bytes", lambda: 1 << 20)
-    monkeypatch.setattr(einsum_module, "sampled_block_bytes", lambda: 64 << 10)
+    monkeypatch.setattr(einsum_module, "sampled_block_bytes", lambda: 32 << 10)
     g = torch.Generator().manual_seed(6)
-    for per_row, cases in ((614, ((256, 64), (64, 224))),
-                           (205, ((256, 128), (64, 256), (4096, 640), (8, None)))):
+    for per_row, cases in ((614, ((256, 48), (64, 128))),
+                           (205, ((256, 128), (64, 228), (4096, 683), (4, None)))):
         keep = torch.rand(512, 2048, generator=g).argsort(1)[:, :per_row]
         A = st.tensor(torch.zeros(512, 2048).scatter_(1, keep, 1.0), format="csr")
         for inner, columns in cases:
             notes = " ".join(st.explain(SDDMM, A, torch.zeros(512, inner),
                                         torch.zeros(2048, inner)).notes)
-            want = "this call: unblocked (operand of 64 KB, within 64 KB)" if columns is None \
+            want = "this call: unblocked (operand of 32 KB, within 32 KB)" if columns is None \
                 else f"this call: blocks of {columns} columns"
             assert want in notes, notes
 
@@ -144,10 +147,10 @@ def test_short_rows_and_small_operands_run_unblocked(small_l2):
     assert NOTE not in " ".join(st.explain(SDDMM, A, x, y).notes)
     check_against_dense(SDDMM, (A, x, y))
     # rows long enough for the blocked nest, too short for two blocks of ENTRIES (Y of
-    # 3.2 KB: its 2 KB budget, 256 rows, does not split the 400 columns either): the
+    # 2.4 KB: its 2 KB budget, 256 rows, rounds to one block of the 300 columns): the
     # kernel's own test picks the plain nest
-    d = long_rows(9, 400, 0.2, torch.float32)
-    ops = (st.tensor(d, format="csr"), torch.randn(9, 2), torch.randn(400, 2))
+    d = long_rows(9, 300, 0.25, torch.float32)
+    ops = (st.tensor(d, format="csr"), torch.randn(9, 2), torch.randn(300, 2))
     assert "would not make two" in " ".join(st.explain(SDDMM, *ops).notes)
     check_against_dense(SDDMM, ops)
 

@@ -22,16 +22,24 @@ L2 (``columns_per_block``): by entries alone the 90%-sparse 512x2048 layers took
 columns that fit would hold under ``MIN_ENTRIES`` entries of a row (K in the thousands),
 the blocks stay at their size by entries.
 
-Since then the blocks shrink further, to the rows of Y that fill about the L1 data cache
-and a third (``kernel.sampled_block_bytes``: 64 KB with a 48 KB L1d), so a block's rows are
+Since then the blocks shrink further, to the rows of Y that fill about two thirds of the L1
+data cache (``kernel.sampled_block_bytes``: 32 KB with a 48 KB L1d), so a block's rows are
 read from L2 once per group and from L1 for the rest of it, as long as a block still holds
-``NEAR_ENTRIES`` entries of a row (else it holds that many; the half-L2 cap and its
-``MIN_ENTRIES`` floor still bound the large-K case). On AMD Zen 5 (1 MB L2), against
-blocking past half of L2 (``benchmarks/variants.py --knob
-sampled_block_bytes=524288,65536 --kernel sddmm``, 24 DLMC masks, two runs; the first with
-blocks of at least 8 entries a row): 70%-sparse masks geomean 1.14-1.18x at K = 64 (cases
-1.05-1.30x) and 1.12-1.29x at K = 256 (0.96-1.44x); 90%-sparse ones 1.01-1.05x and
-0.99x; all 24 1.07-1.12x (K = 64) and 1.06-1.13x (K = 256).
+``NEAR_ENTRIES`` entries of a row and ``NEAR_BYTES`` of Y's rows for it to read (else it
+holds that many; the half-L2 cap and its ``MIN_ENTRIES`` floor still bound the large-K
+case), and the blocks are evened out over the columns (no runt block at the end). On AMD
+Zen 5 (1 MB L2), against blocking past half of L2 (``benchmarks/variants.py --knob
+sampled_block_bytes=524288,65536 --kernel sddmm``, 24 DLMC masks, two runs; blocks then
+filled the L1d and a third, with at least 8 entries a row): 70%-sparse masks geomean
+1.14-1.18x at K = 64 (cases 1.05-1.30x) and 1.12-1.29x at K = 256 (0.96-1.44x); 90%-sparse
+ones 1.01-1.05x and 0.99x; all 24 1.07-1.12x (K = 64) and 1.06-1.13x (K = 256). Then two
+thirds of L1d, the 6 KB floor and even blocks against that (``--knob
+sampled_block_bytes=65536,32768 --knob sblock.NEAR_BYTES=0,6144`` with evening on and off,
+two runs each): 70%-sparse masks 1.03-1.04x at K = 64 and 1.08x at K = 256, 90%-sparse
+1.00-1.01x; all 24 1.02x and 1.04x, none below 0.98x. On random masks of other shapes
+(777-3000 rows and columns, 10-30% dense, one run each) it ranged 0.94-1.20x (geomean
+1.02x), evening alone 0.97-1.03x: at that noise, evening is kept for shapes whose last
+block would hold a few columns, not for a measured gain.
 
 The choice is made per call inside the kernel: blocked when Y is larger than a block's
 budget and there are at least two blocks. Kernels get the blocked nest only for operands
@@ -70,12 +78,18 @@ ENTRIES = 64
 # (eight with AVX2); below that, blocking costs reads of X's row and saves no reads of Y.
 MIN_ENTRIES = 8
 # Fewest entries of a row a block holds when its rows of Y would fill more than the budget
-# near L1 (``kernel.sampled_block_bytes``). On Zen 5 (64 KB) the 90%-sparse DLMC masks at
-# K = 256 are the cases it decides; against 12, ``benchmarks/variants.py --knob
+# near L1 (``kernel.sampled_block_bytes``). On Zen 5 (then 64 KB) the 90%-sparse DLMC masks
+# at K = 256 were the cases it decided; against 12, ``benchmarks/variants.py --knob
 # sblock.NEAR_ENTRIES=12,8,16,20 --kernel sddmm --inner 256`` gave 0.99x (8), 1.00x (16),
 # 1.00x (20; 0.95x on the 70%-sparse masks): flat, within the ~2% that a rebuilt but
 # otherwise identical kernel moves.
 NEAR_ENTRIES = 12
+# ... and fewest bytes of the gathered operand's rows a block gives a row to read, where that
+# asks for more entries: 24 entries at K = 64 (256-byte rows), the 12 above from K = 128 on.
+# With blocks budgeted at two thirds of L1d (32 KB: ``kernel.sampled_block_bytes``), the
+# 90%-sparse DLMC masks at K = 64 need it (blocks of 128 columns, 13 entries a row: 0.86-0.89x
+# against blocks of 256), and 6 KB kept them at 1.00x.
+NEAR_BYTES = 6144
 GROUP_ROWS = 64
 
 
@@ -99,34 +113,37 @@ def column_blocked(body: Block, lw, copies: int, value_bytes: int, l2: int,
     lw.column_blocked = gathered
     lw.plan.notes.append(
         f"entries taken in blocks of columns {j} (the block's rows of operand {gathered} "
-        f"filling about {near >> 10} KB, {NEAR_ENTRIES}-{ENTRIES} entries of a row; groups "
-        f"of {GROUP_ROWS} rows) when operand {gathered}'s rows over {j} exceed "
-        f"{near >> 10} KB")
+        f"filling about {near >> 10} KB, {NEAR_ENTRIES}-{ENTRIES} entries of a row and at "
+        f"least {NEAR_BYTES >> 10} KB of those rows; groups of {GROUP_ROWS} rows) when "
+        f"operand {gathered}'s rows over {j} exceed {near >> 10} KB")
     return block(If(worth, block(_blocked_nest(loop, lw, copies, jb)), body))
 
 
 def columns_per_block(nnz, rows, cols, depth, value_bytes: int, l2: int, near: int):
     """Columns of a block: as many as keep the block's rows of the gathered operand
     (``depth`` values each) within ``near`` bytes, but enough to hold ``NEAR_ENTRIES``
-    entries of a row and no more than hold about ``ENTRIES`` (``kblock.block_coords``); where
-    even ``MIN_ENTRIES`` entries' rows would not fit in half of L2 (K in the thousands),
-    about ``ENTRIES`` entries. A multiple of 16, at least 16. Ints, or ``kblock.Formula``
-    objects for the kernel's expression (one formula for both).
+    entries of a row (and ``NEAR_BYTES`` of the gathered rows) and no more than hold about
+    ``ENTRIES`` (``kblock.block_coords``); where even ``MIN_ENTRIES`` entries' rows would not
+    fit in half of L2 (K in the thousands), about ``ENTRIES`` entries. Then evened out: the
+    nearest number of blocks to that width, each ``ceil(cols / blocks)`` wide, so no runt
+    block at the end costs a pass over every row for a few entries. At least 1. Ints, or
+    ``kblock.Formula`` objects for the kernel's expression (one formula for both).
 
     Example:
-        >>> l2, near = 1 << 20, 64 << 10   # a 1 MB L2 and a 48 KB L1d, float32
-        >>> columns_per_block(314572, 512, 2048, 256, 4, l2, near)  # 70%: 64 rows of 1 KB
-        64
+        >>> l2, near = 1 << 20, 32 << 10   # a 1 MB L2 and a 48 KB L1d, float32
+        >>> columns_per_block(314572, 512, 2048, 256, 4, l2, near)  # 70%: 12 entries a row
+        48
         >>> columns_per_block(104857, 512, 2048, 256, 4, l2, near)  # 90%: 12 entries a row
         128
-        >>> columns_per_block(104857, 512, 2048, 64, 4, l2, near)   # 256 rows of 256 B
-        256
+        >>> columns_per_block(104857, 512, 2048, 64, 4, l2, near)   # 6 KB of 256 B rows:
+        228
+        >>> # 240 columns for 24 entries, evened: 9 blocks of 228, not 8 of 240 and one of 128
         >>> columns_per_block(104857, 512, 2048, 4096, 4, l2, near)  # 8 entries: 1.3 MB
-        656
+        683
     """
     by_entries = block_coords(nnz, rows, cols, ENTRIES)
-    fewest = block_coords(nnz, rows, cols, NEAR_ENTRIES)
     row_bytes = imax(depth, 1) * value_bytes
+    fewest = block_coords(nnz, rows, cols, imax(NEAR_BYTES // row_bytes, NEAR_ENTRIES))
 
     def rows_within(size):   # rows of the gathered operand in ``size`` bytes, by 16, >= 16
         return imax(size // row_bytes // 16 * 16, 16)
@@ -134,7 +151,9 @@ def columns_per_block(nnz, rows, cols, depth, value_bytes: int, l2: int, near: i
     too_few = rows_within(l2 // 2) < block_coords(nnz, rows, cols, MIN_ENTRIES)
     # ``by_entries if too_few else min(by_entries, max(fits, fewest))``, as arithmetic (a
     # comparison is 0 or 1) so the same line builds the kernel's expression
-    return imin(by_entries, imax(imax(fits, fewest), too_few * by_entries))
+    jb = imin(by_entries, imax(imax(fits, fewest), too_few * by_entries))
+    blocks = imax((cols + jb // 2) // jb, 1)
+    return imax((cols + blocks + -1) // blocks, 1)
 
 
 def _columns_ir(lw, value_bytes: int, l2: int, near: int):
