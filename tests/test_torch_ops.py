@@ -217,6 +217,39 @@ def test_softmax(shape, fmt, dtype):
                             ref=_masked_softmax(mask, dim), same_pattern_as=A)
 
 
+@pytest.mark.parametrize("dtype,index_dtype", [(F32, torch.int32), (F64, torch.int64)])
+def test_row_softmax_kernel_on_csr(dtype, index_dtype, monkeypatch):
+    """CSR rows with no gradient to record run the compiled row kernel (counted), on one
+    thread and on all (past 16k entries): empty rows, rows of one entry, values far from 0
+    (the maximum shift), against dense and against the einsum path it replaces."""
+    import importlib
+    softmax_module = importlib.import_module("sparsetorch.ops.softmax")
+    g = torch.Generator().manual_seed(40)
+    calls = []
+    kernel = softmax_module.row_kernel
+    monkeypatch.setattr(softmax_module, "row_kernel",
+                        lambda kind, t: calls.append(kind) or kernel(kind, t))
+    for rows, cols, density in ((7, 9, 0.3), (300, 400, 0.2)):
+        d = (torch.rand(rows, cols, generator=g) < density).to(dtype) * \
+            torch.randn(rows, cols, generator=g, dtype=dtype) * 300
+        d[1] = 0                                   # an empty row
+        d[2] = 0
+        d[2, 3] = 5000.0                           # a row of one large entry
+        A = st.tensor(d, format="csr", index_dtype=index_dtype)
+        mask = stored_pattern(A)
+        out = check_against_dense(lambda a: st.ops.softmax(a, -1), [A], kind="sparse",
+                                  ref=_masked_softmax(mask, 1), same_pattern_as=A)
+        with monkeypatch.context() as m:           # the einsum path, for comparison
+            m.setattr(softmax_module, "_by_rows", lambda t, dim: False)
+            torch.testing.assert_close(st.ops.softmax(A, 1).values, out.values)
+    assert calls == ["row_softmax", "row_softmax"]
+    # a gradient to record takes the einsum path (checked by gradcheck below)
+    B = sp((5, 4), 0.5, "csr", 33).with_values(sp((5, 4), 0.5, "csr", 33).values.clone()
+                                                .requires_grad_())
+    st.ops.softmax(B, 1).values.sum().backward()
+    assert calls == ["row_softmax", "row_softmax"]
+
+
 def test_softmax_3d_and_gradcheck():
     A = sp((3, 4, 2), 0.6, "csf", 31)
     check_against_dense(lambda a: st.ops.softmax(a, 1), [A], kind="sparse",

@@ -1,4 +1,5 @@
-"""Masked attention as one loop nest: SDDMM -> row softmax -> SpMM, fused per row.
+"""Masked attention as one loop nest: SDDMM -> row softmax -> SpMM, fused per row; and the
+row softmax alone (``row_softmax_function``), over a CSR operand's stored values.
 
 ``out[i, :] = sum_j softmax_j(A[i, j] * (Q[i, :] . K[j, :])) V[j, :]`` over the stored
 entries ``j`` of row ``i`` of a CSR mask ``A`` (missing entries are -inf before the softmax;
@@ -50,10 +51,6 @@ def attention_function(tile_width: int) -> Function:
         Decl("val", "s", Bin("*", Load("t0_vals", Sym("p")), Sym("dot"))),
         Assign(Load("t4_vals", Sym("p")), Sym("s")),
         Assign(Sym("m"), Cond(Bin(">", Sym("s"), Sym("m")), Sym("s"), Sym("m")))]
-    exps = [Decl("val", "e", Call(UNARY["exp"][0], Bin("-", Load("t4_vals", Sym("p")),
-                                                         Sym("m")))),
-            Assign(Load("t4_vals", Sym("p")), Sym("e")),
-            Assign(Sym("z"), Sym("e"), "+=")]
 
     def weighted_sum(tile):
         k0, length, acc, kk = tile
@@ -73,10 +70,7 @@ def attention_function(tile_width: int) -> Function:
         Decl("idx", "hi", Load("t0_pos1", Bin("+", i, Lit(1)))),
         Decl("val", "m", Lit(float("-inf"))),
         For("p", lo, hi, block(*scores)),
-        Decl("val", "z", Lit(0)),
-        For("p", lo, hi, block(*exps)),
-        Decl("val", "inv", Cond(Bin(">", Sym("z"), Lit(0)), Bin("/", Lit(1.0), Sym("z")),
-                                Lit(0))),
+        *_exponentials("t4_vals", "t4_vals"),
         register_tiles("d", (tile_width,), fresh, weighted_sum, write))
     params = (Param("nt", "idx"), Param("n_i", "idx"), Param("n_j", "idx"),
               Param("n_k", "idx"), Param("n_d", "idx"), Param("t0_pos1", "idx0*"),
@@ -84,6 +78,53 @@ def attention_function(tile_width: int) -> Function:
               Param("t2_vals", "val*"), Param("t3_vals", "val*"),
               Param("t4_vals", "val*", const=False), Param("out_vals", "val*", const=False))
     fn = Function("attention", params, block(
+        For("i", Lit(0), Sym("n_i"), body, Parallel("balanced", weights="t0_pos1"))))
+    verify(fn)
+    return fn
+
+
+def _exponentials(src: str, dst: str) -> list:
+    """Statements over a row's entries ``[lo, hi)`` with their maximum in ``m``: ``dst[p] =
+    exp(src[p] - m)``, their sum ``z``, and ``inv``, its reciprocal (0 for an empty row)."""
+    p = Sym("p")
+    e = Call(UNARY["exp"][0], Bin("-", Load(src, p), Sym("m")))
+    return [Decl("val", "z", Lit(0)),
+            For("p", Sym("lo"), Sym("hi"), block(
+                Decl("val", "e", e), Assign(Load(dst, p), Sym("e")),
+                Assign(Sym("z"), Sym("e"), "+="))),
+            Decl("val", "inv", Cond(Bin(">", Sym("z"), Lit(0)), Bin("/", Lit(1.0), Sym("z")),
+                                    Lit(0)))]
+
+
+def row_softmax_function() -> Function:
+    """Softmax over the stored entries of each row of a CSR operand (``t0_pos1``,
+    ``t0_vals``; missing entries count as -inf) into ``out_vals``, its pattern's values: per
+    row the maximum, then the shifted exponentials and their sum, then the scaling. The
+    attention kernel's middle stages on stored values instead of scores.
+
+    Memory traffic: each row's values read twice and its results written and rescaled while
+    they are in L1; parallel strategy: rows split by stored entries (one balanced range per
+    thread).
+
+    Example:
+        >>> from sparsetorch.compiler.ir import dump
+        >>> "parallel balanced" in dump(row_softmax_function())
+        True
+    """
+    i, p = Sym("i"), Sym("p")
+    value = Load("t0_vals", p)
+    body = block(
+        Decl("idx", "lo", Load("t0_pos1", i)),
+        Decl("idx", "hi", Load("t0_pos1", Bin("+", i, Lit(1)))),
+        Decl("val", "m", Lit(float("-inf"))),
+        For("p", Sym("lo"), Sym("hi"), block(
+            Assign(Sym("m"), Cond(Bin(">", value, Sym("m")), value, Sym("m"))))),
+        *_exponentials("t0_vals", "out_vals"),
+        For("p", Sym("lo"), Sym("hi"), block(
+            Assign(Load("out_vals", p), Bin("*", Load("out_vals", p), Sym("inv"))))))
+    params = (Param("nt", "idx"), Param("n_i", "idx"), Param("t0_pos1", "idx0*"),
+              Param("t0_vals", "val*"), Param("out_vals", "val*", const=False))
+    fn = Function("row_softmax", params, block(
         For("i", Lit(0), Sym("n_i"), body, Parallel("balanced", weights="t0_pos1"))))
     verify(fn)
     return fn

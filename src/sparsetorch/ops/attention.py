@@ -15,17 +15,24 @@ from ..formats.tensor import SparseTensor
 from .execute import backend, kernel_argtypes
 
 
+def row_kernel(kind: str, A: SparseTensor):
+    """The built kernel of ``compiler/attention.py`` named ``kind`` (``"attention"`` or
+    ``"row_softmax"``) for CSR ``A``'s value and index types (float32 or float64)."""
+    return _kernel(kind, "float" if A.dtype == torch.float32 else "double",
+                   "int32_t" if A.index_dtype == torch.int32 else "int64_t")
+
+
 @lru_cache(maxsize=None)
-def _kernel(value_ctype: str, index_ctype: str):
+def _kernel(kind: str, value_ctype: str, index_ctype: str):
     from .. import runtime
     from ..codegen.c import render_c
-    from ..compiler.attention import attention_function
+    from ..compiler.attention import attention_function, row_softmax_function
     from ..compiler.kernel import tile_width, vector_isa
 
     dtype = {"float": "float32", "double": "float64"}[value_ctype]
-    fn = attention_function(tile_width(dtype))
-    source = render_c([fn], value_ctype, {0: index_ctype}, "fused masked attention",
-                      vector_isa())
+    fn = attention_function(tile_width(dtype)) if kind == "attention" else \
+        row_softmax_function()
+    source = render_c([fn], value_ctype, {0: index_ctype}, f"fused {kind}", vector_isa())
     return runtime.load_entries(source, {fn.name: kernel_argtypes(fn)})[fn.name]
 
 
@@ -74,8 +81,7 @@ def masked_attention(A, Q, K, V):
     (n, m), d, e = A.shape, Q.shape[1], V.shape[1]
     scratch = torch.empty(A.nnz, dtype=A.dtype)
     out = torch.empty((n, e), dtype=A.dtype)
-    fn = _kernel("float" if A.dtype == torch.float32 else "double",
-                 "int32_t" if A.index_dtype == torch.int32 else "int64_t")
+    fn = row_kernel("attention", A)
     from ..runtime import num_threads
 
     nt = num_threads() if A.nnz * (d + e) >= (1 << 14) else 1
