@@ -21,8 +21,13 @@ Sections
              Masks: graph adjacencies (head dim 64) and a local-window mask.
   chain      ``(st.lazy(A) * 2 - st.lazy(B)).relu().eval()`` (one kernel) against the same
              chain of eager operators (one kernel each) and torch.sparse COO ops.
+  softmax    ``st.ops.softmax(A, 1)`` of a CSR tensor (one kernel per row: maximum,
+             exponentials and their sum, scaling) against the einsum calls and torch ops it
+             replaces where no gradient is recorded (``ops/softmax.py``'s ``_by_einsum``)
+             and ``torch.sparse.softmax`` on COO; the attention masks, random values.
 
-Each fused section also times ``st.compile`` of the user function written with ordinary ops
+Each fused section but softmax also times ``st.compile`` of the user function written with
+ordinary ops
 (``torch.relu(A @ X + b)``; ``torch.sparse.softmax(st.einsum(...), 1) @ V``;
 ``torch.relu(A * 2 - B)``): dynamo's guards plus the rewritten graph calling the fused op
 (each case compiles afresh, and is checked to have run fused). The overhead section times it
@@ -168,9 +173,9 @@ def section_epilogue(report, rounds, quick):
     return ratios
 
 
-def section_attention(report, rounds, quick):
-    ratios = []
-    cases = [(name, A, 64) for name, A in graphs(quick)[: 2 if quick else 3]]
+def attention_masks(quick):
+    """(name, CSR mask): graph adjacencies and a local-window mask."""
+    cases = graphs(quick)[: 2 if quick else 3]
     n, w = (2048, 16) if quick else (8192, 32)
     rows = torch.arange(n).repeat_interleave(2 * w + 1)
     cols = rows + torch.arange(-w, w + 1).repeat(n)
@@ -180,8 +185,13 @@ def section_attention(report, rounds, quick):
     rows, cols = rows[keep], cols[keep]
     local = st.tensor((torch.stack([rows, cols]), torch.ones(rows.numel())), shape=(n, n),
                       format="csr", index_dtype=torch.int32)
-    cases.append((f"local window n={n} w={w}", local, 64))
-    for name, A, d in cases:
+    return cases + [(f"local window n={n} w={w}", local)]
+
+
+def section_attention(report, rounds, quick):
+    ratios = []
+    for name, A in attention_masks(quick):
+        d = 64
         m = A.shape[0]
         Q, K, V = (torch.randn(m, d) / d ** 0.25 for _ in range(3))
         P = A.to_torch()
@@ -221,6 +231,23 @@ def section_chain(report, rounds, quick):
     return ratios
 
 
+def section_softmax(report, rounds, quick):
+    import importlib
+    by_einsum = importlib.import_module("sparsetorch.ops.softmax")._by_einsum
+    ratios = []
+    for name, mask in attention_masks(quick):
+        A = mask.with_values(torch.randn(mask.nnz, generator=torch.Generator().manual_seed(7)))
+        C = A.to_torch().to_sparse_coo()
+        # values in row-major order, compared as such (the masks' dense form can be GBs)
+        impls = {"fused": lambda: st.ops.softmax(A, 1).values,
+                 "unfused": lambda: by_einsum(A, 1).values,
+                 "torch coo": lambda: torch.sparse.softmax(C, 1).values()}
+        r = run_case(report, "softmax", name, impls, rounds, nnz=A.nnz)
+        if r:
+            ratios.append(r)
+    return ratios
+
+
 def main():
     quiet_sparse_warnings()
     torch.set_num_threads(ARGS.threads)
@@ -232,7 +259,7 @@ def main():
     print("== overhead ==")
     summary["overhead"] = section_overhead(report, rounds)
     for name, fn in (("epilogue", section_epilogue), ("attention", section_attention),
-                     ("chain", section_chain)):
+                     ("chain", section_chain), ("softmax", section_softmax)):
         print(f"== {name} ==")
         ratios = fn(report, rounds, ARGS.quick)
         impls = sorted({k for r in ratios for k in r if k != "fused"})

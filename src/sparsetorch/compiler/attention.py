@@ -18,18 +18,22 @@ from __future__ import annotations
 
 from .ir import (Assign, Bin, Call, Cond, Decl, For, Function, Lit, Load, Param, Parallel,
                  Sym, block, verify)
+from .jam import jam_sums
 from .tiles import lane_loop, register_tiles
 from .notation import UNARY
 
 
-def attention_function(tile_width: int) -> Function:
+def attention_function(tile_width: int, copies: int = 1) -> Function:
     """The fused kernel over operands A (CSR: ``t0_pos1``, ``t0_crd1``, ``t0_vals``), Q
     (``t1``, n_i x n_k), K (``t2``, n_j x n_k), V (``t3``, n_j x n_d), a scratch array of
-    nnz values (``t4_vals``) and the output (n_i x n_d).
+    nnz values (``t4_vals``) and the output (n_i x n_d); a row's scores are summed
+    ``copies`` side by side (``jam.jam_sums``, as SDDMM's are: ``kernel.sum_copies``).
 
     Example:
         >>> from sparsetorch.compiler.ir import dump
         >>> "parallel balanced" in dump(attention_function(16))
+        True
+        >>> "sum into dot_j0, dot_j1, dot_j2, dot_j3" in dump(attention_function(16, 4))
         True
     """
     names = iter(range(1, 1 << 30))
@@ -48,9 +52,7 @@ def attention_function(tile_width: int) -> Function:
         For("k", Lit(0), Sym("n_k"), block(
             Assign(Sym("dot"), Bin("*", row("t1_vals", "q", "n_k"),
                                    row("t2_vals", "k", "n_k")), "+=")), reduction="dot"),
-        Decl("val", "s", Bin("*", Load("t0_vals", Sym("p")), Sym("dot"))),
-        Assign(Load("t4_vals", Sym("p")), Sym("s")),
-        Assign(Sym("m"), Cond(Bin(">", Sym("s"), Sym("m")), Sym("s"), Sym("m")))]
+        Assign(Load("t4_vals", Sym("p")), Bin("*", Load("t0_vals", Sym("p")), Sym("dot")))]
 
     def weighted_sum(tile):
         k0, length, acc, kk = tile
@@ -68,8 +70,8 @@ def attention_function(tile_width: int) -> Function:
     body = block(
         Decl("idx", "lo", Load("t0_pos1", i)),
         Decl("idx", "hi", Load("t0_pos1", Bin("+", i, Lit(1)))),
-        Decl("val", "m", Lit(float("-inf"))),
         For("p", lo, hi, block(*scores)),
+        *_row_max("t4_vals"),
         *_exponentials("t4_vals", "t4_vals"),
         register_tiles("d", (tile_width,), fresh, weighted_sum, write))
     params = (Param("nt", "idx"), Param("n_i", "idx"), Param("n_j", "idx"),
@@ -77,10 +79,19 @@ def attention_function(tile_width: int) -> Function:
               Param("t0_crd1", "idx0*"), Param("t0_vals", "val*"), Param("t1_vals", "val*"),
               Param("t2_vals", "val*"), Param("t3_vals", "val*"),
               Param("t4_vals", "val*", const=False), Param("out_vals", "val*", const=False))
-    fn = Function("attention", params, block(
-        For("i", Lit(0), Sym("n_i"), body, Parallel("balanced", weights="t0_pos1"))))
+    nest, _ = jam_sums(block(
+        For("i", Lit(0), Sym("n_i"), body, Parallel("balanced", weights="t0_pos1"))), copies)
+    fn = Function("attention", params, nest)
     verify(fn)
     return fn
+
+
+def _row_max(src: str) -> list:
+    """``m``, the maximum of ``src`` over a row's entries ``[lo, hi)`` (-inf if none)."""
+    value = Load(src, Sym("p"))
+    return [Decl("val", "m", Lit(float("-inf"))),
+            For("p", Sym("lo"), Sym("hi"), block(
+                Assign(Sym("m"), Cond(Bin(">", value, Sym("m")), value, Sym("m")))))]
 
 
 def _exponentials(src: str, dst: str) -> list:
@@ -112,13 +123,10 @@ def row_softmax_function() -> Function:
         True
     """
     i, p = Sym("i"), Sym("p")
-    value = Load("t0_vals", p)
     body = block(
         Decl("idx", "lo", Load("t0_pos1", i)),
         Decl("idx", "hi", Load("t0_pos1", Bin("+", i, Lit(1)))),
-        Decl("val", "m", Lit(float("-inf"))),
-        For("p", Sym("lo"), Sym("hi"), block(
-            Assign(Sym("m"), Cond(Bin(">", value, Sym("m")), value, Sym("m"))))),
+        *_row_max("t0_vals"),
         *_exponentials("t0_vals", "out_vals"),
         For("p", Sym("lo"), Sym("hi"), block(
             Assign(Load("out_vals", p), Bin("*", Load("out_vals", p), Sym("inv"))))))

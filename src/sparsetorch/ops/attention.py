@@ -27,10 +27,10 @@ def _kernel(kind: str, value_ctype: str, index_ctype: str):
     from .. import runtime
     from ..codegen.c import render_c
     from ..compiler.attention import attention_function, row_softmax_function
-    from ..compiler.kernel import tile_width, vector_isa
+    from ..compiler.kernel import sum_copies, tile_width, vector_isa
 
     dtype = {"float": "float32", "double": "float64"}[value_ctype]
-    fn = attention_function(tile_width(dtype)) if kind == "attention" else \
+    fn = attention_function(tile_width(dtype), sum_copies()) if kind == "attention" else \
         row_softmax_function()
     source = render_c([fn], value_ctype, {0: index_ctype}, f"fused {kind}", vector_isa())
     return runtime.load_entries(source, {fn.name: kernel_argtypes(fn)})[fn.name]

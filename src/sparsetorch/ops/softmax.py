@@ -84,8 +84,13 @@ def softmax(input: SparseTensor, dim: int, dtype=None) -> SparseTensor:
                         "pass dtype=torch.float32")
     if t.nnz == 0:
         return t.with_values(t.values * 0)
-    if _by_rows(t, dim):
-        return _row_softmax(t)
+    return _row_softmax(t) if _by_rows(t, dim) else _by_einsum(t, dim)
+
+
+def _by_einsum(t: SparseTensor, dim: int) -> SparseTensor:
+    """The softmax of floating ``t`` (nonempty) over ``dim`` as einsum calls and torch ops,
+    differentiable (module docstring)."""
+    n = t.dim()
     e = t.with_values(torch.exp(t.values - _group_max(t, dim)))
     letters = _LETTERS[:n]
     rest = letters[:dim] + letters[dim + 1:]
@@ -93,7 +98,6 @@ def softmax(input: SparseTensor, dim: int, dtype=None) -> SparseTensor:
     inv = 1 / torch.where(sums > 0, sums, torch.ones_like(sums))   # empty slices: unused
     out = einsum(f"{letters},{rest}->{letters}", e, inv)
     return t.with_values(values_on_pattern(t, out))   # a no-op when sampled in place
-
 
 
 # Entries from which the row kernel runs on all threads (each costs an exp and ~4 loads).
