@@ -8,12 +8,12 @@ is computed on detached values.
 
 The rows of a CSR tensor with no gradient to record (inference, attention masks) take one
 compiled kernel instead (``compiler/attention.py``'s ``row_softmax_function``: per row the
-maximum, the exponentials and their sum, the scaling). Against the einsum path, whose torch
-calls (a ``scatter_reduce`` for the grouped maximum, the unpacked coordinates) dominate
-it, on AMD Zen 5 with 2 threads: 3.4-4.5x on 26k-840k entries (512 x 512 at 10%, 2048 x 2048
-at 1%, 4096 x 4096 at 5%), 9.3x on 1.2k entries (64 x 64 at 30%); torch.sparse.softmax on
-COO tensors of the same entries took 1.6-7.1x as long. Its exponentials are scalar calls
-(``expf``), ~4 ns an entry on one thread.
+maximum, the exponentials and their sum, the scaling). Against the einsum path
+(``_by_einsum``), whose torch calls (a ``scatter_reduce`` for the grouped maximum, the
+unpacked coordinates) dominate it, ``benchmarks/fusion.py``'s softmax section (graph
+adjacencies and a local-window mask, 9k-530k entries; AMD Zen 5, 2 threads, one run):
+3.2-5.4x, and ``torch.sparse.softmax`` on COO took 6.0-10.2x as long. Its exponentials are
+scalar calls (``expf``), ~4 ns an entry on one thread.
 """
 from __future__ import annotations
 
