@@ -115,6 +115,13 @@ class _Lanes:
             return self.op("maskload", ptr, mask)
         return self.op("maskz_loadu", mask, ptr)
 
+    def keep(self, mask, old, new):
+        """``new`` in the lanes of ``mask``, ``old`` in the others."""
+        if self.isa == "avx2":
+            cast = "_mm256_castsi256_ps" if self.suf == "ps" else "_mm256_castsi256_pd"
+            return self.op("blendv", old, new, f"{cast}({mask})")
+        return self.op("mask_mov", old, mask, new)
+
     def masked_store(self, ptr, mask, value):
         if self.isa == "avx2":
             return self.op("maskstore", ptr, mask, value)
@@ -469,11 +476,15 @@ class _Body:
         return [f"{lanes.masked_store(ptr, self.mask, value)};"]
 
     def accumulate(self, reg, value) -> str:
-        """``reg + value`` with a fused multiply-add when ``value`` is a product."""
+        """``reg + value`` with a fused multiply-add when ``value`` is a product; in a
+        masked step only the step's lanes change (a masked-off lane's value is that of a
+        zero loaded there, which is not always zero: ``exp(0 - m)``)."""
         if isinstance(value, Bin) and value.op == "*":
             a, b = self.vector(self.expr(value.a)), self.vector(self.expr(value.b))
-            return self.lanes.op("fmadd", a, b, reg)
-        return self.lanes.op("add", reg, self.vector(self.expr(value)))
+            total = self.lanes.op("fmadd", a, b, reg)
+        else:
+            total = self.lanes.op("add", reg, self.vector(self.expr(value)))
+        return total if self.mask is None else self.lanes.keep(self.mask, reg, total)
 
     def check_lane(self, index):
         if index != Sym(self.lane_var):
@@ -585,6 +596,8 @@ class _Body:
             return _V("vv", lanes.op("sqrt", x))
         if fn == "relu6":
             return _V("vv", lanes.op("max", lanes.op("min", x, lanes.set1("6")), lanes.zero()))
+        if fn == "exp":   # (``intrinsics.py``: one helper per register type)
+            return _V("vv", f"st_exp_{lanes.suf}{lanes.n * lanes.width * 8}({x})")
         raise Unsupported(f"vector {fn or e.template}")
 
     # -- conversions -----------------------------------------------------------------------

@@ -102,7 +102,7 @@ def _exponentials(src: str, dst: str) -> list:
     return [Decl("val", "z", Lit(0)),
             For("p", Sym("lo"), Sym("hi"), block(
                 Decl("val", "e", e), Assign(Load(dst, p), Sym("e")),
-                Assign(Sym("z"), Sym("e"), "+="))),
+                Assign(Sym("z"), Sym("e"), "+=")), reduction="z"),
             Decl("val", "inv", Cond(Bin(">", Sym("z"), Lit(0)), Bin("/", Lit(1.0), Sym("z")),
                                     Lit(0)))]
 
