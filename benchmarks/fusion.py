@@ -41,6 +41,7 @@ tables and ``benchmarks/results/fusion.json``.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
@@ -189,9 +190,8 @@ def attention_masks(quick):
 
 
 def section_attention(report, rounds, quick):
-    ratios = []
+    ratios, d = [], 64   # head dimension
     for name, A in attention_masks(quick):
-        d = 64
         m = A.shape[0]
         Q, K, V = (torch.randn(m, d) / d ** 0.25 for _ in range(3))
         P = A.to_torch()
@@ -232,7 +232,7 @@ def section_chain(report, rounds, quick):
 
 
 def section_softmax(report, rounds, quick):
-    import importlib
+    # (``sparsetorch.ops.softmax`` is the function; its module holds the einsum path)
     by_einsum = importlib.import_module("sparsetorch.ops.softmax")._by_einsum
     ratios = []
     for name, mask in attention_masks(quick):

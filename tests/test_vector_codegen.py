@@ -17,6 +17,7 @@ import sparsetorch as st
 from sparsetorch.codegen.c import render_c
 from sparsetorch.compiler.ir import Assign, Bin, Call, Cond, Decl, For, Function, Lit, Load, \
     Param, Sym, block
+from sparsetorch.codegen.vector import _SHAPES
 from sparsetorch.compiler.kernel import vector_isa
 from sparsetorch.compiler.notation import UNARY
 
@@ -265,10 +266,9 @@ def test_sampled_results_store_every_entry(monkeypatch, fmt):
             assert torch.allclose(out.to_dense(), d * (X @ Y.T), rtol=1e-5, atol=1e-4)
 
 
-# (ISA, value type, lanes, load/store prefix): every register type the renderer uses
-_EXP_SHAPES = [("avx512", "float", 16, "_mm512", "ps"), ("avx512", "float", 8, "_mm256", "ps"),
-               ("avx512", "double", 8, "_mm512", "pd"), ("avx2", "float", 8, "_mm256", "ps"),
-               ("avx2", "double", 4, "_mm256", "pd")]
+# (ISA, value type, lanes, load/store prefix, suffix): every register type the renderer uses
+_EXP_SHAPES = [(isa, ctype, n, lanes.pre, lanes.suf)
+               for (isa, ctype, n), lanes in _SHAPES.items()]
 
 
 @needs_avx2
