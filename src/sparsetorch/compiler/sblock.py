@@ -12,10 +12,11 @@ sweeps A's columns in blocks of ``jb``, so a block's slice of Y (``jb`` rows) co
 once per group and from L2 for every other row of the group. A row keeps a cursor to its
 first entry not yet computed (CSR columns are sorted); the inner products of ``jam_sums``
 run unchanged: each of its loops (eight side by side, four, one at a time) continues while
-the last of its entries lies in the block. No partial sums: an entry is computed whole in
-the block of its column (the reduction over ``k`` is inside). The price is X's row, read
-once per block instead of once per row, and the loop overhead of shorter runs of entries:
-``jb`` is sized so a block holds about ``ENTRIES`` entries of a row (with fewer, the
+the first of its entries lies in the block (``STRADDLE``; before, while the last did). No
+partial sums: an entry is computed whole, in the block of its column or, the last few of a
+run of side-by-side sums, in the block before (the reduction over ``k`` is inside). The
+price is X's row, read once per block instead of once per row, and the loop overhead of
+shorter runs of entries: ``jb`` is sized so a block holds about ``ENTRIES`` entries of a row (with fewer, the
 remainders of the side-by-side loop dominate), but never more rows of Y than fill half of
 L2 (``columns_per_block``): by entries alone the 90%-sparse 512x2048 layers took blocks of
 656 columns, at K = 256 656 KB of Y, more than the L2 that should hold them. Where the
@@ -91,6 +92,13 @@ NEAR_ENTRIES = 12
 # against blocks of 256), and 6 KB kept them at 1.00x.
 NEAR_BYTES = 6144
 GROUP_ROWS = 64
+# A run of side-by-side sums may end past its block: the remainders (four, then one at a
+# time) come once per row, not once per row and block, for the price of up to seven rows of
+# the gathered operand read from the next block's columns. On AMD Zen 5 (``benchmarks/
+# variants.py --knob sblock.STRADDLE=0,1 --kernel sddmm``, 24 DLMC masks, three runs each):
+# K = 64 1.014-1.028x (70%-sparse masks 1.04-1.06x), K = 256 1.004-1.016x (70%: 1.01-1.03x),
+# the 90%-sparse masks 0.98-1.02x.
+STRADDLE = True
 
 
 def column_blocked(body: Block, lw, copies: int, value_bytes: int, l2: int,
@@ -233,10 +241,13 @@ def _blocked_nest(loop: For, lw, copies: int, columns) -> For:
         return Bin("&&", Bin("<", q, Sym(e)), Bin("<", Load(crd, q), Sym(j1)))
 
     sweep = [Decl("idx", e, rest.end), Decl("idx", main.var, at)]
-    for m in (*jammed, rest):   # each loop continues while its last entry is in the block
+    for m in (*jammed, rest):
         last = Bin("+", p, Lit(m.step - 1)) if m.step > 1 else p
-        sweep.append(While(in_block(last), block(*m.body.stmts,
-                                                 Assign(p, Bin("+", p, Lit(m.step))))))
+        if STRADDLE:   # while its first entry is in the block and its last in the row
+            go = Bin("&&", Bin("<", last, Sym(e)), Bin("<", Load(crd, p), Sym(j1)))
+        else:          # while its last entry is in the block
+            go = in_block(last)
+        sweep.append(While(go, block(*m.body.stmts, Assign(p, Bin("+", p, Lit(m.step))))))
     sweep.append(Assign(at, p))
     body = block(Decl("idx", i_end, Bin("min", Bin("+", Sym(i0), Lit(GROUP_ROWS)),
                                         Sym(RANGE_END))),
