@@ -25,8 +25,11 @@ Sections
              exponentials and their sum, scaling) against the einsum calls and torch ops it
              replaces where no gradient is recorded (``ops/softmax.py``'s ``_by_einsum``)
              and ``torch.sparse.softmax`` on COO; the attention masks, random values.
+  softmax_grad  the same three, forward and backward (the values' gradient of a weighted
+             sum): the row kernel and its gradient kernel, the einsum calls differentiated
+             by ``sparsetorch.autograd``, torch's COO softmax and its backward.
 
-Each fused section but softmax also times ``st.compile`` of the user function written with
+Each fused section but the softmax ones also times ``st.compile`` of the user function written with
 ordinary ops
 (``torch.relu(A @ X + b)``; ``torch.sparse.softmax(st.einsum(...), 1) @ V``;
 ``torch.relu(A * 2 - B)``): dynamo's guards plus the rewritten graph calling the fused op
@@ -248,6 +251,33 @@ def section_softmax(report, rounds, quick):
     return ratios
 
 
+def section_softmax_grad(report, rounds, quick):
+    by_einsum = importlib.import_module("sparsetorch.ops.softmax")._by_einsum
+    ratios = []
+    for name, mask in attention_masks(quick):
+        g = torch.Generator().manual_seed(8)
+        A = mask.with_values(torch.randn(mask.nnz, generator=g))
+        weights = torch.randn(mask.nnz, generator=g)
+        C = A.to_torch().to_sparse_coo()   # coalesced: values in A's (row-major) order
+
+        def gradient(softmax_values, start):
+            """The values' gradient of ``(softmax_values(v) * weights).sum()`` at ``start``."""
+            def run():
+                v = start.detach().requires_grad_()
+                (softmax_values(v) * weights).sum().backward()
+                return v.grad
+            return run
+        impls = {
+            "fused": gradient(lambda v: st.ops.softmax(A.with_values(v), 1).values, A.values),
+            "unfused": gradient(lambda v: by_einsum(A.with_values(v), 1).values, A.values),
+            "torch coo": gradient(lambda v: torch.sparse.softmax(torch.sparse_coo_tensor(
+                C.indices(), v, C.shape, is_coalesced=True), 1).values(), C.values())}
+        r = run_case(report, "softmax_grad", name, impls, rounds, nnz=A.nnz)
+        if r:
+            ratios.append(r)
+    return ratios
+
+
 def main():
     quiet_sparse_warnings()
     torch.set_num_threads(ARGS.threads)
@@ -259,7 +289,8 @@ def main():
     print("== overhead ==")
     summary["overhead"] = section_overhead(report, rounds)
     for name, fn in (("epilogue", section_epilogue), ("attention", section_attention),
-                     ("chain", section_chain), ("softmax", section_softmax)):
+                     ("chain", section_chain), ("softmax", section_softmax),
+                     ("softmax_grad", section_softmax_grad)):
         print(f"== {name} ==")
         ratios = fn(report, rounds, ARGS.quick)
         impls = sorted({k for r in ratios for k in r if k != "fused"})

@@ -241,11 +241,48 @@ def test_row_softmax_kernel_on_csr(dtype, index_dtype, monkeypatch):
                                   ref=_masked_softmax(mask, 1), same_pattern_as=A)
         torch.testing.assert_close(softmax_module._by_einsum(A, 1).values, out.values)
     assert calls == ["row_softmax", "row_softmax"]
-    # a gradient to record takes the einsum path (checked by gradcheck below)
-    B = sp((5, 4), 0.5, "csr", 33).with_values(sp((5, 4), 0.5, "csr", 33).values.clone()
-                                                .requires_grad_())
-    st.ops.softmax(B, 1).values.sum().backward()
-    assert calls == ["row_softmax", "row_softmax"]
+
+
+@pytest.mark.parametrize("dtype,index_dtype", [(F32, torch.int32), (F64, torch.int64)])
+def test_row_softmax_kernel_gradients(dtype, index_dtype, monkeypatch):
+    """A gradient recorded on CSR values runs the row kernels forward and backward
+    (counted), on one thread and on all: against the dense masked softmax's gradient (empty
+    rows, a row of one entry, values far from 0), gradcheck and gradgradcheck in float64
+    (the second backward by torch ops)."""
+    import importlib
+    softmax_module = importlib.import_module("sparsetorch.ops.softmax")
+    g = torch.Generator().manual_seed(41)
+    calls = []
+    kernel = softmax_module.row_kernel
+    monkeypatch.setattr(softmax_module, "row_kernel",
+                        lambda kind, t: calls.append(kind) or kernel(kind, t))
+    for rows, cols, density in ((7, 9, 0.3), (300, 400, 0.2)):
+        d = (torch.rand(rows, cols, generator=g) < density).to(dtype) * \
+            torch.randn(rows, cols, generator=g, dtype=dtype) * 30
+        d[1] = 0
+        d[2] = 0
+        d[2, 3] = 500.0
+        A = st.tensor(d, format="csr", index_dtype=index_dtype)
+        mask = stored_pattern(A)
+        w = torch.randn(A.nnz, generator=g, dtype=dtype)
+        v = A.values.clone().requires_grad_()
+        (st.ops.softmax(A.with_values(v), 1).values * w).sum().backward()
+        dense = d.clone().requires_grad_()
+        (_masked_softmax(mask, 1)(dense)[mask] * w).sum().backward()
+        tol = 1e-5 if dtype == F32 else 1e-12
+        torch.testing.assert_close(v.grad, dense.grad[mask], rtol=tol, atol=tol)
+    assert calls == ["row_softmax", "row_softmax_grad"] * 2
+    if dtype == F64:   # (on 8 rows: the checks build whole Jacobians)
+        small = st.tensor(d[:8, :20], format="csr", index_dtype=index_dtype)
+        u = small.values.clone().requires_grad_()
+        def f(x):
+            return st.ops.softmax(small.with_values(x), 1).values
+        for check in (torch.autograd.gradcheck, torch.autograd.gradgradcheck):
+            check(f, (u,))
+        w = torch.randn(small.nnz, generator=g, dtype=dtype)   # both backward paths agree
+        by_ops, = torch.autograd.grad(f(u), u, w, create_graph=True)
+        by_kernel, = torch.autograd.grad(f(u), u, w)
+        torch.testing.assert_close(by_ops, by_kernel, rtol=1e-12, atol=1e-12)
 
 
 def test_softmax_3d_and_gradcheck():

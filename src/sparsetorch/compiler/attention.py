@@ -1,5 +1,6 @@
 """Masked attention as one loop nest: SDDMM -> row softmax -> SpMM, fused per row; and the
-row softmax alone (``row_softmax_function``), over a CSR operand's stored values.
+row softmax alone (``row_softmax_function``), over a CSR operand's stored values, with its
+gradient (``row_softmax_grad_function``).
 
 ``out[i, :] = sum_j softmax_j(A[i, j] * (Q[i, :] . K[j, :])) V[j, :]`` over the stored
 entries ``j`` of row ``i`` of a CSR mask ``A`` (missing entries are -inf before the softmax;
@@ -122,17 +123,46 @@ def row_softmax_function() -> Function:
         >>> "parallel balanced" in dump(row_softmax_function())
         True
     """
-    i, p = Sym("i"), Sym("p")
-    body = block(
-        Decl("idx", "lo", Load("t0_pos1", i)),
-        Decl("idx", "hi", Load("t0_pos1", Bin("+", i, Lit(1)))),
+    p = Sym("p")
+    return _over_rows("row_softmax", ("t0_vals",), [
         *_row_max("t0_vals"),
         *_exponentials("t0_vals", "out_vals"),
         For("p", Sym("lo"), Sym("hi"), block(
-            Assign(Load("out_vals", p), Bin("*", Load("out_vals", p), Sym("inv"))))))
+            Assign(Load("out_vals", p), Bin("*", Load("out_vals", p), Sym("inv")))))])
+
+
+def row_softmax_grad_function() -> Function:
+    """The gradient of ``row_softmax_function``: with its output ``y`` (``t0_vals``) and the
+    output's gradient ``g`` (``t1_vals``) on the same CSR rows (``t0_pos1``), ``out_vals[p]
+    = y[p] * (g[p] - s)`` where ``s`` is the row's sum of ``g * y``. Traffic: ``y`` and
+    ``g`` of a row read twice (the second time from L1), its gradient written once; rows
+    split by stored entries, as in the forward kernel.
+
+    Example:
+        >>> from sparsetorch.compiler.ir import dump
+        >>> "sum into s" in dump(row_softmax_grad_function())
+        True
+    """
+    p = Sym("p")
+    y, g = Load("t0_vals", p), Load("t1_vals", p)
+    return _over_rows("row_softmax_grad", ("t0_vals", "t1_vals"), [
+        Decl("val", "s", Lit(0)),
+        For("p", Sym("lo"), Sym("hi"), block(Assign(Sym("s"), Bin("*", g, y), "+=")),
+            reduction="s"),
+        For("p", Sym("lo"), Sym("hi"), block(
+            Assign(Load("out_vals", p), Bin("*", y, Bin("-", g, Sym("s"))))))])
+
+
+def _over_rows(name: str, inputs: tuple, stmts: list) -> Function:
+    """Function ``name`` running ``stmts`` for each row ``i`` of a CSR operand (its entries
+    ``[lo, hi)`` of ``t0_pos1``) in parallel, reading value arrays ``inputs`` and writing
+    ``out_vals``."""
+    i = Sym("i")
+    body = block(Decl("idx", "lo", Load("t0_pos1", i)),
+                 Decl("idx", "hi", Load("t0_pos1", Bin("+", i, Lit(1)))), *stmts)
     params = (Param("nt", "idx"), Param("n_i", "idx"), Param("t0_pos1", "idx0*"),
-              Param("t0_vals", "val*"), Param("out_vals", "val*", const=False))
-    fn = Function("row_softmax", params, block(
+              *(Param(a, "val*") for a in inputs), Param("out_vals", "val*", const=False))
+    fn = Function(name, params, block(
         For("i", Lit(0), Sym("n_i"), body, Parallel("balanced", weights="t0_pos1"))))
     verify(fn)
     return fn

@@ -16,8 +16,9 @@ from .execute import backend, kernel_argtypes
 
 
 def row_kernel(kind: str, A: SparseTensor):
-    """The built kernel of ``compiler/attention.py`` named ``kind`` (``"attention"`` or
-    ``"row_softmax"``) for CSR ``A``'s value and index types (float32 or float64)."""
+    """The built kernel of ``compiler/attention.py`` named ``kind`` (``"attention"``,
+    ``"row_softmax"`` or ``"row_softmax_grad"``) for CSR ``A``'s value and index types
+    (float32 or float64)."""
     return _kernel(kind, "float" if A.dtype == torch.float32 else "double",
                    "int32_t" if A.index_dtype == torch.int32 else "int64_t")
 
@@ -26,12 +27,12 @@ def row_kernel(kind: str, A: SparseTensor):
 def _kernel(kind: str, value_ctype: str, index_ctype: str):
     from .. import runtime
     from ..codegen.c import render_c
-    from ..compiler.attention import attention_function, row_softmax_function
+    from ..compiler import attention
     from ..compiler.kernel import sum_copies, tile_width, vector_isa
 
     dtype = {"float": "float32", "double": "float64"}[value_ctype]
-    fn = attention_function(tile_width(dtype), sum_copies()) if kind == "attention" else \
-        row_softmax_function()
+    fn = attention.attention_function(tile_width(dtype), sum_copies()) \
+        if kind == "attention" else getattr(attention, f"{kind}_function")()
     source = render_c([fn], value_ctype, {0: index_ctype}, f"fused {kind}", vector_isa())
     return runtime.load_entries(source, {fn.name: kernel_argtypes(fn)})[fn.name]
 

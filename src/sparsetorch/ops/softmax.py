@@ -6,15 +6,20 @@ a product sampled on the pattern, so the gradient comes from ``sparsetorch.autog
 per-row maximum only shifts the exponent for stability (softmax does not depend on it), so it
 is computed on detached values.
 
-The rows of a CSR tensor with no gradient to record (inference, attention masks) take one
-compiled kernel instead (``compiler/attention.py``'s ``row_softmax_function``: per row the
-maximum, the exponentials and their sum, the scaling). Against the einsum path
-(``_by_einsum``), whose torch calls (a ``scatter_reduce`` for the grouped maximum, the
-unpacked coordinates) dominate it, ``benchmarks/fusion.py``'s softmax section (graph
+The rows of a CSR tensor take one compiled kernel instead (``compiler/attention.py``'s
+``row_softmax_function``: per row the maximum, the exponentials and their sum, the
+scaling), and a gradient recorded on its values another (``row_softmax_grad_function``: per
+row ``y * (g - sum(g * y))``; torch ops where the gradient itself is differentiated). Only
+a gradient recorded on the wrapper alone (an output of a ``torch.compile``d function) keeps
+the einsum path. Against that path (``_by_einsum``), whose torch calls (a
+``scatter_reduce`` for the grouped maximum, the unpacked coordinates) dominate it,
+``benchmarks/fusion.py``'s softmax section (graph
 adjacencies and a local-window mask, 9k-530k entries; AMD Zen 5, 2 threads, one run):
 6.5-15.3x, and ``torch.sparse.softmax`` on COO took 10.8-23.8x as long. Rows of four
 entries or more take their exponentials in vector steps (``codegen/intrinsics.py``'s
 ``st_exp_*``; with scalar ``expf`` calls the kernel was 3.2-5.4x the einsum path).
+Forward and backward (its softmax_grad section, ``--quick``, one run): 4.3-7.0x the einsum
+path differentiated, and torch's COO softmax with its backward 11.7-44.9x as long.
 """
 from __future__ import annotations
 
@@ -108,25 +113,66 @@ _is_grad_enabled = torch.is_grad_enabled
 
 
 def _by_rows(t: SparseTensor, dim: int) -> bool:
-    """Whether ``t``'s softmax over ``dim`` runs as the compiled row kernel: the rows of a
-    CSR tensor of float32 or float64 values in memory, on the C backend, with no gradient to
-    record (the einsum path records one)."""
+    """Whether ``t``'s softmax over ``dim`` runs as the compiled row kernels: the rows of a
+    CSR tensor of float32 or float64 values in memory, on the C backend, with any gradient
+    to record on the values (not only on the wrapper, as for an output of a
+    ``torch.compile``d function: the einsum path records that one)."""
     values = t._values
     return (dim == 1 and len(t._size) == 2 and type(values) is torch.Tensor and values.is_cpu
             and values.dtype in _ROW_DTYPES and t._format.name == "csr"
-            and not (_is_grad_enabled() and (values.requires_grad or
-                                              (t._wrapper_grad and t.requires_grad)))
+            and not (_is_grad_enabled() and not values.requires_grad and t._wrapper_grad
+                     and t.requires_grad)
             and backend() == "c")
 
 
 def _row_softmax(t: SparseTensor) -> SparseTensor:
     """``t`` (``_by_rows``) with its rows' softmax as values, its arrays shared."""
     values = t._values
-    out = torch.empty_like(values)
-    nt = runtime.num_threads() if values.numel() >= _PARALLEL_ENTRIES else 1
-    row_kernel("row_softmax", t)(nt, t._size[0], t._pos1.data_ptr(), values.data_ptr(),
-                                 out.data_ptr())
+    if _is_grad_enabled() and values.requires_grad:
+        # (the pattern alone goes in: a SparseTensor argument that requires grad would be an
+        # input to differentiate)
+        return t.with_values(_RowSoftmax.apply(values, _on_rows_of(t, values.detach()[:0])))
+    return _on_rows_of(t, _run_rows("row_softmax", t, values))
+
+
+def _on_rows_of(t: SparseTensor, values: torch.Tensor) -> SparseTensor:
+    """A SparseTensor of ``t``'s pattern (its arrays shared) holding ``values``."""
     result = SparseTensor._from_parts(t._size, layout(t._format),
-                                      [getattr(t, "_" + n) for n in t._array_names], out)
+                                      [getattr(t, "_" + n) for n in t._array_names], values)
     inherit_pattern_facts(t, result)
     return result
+
+
+def _run_rows(kind: str, t: SparseTensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """The values that row kernel ``kind`` computes from value arrays ``inputs`` on the rows
+    of ``t``."""
+    out = torch.empty_like(inputs[0])
+    nt = runtime.num_threads() if out.numel() >= _PARALLEL_ENTRIES else 1
+    row_kernel(kind, t)(nt, t._size[0], t._pos1.data_ptr(),
+                        *(x.contiguous().data_ptr() for x in inputs), out.data_ptr())
+    return out
+
+
+class _RowSoftmax(torch.autograd.Function):
+    """The row kernel's softmax of ``values`` on the rows of CSR ``rows`` (its pattern; its
+    own values are not read), differentiable: the gradient is ``y * (g - rowsum(g * y))``
+    for output ``y`` and its gradient ``g``, by the compiled ``row_softmax_grad`` kernel, or
+    by torch ops when that gradient must itself be differentiable (``create_graph``)."""
+
+    @staticmethod
+    def forward(ctx, values, rows):
+        y = _run_rows("row_softmax", rows, values.detach())
+        ctx.rows = rows
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,), rows = ctx.saved_tensors, ctx.rows
+        if not _is_grad_enabled():
+            return _run_rows("row_softmax_grad", rows, y, g.to(y.dtype)), None
+        n = rows._size[0]
+        row_of = torch.repeat_interleave(torch.arange(n), rows._pos1.long().diff(),
+                                         output_size=y.numel())
+        s = torch.zeros(n, dtype=y.dtype).index_add(0, row_of, g * y)
+        return y * (g - s[row_of]), None
