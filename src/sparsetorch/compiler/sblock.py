@@ -18,10 +18,10 @@ run of side-by-side sums, in the block before (the reduction over ``k`` is insid
 price is X's row, read once per block instead of once per row, and the loop overhead of
 shorter runs of entries: ``jb`` is sized so a block holds about ``ENTRIES`` entries of a
 row (with fewer, the remainders of the side-by-side loop dominate), but never more rows of
-Y than fill half of L2 (``columns_per_block``): by entries alone the 90%-sparse 512x2048 layers took blocks of
-656 columns, at K = 256 656 KB of Y, more than the L2 that should hold them. Where the
-columns that fit would hold under ``MIN_ENTRIES`` entries of a row (K in the thousands),
-the blocks stay at their size by entries.
+Y than fill half of L2 (``columns_per_block``): by entries alone the 90%-sparse 512x2048
+layers took blocks of 656 columns, at K = 256 656 KB of Y, more than the L2 that should
+hold them. Where the columns that fit would hold under ``MIN_ENTRIES`` entries of a row (K
+in the thousands), the blocks stay at their size by entries.
 
 Since then the blocks shrink further, to the rows of Y that fill about two thirds of the L1
 data cache (``kernel.sampled_block_bytes``: 32 KB with a 48 KB L1d), so a block's rows are
