@@ -54,9 +54,9 @@ def small_l2(monkeypatch):
 @pytest.mark.parametrize("inner,dtype,columns", [   # (before evening out over 700 columns)
     (1, torch.float32, 175), (1, torch.float64, 175),   # ~64 entries of a row (192 columns)
     (5, torch.float32, 100), (5, torch.float64, 47),     # below: Y's rows of a block fill
-    (8, torch.float32, 64), (8, torch.float64, 47),      # the 2 KB budget (96, 64), with at
-    (13, torch.float32, 47), (13, torch.float64, 175),   # least 12 entries of a row (48),
-    (64, torch.float32, 175)])                           # unless 8 (32 columns) outgrow L2/2
+    (8, torch.float32, 64), (8, torch.float64, 32),      # the 2 KB budget (96, 48, 64, 32),
+    (13, torch.float32, 32), (13, torch.float64, 175),   # with at least 8 entries of a row
+    (64, torch.float32, 175)])                           # (32), unless those outgrow L2/2
 def test_blocked_sddmm_matches_dense(small_l2, inner, dtype, columns):
     d = long_rows(GROUP_ROWS + 37, 700, 0.4, dtype)
     g = torch.Generator().manual_seed(1)
@@ -71,18 +71,17 @@ def test_blocked_sddmm_matches_dense(small_l2, inner, dtype, columns):
 
 def test_blocks_fill_about_l1_with_the_gathered_rows(monkeypatch):
     """DLMC-like 512x2048 weights, a 1 MB L2 and a 32 KB block budget: at 70% sparsity (614
-    entries a row) the 32 KB of Y's rows that fit at K = 256 (32 columns) would hold 10
-    entries of a row, so blocks grow to the 12 entries of 48 columns; at K = 64 they hold
-    the 128 columns that fit; at 90% (205 a row) blocks hold 12 entries at K = 256 (128
-    columns) and at K = 64 the 24 entries of 6 KB of Y's rows (240 columns, evened out to 9
-    blocks of 228); at K = 4096 even 8 entries' rows (1.3 MB) outgrow half of L2, so blocks
-    hold about 64 entries (640 columns, evened: 3 of 683). Y of 32 KB or less is not
-    blocked."""
+    entries a row) blocks hold the 32 KB of Y's rows that fit at K = 256 (32 columns, 10
+    entries of a row) and at K = 64 (128 columns); at 90% (205 a row) blocks grow to hold 8
+    entries at K = 256 (80 columns, evened out to 26 blocks of 79) and at K = 64 the 24
+    entries of 6 KB of Y's rows (240 columns, evened: 9 blocks of 228); at K = 4096 even 8
+    entries' rows (1.3 MB) outgrow half of L2, so blocks hold about 64 entries (640
+    columns, evened: 3 of 683). Y of 32 KB or less is not blocked."""
     monkeypatch.setattr(einsum_module, "l2_bytes", lambda: 1 << 20)
     monkeypatch.setattr(einsum_module, "sampled_block_bytes", lambda: 32 << 10)
     g = torch.Generator().manual_seed(6)
-    for per_row, cases in ((614, ((256, 48), (64, 128))),
-                           (205, ((256, 128), (64, 228), (4096, 683), (4, None)))):
+    for per_row, cases in ((614, ((256, 32), (64, 128))),
+                           (205, ((256, 79), (64, 228), (4096, 683), (4, None)))):
         keep = torch.rand(512, 2048, generator=g).argsort(1)[:, :per_row]
         A = st.tensor(torch.zeros(512, 2048).scatter_(1, keep, 1.0), format="csr")
         for inner, columns in cases:

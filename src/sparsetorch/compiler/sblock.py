@@ -83,15 +83,20 @@ MIN_ENTRIES = 8
 # at K = 256 were the cases it decided; against 12, ``benchmarks/variants.py --knob
 # sblock.NEAR_ENTRIES=12,8,16,20 --kernel sddmm --inner 256`` gave 0.99x (8), 1.00x (16),
 # 1.00x (20; 0.95x on the 70%-sparse masks): flat, within the ~2% that a rebuilt but
-# otherwise identical kernel moves.
-NEAR_ENTRIES = 12
+# otherwise identical kernel moves. Since runs of sums may straddle blocks (``STRADDLE``),
+# 8 with ``GROUP_ROWS`` 128, against 12 with 64 (``--knob sblock.GROUP_ROWS=64,128,128
+# --knob sblock.NEAR_ENTRIES=12,12,8``, two runs): K = 256 1.030-1.032x (12 with 128:
+# 1.014-1.020x), K = 64 (decided by ``NEAR_BYTES``) 1.021-1.023x, no case below 0.99x.
+NEAR_ENTRIES = 8
 # ... and fewest bytes of the gathered operand's rows a block gives a row to read, where that
 # asks for more entries: 24 entries at K = 64 (256-byte rows), the 12 above from K = 128 on.
 # With blocks budgeted at two thirds of L1d (32 KB: ``kernel.sampled_block_bytes``), the
 # 90%-sparse DLMC masks at K = 64 need it (blocks of 128 columns, 13 entries a row: 0.86-0.89x
 # against blocks of 256), and 6 KB kept them at 1.00x.
 NEAR_BYTES = 6144
-GROUP_ROWS = 64
+# Rows sharing a pass over the blocks (above; 64 before). Their rows of X, read once per
+# block, fit L2 up to K = 1024 on Zen 5 (128 KB at K = 256); past that they come from L3.
+GROUP_ROWS = 128
 # A run of side-by-side sums may end past its block: the remainders (four, then one at a
 # time) come once per row, not once per row and block, for the price of up to seven rows of
 # the gathered operand read from the next block's columns. On AMD Zen 5 (``benchmarks/
@@ -139,10 +144,11 @@ def columns_per_block(nnz, rows, cols, depth, value_bytes: int, l2: int, near: i
 
     Example:
         >>> l2, near = 1 << 20, 32 << 10   # a 1 MB L2 and a 48 KB L1d, float32
-        >>> columns_per_block(314572, 512, 2048, 256, 4, l2, near)  # 70%: 12 entries a row
-        48
-        >>> columns_per_block(104857, 512, 2048, 256, 4, l2, near)  # 90%: 12 entries a row
-        128
+        >>> columns_per_block(314572, 512, 2048, 256, 4, l2, near)  # 70%: 32 KB of rows
+        32
+        >>> columns_per_block(104857, 512, 2048, 256, 4, l2, near)  # 90%: 8 entries a row
+        79
+        >>> # 80 columns for 8 entries, evened: 26 blocks of 79
         >>> columns_per_block(104857, 512, 2048, 64, 4, l2, near)   # 6 KB of 256 B rows:
         228
         >>> # 240 columns for 24 entries, evened: 9 blocks of 228, not 8 of 240 and one of 128
