@@ -305,6 +305,45 @@ def test_vector_exp_matches_torch(isa, ctype, lanes, pre, suf):
     assert y[x == -float("inf")].eq(0).all() and y[x == float("inf")].isinf().all()
 
 
+_MAX_CASES = [("avx512", "float"), ("avx512", "double"), ("avx2", "float"),
+              ("avx2", "double"), (None, "float")]
+
+
+@pytest.mark.parametrize("isa,ctype", _MAX_CASES)
+def test_maximum_reductions_match_torch(isa, ctype):
+    """A ``combine="max"`` loop (the row softmax's shift) in vector steps on each ISA (and
+    by pragma with none): every length 0-70 around the register widths, all values negative
+    (a lane left at zero by a masked step would win), a lone largest value at every
+    position, against torch's max (-inf for no terms)."""
+    from sparsetorch import runtime
+    from sparsetorch.compiler.ir import max_update
+    from sparsetorch.ops.execute import kernel_argtypes
+
+    if isa == "avx512" and vector_isa() != "avx512" or isa == "avx2" and vector_isa() is None:
+        pytest.skip(f"no {isa} on this CPU")
+    fn = Function("k", (Param("n", "idx"), Param("x_vals", "val*"),
+                        Param("out_vals", "val*", const=False)),
+                  block(Decl("val", "m", Lit(float("-inf"))),
+                        For("p", Lit(0), Sym("n"), block(max_update("m", Load("x_vals", Sym("p")))),
+                            reduction="m", combine="max"),
+                        Assign(Load("out_vals", Lit(0)), Sym("m"))))
+    src = render_c([fn], ctype, {}, isa=isa)
+    assert (isa is None) == ("reduction(max:m)" in src) and (isa is None) != ("max_p" in src)
+    run = runtime.load_entries(src, {"k": kernel_argtypes(fn)})["k"]
+    dtype = torch.float32 if ctype == "float" else torch.float64
+    g = torch.Generator().manual_seed(3)
+    out = torch.empty(1, dtype=dtype)
+    for n in range(71):
+        x = -1000 - torch.rand(n, generator=g, dtype=dtype)
+        for top in range(n) if n < 40 else (0, n // 2, n - 1):
+            y = x.clone()
+            y[top] = -999.5
+            run(n, y.data_ptr(), out.data_ptr())
+            assert out.item() == y.max().item(), (n, top)
+        run(n, x.data_ptr(), out.data_ptr())
+        assert out.item() == (x.max().item() if n else -float("inf")), n
+
+
 @needs_avx2
 def test_exp_sums_take_vector_steps():
     """A sum of exponentials (the row softmax's) renders vector steps through st_exp."""

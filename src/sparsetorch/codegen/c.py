@@ -402,7 +402,7 @@ class _CRenderer:
             lanes = 32 // _SIZES[self.val]
             sums = ", ".join(s.reduction) if isinstance(s.reduction, tuple) else s.reduction
             return [f"{pad}if ({trip} >= {_SIMD_MIN_TRIP}) {{",
-                    f"{pad}  #pragma omp simd reduction(+:{sums}) simdlen({lanes})",
+                    f"{pad}  #pragma omp simd reduction({s.combine}:{sums}) simdlen({lanes})",
                     *("  " + line for line in [head, *body]),
                     f"{pad}}} else {{", *("  " + line for line in [head, *body]), f"{pad}}}"]
         head = [f"{pad}#pragma omp simd", head] if s.simd else [head]

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..compiler.ir import Assign, Bin, Block, Call, Cond, Decl, For, Lit, Load, Sym
+from ..compiler.ir import (Assign, Bin, Block, Call, Cond, Decl, For, Lit, Load, Sym,
+                           max_operand)
 from ..compiler.notation import UNARY
 from .intrinsics import ISA_BYTES
 
@@ -98,6 +99,11 @@ class _Lanes:
         if self.vtype in ("__m256", "__m256d"):
             return f"st_hsum256{'d' if self.suf == 'pd' else ''}({v})"
         return self.op("reduce_add", v)
+
+    def hmax(self, v):
+        if self.vtype in ("__m256", "__m256d"):
+            return f"st_hmax256{'d' if self.suf == 'pd' else ''}({v})"
+        return self.op("reduce_max", v)
 
     def hsum4(self) -> str | None:
         """The helper that adds up four float32 registers into one ``__m128``, if any."""
@@ -260,6 +266,8 @@ class VectorLoops:
         loop over 256-bit steps (``GATHERED_LOOP_LANES``), and over 512-bit steps past
         ``wide_gathers_from`` terms where the renderer sets it."""
         if isinstance(s.reduction, tuple):
+            if s.combine != "+":
+                raise Unsupported(f"side-by-side {s.combine} reductions")
             return self.side_by_side_sums(s, pad)
         full = full_lanes(self.val, self.isa)
         eight = min(8, full)   # the lanes of int64 index vectors (AVX-512)
@@ -358,42 +366,52 @@ class VectorLoops:
         acc, var, n = s.reduction, s.var, lanes.n
         vaccs = [self.fresh(acc) for _ in range(unroll)]
         end, mask = self.fresh("end"), self.fresh("m")
+        # a sum starts at 0 and adds; a maximum starts at -inf and takes the larger
+        maximum = s.combine == "max"
+        start = lanes.set1("-INFINITY") if maximum else lanes.zero()
+        join = "max" if maximum else "add"
+
+        def fold(v):   # the scalar accumulator takes a register's lanes
+            if maximum:
+                return f"{{ const val_t h_ = {lanes.hmax(v)}; if (h_ > {acc}) {acc} = h_; }}"
+            return f"{acc} += {lanes.hsum(v)};"
         out = [f"{pad}{{", f"{pad}  const int64_t {end} = {self.scalar.expr(s.end)};",
-               f"{pad}  {lanes.vtype} {vaccs[0]} = {lanes.zero()};",
+               f"{pad}  {lanes.vtype} {vaccs[0]} = {start};",
                f"{pad}  int64_t {var} = {self.scalar.expr(s.start)};"]
         if unroll > 1:
             # Behind a test of the trip count, so shorter sums (most rows of graphs and
             # pruned embeddings) carry no second accumulator: 10-15% on such SpMV.
             width = unroll * n
             out += [f"{pad}  if ({end} - {var} >= {width}) {{",
-                    f"{pad}    {lanes.vtype} " + ", ".join(f"{v} = {lanes.zero()}"
+                    f"{pad}    {lanes.vtype} " + ", ".join(f"{v} = {start}"
                                                           for v in vaccs[1:]) + ";",
                     f"{pad}    for (; {var} + {width} <= {end}; {var} += {width}) {{"]
             for k, vacc in enumerate(vaccs):
                 lane = _V("lin", f"({var} + {k * n})" if k else var)
-                body = _Body(self, lanes, None, var, {var: lane}, acc={acc: vacc}, i32=i32)
+                body = _Body(self, lanes, None, var, {var: lane}, acc={acc: vacc}, i32=i32,
+                             combine=s.combine)
                 bodies.append(body)
                 out += [f"{pad}      {{", *body.stmts(s.body, pad + "        "),
                         f"{pad}      }}"]
             total = vaccs[0]
             for v in vaccs[1:]:
-                total = lanes.op("add", total, v)
+                total = lanes.op(join, total, v)
             out += [f"{pad}    }}", f"{pad}    {vaccs[0]} = {total};", f"{pad}  }}"]
         whole = lanes.isa == "avx2"
         body = _Body(self, lanes, None if whole else mask, var, {var: _V("lin", var)},
-                     acc={acc: vaccs[0]}, i32=i32)
+                     acc={acc: vaccs[0]}, i32=i32, combine=s.combine)
         bodies.append(body)
         step = body.stmts(s.body, pad + "    ")
         if whole:
             rest = self.fresh("rest")
-            tail = self._scalar(For(var, Sym(rest), s.end, s.body), pad + "  ")
+            tail = self._scalar(For(var, Sym(rest), s.end, s.body, combine=s.combine),
+                                pad + "  ")
             return [*out, f"{pad}  for (; {var} + {n} <= {end}; {var} += {n}) {{", *step,
-                    f"{pad}  }}", f"{pad}  {acc} += {lanes.hsum(vaccs[0])};",
+                    f"{pad}  }}", f"{pad}  {fold(vaccs[0])}",
                     f"{pad}  const int64_t {rest} = {var};", *tail, f"{pad}}}"]
         step.insert(0, f"{pad}    " + lanes.mask_decl(mask, f"{end} - {var}"))
         head = f"{pad}  {{" if single else f"{pad}  for (; {var} < {end}; {var} += {n}) {{"
-        return [*out, head, *step, f"{pad}  }}",
-                f"{pad}  {acc} += {lanes.hsum(vaccs[0])};", f"{pad}}}"]
+        return [*out, head, *step, f"{pad}  }}", f"{pad}  {fold(vaccs[0])}", f"{pad}}}"]
 
 
 # Placeholders in a register tile's body text (``tile_loop``), replaced per register.
@@ -419,10 +437,11 @@ class _Body:
     """Statements and expressions of one vector loop body."""
 
     def __init__(self, loops: VectorLoops, lanes: _Lanes, mask, lane_var, env, acc=None,
-                 tile_reg=None, i32=False):
+                 tile_reg=None, i32=False, combine="+"):
         self.loops, self.lanes, self.mask, self.lane_var = loops, lanes, mask, lane_var
         self.env = dict(env)
         self.acc = acc or {}        # scalar accumulator -> its vector accumulator
+        self.combine = combine      # how the accumulators take values: "+" or "max"
         self.tile_reg = tile_reg    # (tile array, register number)
         self.i32 = i32              # int32 indices may be gathered with as stored ('vi32')
         self.scalar = loops.scalar
@@ -453,9 +472,16 @@ class _Body:
 
     def assign(self, s: Assign) -> list[str]:
         t, lanes = s.target, self.lanes
-        if isinstance(t, Sym) and t.name in self.acc and s.op == "+=":
+        if isinstance(t, Sym) and t.name in self.acc and s.op == "+=" and self.combine == "+":
             vacc = self.acc[t.name]
             return [f"{vacc} = {self.accumulate(vacc, s.value)};"]
+        if isinstance(t, Sym) and t.name in self.acc and self.combine == "max":
+            value = max_operand(s, t.name)
+            if value is None:
+                raise Unsupported("a maximum's update other than m = (v > m ? v : m)")
+            vacc = self.acc[t.name]
+            new = lanes.op("max", vacc, self.vector(self.expr(value)))
+            return [f"{vacc} = {new if self.mask is None else lanes.keep(self.mask, vacc, new)};"]
         if not isinstance(t, Load):
             raise Unsupported("assignment to a scalar")
         if self.tile_reg is not None and t.array == self.tile_reg[0]:

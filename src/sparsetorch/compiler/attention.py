@@ -18,7 +18,7 @@ entries (one balanced range per thread, as for CSR kernels).
 from __future__ import annotations
 
 from .ir import (Assign, Bin, Call, Cond, Decl, For, Function, Lit, Load, Param, Parallel,
-                 Sym, block, verify)
+                 Sym, block, max_update, verify)
 from .jam import jam_sums
 from .tiles import lane_loop, register_tiles
 from .notation import UNARY
@@ -88,11 +88,11 @@ def attention_function(tile_width: int, copies: int = 1) -> Function:
 
 
 def _row_max(src: str) -> list:
-    """``m``, the maximum of ``src`` over a row's entries ``[lo, hi)`` (-inf if none)."""
-    value = Load(src, Sym("p"))
+    """``m``, the maximum of ``src`` over a row's entries ``[lo, hi)`` (-inf if none), a
+    maximum reduction the renderer runs in vector steps."""
     return [Decl("val", "m", Lit(float("-inf"))),
-            For("p", Sym("lo"), Sym("hi"), block(
-                Assign(Sym("m"), Cond(Bin(">", value, Sym("m")), value, Sym("m")))))]
+            For("p", Sym("lo"), Sym("hi"), block(max_update("m", Load(src, Sym("p")))),
+                reduction="m", combine="max")]
 
 
 def _exponentials(src: str, dst: str) -> list:

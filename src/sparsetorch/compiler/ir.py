@@ -103,7 +103,9 @@ class Parallel:
 class For(Node):
     """``for var in [start, end) by step``. ``simd`` asks for vector code; ``reduction``
     names a scalar the iterations sum into (lets the renderer reassociate that sum), or a
-    tuple of scalars when the loop computes several sums side by side (``jam_sums``)."""
+    tuple of scalars when the loop computes several sums side by side (``jam_sums``).
+    ``combine="max"`` makes ``reduction`` a maximum instead: the body updates it as
+    ``m = (v > m ? v : m)`` (``max_update``), which the renderers may regroup too."""
 
     var: str
     start: Node
@@ -113,6 +115,7 @@ class For(Node):
     step: int = 1
     simd: bool = False
     reduction: str | tuple | None = None
+    combine: str = "+"
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,25 @@ def block(*stmts) -> Block:
         else:
             out.append(s)
     return Block(tuple(out))
+
+
+def max_update(acc: str, value: Node) -> Assign:
+    """``acc = (value > acc ? value : acc)``: the update of a ``combine="max"`` loop."""
+    return Assign(Sym(acc), Cond(Bin(">", value, Sym(acc)), value, Sym(acc)))
+
+
+def max_operand(s: Node, acc: str) -> Node | None:
+    """The ``value`` of ``max_update(acc, value)`` if ``s`` is one, else None.
+
+    Example:
+        >>> max_operand(max_update("m", Load("x", Sym("p"))), "m")
+        Load(array='x', index=Sym(name='p'))
+    """
+    if isinstance(s, Assign) and s.op == "=" and s.target == Sym(acc) and \
+            isinstance(s.value, Cond) and s.value.b == Sym(acc) and \
+            s.value.cond == Bin(">", s.value.a, Sym(acc)):
+        return s.value.a
+    return None
 
 
 # -- verifier ---------------------------------------------------------------------------------
@@ -317,7 +339,8 @@ def dump(node, indent: int = 0) -> str:
         notes += ["simd"] if node.simd else []
         if node.reduction:
             sums = node.reduction if isinstance(node.reduction, tuple) else (node.reduction,)
-            notes.append(f"sum into {', '.join(sums)}")
+            what = "sum" if node.combine == "+" else node.combine
+            notes.append(f"{what} into {', '.join(sums)}")
         step = f" by {node.step}" if node.step != 1 else ""
         tag = f"  [{', '.join(notes)}]" if notes else ""
         return f"{pad}for {node.var} in [{e(node.start)}, {e(node.end)}){step}{tag}\n" + \
