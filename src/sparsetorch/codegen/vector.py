@@ -9,7 +9,9 @@ sparse-dense kernels GCC's vectoriser loses a factor of 2-3 here.
   waits on the previous add (4 cycles) and every row mispredicts its exit. Rendered here, a
   row is ceil(len / L) masked vector steps (masked loads, a masked gather for ``x[crd[p]]``)
   and one horizontal add: no scalar tail, no trip-count branch. Measured 1.9-2.1x on the
-  DLMC embedding SpMV (33288x512, 10 nnz/row).
+  DLMC embedding SpMV (33288x512, 10 nnz/row). A maximum (``combine="max"``: the row
+  softmax's shift) is the same loop with vector max from -inf and a horizontal max: as a
+  scalar compare chain it took over half of the row softmax (2x on 65-entry rows).
 * A **register tile** (``Decl val[] tile W`` + the ``simd`` loops over its lanes: the k of
   SpMM) of several vector registers: GCC keeps a multi-register tile array in memory, so
   wider tiles measured slower, and one register is latency-bound (one FMA chain). Here each
