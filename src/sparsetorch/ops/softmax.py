@@ -13,13 +13,14 @@ row ``y * (g - sum(g * y))``; torch ops where the gradient itself is differentia
 a gradient recorded on the wrapper alone (an output of a ``torch.compile``d function) keeps
 the einsum path. Against that path (``_by_einsum``), whose torch calls (a
 ``scatter_reduce`` for the grouped maximum, the unpacked coordinates) dominate it,
-``benchmarks/fusion.py``'s softmax section (graph
-adjacencies and a local-window mask, 9k-530k entries; AMD Zen 5, 2 threads, one run):
-6.5-15.3x, and ``torch.sparse.softmax`` on COO took 10.8-23.8x as long. Rows of four
-entries or more take their exponentials in vector steps (``codegen/intrinsics.py``'s
-``st_exp_*``; with scalar ``expf`` calls the kernel was 3.2-5.4x the einsum path).
-Forward and backward (its softmax_grad section, ``--quick``, one run): 4.3-7.0x the einsum
-path differentiated, and torch's COO softmax with its backward 11.7-44.9x as long.
+``benchmarks/fusion.py``'s softmax section (graph adjacencies and a local-window mask,
+9k-530k entries; AMD Zen 5, 2 threads, one run): 5.2-23.8x, and ``torch.sparse.softmax``
+on COO took 9.7-42.3x as long. The row maximum and, from four entries a row, the
+exponentials run in vector steps (``codegen/vector.py``; ``st_exp_*``): with a scalar
+maximum the kernel took 1.7-2x as long on PubMed and the local window, with scalar
+``expf`` calls too it was 3.2-5.4x the einsum path. Forward and backward (the
+softmax_grad section, same run): 5.1-13.6x the einsum path differentiated, and torch's COO
+softmax with its backward 14-139x as long.
 """
 from __future__ import annotations
 
@@ -146,10 +147,11 @@ def _on_rows_of(t: SparseTensor, values: torch.Tensor) -> SparseTensor:
 def _run_rows(kind: str, t: SparseTensor, *inputs: torch.Tensor) -> torch.Tensor:
     """The values that row kernel ``kind`` computes from value arrays ``inputs`` on the rows
     of ``t``."""
+    inputs = [x.contiguous() for x in inputs]   # (held: the kernel reads their memory)
     out = torch.empty_like(inputs[0])
     nt = runtime.num_threads() if out.numel() >= _PARALLEL_ENTRIES else 1
     row_kernel(kind, t)(nt, t._size[0], t._pos1.data_ptr(),
-                        *(x.contiguous().data_ptr() for x in inputs), out.data_ptr())
+                        *(x.data_ptr() for x in inputs), out.data_ptr())
     return out
 
 
