@@ -287,7 +287,7 @@ class _Fuser:
 
 
 def _header(s: For) -> tuple:
-    return (s.var, s.start, s.end, s.step, s.parallel, s.simd, s.reduction)
+    return (s.var, s.start, s.end, s.step, s.parallel, s.simd, s.reduction, s.combine)
 
 
 def _rename(node: Node, names: dict) -> Node:
