@@ -242,6 +242,7 @@ class _Fuser:
             first = stmts[0]
             same = all(s == first for s in stmts)
             if isinstance(first, For) and isinstance(first.reduction, str) and \
+                    first.combine == "+" and \
                     all(isinstance(s, For) and isinstance(s.reduction, str) and
                         _header(s)[:-1] == _header(first)[:-1] for s in stmts):
                 # sums over the same range: one loop summing into each copy's accumulator
@@ -287,7 +288,8 @@ class _Fuser:
 
 
 def _header(s: For) -> tuple:
-    return (s.var, s.start, s.end, s.step, s.parallel, s.simd, s.reduction, s.combine)
+    """The loop's fields but its body, the reduction's name last."""
+    return (s.var, s.start, s.end, s.step, s.parallel, s.simd, s.combine, s.reduction)
 
 
 def _rename(node: Node, names: dict) -> Node:
