@@ -288,6 +288,20 @@ def test_row_softmax_kernel_gradients(dtype, index_dtype, monkeypatch):
         torch.testing.assert_close(by_ops, by_kernel, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("fmt", ["csr", "coo"])     # the row kernel, the einsum path
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_softmax_of_non_finite_values_as_torch(fmt, dtype):
+    """A row holding NaN or +inf is NaN throughout, all -inf is NaN, a -inf among finite
+    values gets 0, an empty row stays empty: what torch.sparse.softmax gives."""
+    nan, inf = float("nan"), float("inf")
+    d = torch.tensor([[1., nan, 2., 0.], [1., 2., 3., 4.], [inf, 1., 0., 0.],
+                      [-inf, -inf, 0., 0.], [0., 0., 0., 0.], [-inf, 1., 0., 2.]], dtype=dtype)
+    A = st.tensor(d, format=fmt)
+    want = torch.sparse.softmax(st.tensor(d, format="coo").to_torch().coalesce(), 1)
+    torch.testing.assert_close(st.ops.softmax(A, 1).to_dense(), want.to_dense(),
+                               equal_nan=True)
+
+
 def test_softmax_3d_and_gradcheck():
     A = sp((3, 4, 2), 0.6, "csf", 31)
     check_against_dense(lambda a: st.ops.softmax(a, 1), [A], kind="sparse",

@@ -97,14 +97,15 @@ def _row_max(src: str) -> list:
 
 def _exponentials(src: str, dst: str) -> list:
     """Statements over a row's entries ``[lo, hi)`` with their maximum in ``m``: ``dst[p] =
-    exp(src[p] - m)``, their sum ``z``, and ``inv``, its reciprocal (0 for an empty row)."""
+    exp(src[p] - m)``, their sum ``z``, and ``inv``, its reciprocal (0 for an empty row; NaN
+    where ``z`` is, so a row holding NaN or +inf is NaN throughout, as torch's softmax)."""
     p = Sym("p")
     e = Call(UNARY["exp"][0], Bin("-", Load(src, p), Sym("m")))
     return [Decl("val", "z", Lit(0)),
             For("p", Sym("lo"), Sym("hi"), block(
                 Decl("val", "e", e), Assign(Load(dst, p), Sym("e")),
                 Assign(Sym("z"), Sym("e"), "+=")), reduction="z"),
-            Decl("val", "inv", Cond(Bin(">", Sym("z"), Lit(0)), Bin("/", Lit(1.0), Sym("z")),
+            Decl("val", "inv", Cond(Bin("!=", Sym("z"), Lit(0)), Bin("/", Lit(1.0), Sym("z")),
                                     Lit(0)))]
 
 

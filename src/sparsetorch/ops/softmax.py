@@ -102,7 +102,8 @@ def _by_einsum(t: SparseTensor, dim: int) -> SparseTensor:
     letters = _LETTERS[:n]
     rest = letters[:dim] + letters[dim + 1:]
     sums = einsum(f"{letters}->{rest}", e, out_format="dense" if rest else None)
-    inv = 1 / torch.where(sums > 0, sums, torch.ones_like(sums))   # empty slices: unused
+    # empty slices: unused; NaN sums (a NaN or +inf in the slice) stay NaN, as in torch
+    inv = 1 / torch.where(sums != 0, sums, torch.ones_like(sums))
     out = einsum(f"{letters},{rest}->{letters}", e, inv)
     return t.with_values(values_on_pattern(t, out))   # a no-op when sampled in place
 
