@@ -195,6 +195,30 @@ def test_reduction_gradcheck(fmt):
         gradcheck_mixed(fn, [A])
 
 
+@pytest.mark.parametrize("fmt", FORMATS + ["csf"])
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_torch_sparse_sum(shape, fmt):
+    """``torch.sparse.sum`` as torch's on COO: a dense 0-d tensor over every dimension, else
+    a SparseTensor of the kept dimensions storing the slices that hold entries; dtype=
+    converts; gradients (float64) through the values."""
+    sh, density = SHAPES[shape]
+    A = sp(sh, density, fmt, 42)
+    T = A.to_torch().to_sparse_coo().coalesce() if fmt != "csf" else \
+        A.to_dense().to_sparse()
+    for dim in (None, 0, 1, -1, (0, 1), [1, 0]):
+        ours = torch.sparse.sum(A) if dim is None else torch.sparse.sum(A, dim)
+        want = torch.sparse.sum(T) if dim is None else torch.sparse.sum(T, dim)
+        full = dim is None or len(dim if isinstance(dim, (tuple, list)) else (dim,)) == 2
+        assert isinstance(ours, st.SparseTensor) != full
+        if not full:
+            assert ours.nnz == want.coalesce()._nnz()
+            ours, want = ours.to_dense(), want.to_dense()
+        torch.testing.assert_close(ours, want)
+    assert torch.sparse.sum(A, 0, dtype=F32).dtype == F32
+    v = A.values.clone().requires_grad_()
+    torch.autograd.gradcheck(lambda x: torch.sparse.sum(A.with_values(x), 1).values, (v,))
+
+
 # -- sparse softmax ----------------------------------------------------------------------------
 def _masked_softmax(mask, dim):
     def ref(a):

@@ -1,10 +1,13 @@
 """``sum`` and ``mean`` of a SparseTensor, over everything or along dimensions, as einsum
 reductions (differentiable; missing entries count as zeros). Results are dense tensors of
-the reduced shape, like ``torch.sum`` on the dense tensor.
+the reduced shape, like ``torch.sum`` on the dense tensor; ``torch.sparse.sum`` over some
+dimensions gives a SparseTensor (``sparse_sum``), like torch's.
 """
 from __future__ import annotations
 
 import math
+
+import torch
 
 from ..formats.tensor import SparseTensor
 from .einsum import einsum
@@ -47,6 +50,28 @@ def sum(t: SparseTensor, dim=None, keepdim: bool = False, *, dtype=None):  # noq
     if keepdim:
         out = out.reshape([1 if d in dims else s for d, s in enumerate(t.shape)])
     return out
+
+
+def sparse_sum(t: SparseTensor, dim=None, dtype=None) -> SparseTensor | torch.Tensor:
+    """``torch.sparse.sum``: over every dimension a 0-d dense tensor (as ``sum``); over some,
+    a SparseTensor of the kept dimensions (all levels compressed, ``csf``; 1-D: ``coo``)
+    that stores the slices holding entries, as torch's sparse result does.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> A = st.tensor(torch.tensor([[1., 0.], [0., 0.], [2., 3.]]), "csr")
+        >>> r = torch.sparse.sum(A, 1)
+        >>> r.nnz, r.to_dense()
+        (2, tensor([1., 0., 5.]))
+    """
+    if dtype is not None:
+        t = t.with_values(t.values.to(dtype))
+    dims = _reduced_dims(t, dim)
+    if len(dims) == t.dim():
+        return sum(t)
+    letters = _LETTERS[: t.dim()]
+    kept = "".join(c for d, c in enumerate(letters) if d not in dims)
+    return einsum(f"{letters}->{kept}", t, out_format="csf")
 
 
 def mean(t: SparseTensor, dim=None, keepdim: bool = False, *, dtype=None):

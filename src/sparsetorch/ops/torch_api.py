@@ -81,6 +81,7 @@ def _install():
         torch.exp: exp, Tensor.exp: exp, torch.sqrt: sqrt, Tensor.sqrt: sqrt,
         # reductions
         torch.sum: red.sum, Tensor.sum: red.sum, torch.mean: red.mean, Tensor.mean: red.mean,
+        torch._sparse_sum: red.sparse_sum,   # (what torch.sparse.sum calls)
         # softmax over stored entries
         torch.sparse.softmax: _sparse_softmax,
         # free views
