@@ -5,6 +5,8 @@ empty rows, size-1 dims), plus gradcheck w.r.t. every input and the errors.
 """
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -241,52 +243,51 @@ def test_softmax(shape, fmt, dtype):
                             ref=_masked_softmax(mask, dim), same_pattern_as=A)
 
 
-@pytest.mark.parametrize("dtype,index_dtype", [(F32, torch.int32), (F64, torch.int64)])
-def test_row_softmax_kernel_on_csr(dtype, index_dtype, monkeypatch):
-    """CSR rows with no gradient to record run the compiled row kernel (counted), on one
-    thread and on all (past 16k entries): empty rows, rows of one entry, values far from 0
-    (the maximum shift), against dense and against the einsum path it replaces."""
-    import importlib
-    softmax_module = importlib.import_module("sparsetorch.ops.softmax")
-    g = torch.Generator().manual_seed(40)
+softmax_module = importlib.import_module("sparsetorch.ops.softmax")
+
+
+@pytest.fixture
+def row_kernel_calls(monkeypatch):
+    """The kinds of row kernels the softmax builds, in order, while the test runs."""
     calls = []
     kernel = softmax_module.row_kernel
     monkeypatch.setattr(softmax_module, "row_kernel",
                         lambda kind, t: calls.append(kind) or kernel(kind, t))
+    return calls
+
+
+def _softmax_rows(g, dtype, index_dtype, scale, top):
+    """CSR matrices of 7 x 9 (one thread) and 300 x 400 (all threads, past 16k entries) with
+    values of ``scale``, an empty row and a row of one entry ``top``."""
     for rows, cols, density in ((7, 9, 0.3), (300, 400, 0.2)):
         d = (torch.rand(rows, cols, generator=g) < density).to(dtype) * \
-            torch.randn(rows, cols, generator=g, dtype=dtype) * 300
+            torch.randn(rows, cols, generator=g, dtype=dtype) * scale
         d[1] = 0                                   # an empty row
         d[2] = 0
-        d[2, 3] = 5000.0                           # a row of one large entry
-        A = st.tensor(d, format="csr", index_dtype=index_dtype)
+        d[2, 3] = top                              # a row of one (large) entry
+        yield d, st.tensor(d, format="csr", index_dtype=index_dtype)
+
+
+@pytest.mark.parametrize("dtype,index_dtype", [(F32, torch.int32), (F64, torch.int64)])
+def test_row_softmax_kernel_on_csr(dtype, index_dtype, row_kernel_calls):
+    """CSR rows run the compiled row kernel (counted): values far from 0 (the maximum
+    shift), against dense and against the einsum path it replaces."""
+    g = torch.Generator().manual_seed(40)
+    for _, A in _softmax_rows(g, dtype, index_dtype, 300, 5000.0):
         mask = stored_pattern(A)
         out = check_against_dense(lambda a: st.ops.softmax(a, -1), [A], kind="sparse",
                                   ref=_masked_softmax(mask, 1), same_pattern_as=A)
         torch.testing.assert_close(softmax_module._by_einsum(A, 1).values, out.values)
-    assert calls == ["row_softmax", "row_softmax"]
+    assert row_kernel_calls == ["row_softmax", "row_softmax"]
 
 
 @pytest.mark.parametrize("dtype,index_dtype", [(F32, torch.int32), (F64, torch.int64)])
-def test_row_softmax_kernel_gradients(dtype, index_dtype, monkeypatch):
+def test_row_softmax_kernel_gradients(dtype, index_dtype, row_kernel_calls):
     """A gradient recorded on CSR values runs the row kernels forward and backward
-    (counted), on one thread and on all: against the dense masked softmax's gradient (empty
-    rows, a row of one entry, values far from 0), gradcheck and gradgradcheck in float64
-    (the second backward by torch ops)."""
-    import importlib
-    softmax_module = importlib.import_module("sparsetorch.ops.softmax")
+    (counted): against the dense masked softmax's gradient, gradcheck and gradgradcheck in
+    float64 (the second backward by torch ops)."""
     g = torch.Generator().manual_seed(41)
-    calls = []
-    kernel = softmax_module.row_kernel
-    monkeypatch.setattr(softmax_module, "row_kernel",
-                        lambda kind, t: calls.append(kind) or kernel(kind, t))
-    for rows, cols, density in ((7, 9, 0.3), (300, 400, 0.2)):
-        d = (torch.rand(rows, cols, generator=g) < density).to(dtype) * \
-            torch.randn(rows, cols, generator=g, dtype=dtype) * 30
-        d[1] = 0
-        d[2] = 0
-        d[2, 3] = 500.0
-        A = st.tensor(d, format="csr", index_dtype=index_dtype)
+    for d, A in _softmax_rows(g, dtype, index_dtype, 30, 500.0):
         mask = stored_pattern(A)
         w = torch.randn(A.nnz, generator=g, dtype=dtype)
         v = A.values.clone().requires_grad_()
@@ -298,7 +299,7 @@ def test_row_softmax_kernel_gradients(dtype, index_dtype, monkeypatch):
         u = A.values.clone().requires_grad_()   # a gradient of stride 0: rows sum to 1
         st.ops.softmax(A.with_values(u), 1).values.sum().backward()
         torch.testing.assert_close(u.grad, torch.zeros_like(u), rtol=0, atol=tol)
-    assert calls == ["row_softmax", "row_softmax_grad"] * 4
+    assert row_kernel_calls == ["row_softmax", "row_softmax_grad"] * 4
     if dtype == F64:   # (on 8 rows: the checks build whole Jacobians)
         small = st.tensor(d[:8, :20], format="csr", index_dtype=index_dtype)
         u = small.values.clone().requires_grad_()
