@@ -359,10 +359,11 @@ class VectorLoops:
     def _sum_loop(self, s: For, pad, lanes: _Lanes, i32: bool, unroll: int,
                   single: bool, bodies: list) -> list[str]:
         """Unmasked steps of ``unroll`` registers (one accumulator each: independent FMA
-        chains), then masked steps for the rest, then one horizontal add; with ``single``
-        (at most one register of terms) one masked step and the add, nothing to branch on.
-        AVX2 has no masked gathers: whole steps there, and the rest runs scalar after the
-        horizontal add. The ``_Body`` of each step is appended to ``bodies``."""
+        chains), then masked steps for the rest, then one horizontal add (a maximum's:
+        vector max from -inf, then a horizontal max); with ``single`` (at most one register
+        of terms) one masked step and the add, nothing to branch on. AVX2 has no masked
+        gathers: whole steps there, and the rest runs scalar after the horizontal add. The
+        ``_Body`` of each step is appended to ``bodies``."""
         if s.step != 1:
             raise Unsupported("strided sum")
         acc, var, n = s.reduction, s.var, lanes.n
@@ -406,8 +407,7 @@ class VectorLoops:
         step = body.stmts(s.body, pad + "    ")
         if whole:
             rest = self.fresh("rest")
-            tail = self._scalar(For(var, Sym(rest), s.end, s.body, combine=s.combine),
-                                pad + "  ")
+            tail = self._scalar(For(var, Sym(rest), s.end, s.body), pad + "  ")
             return [*out, f"{pad}  for (; {var} + {n} <= {end}; {var} += {n}) {{", *step,
                     f"{pad}  }}", f"{pad}  {fold(vaccs[0])}",
                     f"{pad}  const int64_t {rest} = {var};", *tail, f"{pad}}}"]
