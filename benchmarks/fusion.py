@@ -29,9 +29,9 @@ Sections
              sum): the row kernel and its gradient kernel, the einsum calls differentiated
              by ``sparsetorch.autograd``, torch's COO softmax and its backward.
 
-Each fused section but the softmax ones also times ``st.compile`` of the user function written with
-ordinary ops
-(``torch.relu(A @ X + b)``; ``torch.sparse.softmax(st.einsum(...), 1) @ V``;
+Each fused section but the softmax ones also times ``st.compile`` of the user function
+written with ordinary ops (``torch.relu(A @ X + b)``;
+``torch.sparse.softmax(st.einsum(...), 1) @ V``;
 ``torch.relu(A * 2 - B)``): dynamo's guards plus the rewritten graph calling the fused op
 (each case compiles afresh, and is checked to have run fused). The overhead section times it
 on the tiny SpMM too (nothing to fuse there: the cost of the guards and the graph call).

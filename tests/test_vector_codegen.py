@@ -225,11 +225,16 @@ def test_sddmm_sums_entries_side_by_side():
 
 def _sum_function(body_value):
     """out[0] = sum_p f(x[p]) as raw IR: a reduction loop the renderer may vectorise."""
-    body = block(Assign(Sym("acc"), body_value, "+="))
+    return _reduction_function(Assign(Sym("acc"), body_value, "+="), Lit(0), "+")
+
+
+def _reduction_function(update, init, combine):
+    """out[0] = the reduction into ``acc`` (from ``init``) of ``update`` over p in [0, n)."""
     return Function("k", (Param("n", "idx"), Param("x_vals", "val*"),
                           Param("out_vals", "val*", const=False)),
-                    block(Decl("val", "acc", Lit(0)),
-                          For("p", Lit(0), Sym("n"), body, reduction="acc"),
+                    block(Decl("val", "acc", init),
+                          For("p", Lit(0), Sym("n"), block(update), reduction="acc",
+                              combine=combine),
                           Assign(Load("out_vals", Lit(0)), Sym("acc"))))
 
 
@@ -321,14 +326,10 @@ def test_maximum_reductions_match_torch(isa, ctype):
 
     if isa == "avx512" and vector_isa() != "avx512" or isa == "avx2" and vector_isa() is None:
         pytest.skip(f"no {isa} on this CPU")
-    fn = Function("k", (Param("n", "idx"), Param("x_vals", "val*"),
-                        Param("out_vals", "val*", const=False)),
-                  block(Decl("val", "m", Lit(float("-inf"))),
-                        For("p", Lit(0), Sym("n"), block(max_update("m", Load("x_vals", Sym("p")))),
-                            reduction="m", combine="max"),
-                        Assign(Load("out_vals", Lit(0)), Sym("m"))))
+    fn = _reduction_function(max_update("acc", Load("x_vals", Sym("p"))),
+                             Lit(float("-inf")), "max")
     src = render_c([fn], ctype, {}, isa=isa)
-    assert (isa is None) == ("reduction(max:m)" in src) and (isa is None) != ("max_p" in src)
+    assert (isa is None) == ("reduction(max:acc)" in src) and (isa is None) != ("max_p" in src)
     run = runtime.load_entries(src, {"k": kernel_argtypes(fn)})["k"]
     dtype = torch.float32 if ctype == "float" else torch.float64
     g = torch.Generator().manual_seed(3)

@@ -47,6 +47,8 @@ PRELUDE = """\
   for (int64_t st_k = 0; st_k < 13; st_k++)                                           \
     y = P##_fmadd_pd(y, r, P##_set1_pd(st_inv_fact[st_k]));                          \
   return SCALE(y, n);
+#define ST_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define ST_ROUND256_PS(v) _mm256_round_ps((v), ST_NEAREST)
 static inline float st_hsum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -66,10 +68,8 @@ static inline double st_hmax256d(__m256d v) {
 
 AVX512_PRELUDE = """\
 /* e^x (see PRELUDE): scalef multiplies by 2^n with exp's underflow and overflow. */
-#define ST_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define ST_ROUND512_PS(v) _mm512_roundscale_ps((v), ST_NEAREST)
 #define ST_ROUND512_PD(v) _mm512_roundscale_pd((v), ST_NEAREST)
-#define ST_ROUND256_PS(v) _mm256_round_ps((v), ST_NEAREST)
 static inline __m512 st_exp_ps512(__m512 x) {
   ST_EXP_PS_BODY(_mm512, ST_ROUND512_PS, _mm512_scalef_ps)
 }
@@ -105,8 +105,6 @@ static inline __m128 st_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 AVX2_PRELUDE = """\
 /* e^x (see PRELUDE): 2^n as two factors of 2^(n/2), each a normal number built in the
    exponent bits, so the product underflows and overflows as e^x does. */
-#define ST_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define ST_ROUND256_PS(v) _mm256_round_ps((v), ST_NEAREST)
 #define ST_ROUND256_PD(v) _mm256_round_pd((v), ST_NEAREST)
 static inline __m256 st_pow2_ps256(__m256 y, __m256 n) {
   const __m256i k = _mm256_cvtps_epi32(n), h = _mm256_srai_epi32(k, 1);

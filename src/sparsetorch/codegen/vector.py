@@ -474,16 +474,16 @@ class _Body:
 
     def assign(self, s: Assign) -> list[str]:
         t, lanes = s.target, self.lanes
-        if isinstance(t, Sym) and t.name in self.acc and s.op == "+=" and self.combine == "+":
+        if isinstance(t, Sym) and t.name in self.acc:
             vacc = self.acc[t.name]
-            return [f"{vacc} = {self.accumulate(vacc, s.value)};"]
-        if isinstance(t, Sym) and t.name in self.acc and self.combine == "max":
-            value = max_operand(s, t.name)
-            if value is None:
-                raise Unsupported("a maximum's update other than m = (v > m ? v : m)")
-            vacc = self.acc[t.name]
-            new = lanes.op("max", vacc, self.vector(self.expr(value)))
-            return [f"{vacc} = {new if self.mask is None else lanes.keep(self.mask, vacc, new)};"]
+            if self.combine == "max":
+                value = max_operand(s, t.name)
+                if value is None:
+                    raise Unsupported("a maximum's update other than m = (v > m ? v : m)")
+                new = lanes.op("max", vacc, self.vector(self.expr(value)))
+                return [f"{vacc} = {self.in_step(vacc, new)};"]
+            if s.op == "+=":
+                return [f"{vacc} = {self.accumulate(vacc, s.value)};"]
         if not isinstance(t, Load):
             raise Unsupported("assignment to a scalar")
         if self.tile_reg is not None and t.array == self.tile_reg[0]:
@@ -504,15 +504,17 @@ class _Body:
         return [f"{lanes.masked_store(ptr, self.mask, value)};"]
 
     def accumulate(self, reg, value) -> str:
-        """``reg + value`` with a fused multiply-add when ``value`` is a product; in a
-        masked step only the step's lanes change (a masked-off lane's value is that of a
-        zero loaded there, which is not always zero: ``exp(0 - m)``)."""
+        """``reg + value`` with a fused multiply-add when ``value`` is a product."""
         if isinstance(value, Bin) and value.op == "*":
             a, b = self.vector(self.expr(value.a)), self.vector(self.expr(value.b))
-            total = self.lanes.op("fmadd", a, b, reg)
-        else:
-            total = self.lanes.op("add", reg, self.vector(self.expr(value)))
-        return total if self.mask is None else self.lanes.keep(self.mask, reg, total)
+            return self.in_step(reg, self.lanes.op("fmadd", a, b, reg))
+        return self.in_step(reg, self.lanes.op("add", reg, self.vector(self.expr(value))))
+
+    def in_step(self, reg, new) -> str:
+        """``new`` for accumulator ``reg``: in a masked step only the step's lanes change (a
+        masked-off lane's value is that of a zero loaded there, which is not always neutral:
+        ``exp(0 - m)`` in a sum, ``0`` in a maximum of negatives)."""
+        return new if self.mask is None else self.lanes.keep(self.mask, reg, new)
 
     def check_lane(self, index):
         if index != Sym(self.lane_var):

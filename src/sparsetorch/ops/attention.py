@@ -31,8 +31,10 @@ def _kernel(kind: str, value_ctype: str, index_ctype: str):
     from ..compiler.kernel import sum_copies, tile_width, vector_isa
 
     dtype = {"float": "float32", "double": "float64"}[value_ctype]
+    rows = {"row_softmax": attention.row_softmax_function,
+            "row_softmax_grad": attention.row_softmax_grad_function}
     fn = attention.attention_function(tile_width(dtype), sum_copies()) \
-        if kind == "attention" else getattr(attention, f"{kind}_function")()
+        if kind == "attention" else rows[kind]()
     source = render_c([fn], value_ctype, {0: index_ctype}, f"fused {kind}", vector_isa())
     return runtime.load_entries(source, {fn.name: kernel_argtypes(fn)})[fn.name]
 

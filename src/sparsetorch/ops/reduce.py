@@ -41,12 +41,7 @@ def sum(t: SparseTensor, dim=None, keepdim: bool = False, *, dtype=None):  # noq
         >>> sum(A), sum(A, 1)
         (tensor(6.), tensor([1., 5.]))
     """
-    if dtype is not None:
-        t = t.with_values(t.values.to(dtype))
-    dims = _reduced_dims(t, dim)
-    letters = _LETTERS[: t.dim()]
-    kept = "".join(c for d, c in enumerate(letters) if d not in dims)
-    out = einsum(f"{letters}->{kept}", t, out_format="dense" if kept else None)
+    dims, out = _summed(t, dim, dtype, "dense")
     if keepdim:
         out = out.reshape([1 if d in dims else s for d, s in enumerate(t.shape)])
     return out
@@ -64,14 +59,18 @@ def sparse_sum(t: SparseTensor, dim=None, dtype=None) -> SparseTensor | torch.Te
         >>> r.nnz, r.to_dense()
         (2, tensor([1., 0., 5.]))
     """
+    return _summed(t, dim, dtype, "csf")[1]
+
+
+def _summed(t: SparseTensor, dim, dtype, kept_format: str):
+    """``(reduced dims, sum)``: ``t`` (values in ``dtype`` if given) summed over ``dim`` by
+    one einsum, the kept dimensions in ``kept_format`` (none kept: a 0-d dense tensor)."""
     if dtype is not None:
         t = t.with_values(t.values.to(dtype))
     dims = _reduced_dims(t, dim)
-    if len(dims) == t.dim():
-        return sum(t)
     letters = _LETTERS[: t.dim()]
     kept = "".join(c for d, c in enumerate(letters) if d not in dims)
-    return einsum(f"{letters}->{kept}", t, out_format="csf")
+    return dims, einsum(f"{letters}->{kept}", t, out_format=kept_format if kept else None)
 
 
 def mean(t: SparseTensor, dim=None, keepdim: bool = False, *, dtype=None):

@@ -28,7 +28,7 @@ import torch
 
 from .. import runtime
 from ..autograd.pattern import values_on_pattern
-from ..formats.pack import unpack
+from ..formats.pack import unpack, unpack_rows
 from ..formats.tensor import SparseTensor, inherit_pattern_facts, layout
 from .attention import row_kernel
 from .einsum import einsum
@@ -174,8 +174,6 @@ class _RowSoftmax(torch.autograd.Function):
         (y,), rows = ctx.saved_tensors, ctx.rows
         if not _is_grad_enabled():
             return _run_rows("row_softmax_grad", rows, y, g.to(y.dtype)), None
-        n = rows._size[0]
-        row_of = torch.repeat_interleave(torch.arange(n), rows._pos1.long().diff(),
-                                         output_size=y.numel())
-        s = torch.zeros(n, dtype=y.dtype).index_add(0, row_of, g * y)
+        row_of = unpack_rows(rows.format, rows.shape, rows.arrays)[0]
+        s = torch.zeros(rows.shape[0], dtype=y.dtype).index_add(0, row_of, g * y)
         return y * (g - s[row_of]), None
