@@ -304,6 +304,16 @@ def rewrite(node, visit):
     return visit(kind(*values) if changed else node)
 
 
+def substitute(node, mapping: dict):
+    """``node`` with each symbol in ``mapping`` (``Sym`` -> expression) replaced.
+
+    Example:
+        >>> substitute(Bin("+", Sym("k"), Lit(1)), {Sym("k"): Sym("kk")})
+        Bin(op='+', a=Sym(name='kk'), b=Lit(value=1))
+    """
+    return rewrite(node, lambda n: mapping.get(n, n) if isinstance(n, Sym) else n)
+
+
 # -- printer ----------------------------------------------------------------------------------
 def dump(node, indent: int = 0) -> str:
     """A readable, indentation-structured listing of the IR (for ``explain``)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 from .ir import (Assign, Bin, Block, Decl, For, Helper, If, Lit, Load, Node, Sym, While,
-                 rewrite)
+                 rewrite, substitute)
 
 # Sums computed side by side by ``jam_sums`` (``kernel.sum_copies`` picks per ISA).
 SUM_COPIES = 4
@@ -76,7 +76,7 @@ def jam_tiles(body: Block, static: dict, tile_registers: int,
     """
     sizes = {Sym(f"n_{v}"): Lit(e) for v, e in static.items()}
     jammed = []
-    body = _substitute(_jam_block(body, static, tile_registers, max_registers, jammed),
+    body = substitute(_jam_block(body, static, tile_registers, max_registers, jammed),
                        sizes)
     return body, tuple(dict.fromkeys(jammed))
 
@@ -88,7 +88,7 @@ def _jam_block(node: Block, static, regs, most, jammed: list) -> Block:
         if extent is not None and s.parallel is None and s.step == 1 and \
                 s.start == Lit(0) and extent * regs <= most and \
                 _encloses_tile(s.body):
-            copies = [_substitute(s.body, {Sym(s.var): Lit(r)}).stmts for r in range(extent)]
+            copies = [substitute(s.body, {Sym(s.var): Lit(r)}).stmts for r in range(extent)]
             try:
                 out.extend(_fuse(copies, [{} for _ in range(extent)]))
             except _NotJammable:     # left as it is: correct, only slower
@@ -155,7 +155,7 @@ def jam_sums(body: Block, copies: int = SUM_COPIES) -> tuple[Block, bool]:
                 not node.reduction and node.step == 1 and _one_flat_sum(node.body)):
             return (_map_blocks(node, walk),)
         p = Sym(node.var)
-        bodies = [_substitute(node.body, {p: Bin("+", p, Lit(u))} if u else {}).stmts
+        bodies = [substitute(node.body, {p: Bin("+", p, Lit(u))} if u else {}).stmts
                   for u in range(copies)]
         fuse = _Fuser(bodies)
         try:
@@ -306,11 +306,6 @@ def _rename(node: Node, names: dict) -> Node:
             return replace(n, reduction=names[n.reduction])
         return n
     return rewrite(node, visit)
-
-
-def _substitute(node: Node, mapping: dict) -> Node:
-    """``node`` with each expression in ``mapping`` (a Sym) replaced."""
-    return rewrite(node, lambda n: mapping.get(n, n) if isinstance(n, Sym) else n)
 
 
 def _map_blocks(node: Node, fn) -> Node:
