@@ -41,8 +41,8 @@ def small_l2(monkeypatch):
     forget()
     monkeypatch.setattr(sblock, "NEAR_BYTES", 0)
     monkeypatch.setattr(kernel, "column_blocked",
-                        lambda body, lw, copies, size, l2, near: column_blocked(
-                            body, lw, copies, size, 4096, 2048))
+                        lambda body, lw, copies, size, l2, near, held=None: column_blocked(
+                            body, lw, copies, size, 4096, 2048, held))
     monkeypatch.setattr(einsum_module, "l2_bytes", lambda: 4096)   # what explain tells
     monkeypatch.setattr(einsum_module, "sampled_block_bytes", lambda: 2048)
     yield

@@ -64,6 +64,10 @@ GATHERED_LOOP_LANES = 8
 # 0.985x; rows of 150-900 entries 1.13-1.38x. 16-lane loops from 17 terms on were slower on
 # rows of 17-48 (down to 0.89x).
 
+# Accumulators of a sum over a register tile (``tile_sum``): four FMA chains keep two FMA
+# units busy at a 4-cycle latency.
+TILE_SUM_CHAINS = 4
+
 _UNARY_BY_TEMPLATE = {template: name for name, (template, *_rest) in UNARY.items()}
 
 
@@ -271,6 +275,9 @@ class VectorLoops:
             if s.combine != "+":
                 raise Unsupported(f"side-by-side {s.combine} reductions")
             return self.side_by_side_sums(s, pad)
+        tile = _tile_of(s.body, self.tiles)
+        if tile is not None:
+            return self.tile_sum(s, pad, tile)
         full = full_lanes(self.val, self.isa)
         eight = min(8, full)   # the lanes of int64 index vectors (AVX-512)
         attempts = list(dict.fromkeys([(full, True), (eight, True), (eight, False)]))
@@ -293,6 +300,40 @@ class VectorLoops:
                 else:
                     out += [f"{pad}}} else if ({trip} <= {self.wide_from}) {{", *loop]
         return out + [f"{pad}}} else {{", *vector, f"{pad}}}"]
+
+    def tile_sum(self, s: For, pad: str, tile: str) -> list[str]:
+        """A sum over every lane of a register tile (``compiler/hold.py``: an inner product
+        against a row held in registers): the body once per register, straight-line, its
+        products spread over ``TILE_SUM_CHAINS`` accumulators (independent FMA chains; the
+        first product of each a multiply, not an FMA on zero), then one horizontal add."""
+        lanes = self.shape()
+        regs = self.tiles[tile]
+        if s.start != Lit(0) or s.end != Lit(regs * lanes.n) or s.step != 1 or \
+                s.combine != "+":
+            raise Unsupported("sum over part of a register tile")
+        chains = [self.fresh(s.reduction) for _ in range(min(TILE_SUM_CHAINS, regs))]
+        texts = []
+        for first in (True, False):
+            # A register's lanes as an offset added to the pointer last, so the C compiler
+            # folds it into the load (an offset inside the index became one more loop-
+            # invariant register per register of the tile: spills, ~2 instructions a load).
+            body = _Body(self, lanes, None, s.var, {s.var: _V("lin", "0")},
+                         acc={s.reduction: _ACC}, tile_reg=(tile, _REG), first=first,
+                         shift=f" + {_LANE0}")
+            texts.append(body.stmts(s.body, pad + "  "))
+        out = [f"{pad}{{"]
+        for r in range(regs):
+            acc = chains[r % len(chains)]
+            text = texts[0] if r < len(chains) else texts[1]
+            lines = [line.replace(_LANE0, str(r * lanes.n)).replace(_REG, str(r))
+                     .replace(_ACC, acc) for line in text]
+            if r < len(chains):   # the first product declares its accumulator
+                lines[0] = lines[0].replace(acc, f"{lanes.vtype} {acc}", 1)
+            out += lines
+        while len(chains) > 1:   # pairwise: a short dependency chain
+            pairs = [lanes.op("add", a, b) for a, b in zip(chains[::2], chains[1::2])]
+            chains = pairs + chains[len(pairs) * 2:]
+        return out + [f"{pad}  {s.reduction} += {lanes.hsum(chains[0])};", f"{pad}}}"]
 
     def _scalar(self, loop: For, pad: str) -> list[str]:
         """``loop`` rendered without vector loops."""
@@ -416,8 +457,9 @@ class VectorLoops:
         return [*out, head, *step, f"{pad}  }}", f"{pad}  {fold(vaccs[0])}", f"{pad}}}"]
 
 
-# Placeholders in a register tile's body text (``tile_loop``), replaced per register.
-_LANE0, _REG, _MASK = "ST_LANE0_", "ST_REG_", "ST_MASK_"
+# Placeholders in a register tile's body text (``tile_loop``, ``tile_sum``), replaced per
+# register.
+_LANE0, _REG, _MASK, _ACC = "ST_LANE0_", "ST_REG_", "ST_MASK_", "ST_ACC_"
 
 
 def _tile_of(node, tiles):
@@ -439,7 +481,7 @@ class _Body:
     """Statements and expressions of one vector loop body."""
 
     def __init__(self, loops: VectorLoops, lanes: _Lanes, mask, lane_var, env, acc=None,
-                 tile_reg=None, i32=False, combine="+"):
+                 tile_reg=None, i32=False, combine="+", first=False, shift=""):
         self.loops, self.lanes, self.mask, self.lane_var = loops, lanes, mask, lane_var
         self.env = dict(env)
         self.acc = acc or {}        # scalar accumulator -> its vector accumulator
@@ -448,6 +490,8 @@ class _Body:
         self.i32 = i32              # int32 indices may be gathered with as stored ('vi32')
         self.scalar = loops.scalar
         self.gathers = False        # set once a gather is rendered
+        self.first = first          # sums' first step: accumulators start at its terms
+        self.shift = shift          # added to contiguous runs' pointers (see ``tile_sum``)
 
     # -- statements ------------------------------------------------------------------------
     def stmts(self, node, pad) -> list[str]:
@@ -495,7 +539,7 @@ class _Body:
         idx = self.expr(t.index)
         if idx.kind != "lin" or t.array in self.loops.tiles:
             raise Unsupported("scattered store")
-        ptr = f"({t.array} + {idx.text})"
+        ptr = self.at(t.array, idx)
         value = self.vector(self.expr(s.value))
         if s.op == "+=":
             value = lanes.op("add", self.load(ptr), value)
@@ -504,10 +548,15 @@ class _Body:
         return [f"{lanes.masked_store(ptr, self.mask, value)};"]
 
     def accumulate(self, reg, value) -> str:
-        """``reg + value`` with a fused multiply-add when ``value`` is a product."""
+        """``reg + value`` with a fused multiply-add when ``value`` is a product (``value``
+        alone in a sum's first step)."""
         if isinstance(value, Bin) and value.op == "*":
             a, b = self.vector(self.expr(value.a)), self.vector(self.expr(value.b))
+            if self.first:
+                return self.in_step(reg, self.lanes.op("mul", a, b))
             return self.in_step(reg, self.lanes.op("fmadd", a, b, reg))
+        if self.first:
+            return self.in_step(reg, self.vector(self.expr(value)))
         return self.in_step(reg, self.lanes.op("add", reg, self.vector(self.expr(value))))
 
     def in_step(self, reg, new) -> str:
@@ -554,7 +603,7 @@ class _Body:
             raise Unsupported("value used as an index")
         if index_type is None:      # a value array
             if idx.kind == "lin":
-                return _V("vv", self.load(f"({arr} + {idx.text})"))
+                return _V("vv", self.load(self.at(arr, idx)))
             self.gathers = True
             if idx.kind == "vi32":
                 return _V("vv", self.lanes.gather_i32(self.mask, idx.text, arr))
@@ -566,15 +615,15 @@ class _Body:
             self.need_index_lanes()
             return _V("vv", self.lanes.gather(self.mask8(), idx.text, arr))
         if idx.kind == "lin" and self.lanes.isa == "avx2" and self.tile_reg is None:
-            return _V("at32" if index_type == "int32_t" else "at64", f"({arr} + {idx.text})")
+            return _V("at32" if index_type == "int32_t" else "at64", self.at(arr, idx))
         if idx.kind == "lin" and index_type == "int32_t" and self.i32 and \
                 self.tile_reg is None:
             # int32 indices used as they are (x[crd[p]]): 16 float lanes per gather, twice
             # the lanes of int64 index vectors; arithmetic on them retries without.
-            return _V("vi32", self.lanes.load_i32(self.mask, f"({arr} + {idx.text})"))
+            return _V("vi32", self.lanes.load_i32(self.mask, self.at(arr, idx)))
         self.need_index_lanes()
         if idx.kind == "lin":
-            ptr = f"({arr} + {idx.text})"
+            ptr = self.at(arr, idx)
             if index_type == "int32_t":
                 return _V("vi", f"_mm512_cvtepi32_epi64(_mm256_maskz_loadu_epi32("
                                 f"{self.mask8()}, {ptr}))")
@@ -650,6 +699,10 @@ class _Body:
             return (f"_mm512_add_epi64(_mm512_set1_epi64({v.text}), "
                     "_mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0))")
         raise Unsupported("value used as an index")
+
+    def at(self, arr, idx: _V) -> str:
+        """The pointer to a contiguous run (``idx`` of kind 'lin') of ``arr``."""
+        return f"({arr} + {idx.text}){self.shift}"
 
     def load(self, ptr) -> str:
         if self.mask is None:

@@ -14,6 +14,7 @@ from functools import lru_cache
 from ..codegen.c import INDEX_CTYPES, VALUE_CTYPES, render_c
 from ..codegen.intrinsics import ISA_BYTES
 from ..formats.levels import Compressed, Dense
+from . import hold
 from .ir import Function, dump, verify
 from .jam import jam_sums, jam_tiles, sum_widths
 from .sblock import column_blocked
@@ -49,6 +50,8 @@ class CompiledKernel:
     block_cap: int | None = None      # set when the kernel may run cache-blocked (kblock.py)
     column_blocked: int | None = None  # the gathered operand of a column-blocked SDDMM
                                        # (sblock.py)
+    held: tuple | None = None         # (values per slice, most slices or None: any) of
+                                      # SDDMM's nest with the row's operand held (hold.py)
 
     def describe_loops(self) -> str:
         return "\n".join(dump(fn) for fn in self.functions)
@@ -209,6 +212,16 @@ def sum_copies() -> int:
     return 8 if vector_isa() in ("avx2", "avx512") else 4
 
 
+def held_slice(value_dtype: str) -> int | None:
+    """Values of a row held in registers for SDDMM's inner products (``hold.py``):
+    ``hold.SLICE_REGISTERS`` AVX-512 registers (256 float32, 128 float64); None elsewhere
+    (not measured on AVX2, whose sixteen registers would leave none to accumulate in) or
+    with no registers set."""
+    if vector_isa() != "avx512" or not hold.SLICE_REGISTERS:
+        return None
+    return hold.SLICE_REGISTERS * vector_lanes(value_dtype)
+
+
 def max_tile_registers() -> int:
     """Most accumulator registers of a kernel's tiles side by side (``jam.py``): half of the
     ISA's vector registers (32 with AVX-512, 16 with AVX2), so loads and the broadcast
@@ -302,7 +315,8 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
             if summed:
                 if plan.block_cap is not None:   # long rows: Y's rows may outgrow L1
                     body = column_blocked(body, lw, copies, _VALUE_BYTES[value_dtype],
-                                          l2_bytes(), sampled_block_bytes())
+                                          l2_bytes(), sampled_block_bytes(),
+                                          held_slice(value_dtype))
                 fn = replace(fn, body=body)
                 narrower = "".join(f"then {w}, " for w in sum_widths(copies)[1:])
                 notes.append(f"inner products of {copies} stored entries side by side "
@@ -321,4 +335,5 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
                           (lw.tile_var, lw.plan.tile) if lw.tile_var else None,
                           lw.balanced, jammed, tuple(dict.fromkeys(notes)),
                           time.perf_counter() - t0, lw.stores_every_entry,
-                          lw.plan.block_cap if lw.k_blocked else None, lw.column_blocked)
+                          lw.plan.block_cap if lw.k_blocked else None, lw.column_blocked,
+                          lw.held)

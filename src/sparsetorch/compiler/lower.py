@@ -124,6 +124,7 @@ class _Lowerer(Assembly):
         self.stores_every_entry = self._stores_every_entry()
         self.k_blocked = False   # set by ``kblock.k_blocked``
         self.column_blocked = None   # the gathered operand, set by ``sblock.column_blocked``
+        self.held = None             # ``CompiledKernel.held``, set there too
         self.row_bits = None   # ``assemble.RowBits`` when a row's cells come from bitmaps
         self.names = 0
 

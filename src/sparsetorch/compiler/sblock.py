@@ -68,7 +68,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .ir import RANGE_END, Assign, Bin, Block, Decl, For, If, Lit, Load, Sym, While, block
+from .hold import held_sum, held_sweep, single_slice
+from .ir import RANGE_END, Assign, Bin, Block, Cond, Decl, For, If, Lit, Load, Sym, While, block
 from .iterate import arr
 from .jam import sum_widths
 from .kblock import Formula, block_coords, call_sizes, gathered_operand, imax, imin
@@ -107,12 +108,14 @@ STRADDLE = True
 
 
 def column_blocked(body: Block, lw, copies: int, value_bytes: int, l2: int,
-                   near: int) -> Block:
+                   near: int, held: int | None = None) -> Block:
     """``body`` (a sampled kernel's nest after ``jam.jam_sums`` with ``copies`` sums side by
     side) behind a run-time choice between it and the column-blocked nest (see the module
     docstring), when its shape allows; else ``body`` itself. ``value_bytes``: the size of a
     value; ``l2``: the L2 cache size in bytes; ``near``: what a block's rows of the gathered
-    operand should fill (``kernel.sampled_block_bytes``)."""
+    operand should fill (``kernel.sampled_block_bytes``). ``held``: values per register-held
+    slice of the row's operand (``hold.py``; None: none), for a nest taken before both when
+    the inner dimension is a whole number of slices."""
     found = _sampled_rows(body, lw, copies)
     if found is None:
         return body
@@ -120,16 +123,37 @@ def column_blocked(body: Block, lw, copies: int, value_bytes: int, l2: int,
     _, j, k = lw.order
     n_j, n_k = Sym(f"n_{j}"), Sym(f"n_{k}")
     gathered_bytes = Bin("*", Bin("*", n_j, n_k), Lit(value_bytes))
-    jb = _columns_ir(lw, value_bytes, l2, near)
-    worth = Bin("&&", Bin(">", gathered_bytes, Lit(near)),
-                Bin("<=", Bin("*", Lit(2), jb), n_j))
+
+    def worth(jb):   # blocking pays: the gathered rows outgrow ``near``, two blocks at least
+        return Bin("&&", Bin(">", gathered_bytes, Lit(near)),
+                   Bin("<=", Bin("*", Lit(2), jb), n_j))
+    columns = _columns_ir(lw, value_bytes, l2, near)
     lw.column_blocked = gathered
     lw.plan.notes.append(
         f"entries taken in blocks of columns {j} (the block's rows of operand {gathered} "
         f"filling about {near >> 10} KB, {NEAR_ENTRIES}-{ENTRIES} entries of a row and at "
         f"least {NEAR_BYTES >> 10} KB of those rows; groups of {GROUP_ROWS} rows) when "
         f"operand {gathered}'s rows over {j} exceed {near >> 10} KB")
-    return block(If(worth, block(_blocked_nest(loop, lw, copies, jb)), body))
+    nest = If(worth(columns), block(_blocked_nest(loop, lw, columns, _jammed_sweep(loop, lw))),
+              body)
+    parts = held_sum(loop.body.stmts[-1]) if held else None
+    if parts is None:
+        return block(nest)
+    whole = Bin("&&", Bin(">", n_k, Lit(0)), Bin("==", Bin("%", n_k, Lit(held)), Lit(0)))
+    most = 1 if single_slice(parts) else None
+    if most:
+        whole = Bin("&&", whole, Bin("<=", n_k, Lit(held)))
+    lw.held = (held, most)
+    lw.plan.notes.append(
+        f"when n_{k} is a multiple of {held}: each row's {held} values of {k} at a time in "
+        f"registers, its entries' inner products one after another over them, in the same "
+        f"column blocks (or one block)")
+
+    def sweep(p, e, j1, at):
+        go = Bin("&&", Bin("<", p, Sym(e)), Bin("<", Load(arr(lw.balanced, "crd1"), p),
+                                                Sym(j1)))
+        return [If(go, block(held_sweep(parts, p.name, go, held, lw.fresh))), Assign(at, p)]
+    return block(If(whole, block(_blocked_nest(loop, lw, columns, sweep, worth)), block(nest)))
 
 
 def columns_per_block(nnz, rows, cols, depth, value_bytes: int, l2: int, near: int):
@@ -176,26 +200,37 @@ def _columns_ir(lw, value_bytes: int, l2: int, near: int):
     return columns_per_block(*call_sizes(lw, lw.balanced), depth, value_bytes, l2, near).node
 
 
-def describe(rows, gathered, l2: int, near: int) -> str:
+def describe(rows, gathered, l2: int, near: int, held: tuple | None = None) -> str:
     """Whether a call on CSR-like ``rows`` that gathers rows of dense ``gathered`` runs the
-    blocked nest (the kernel's own test, for ``st.explain``).
+    blocked nest (the kernel's own test, for ``st.explain``), and with ``held``
+    (``CompiledKernel.held``) whether it holds the rows of the other operand in registers.
 
     Example:
         >>> import torch, sparsetorch as st
         >>> A = st.tensor(torch.ones(4, 512), format="csr")
         >>> describe(A, torch.zeros(512, 256), 1 << 20, 64 << 10)
         'this call: blocks of 64 columns (operand of 512 KB, over 64 KB)'
+        >>> describe(A, torch.zeros(512, 256), 1 << 20, 64 << 10, (256, 1))
+        'this call: blocks of 64 columns (operand of 512 KB, over 64 KB); 1 slice of 256 \
+values of each row in registers'
     """
     n_i, n_j = rows.format.storage_dims(rows.shape)
     size = gathered.numel() * gathered.element_size()
-    jb = columns_per_block(rows.nnz, n_i, n_j, gathered.shape[-1], gathered.element_size(),
-                           l2, near)
+    depth = gathered.shape[-1]
+    jb = columns_per_block(rows.nnz, n_i, n_j, depth, gathered.element_size(), l2, near)
     if size <= near:
-        return f"this call: unblocked (operand of {size >> 10} KB, within {near >> 10} KB)"
-    if 2 * jb > n_j:
-        return f"this call: unblocked (blocks of {jb} columns would not make two)"
-    return f"this call: blocks of {jb} columns (operand of {size >> 10} KB, over " \
-           f"{near >> 10} KB)"
+        out = f"this call: unblocked (operand of {size >> 10} KB, within {near >> 10} KB)"
+    elif 2 * jb > n_j:
+        out = f"this call: unblocked (blocks of {jb} columns would not make two)"
+    else:
+        out = f"this call: blocks of {jb} columns (operand of {size >> 10} KB, over " \
+              f"{near >> 10} KB)"
+    if held is not None and depth > 0 and depth % held[0] == 0 and \
+            (held[1] is None or depth <= held[0] * held[1]):
+        slices = depth // held[0]
+        out += f"; {slices} slice{'s' if slices > 1 else ''} of {held[0]} values of each " \
+               "row in registers"
+    return out
 
 
 def _sampled_rows(body: Block, lw, copies: int):
@@ -227,42 +262,57 @@ def _sampled_rows(body: Block, lw, copies: int):
     return None if gathered is None else (loop, gathered)
 
 
-def _blocked_nest(loop: For, lw, copies: int, columns) -> For:
+def _jammed_sweep(loop: For, lw):
+    """The per-row sweep of ``_blocked_nest`` by the jammed loop bodies of ``loop`` (the
+    unblocked nest): each of its loops (widest first, then the one-at-a-time remainder)
+    while its entries are in the row and the block (``STRADDLE``)."""
+    _, *jammed, rest = loop.body.stmts
+
+    def sweep(p, e, j1, at):
+        out = []
+        for m in (*jammed, rest):
+            last = Bin("+", p, Lit(m.step - 1)) if m.step > 1 else p
+            if STRADDLE:   # while its first entry is in the block and its last in the row
+                go = Bin("&&", Bin("<", last, Sym(e)), Bin("<", Load(crd, p), Sym(j1)))
+            else:          # while its last entry is in the block
+                go = Bin("&&", Bin("<", last, Sym(e)), Bin("<", Load(crd, last), Sym(j1)))
+            out.append(While(go, block(*m.body.stmts, Assign(p, Bin("+", p, Lit(m.step))))))
+        return [*out, Assign(at, p)]
+    crd = arr(lw.balanced, "crd1")
+    return sweep
+
+
+def _blocked_nest(loop: For, lw, columns, sweep, worth=None) -> For:
     """The row-group loop: cursors to each row's first entry, then per block of columns
-    each row's entries in it, by the jammed loop bodies of ``loop`` (the unblocked nest)."""
+    each row's entries in it, by ``sweep(p, e, j1, at)`` (statements for one row: ``p`` its
+    cursor, declared at ``at``; ``e`` its end; ``j1`` the block's end; they leave ``at`` at
+    the row's first entry past the block). ``columns``: the block width; with ``worth`` (a
+    test of a width), one block of every column where it fails."""
     i, j, _ = lw.order
-    row, *jammed, rest = loop.body.stmts
-    main = jammed[0]
+    row, main = loop.body.stmts[0], loop.body.stmts[1]
     n = lw.balanced
-    crd = arr(n, "crd1")
     i0, i_end, cur = lw.fresh("i0_"), lw.fresh("iend"), lw.fresh("cur")
     jb, blocks, b, j1, e = (lw.fresh(x) for x in ("jb", "nb", "b", "j1_", "e"))
+    n_j = Sym(f"n_{j}")
     p = Sym(main.var)
     at = Load(cur, Bin("-", Sym(i), Sym(i0)))
 
     def rows(*stmts):
         return For(i, Sym(i0), Sym(i_end), block(row, *stmts))
 
-    def in_block(q):     # entry q exists and its column lies before the block's end
-        return Bin("&&", Bin("<", q, Sym(e)), Bin("<", Load(crd, q), Sym(j1)))
-
-    sweep = [Decl("idx", e, rest.end), Decl("idx", main.var, at)]
-    for m in (*jammed, rest):
-        last = Bin("+", p, Lit(m.step - 1)) if m.step > 1 else p
-        if STRADDLE:   # while its first entry is in the block and its last in the row
-            go = Bin("&&", Bin("<", last, Sym(e)), Bin("<", Load(crd, p), Sym(j1)))
-        else:          # while its last entry is in the block
-            go = in_block(last)
-        sweep.append(While(go, block(*m.body.stmts, Assign(p, Bin("+", p, Lit(m.step))))))
-    sweep.append(Assign(at, p))
+    width = [Decl("idx", jb, columns)]
+    if worth is not None:
+        width.append(Assign(Sym(jb), Cond(worth(Sym(jb)), Sym(jb), Bin("max", n_j, Lit(1)))))
     body = block(Decl("idx", i_end, Bin("min", Bin("+", Sym(i0), Lit(GROUP_ROWS)),
                                         Sym(RANGE_END))),
-                 Decl("idx", jb, columns),
-                 Decl("idx", blocks, Bin("/", Bin("+", Sym(f"n_{j}"), Bin("-", Sym(jb), Lit(1))),
+                 *width,
+                 Decl("idx", blocks, Bin("/", Bin("+", n_j, Bin("-", Sym(jb), Lit(1))),
                                          Sym(jb))),
                  Decl("idx[]", cur, Lit(GROUP_ROWS)),
                  rows(Assign(at, main.start)),
                  For(b, Lit(0), Sym(blocks), block(   # block b: columns [b jb, (b + 1) jb)
                      Decl("idx", j1, Bin("*", Bin("+", Sym(b), Lit(1)), Sym(jb))),
-                     rows(*sweep))))
+                     rows(Decl("idx", e, Load(arr(n, "pos1"), Bin("+", Sym(row.name), Lit(1)))),
+                          Decl("idx", main.var, at),
+                          *sweep(p, e, j1, at)))))
     return replace(loop, var=i0, body=body, step=GROUP_ROWS)

@@ -317,7 +317,7 @@ def explain(equation, *operands, out_format=None) -> Explanation:
             "size 1 that broadcast taken out"))
     if kernel.column_blocked is not None and isinstance(rows, SparseTensor):
         call = describe_column_blocks(rows, operands[kernel.column_blocked], l2_bytes(),
-                                      sampled_block_bytes())
+                                      sampled_block_bytes(), kernel.held)
         explanation = replace(explanation, notes=(*explanation.notes, call))
     return explanation
 

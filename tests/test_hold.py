@@ -1,0 +1,167 @@
+"""SDDMM with the row's operand held in registers (compiler/hold.py), checked against dense.
+
+Kernels for long rows take the held nest when the inner dimension is a whole number of
+slices (16 AVX-512 registers: 256 float32 or 128 float64 values). Most tests shrink a slice
+to two registers (``kernel.held_slice``) so small shapes run one, two and three slices, in
+column blocks (``sblock.py``, with the small caches of ``test_sblock.py``) and in one
+block; the last ones run the real slice.
+"""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+import sparsetorch as st
+from sparsetorch.compiler import hold, kernel, sblock
+from sparsetorch.compiler.ir import Assign, Bin, Decl, For, Lit, Load, Sym, block
+from sparsetorch.compiler.sblock import column_blocked
+
+from dense_check import check_against_dense, forget_call_memo, long_rows
+
+needs_avx512 = pytest.mark.skipif(kernel.vector_isa() != "avx512",
+                                  reason="the held nest is built with AVX-512 only")
+SDDMM = "ij,ik,jk->ij"
+einsum_module = importlib.import_module("sparsetorch.ops.einsum")
+
+
+def _forget():
+    kernel.compile_kernel.cache_clear()
+    forget_call_memo()
+
+
+@pytest.fixture(params=[False, True], ids=["one block", "blocked"])
+def two_register_slices(request, monkeypatch):
+    """Slices of two registers (32 float32, 16 float64 values); with the 'blocked' param the
+    caches of ``test_sblock.small_l2`` (blocks of a 2 KB budget), else blocks as large as
+    the operand."""
+    _forget()
+    monkeypatch.setattr(kernel, "held_slice", lambda dtype: 2 * kernel.vector_lanes(dtype))
+    near = 2048 if request.param else 1 << 30
+    monkeypatch.setattr(sblock, "NEAR_BYTES", 0)
+    monkeypatch.setattr(kernel, "column_blocked",
+                        lambda body, lw, copies, size, l2, near_, held=None: column_blocked(
+                            body, lw, copies, size, 4096, near, held))
+    monkeypatch.setattr(einsum_module, "l2_bytes", lambda: 4096)
+    monkeypatch.setattr(einsum_module, "sampled_block_bytes", lambda: near)
+    yield request.param
+    monkeypatch.undo()
+    _forget()
+
+
+def _notes(*operands) -> str:
+    return " ".join(st.explain(SDDMM, *operands).notes)
+
+
+@needs_avx512
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("slices", [1, 2, 3])
+def test_held_sddmm_matches_dense(two_register_slices, dtype, slices):
+    """Rows of 40% of 300 columns plus an empty row, a row in the last columns only (it
+    skips every earlier block) and a full one; a group of rows cut at a thread range."""
+    lanes = kernel.vector_lanes(str(dtype).split(".")[1])
+    inner = slices * 2 * lanes
+    d = long_rows(sblock.GROUP_ROWS + 21, 300, 0.4, dtype, seed=slices)
+    g = torch.Generator().manual_seed(slices)
+    x = torch.randn(d.shape[0], inner, generator=g, dtype=dtype)
+    y = torch.randn(d.shape[1], inner, generator=g, dtype=dtype)
+    for index_dtype in (torch.int32, torch.int64):
+        A = st.tensor(d, format="csr", index_dtype=index_dtype)
+        notes = _notes(A, x, y)
+        s = "s" if slices > 1 else ""
+        assert f"{slices} slice{s} of {2 * lanes} values of each row in registers" in notes
+        assert ("this call: blocks of" in notes) == two_register_slices
+        check_against_dense(SDDMM, (A, x, y))
+
+
+@needs_avx512
+def test_inner_dimensions_off_the_slices_take_the_side_by_side_sums(two_register_slices):
+    d = long_rows(40, 300, 0.4, torch.float32, seed=7)
+    A = st.tensor(d, format="csr")
+    for inner in (31, 33, 47):
+        x, y = torch.randn(40, inner), torch.randn(300, inner)
+        assert "values of each row in registers" not in _notes(A, x, y)
+        check_against_dense(SDDMM, (A, x, y))
+
+
+@needs_avx512
+def test_held_sddmm_on_one_thread_and_degenerate_shapes(two_register_slices):
+    d = long_rows(30, 512, 0.5, torch.float32, seed=2)
+    A = st.tensor(d, format="csr")
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        check_against_dense(SDDMM, (A, torch.randn(30, 64), torch.randn(512, 64)))
+    finally:
+        torch.set_num_threads(old)
+    for shape in ((5, 0), (0, 300), (70, 1)):
+        A = st.tensor(torch.ones(shape), format="csr")
+        check_against_dense(SDDMM, (A, torch.randn(shape[0], 32), torch.randn(shape[1], 32)))
+
+
+@needs_avx512
+def test_held_sddmm_gradients(two_register_slices):
+    """The gradient of the mask's values is an SDDMM itself (two slices of 16 doubles)."""
+    d = long_rows(6, 300, 0.6, torch.float64, seed=3)
+    A = st.tensor(d, format="csr")
+    x = torch.randn(6, 32, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(300, 32, dtype=torch.float64, requires_grad=True)
+    assert "2 slices of 16 values" in _notes(A, x.detach(), y.detach())
+    vals = A.values.clone().requires_grad_()
+    torch.autograd.gradcheck(
+        lambda v, x, y: st.einsum(SDDMM, A.with_values(v), x, y).values, (vals, x, y))
+
+
+@needs_avx512
+@pytest.mark.parametrize("dtype,inner,slices", [
+    (torch.float32, 256, 1), (torch.float32, 512, 2),
+    (torch.float64, 128, 1), (torch.float64, 256, 2)])
+def test_the_real_slice(dtype, inner, slices):
+    """Sixteen registers, DLMC-like rows (30% of 600 columns), as the kernels run them."""
+    d = long_rows(150, 600, 0.3, dtype, seed=inner)
+    g = torch.Generator().manual_seed(inner)
+    x = torch.randn(150, inner, generator=g, dtype=dtype)
+    y = torch.randn(600, inner, generator=g, dtype=dtype)
+    A = st.tensor(d, format="csr")
+    notes = _notes(A, x, y)
+    s = "s" if slices > 1 else ""
+    assert f"{slices} slice{s} of {inner // slices} values of each row in registers" in notes
+    check_against_dense(SDDMM, (A, x, y))
+
+
+# -- the split of the sum (hold.held_sum) ------------------------------------------------------
+def _row_loop(product, stores=None):
+    """``for p: j = crd[p]; acc = 0; for k: acc += product; stores``."""
+    return For("p", Lit(0), Sym("n"), block(
+        Decl("idx", "j", Load("crd", Sym("p"))), Decl("val", "acc", Lit(0)),
+        For("k", Lit(0), Sym("n_k"), block(Assign(Sym("acc"), product, "+=")),
+            reduction="acc"),
+        *(stores or [Assign(Load("out", Sym("p")), Bin("*", Load("a", Sym("p")), Sym("acc")))])))
+
+
+X = Load("x", Bin("+", Bin("*", Sym("i"), Sym("n_k")), Sym("k")))
+Y = Load("y", Bin("+", Bin("*", Sym("j"), Sym("n_k")), Sym("k")))
+
+
+def test_held_sum_splits_the_row_operand_from_the_gathered_one():
+    parts = hold.held_sum(_row_loop(Bin("*", Bin("*", X, Load("s", Sym("i"))), Y)))
+    assert parts is not None and parts.held == X and parts.acc == "acc"
+    assert parts.other == Bin("*", Load("s", Sym("i")), Y)   # s[i] reads no k: stays out
+    assert not hold.single_slice(parts)
+
+
+@pytest.mark.parametrize("product", [
+    Bin("*", Y, Y),                                  # nothing reads the row alone
+    Bin("*", X, Load("s", Sym("i"))),                # nothing gathered by the entry
+    Bin("+", X, Y)])                                 # not a product
+def test_held_sum_declines_other_sums(product):
+    assert hold.held_sum(_row_loop(product)) is None
+
+
+def test_stores_that_cannot_hold_a_partial_sum_allow_one_slice():
+    two = [Assign(Load("out", Sym("p")), Sym("acc")), Assign(Load("o2", Sym("p")), Sym("acc"))]
+    into = [Assign(Load("out", Sym("p")), Sym("acc"), "+=")]
+    for stores in (two, into):
+        parts = hold.held_sum(_row_loop(Bin("*", X, Y), stores))
+        assert parts is not None and hold.single_slice(parts)
