@@ -351,3 +351,40 @@ def test_exp_sums_take_vector_steps():
     src = render_c([_sum_function(Call(UNARY["exp"][0], Load("x_vals", Sym("p"))))],
                    "float", {}, isa=vector_isa())
     assert "st_exp_ps" in src and "expf(x_vals[p])" in src   # (the scalar short-row loop)
+
+
+@pytest.mark.parametrize("isa,ctype", _MAX_CASES)
+@pytest.mark.parametrize("regs", [1, 3, 6])
+def test_sums_over_a_register_tile_match_torch(isa, ctype, regs):
+    """A sum over every lane of a register tile (``VectorLoops.tile_sum``: SDDMM's inner
+    product against a row held in registers), its body declaring a value: one straight-line
+    step per register over min(4, regs) accumulators (1, 3 and 6 registers: fewer chains than
+    four, an odd pairwise add, chains reused), each copy's declaration in its own block;
+    by pragma with no ISA."""
+    from sparsetorch import runtime
+    from sparsetorch.ops.execute import kernel_argtypes
+
+    if isa == "avx512" and vector_isa() != "avx512" or isa == "avx2" and vector_isa() is None:
+        pytest.skip(f"no {isa} on this CPU")
+    dtype = torch.float32 if ctype == "float" else torch.float64
+    width = regs * (64 if isa == "avx512" else 32) // dtype.itemsize   # lanes per register
+    kk = Sym("kk")
+    fn = Function("k", (Param("x_vals", "val*"), Param("y_vals", "val*"),
+                        Param("out_vals", "val*", const=False)), block(
+        Decl("val[]", "hx", Lit(width)),
+        For("kk", Lit(0), Lit(width), block(Assign(Load("hx", kk), Load("x_vals", kk))),
+            simd=True),
+        Decl("val", "acc", Lit(0)),
+        For("kk", Lit(0), Lit(width), block(
+            Decl("val", "t", Bin("*", Load("y_vals", kk), Lit(2))),
+            Assign(Sym("acc"), Bin("*", Load("hx", kk), Sym("t")), "+=")), reduction="acc"),
+        Assign(Load("out_vals", Lit(0)), Sym("acc"))))
+    src = render_c([fn], ctype, {}, isa=isa)
+    assert (isa is None) == ("_mul_p" not in src)   # the first product of each chain
+    run = runtime.load_entries(src, {"k": kernel_argtypes(fn)})["k"]
+    g = torch.Generator().manual_seed(regs)
+    x, y = (torch.randn(width, generator=g, dtype=torch.float64).to(dtype) for _ in range(2))
+    out = torch.empty(1, dtype=dtype)
+    run(x.data_ptr(), y.data_ptr(), out.data_ptr())
+    ref = (x.double() * 2 * y.double()).sum().item()
+    assert out.item() == pytest.approx(ref, rel=1e-5 if ctype == "float" else 1e-12)

@@ -321,15 +321,14 @@ class VectorLoops:
                          acc={s.reduction: _ACC}, tile_reg=(tile, _REG), first=first,
                          shift=f" + {_LANE0}")
             texts.append(body.stmts(s.body, pad + "  "))
-        out = [f"{pad}{{"]
+        scoped = any(line.lstrip().startswith("const ") for line in texts[1])   # decls
+        out = [f"{pad}{{", f"{pad}  {lanes.vtype} {', '.join(chains)};"]
         for r in range(regs):
-            acc = chains[r % len(chains)]
             text = texts[0] if r < len(chains) else texts[1]
             lines = [line.replace(_LANE0, str(r * lanes.n)).replace(_REG, str(r))
-                     .replace(_ACC, acc) for line in text]
-            if r < len(chains):   # the first product declares its accumulator
-                lines[0] = lines[0].replace(acc, f"{lanes.vtype} {acc}", 1)
-            out += lines
+                     .replace(_ACC, chains[r % len(chains)]) for line in text]
+            out += [f"{pad}  {{", *("  " + line for line in lines), f"{pad}  }}"] \
+                if scoped else lines
         while len(chains) > 1:   # pairwise: a short dependency chain
             pairs = [lanes.op("add", a, b) for a, b in zip(chains[::2], chains[1::2])]
             chains = pairs + chains[len(pairs) * 2:]

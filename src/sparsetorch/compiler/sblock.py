@@ -43,7 +43,10 @@ two runs each): 70%-sparse masks 1.03-1.04x at K = 64 and 1.08x at K = 256, 90%-
 block would hold a few columns, not for a measured gain.
 
 The choice is made per call inside the kernel: blocked when Y is larger than a block's
-budget and there are at least two blocks. Kernels get the blocked nest only for operands
+budget and there are at least two blocks. Before both, with AVX-512, comes the nest of
+``hold.py`` (a row's slice of X held in registers, each entry's inner product straight
+through its row of Y) when K is a whole number of its slices: it sweeps the same blocks, or
+one block of every column where blocking would not pay. Kernels get the blocked nest only for operands
 with long rows (``kblock.long_rows``; graphs' short rows never pay for its build).
 
 Measured (whole calls, 2 threads, interleaved A/B in one process against the unblocked
@@ -267,6 +270,7 @@ def _jammed_sweep(loop: For, lw):
     unblocked nest): each of its loops (widest first, then the one-at-a-time remainder)
     while its entries are in the row and the block (``STRADDLE``)."""
     _, *jammed, rest = loop.body.stmts
+    crd = arr(lw.balanced, "crd1")
 
     def sweep(p, e, j1, at):
         out = []
@@ -278,7 +282,6 @@ def _jammed_sweep(loop: For, lw):
                 go = Bin("&&", Bin("<", last, Sym(e)), Bin("<", Load(crd, last), Sym(j1)))
             out.append(While(go, block(*m.body.stmts, Assign(p, Bin("+", p, Lit(m.step))))))
         return [*out, Assign(at, p)]
-    crd = arr(lw.balanced, "crd1")
     return sweep
 
 
