@@ -46,8 +46,8 @@ The choice is made per call inside the kernel: blocked when Y is larger than a b
 budget and there are at least two blocks. Before both, with AVX-512, comes the nest of
 ``hold.py`` (a row's slice of X held in registers, each entry's inner product straight
 through its row of Y) when K is a whole number of its slices: it sweeps the same blocks, or
-one block of every column where blocking would not pay. Kernels get the blocked nest only for operands
-with long rows (``kblock.long_rows``; graphs' short rows never pay for its build).
+one block of every column where blocking would not pay. Kernels get these nests only for
+operands with long rows (``kblock.long_rows``; graphs' short rows never pay for the build).
 
 Measured (whole calls, 2 threads, interleaved A/B in one process against the unblocked
 kernel, the 48 DLMC transformer SDDMM cases of ``benchmarks/kernels.py``, 70% and 90%
