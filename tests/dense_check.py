@@ -118,6 +118,21 @@ def long_rows(rows, cols, density, dtype, seed=0) -> torch.Tensor:
     return d
 
 
+def check_sddmm_gradients(d: torch.Tensor, inner: int, note: str) -> None:
+    """gradcheck of ``ij,ik,jk->ij`` (float64) on CSR ``d`` with random X and Y of ``inner``
+    columns, with respect to the mask's values, X and Y, after checking that ``explain``
+    names ``note`` (the nest under test)."""
+    A = st.tensor(d, format="csr")
+    g = torch.Generator().manual_seed(inner)
+    x = torch.randn(d.shape[0], inner, generator=g, dtype=torch.float64)
+    y = torch.randn(d.shape[1], inner, generator=g, dtype=torch.float64)
+    assert note in " ".join(st.explain("ij,ik,jk->ij", A, x, y).notes)
+    vals = A.values.clone().requires_grad_()
+    torch.autograd.gradcheck(
+        lambda v, x, y: st.einsum("ij,ik,jk->ij", A.with_values(v), x, y).values,
+        (vals, x.requires_grad_(), y.requires_grad_()))
+
+
 def make_operand(x: torch.Tensor, fmt, index_dtype=None):
     """``x`` as a SparseTensor in ``fmt`` (``None``: ``x`` itself, a plain dense tensor;
     ``("bsr", (r, c))``: blocked)."""

@@ -18,7 +18,8 @@ from sparsetorch.compiler import hold, kernel, sblock
 from sparsetorch.compiler.ir import Assign, Bin, Decl, For, Lit, Load, Sym, block
 from sparsetorch.compiler.sblock import column_blocked
 
-from dense_check import check_against_dense, forget_call_memo, long_rows
+from dense_check import check_against_dense, check_sddmm_gradients, forget_call_memo, \
+    long_rows
 
 needs_avx512 = pytest.mark.skipif(kernel.vector_isa() != "avx512",
                                   reason="the held nest is built with AVX-512 only")
@@ -103,14 +104,8 @@ def test_held_sddmm_on_one_thread_and_degenerate_shapes(two_register_slices):
 @needs_avx512
 def test_held_sddmm_gradients(two_register_slices):
     """The gradient of the mask's values is an SDDMM itself (two slices of 16 doubles)."""
-    d = long_rows(6, 300, 0.6, torch.float64, seed=3)
-    A = st.tensor(d, format="csr")
-    x = torch.randn(6, 32, dtype=torch.float64, requires_grad=True)
-    y = torch.randn(300, 32, dtype=torch.float64, requires_grad=True)
-    assert "2 slices of 16 values" in _notes(A, x.detach(), y.detach())
-    vals = A.values.clone().requires_grad_()
-    torch.autograd.gradcheck(
-        lambda v, x, y: st.einsum(SDDMM, A.with_values(v), x, y).values, (vals, x, y))
+    check_sddmm_gradients(long_rows(6, 300, 0.6, torch.float64, seed=3), 32,
+                          "2 slices of 16 values")
 
 
 @needs_avx512

@@ -20,7 +20,8 @@ from sparsetorch.compiler import kernel, sblock
 from sparsetorch.compiler.sblock import GROUP_ROWS, column_blocked
 from sparsetorch.ops import execute
 
-from dense_check import check_against_dense, forget_call_memo, long_rows
+from dense_check import check_against_dense, check_sddmm_gradients, forget_call_memo, \
+    long_rows
 
 needs_intrinsics = pytest.mark.skipif(kernel.vector_isa() is None,
                                       reason="no AVX-512 or AVX2 on this CPU")
@@ -127,14 +128,7 @@ def test_blocked_sddmm_in_other_index_orders(small_l2, equation, fmt):
 
 @needs_intrinsics
 def test_blocked_sddmm_gradients(small_l2):
-    d = long_rows(6, 300, 0.6, torch.float64, seed=3)
-    A = st.tensor(d, format="csr")
-    x = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
-    y = torch.randn(300, 3, dtype=torch.float64, requires_grad=True)
-    assert NOTE in " ".join(st.explain(SDDMM, A, x, y).notes)
-    vals = A.values.clone().requires_grad_()
-    torch.autograd.gradcheck(
-        lambda v, x, y: st.einsum(SDDMM, A.with_values(v), x, y).values, (vals, x, y))
+    check_sddmm_gradients(long_rows(6, 300, 0.6, torch.float64, seed=3), 3, NOTE)
 
 
 @needs_intrinsics
