@@ -149,7 +149,9 @@ def test_held_sum_splits_the_row_operand_from_the_gathered_one():
 @pytest.mark.parametrize("product", [
     Bin("*", Y, Y),                                  # nothing reads the row alone
     Bin("*", X, Load("s", Sym("i"))),                # nothing gathered by the entry
-    Bin("+", X, Y)])                                 # not a product
+    Bin("+", X, Y),                                  # not a product
+    Bin("*", Load("x", Bin("+", Bin("*", Sym("k"), Sym("n_i")), Sym("i"))), Y),   # strided
+    Bin("*", X, Load("y", Bin("*", Bin("+", Sym("j"), Sym("k")), Lit(2))))])      # strided
 def test_held_sum_declines_other_sums(product):
     assert hold.held_sum(_row_loop(product)) is None
 
@@ -160,3 +162,40 @@ def test_stores_that_cannot_hold_a_partial_sum_allow_one_slice():
     for stores in (two, into):
         parts = hold.held_sum(_row_loop(Bin("*", X, Y), stores))
         assert parts is not None and hold.single_slice(parts)
+
+
+@needs_avx512
+@pytest.mark.parametrize("equation, fmt", [
+    ("ij,ik,jk->ji", "csr"),     # the result transposed (CSC of the mask's pattern)
+    ("ij,jk,ik->ij", "csr"),     # Y before X
+    ("ji,ik,jk->ji", "csc")])    # a CSC mask whose stored columns are the long rows
+def test_held_sddmm_in_other_index_orders(two_register_slices, equation, fmt):
+    from unittest import mock
+
+    d = long_rows(sblock.GROUP_ROWS + 5, 300, 0.5, torch.float32, seed=4)
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(d.shape[0], 64, generator=g), torch.randn(d.shape[1], 64, generator=g)
+    A = st.tensor(d if fmt == "csr" else d.T.contiguous(), format=fmt)
+    by_term = {"ij": A, "ji": A, "ik": x, "ki": x.T.contiguous(), "jk": y}
+    ops = tuple(by_term[t] for t in equation.split("->")[0].split(","))
+    # as written (``st.einsum`` itself would run 'ij,ki,jk->ij' as 'ij,ik,jk->ij')
+    with mock.patch.object(einsum_module, "relayout", lambda *args: None):
+        assert "2 slices of 32 values" in " ".join(st.explain(equation, *ops).notes)
+        check_against_dense(equation, ops)
+
+
+@needs_avx512
+def test_a_strided_row_operand_takes_no_held_nest(two_register_slices):
+    """X read by columns (as written, without ``st.einsum``'s relayout): a held slice would
+    be gathered, which the vector renderer does not do (nor, for the side-by-side sums,
+    anything but pragmas here), so the kernel has no held nest."""
+    from unittest import mock
+
+    d = long_rows(40, 300, 0.5, torch.float32, seed=4)
+    x, y = torch.randn(64, 40), torch.randn(300, 64)
+    A = st.tensor(d, format="csr")
+    with mock.patch.object(einsum_module, "relayout", lambda *args: None):
+        ex = st.explain("ij,ki,jk->ij", A, x, y)
+        assert "values of each row in registers" not in " ".join(ex.notes)
+        assert "entries taken in blocks of columns" in " ".join(ex.notes)
+        check_against_dense("ij,ki,jk->ij", (A, x, y))

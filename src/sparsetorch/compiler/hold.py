@@ -25,8 +25,9 @@ output slot between slices. The kernel takes this nest when ``n_k`` is a whole n
 slices, else the side-by-side loops: in hand-written C a partial slice ran 0.74-0.78x those
 at K = 200-240 with masked steps, 1.04-1.09x jumping into straight-line code; narrower
 slices did not pay either (K = 128 in eight registers 1.07x, K = 64 in four 0.75x). It is
-built into kernels with long rows only (``sblock.column_blocked``) and runs in the same
-column blocks.
+built into kernels with long rows only (``sblock.column_blocked``), where both operands'
+slices are contiguous in k (a strided slice would be gathered, which the vector renderer
+does not hold), and runs in the same column blocks.
 
 Measured (``benchmarks/variants.py --knob hold.SLICE_REGISTERS=0,16 --kernel sddmm --inner
 256``, the 24 DLMC masks of ``benchmarks/kernels.py``, 2 threads, AMD Zen 5, two runs):
@@ -108,6 +109,8 @@ def held_sum(rest: For) -> HeldSum | None:
         (held if loop.var in names and not names & local else other).append(factor)
     if not held or not any(_names(f) & local for f in other):   # nothing per entry
         return None
+    if not all(_contiguous(f, loop.var) for f in (*held, *other)):
+        return None   # a strided slice would be gathered: vector code does not hold it
     return HeldSum(tuple(decls), loop.var, loop.reduction, _product(held), _product(other),
                    tuple(stores))
 
@@ -189,6 +192,22 @@ def _partial_target(parts: HeldSum):
         return None
     target = parts.stores[0].target
     return None if parts.acc in _names(target) else target
+
+
+def _contiguous(e: Node, k: str) -> bool:
+    """Whether every array read in ``e`` that depends on ``k`` reads consecutive elements
+    as ``k`` steps (its index is ``rest + k`` or ``k + rest``, ``rest`` free of ``k``)."""
+    found = []
+
+    def visit(n):
+        if isinstance(n, Load) and k in _names(n.index):
+            x = n.index
+            found.append(isinstance(x, Bin) and x.op == "+" and (
+                (x.b == Sym(k) and k not in _names(x.a)) or
+                (x.a == Sym(k) and k not in _names(x.b))))
+        return n
+    rewrite(e, visit)
+    return all(found)
 
 
 def _factors(e: Node) -> list:
