@@ -199,3 +199,18 @@ def test_a_strided_row_operand_takes_no_held_nest(two_register_slices):
         assert "values of each row in registers" not in " ".join(ex.notes)
         assert "entries taken in blocks of columns" in " ".join(ex.notes)
         check_against_dense("ij,ki,jk->ij", (A, x, y))
+
+
+@needs_avx512
+@pytest.mark.parametrize("inner,held", [(32, True), (96, True), (40, False)])
+def test_short_rows_hold_the_row_in_one_block(two_register_slices, inner, held):
+    """Graph-like rows (a few entries each; kernels without column blocks) take the held
+    nest too, in one block of every column, when the inner dimension is a whole number of
+    slices."""
+    d = long_rows(300, 400, 0.01, torch.float32, seed=inner)
+    A = st.tensor(d, format="csr")
+    x, y = torch.randn(300, inner), torch.randn(400, inner)
+    notes = _notes(A, x, y)
+    assert "entries taken in blocks of columns" not in notes
+    assert ("values of each row in registers" in notes) == held, notes
+    check_against_dense(SDDMM, (A, x, y))

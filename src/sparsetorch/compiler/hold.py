@@ -25,15 +25,18 @@ output slot between slices. The kernel takes this nest when ``n_k`` is a whole n
 slices, else the side-by-side loops: in hand-written C a partial slice ran 0.74-0.78x those
 at K = 200-240 with masked steps, 1.04-1.09x jumping into straight-line code; narrower
 slices did not pay either (K = 128 in eight registers 1.07x, K = 64 in four 0.75x). It is
-built into kernels with long rows only (``sblock.column_blocked``), where both operands'
-slices are contiguous in k (a strided slice would be gathered, which the vector renderer
-does not hold), and runs in the same column blocks.
+built where both operands' slices are contiguous in k (a strided slice would be gathered,
+which the vector renderer does not hold): into kernels for long rows in their column blocks
+(``sblock.column_blocked``), into kernels for short rows in one block (``sblock.held_rows``;
+their C build takes ~0.06 s longer: 0.16-0.17 -> 0.22-0.23 s for Cora's).
 
 Measured (``benchmarks/variants.py --knob hold.SLICE_REGISTERS=0,16 --kernel sddmm --inner
 256``, the 24 DLMC masks of ``benchmarks/kernels.py``, 2 threads, AMD Zen 5, two runs):
 1.170-1.176x geomean, 90%-sparse masks 1.276-1.282x (each 1.25-1.31x), 70%-sparse
 1.073-1.078x (1.05-1.11x); K = 512 (two slices, one run) 1.244x (1.15x at least); at K = 64
-and 128 (not taken; the kernel carries the nest) 1.001x and 1.002x.
+and 128 (not taken; the kernel carries the nest) 1.001x and 1.002x. Graph masks (rows of a
+few entries; Planetoid, Amazon, Coauthor; whole calls, one run, same A/B): K = 256 1.225x
+geomean (1.06-1.44x), K = 64 1.008x.
 
 Data per call: A's entries once per slice, X's rows once per slice and column block, each
 entry's slice of Y's row once.
@@ -177,6 +180,26 @@ def held_sweep(parts: HeldSum, p: str, go: Node, slice_values: int, fresh) -> li
                 For(kk, Lit(0), width, block(Assign(Load(tile, Sym(kk)), held)), simd=True),
                 Assign(Sym(p), Sym(first)),
                 While(go, block(*entry))), step=slice_values)]
+
+
+def describe(depth: int, held: tuple) -> str:
+    """Whether a call whose inner dimension is ``depth`` runs the held nest of a kernel with
+    ``CompiledKernel.held`` = ``held`` (for ``st.explain``).
+
+    Example:
+        >>> describe(512, (256, None, 2)), describe(100, (256, None, 2))
+        ('this call: 2 slices of 256 values of each row in registers', \
+'this call: no values held in registers (100 is not a multiple of 256)')
+    """
+    size, most = held[0], held[1]
+    if depth == 0 or depth % size:
+        return f"this call: no values held in registers ({depth} is not a multiple of {size})"
+    if most is not None and depth > size * most:
+        return f"this call: no values held in registers ({depth} is over {size * most}, " \
+               f"the most this kernel holds)"
+    slices = depth // size
+    return f"this call: {slices} slice{'s' if slices > 1 else ''} of {size} values of each " \
+           "row in registers"
 
 
 def single_slice(parts: HeldSum) -> bool:

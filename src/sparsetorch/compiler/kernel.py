@@ -17,7 +17,7 @@ from ..formats.levels import Compressed, Dense
 from . import hold
 from .ir import Function, dump, verify
 from .jam import jam_sums, jam_tiles, sum_widths
-from .sblock import column_blocked
+from .sblock import column_blocked, held_rows
 from .lower import Plan, lower
 from .notation import Assignment
 from .output import OutputSpec, infer_output
@@ -50,8 +50,9 @@ class CompiledKernel:
     block_cap: int | None = None      # set when the kernel may run cache-blocked (kblock.py)
     column_blocked: int | None = None  # the gathered operand of a column-blocked SDDMM
                                        # (sblock.py)
-    held: tuple | None = None         # (values per slice, most slices or None: any) of
-                                      # SDDMM's nest with the row's operand held (hold.py)
+    held: tuple | None = None         # (values per slice, most slices or None: any, the
+                                      # gathered operand) of SDDMM's nest with the row's
+                                      # operand held in registers (hold.py)
 
     def describe_loops(self) -> str:
         return "\n".join(dump(fn) for fn in self.functions)
@@ -313,10 +314,12 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
             copies = sum_copies()
             body, summed = jam_sums(fn.body, copies)
             if summed:
+                held = held_slice(value_dtype)
                 if plan.block_cap is not None:   # long rows: Y's rows may outgrow L1
                     body = column_blocked(body, lw, copies, _VALUE_BYTES[value_dtype],
-                                          l2_bytes(), sampled_block_bytes(),
-                                          held_slice(value_dtype))
+                                          l2_bytes(), sampled_block_bytes(), held)
+                elif held is not None:
+                    body = held_rows(body, lw, copies, held)
                 fn = replace(fn, body=body)
                 narrower = "".join(f"then {w}, " for w in sum_widths(copies)[1:])
                 notes.append(f"inner products of {copies} stored entries side by side "

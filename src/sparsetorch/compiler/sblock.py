@@ -139,24 +139,43 @@ def column_blocked(body: Block, lw, copies: int, value_bytes: int, l2: int,
         f"operand {gathered}'s rows over {j} exceed {near >> 10} KB")
     nest = If(worth(columns), block(_blocked_nest(loop, lw, columns, _jammed_sweep(loop, lw))),
               body)
+    return _with_held(block(nest), loop, lw, held, columns, worth)
+
+
+def held_rows(body: Block, lw, copies: int, held: int) -> Block:
+    """``body`` (as for ``column_blocked``, in a kernel for short rows: no column blocks)
+    behind the nest of ``hold.py`` in one block of every column, when its shape allows."""
+    found = _sampled_rows(body, lw, copies)
+    if found is None:
+        return body
+    return _with_held(body, found[0], lw, held, Bin("max", Sym(f"n_{lw.order[1]}"), Lit(1)))
+
+
+def _with_held(nest: Block, loop: For, lw, held: int | None, columns, worth=None) -> Block:
+    """``nest`` behind the nest of ``hold.py`` (slices of ``held`` values; None: none) in
+    blocks of ``columns`` (one block of every column where ``worth`` of the width fails),
+    taken when the inner dimension is a whole number of slices; ``nest`` itself where the
+    sum does not split (``hold.held_sum``)."""
     parts = held_sum(loop.body.stmts[-1]) if held else None
     if parts is None:
-        return block(nest)
+        return nest
+    k = lw.order[2]
+    n_k = Sym(f"n_{k}")
     whole = Bin("&&", Bin(">", n_k, Lit(0)), Bin("==", Bin("%", n_k, Lit(held)), Lit(0)))
     most = 1 if single_slice(parts) else None
     if most:
         whole = Bin("&&", whole, Bin("<=", n_k, Lit(held)))
-    lw.held = (held, most)
+    lw.held = (held, most, gathered_operand(lw))
     lw.plan.notes.append(
         f"when n_{k} is a multiple of {held}: each row's {held} values of {k} at a time in "
-        f"registers, its entries' inner products one after another over them, in the same "
-        f"column blocks (or one block)")
+        f"registers, its entries' inner products one after another over them" +
+        (", in the same column blocks (or one block)" if worth is not None else ""))
+    crd = arr(lw.balanced, "crd1")
 
     def sweep(p, e, j1, at):
-        go = Bin("&&", Bin("<", p, Sym(e)), Bin("<", Load(arr(lw.balanced, "crd1"), p),
-                                                Sym(j1)))
+        go = Bin("&&", Bin("<", p, Sym(e)), Bin("<", Load(crd, p), Sym(j1)))
         return [If(go, block(held_sweep(parts, p.name, go, held, lw.fresh))), Assign(at, p)]
-    return block(If(whole, block(_blocked_nest(loop, lw, columns, sweep, worth)), block(nest)))
+    return block(If(whole, block(_blocked_nest(loop, lw, columns, sweep, worth)), nest))
 
 
 def columns_per_block(nnz, rows, cols, depth, value_bytes: int, l2: int, near: int):
@@ -203,37 +222,26 @@ def _columns_ir(lw, value_bytes: int, l2: int, near: int):
     return columns_per_block(*call_sizes(lw, lw.balanced), depth, value_bytes, l2, near).node
 
 
-def describe(rows, gathered, l2: int, near: int, held: tuple | None = None) -> str:
+def describe(rows, gathered, l2: int, near: int) -> str:
     """Whether a call on CSR-like ``rows`` that gathers rows of dense ``gathered`` runs the
-    blocked nest (the kernel's own test, for ``st.explain``), and with ``held``
-    (``CompiledKernel.held``) whether it holds the rows of the other operand in registers.
+    blocked nest (the kernel's own test, for ``st.explain``).
 
     Example:
         >>> import torch, sparsetorch as st
         >>> A = st.tensor(torch.ones(4, 512), format="csr")
         >>> describe(A, torch.zeros(512, 256), 1 << 20, 64 << 10)
         'this call: blocks of 64 columns (operand of 512 KB, over 64 KB)'
-        >>> describe(A, torch.zeros(512, 256), 1 << 20, 64 << 10, (256, 1))
-        'this call: blocks of 64 columns (operand of 512 KB, over 64 KB); 1 slice of 256 \
-values of each row in registers'
     """
     n_i, n_j = rows.format.storage_dims(rows.shape)
     size = gathered.numel() * gathered.element_size()
-    depth = gathered.shape[-1]
-    jb = columns_per_block(rows.nnz, n_i, n_j, depth, gathered.element_size(), l2, near)
+    jb = columns_per_block(rows.nnz, n_i, n_j, gathered.shape[-1], gathered.element_size(),
+                           l2, near)
     if size <= near:
-        out = f"this call: unblocked (operand of {size >> 10} KB, within {near >> 10} KB)"
-    elif 2 * jb > n_j:
-        out = f"this call: unblocked (blocks of {jb} columns would not make two)"
-    else:
-        out = f"this call: blocks of {jb} columns (operand of {size >> 10} KB, over " \
-              f"{near >> 10} KB)"
-    if held is not None and depth > 0 and depth % held[0] == 0 and \
-            (held[1] is None or depth <= held[0] * held[1]):
-        slices = depth // held[0]
-        out += f"; {slices} slice{'s' if slices > 1 else ''} of {held[0]} values of each " \
-               "row in registers"
-    return out
+        return f"this call: unblocked (operand of {size >> 10} KB, within {near >> 10} KB)"
+    if 2 * jb > n_j:
+        return f"this call: unblocked (blocks of {jb} columns would not make two)"
+    return f"this call: blocks of {jb} columns (operand of {size >> 10} KB, over " \
+           f"{near >> 10} KB)"
 
 
 def _sampled_rows(body: Block, lw, copies: int):

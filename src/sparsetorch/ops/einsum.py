@@ -16,6 +16,7 @@ from ..compiler.kblock import block_coords
 from ..compiler.kernel import l2_bytes, panel_factors, sampled_block_bytes
 from ..compiler.notation import Assignment, BroadcastShapes, parse_einsum, var_extents
 from ..compiler.schedule import pads
+from ..compiler.hold import describe as describe_held
 from ..compiler.sblock import describe as describe_column_blocks
 from ..formats.tensor import SparseTensor
 from .broadcast import squeeze_broadcast
@@ -315,11 +316,13 @@ def explain(equation, *operands, out_format=None) -> Explanation:
             *explanation.notes, f"operand(s) {changed} reshaped first: a sparse operand's "
             "diagonal gathered into a new tensor (one pass over its entries), dimensions of "
             "size 1 that broadcast taken out"))
+    calls = []
     if kernel.column_blocked is not None and isinstance(rows, SparseTensor):
-        call = describe_column_blocks(rows, operands[kernel.column_blocked], l2_bytes(),
-                                      sampled_block_bytes(), kernel.held)
-        explanation = replace(explanation, notes=(*explanation.notes, call))
-    return explanation
+        calls.append(describe_column_blocks(rows, operands[kernel.column_blocked], l2_bytes(),
+                                            sampled_block_bytes()))
+    if kernel.held is not None and isinstance(rows, SparseTensor):
+        calls.append(describe_held(operands[kernel.held[2]].shape[-1], kernel.held))
+    return replace(explanation, notes=(*explanation.notes, *calls)) if calls else explanation
 
 
 def _relayout_note(plan, inner) -> str:
