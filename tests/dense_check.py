@@ -12,6 +12,7 @@ temporary directory, so tests never read or write the user's cache).
 """
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import pytest
 import torch
 
 import sparsetorch as st
+from sparsetorch.compiler import sblock
 
 LONG = os.environ.get("SPARSETORCH_LONG_TESTS", "") not in ("", "0")
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -131,6 +133,26 @@ def check_sddmm_gradients(d: torch.Tensor, inner: int, note: str) -> None:
     torch.autograd.gradcheck(
         lambda v, x, y: st.einsum("ij,ik,jk->ij", A.with_values(v), x, y).values,
         (vals, x.requires_grad_(), y.requires_grad_()))
+
+
+def check_sddmm_as_written(equation: str, fmt: str, inner: int, note: str) -> None:
+    """SDDMM ``equation`` over a mask of ``long_rows`` (CSR, or ``"csc"`` of its transpose)
+    and X, Y of ``inner`` columns (``ki`` as X's transpose), run as written (``st.einsum``
+    itself would relayout, e.g. 'ij,ki,jk->ij' as 'ij,ik,jk->ij'), after checking that
+    ``explain`` names ``note``."""
+    from unittest import mock
+
+    d = long_rows(sblock.GROUP_ROWS + 5, 300, 0.5, torch.float32, seed=4)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(d.shape[0], inner, generator=g)
+    y = torch.randn(d.shape[1], inner, generator=g)
+    A = st.tensor(d if fmt == "csr" else d.T.contiguous(), format=fmt)
+    by_term = {"ij": A, "ji": A, "ik": x, "ki": x.T.contiguous(), "jk": y}
+    ops = tuple(by_term[t] for t in equation.split("->")[0].split(","))
+    with mock.patch.object(importlib.import_module("sparsetorch.ops.einsum"), "relayout",
+                           lambda *args: None):
+        assert note in " ".join(st.explain(equation, *ops).notes)
+        check_against_dense(equation, ops)
 
 
 def make_operand(x: torch.Tensor, fmt, index_dtype=None):

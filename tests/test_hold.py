@@ -18,8 +18,8 @@ from sparsetorch.compiler import hold, kernel, sblock
 from sparsetorch.compiler.ir import Assign, Bin, Decl, For, Lit, Load, Sym, block
 from sparsetorch.compiler.sblock import column_blocked
 
-from dense_check import check_against_dense, check_sddmm_gradients, forget_call_memo, \
-    long_rows
+from dense_check import check_against_dense, check_sddmm_as_written, check_sddmm_gradients, \
+    forget_call_memo, long_rows
 
 needs_avx512 = pytest.mark.skipif(kernel.vector_isa() != "avx512",
                                   reason="the held nest is built with AVX-512 only")
@@ -170,18 +170,7 @@ def test_stores_that_cannot_hold_a_partial_sum_allow_one_slice():
     ("ij,jk,ik->ij", "csr"),     # Y before X
     ("ji,ik,jk->ji", "csc")])    # a CSC mask whose stored columns are the long rows
 def test_held_sddmm_in_other_index_orders(two_register_slices, equation, fmt):
-    from unittest import mock
-
-    d = long_rows(sblock.GROUP_ROWS + 5, 300, 0.5, torch.float32, seed=4)
-    g = torch.Generator().manual_seed(4)
-    x, y = torch.randn(d.shape[0], 64, generator=g), torch.randn(d.shape[1], 64, generator=g)
-    A = st.tensor(d if fmt == "csr" else d.T.contiguous(), format=fmt)
-    by_term = {"ij": A, "ji": A, "ik": x, "ki": x.T.contiguous(), "jk": y}
-    ops = tuple(by_term[t] for t in equation.split("->")[0].split(","))
-    # as written (``st.einsum`` itself would run 'ij,ki,jk->ij' as 'ij,ik,jk->ij')
-    with mock.patch.object(einsum_module, "relayout", lambda *args: None):
-        assert "2 slices of 32 values" in " ".join(st.explain(equation, *ops).notes)
-        check_against_dense(equation, ops)
+    check_sddmm_as_written(equation, fmt, 64, "2 slices of 32 values")
 
 
 @needs_avx512

@@ -10,7 +10,6 @@ and under one vector.
 from __future__ import annotations
 
 import importlib
-from unittest import mock
 
 import pytest
 import torch
@@ -20,8 +19,8 @@ from sparsetorch.compiler import kernel, sblock
 from sparsetorch.compiler.sblock import GROUP_ROWS, column_blocked
 from sparsetorch.ops import execute
 
-from dense_check import check_against_dense, check_sddmm_gradients, forget_call_memo, \
-    long_rows
+from dense_check import check_against_dense, check_sddmm_as_written, check_sddmm_gradients, \
+    forget_call_memo, long_rows
 
 needs_intrinsics = pytest.mark.skipif(kernel.vector_isa() is None,
                                       reason="no AVX-512 or AVX2 on this CPU")
@@ -114,16 +113,7 @@ def test_blocked_sddmm_on_one_thread(small_l2):
     ("ij,jk,ik->ij", "csr"),     # Y before X
     ("ji,ik,jk->ji", "csc")])    # a CSC mask whose stored columns are the long rows
 def test_blocked_sddmm_in_other_index_orders(small_l2, equation, fmt):
-    d = long_rows(GROUP_ROWS + 5, 300, 0.5, torch.float32, seed=4)
-    g = torch.Generator().manual_seed(4)
-    x, y = torch.randn(d.shape[0], 12, generator=g), torch.randn(d.shape[1], 12, generator=g)
-    A = st.tensor(d if fmt == "csr" else d.T.contiguous(), format=fmt)
-    by_term = {"ij": A, "ji": A, "ik": x, "ki": x.T.contiguous(), "jk": y}
-    ops = tuple(by_term[t] for t in equation.split("->")[0].split(","))
-    # as written (``st.einsum`` itself would run 'ij,ki,jk->ij' as 'ij,ik,jk->ij')
-    with mock.patch.object(einsum_module, "relayout", lambda *args: None):
-        assert NOTE in " ".join(st.explain(equation, *ops).notes)
-        check_against_dense(equation, ops)
+    check_sddmm_as_written(equation, fmt, 12, NOTE)
 
 
 @needs_intrinsics
