@@ -12,14 +12,16 @@ import importlib
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hst
 
 import sparsetorch as st
 from sparsetorch.compiler import hold, kernel, sblock
 from sparsetorch.compiler.ir import Assign, Bin, Decl, For, Lit, Load, Sym, block
 from sparsetorch.compiler.sblock import column_blocked
 
-from dense_check import check_against_dense, check_sddmm_as_written, check_sddmm_gradients, \
-    forget_call_memo, long_rows
+from dense_check import LONG, check_against_dense, check_sddmm_as_written, \
+    check_sddmm_gradients, examples, forget_call_memo, long_rows
 
 needs_avx512 = pytest.mark.skipif(kernel.vector_isa() != "avx512",
                                   reason="the held nest is built with AVX-512 only")
@@ -99,6 +101,32 @@ def test_held_sddmm_on_one_thread_and_degenerate_shapes(two_register_slices):
     for shape in ((5, 0), (0, 300), (70, 1)):
         A = st.tensor(torch.ones(shape), format="csr")
         check_against_dense(SDDMM, (A, torch.randn(shape[0], 32), torch.randn(shape[1], 32)))
+
+
+@needs_avx512
+@settings(max_examples=examples(12), deadline=None, derandomize=not LONG,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(rows=hst.integers(1, sblock.GROUP_ROWS + 40), cols=hst.integers(1, 400),
+       per_row=hst.sampled_from([0.5, 3, 40, 200]), slices=hst.integers(1, 3),
+       double=hst.booleans(), int64=hst.booleans(), seed=hst.integers(0, 2**16))
+def test_held_sddmm_random_masks(two_register_slices, rows, cols, per_row, slices, double,
+                                 int64, seed):
+    """Random masks from a few to hundreds of entries a row (the short-row kernel or the
+    long-row one), built from shuffled COO coordinates with duplicates (summed), over one to
+    three slices, float32/float64 and int32/int64 indices."""
+    dtype = torch.float64 if double else torch.float32
+    inner = slices * kernel.held_slice(str(dtype).split(".")[1])
+    g = torch.Generator().manual_seed(seed)
+    nnz = int(per_row * rows)
+    idx = torch.stack([torch.randint(0, rows, (nnz,), generator=g),
+                       torch.randint(0, cols, (nnz,), generator=g)])
+    vals = torch.randint(-3, 4, (nnz,), generator=g).to(dtype)
+    A = st.tensor((idx, vals), format="csr", shape=(rows, cols),
+                  index_dtype=torch.int64 if int64 else None)
+    x = torch.randn(rows, inner, generator=g, dtype=dtype)
+    y = torch.randn(cols, inner, generator=g, dtype=dtype)
+    assert "values of each row in registers" in _notes(A, x, y)
+    check_against_dense(SDDMM, (A, x, y))
 
 
 @needs_avx512
