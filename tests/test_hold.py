@@ -130,6 +130,35 @@ def test_held_sddmm_random_masks(two_register_slices, rows, cols, per_row, slice
 
 
 @needs_avx512
+@pytest.mark.parametrize("equation, extra", [
+    ("ij,ik,jk,j->ij", "w"),     # a factor per column, read by the entry
+    ("ij,ik,jk,i->ij", "s"),     # a factor per row, outside the sum
+    ("ij,ik,jk->ij", "bias")])   # a bias and ReLU: a dense result, where partial sums wait
+def test_held_sddmm_with_other_factors_and_results(two_register_slices, equation, extra):
+    d = long_rows(sblock.GROUP_ROWS + 5, 300, 0.4, torch.float32, seed=5)
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(d.shape[0], 64, generator=g), torch.randn(d.shape[1], 64, generator=g)
+    A = st.tensor(d, format="csr")
+    ops = (A, x, y) + {"w": (torch.randn(d.shape[1], generator=g),),
+                       "s": (torch.randn(d.shape[0], generator=g),)}.get(extra, ())
+    kw = {"bias": torch.randn(d.shape[0], 1, generator=g), "activation": "relu"} \
+        if extra == "bias" else {}
+    notes = " ".join(st.explain(equation, *ops).notes)
+    assert "2 slices of 32 values" in notes, notes
+    got = st.einsum(equation, *ops, **kw)
+    got = got.to_dense() if isinstance(got, st.SparseTensor) else got
+    ref = torch.einsum(equation, d, *ops[1:])
+    if extra == "bias":
+        ref = torch.relu(ref + kw["bias"])
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-3)
+
+
+def test_integer_values_take_no_held_slice():
+    """Integer SDDMM has no fused multiply-add to gain from; it keeps the side-by-side sums."""
+    assert kernel.held_slice("int32") is None and kernel.held_slice("int64") is None
+
+
+@needs_avx512
 def test_held_sddmm_gradients(two_register_slices):
     """The gradient of the mask's values is an SDDMM itself (two slices of 16 doubles)."""
     check_sddmm_gradients(long_rows(6, 300, 0.6, torch.float64, seed=3), 32,
@@ -187,7 +216,9 @@ def test_held_sum_declines_other_sums(product):
 def test_stores_that_cannot_hold_a_partial_sum_allow_one_slice():
     two = [Assign(Load("out", Sym("p")), Sym("acc")), Assign(Load("o2", Sym("p")), Sym("acc"))]
     into = [Assign(Load("out", Sym("p")), Sym("acc"), "+=")]
-    for stores in (two, into):
+    # reading the stored array itself: it would read the partial sum of an earlier slice
+    reads = [Assign(Load("out", Sym("p")), Bin("+", Load("out", Sym("p")), Sym("acc")))]
+    for stores in (two, into, reads):
         parts = hold.held_sum(_row_loop(Bin("*", X, Y), stores))
         assert parts is not None and hold.single_slice(parts)
 

@@ -388,3 +388,31 @@ def test_sums_over_a_register_tile_match_torch(isa, ctype, regs):
     run(x.data_ptr(), y.data_ptr(), out.data_ptr())
     ref = (x.double() * 2 * y.double()).sum().item()
     assert out.item() == pytest.approx(ref, rel=1e-5 if ctype == "float" else 1e-12)
+
+
+@pytest.mark.skipif(vector_isa() != "avx512", reason="register tiles of AVX-512")
+def test_a_tile_sum_with_two_updates_a_step_stays_correct():
+    """A tile sum's first register's products are multiplies, not FMAs on zero: a step
+    updating the accumulator twice would overwrite its first product, so the renderer
+    declines it (the loop is rendered another way) and the sum stays right."""
+    from sparsetorch import runtime
+    from sparsetorch.ops.execute import kernel_argtypes
+
+    kk, width = Sym("kk"), 32
+    product = Bin("*", Load("hx", kk), Load("y_vals", kk))
+    fn = Function("k", (Param("x_vals", "val*"), Param("y_vals", "val*"),
+                        Param("out_vals", "val*", const=False)), block(
+        Decl("val[]", "hx", Lit(width)),
+        For("kk", Lit(0), Lit(width), block(Assign(Load("hx", kk), Load("x_vals", kk))),
+            simd=True),
+        Decl("val", "acc", Lit(0)),
+        For("kk", Lit(0), Lit(width), block(Assign(Sym("acc"), product, "+="),
+                                            Assign(Sym("acc"), product, "+=")),
+            reduction="acc"),
+        Assign(Load("out_vals", Lit(0)), Sym("acc"))))
+    src = render_c([fn], "float", {}, isa="avx512")
+    run = runtime.load_entries(src, {"k": kernel_argtypes(fn)})["k"]
+    x, y = torch.randn(width), torch.randn(width)
+    out = torch.empty(1)
+    run(x.data_ptr(), y.data_ptr(), out.data_ptr())
+    assert out.item() == pytest.approx(2 * (x.double() * y.double()).sum().item(), rel=1e-5)

@@ -241,7 +241,7 @@ class VectorLoops:
         body = _Body(self, lanes, None if full else _MASK, s.var, {s.var: _V("lin", _LANE0)},
                      tile_reg=(tile, _REG))
         text = body.stmts(s.body, pad + "  ")
-        scoped = any(line.lstrip().startswith("const ") for line in text)   # declarations
+        scoped = _declares(text)
         for r in range(regs):
             mask = None
             if not full:
@@ -311,6 +311,11 @@ class VectorLoops:
         if s.start != Lit(0) or s.end != Lit(regs * lanes.n) or s.step != 1 or \
                 s.combine != "+":
             raise Unsupported("sum over part of a register tile")
+        adds = [a for a in s.body.stmts if isinstance(a, Assign) and a.op == "+=" and
+                a.target == Sym(s.reduction)]
+        if len(adds) != 1 or len(adds) != sum(isinstance(a, Assign) for a in s.body.stmts):
+            # the first register's products are multiplies: a second update would overwrite
+            raise Unsupported("a tile sum updates its accumulator once a step")
         chains = [self.fresh(s.reduction) for _ in range(min(TILE_SUM_CHAINS, regs))]
         texts = []
         for first in (True, False):
@@ -321,7 +326,7 @@ class VectorLoops:
                          acc={s.reduction: _ACC}, tile_reg=(tile, _REG), first=first,
                          shift=f" + {_LANE0}")
             texts.append(body.stmts(s.body, pad + "  "))
-        scoped = any(line.lstrip().startswith("const ") for line in texts[1])   # decls
+        scoped = _declares(texts[1])
         out = [f"{pad}{{", f"{pad}  {lanes.vtype} {', '.join(chains)};"]
         for r in range(regs):
             text = texts[0] if r < len(chains) else texts[1]
@@ -719,3 +724,9 @@ class _Body:
     def mask8(self):
         return self.mask if self.mask is not None else "(__mmask8)0xFF"
 
+
+
+def _declares(text: list[str]) -> bool:
+    """Whether rendered statements declare values (``const`` lines): a copy of them per
+    register then needs its own block."""
+    return any(line.lstrip().startswith("const ") for line in text)

@@ -192,7 +192,9 @@ def describe(depth: int, held: tuple) -> str:
 'this call: no values held in registers (100 is not a multiple of 256)')
     """
     size, most = held[0], held[1]
-    if depth == 0 or depth % size:
+    if depth == 0:
+        return "this call: no values held in registers (an inner dimension of 0)"
+    if depth % size:
         return f"this call: no values held in registers ({depth} is not a multiple of {size})"
     if most is not None and depth > size * most:
         return f"this call: no values held in registers ({depth} is over {size * most}, " \
@@ -209,12 +211,17 @@ def single_slice(parts: HeldSum) -> bool:
 
 
 def _partial_target(parts: HeldSum):
-    """The array element the stores write, where a partial sum can wait, or None."""
+    """The array element the stores write, where a partial sum can wait, or None (also
+    where the entry's statements read that array: they would read the partial sum)."""
     if len(parts.stores) != 1 or not isinstance(parts.stores[0].target, Load) or \
             parts.stores[0].op != "=":
         return None
-    target = parts.stores[0].target
-    return None if parts.acc in _names(target) else target
+    store = parts.stores[0]
+    target = store.target
+    if parts.acc in _names(target) or _reads(store.value, target.array) or \
+            any(d.init is not None and _reads(d.init, target.array) for d in parts.decls):
+        return None
+    return target
 
 
 def _contiguous(e: Node, k: str) -> bool:
@@ -245,6 +252,18 @@ def _product(factors: list) -> Node:
     for f in factors[1:]:
         out = Bin("*", out, f)
     return out
+
+
+def _reads(e: Node, array: str) -> bool:
+    """Whether ``e`` reads an element of ``array``."""
+    found = []
+
+    def visit(n):
+        if isinstance(n, Load) and n.array == array:
+            found.append(n)
+        return n
+    rewrite(e, visit)
+    return bool(found)
 
 
 def _names(e: Node) -> set:

@@ -216,9 +216,10 @@ def sum_copies() -> int:
 def held_slice(value_dtype: str) -> int | None:
     """Values of a row held in registers for SDDMM's inner products (``hold.py``):
     ``hold.SLICE_REGISTERS`` AVX-512 registers (256 float32, 128 float64); None elsewhere
-    (not measured on AVX2, whose sixteen registers would leave none to accumulate in) or
-    with no registers set."""
-    if vector_isa() != "avx512" or not hold.SLICE_REGISTERS:
+    (not measured on AVX2, whose sixteen registers would leave none to accumulate in, nor
+    for integer values, which have no fused multiply-add) or with no registers set."""
+    if vector_isa() != "avx512" or not hold.SLICE_REGISTERS or \
+            value_dtype not in ("float32", "float64"):
         return None
     return hold.SLICE_REGISTERS * vector_lanes(value_dtype)
 

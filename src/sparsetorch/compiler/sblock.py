@@ -46,8 +46,9 @@ The choice is made per call inside the kernel: blocked when Y is larger than a b
 budget and there are at least two blocks. Before both, with AVX-512, comes the nest of
 ``hold.py`` (a row's slice of X held in registers, each entry's inner product straight
 through its row of Y) when K is a whole number of its slices: it sweeps the same blocks, or
-one block of every column where blocking would not pay. Kernels get these nests only for
-operands with long rows (``kblock.long_rows``; graphs' short rows never pay for the build).
+one block of every column where blocking would not pay. Kernels get the blocked nest only
+for operands with long rows (``kblock.long_rows``; graphs' short rows never pay for the
+build); kernels for short rows get the held nest alone, in one block (``held_rows``).
 
 Measured (whole calls, 2 threads, interleaved A/B in one process against the unblocked
 kernel, the 48 DLMC transformer SDDMM cases of ``benchmarks/kernels.py``, 70% and 90%
@@ -159,7 +160,7 @@ def _with_held(nest: Block, loop: For, lw, held: int | None, columns, worth=None
     parts = held_sum(loop.body.stmts[-1]) if held else None
     if parts is None:
         return nest
-    k = lw.order[2]
+    k = parts.k
     n_k = Sym(f"n_{k}")
     whole = Bin("&&", Bin(">", n_k, Lit(0)), Bin("==", Bin("%", n_k, Lit(held)), Lit(0)))
     most = 1 if single_slice(parts) else None
