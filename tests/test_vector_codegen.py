@@ -17,7 +17,7 @@ import sparsetorch as st
 from sparsetorch.codegen.c import render_c
 from sparsetorch.compiler.ir import Assign, Bin, Call, Cond, Decl, For, Function, Lit, Load, \
     Param, Sym, block
-from sparsetorch.codegen.vector import _SHAPES
+from sparsetorch.codegen.lanes import SHAPES
 from sparsetorch.compiler.kernel import vector_isa
 from sparsetorch.compiler.notation import UNARY
 
@@ -273,7 +273,7 @@ def test_sampled_results_store_every_entry(monkeypatch, fmt):
 
 # (ISA, value type, lanes, load/store prefix, suffix): every register type the renderer uses
 _EXP_SHAPES = [(isa, ctype, n, lanes.pre, lanes.suf)
-               for (isa, ctype, n), lanes in _SHAPES.items()]
+               for (isa, ctype, n), lanes in SHAPES.items()]
 
 
 @needs_avx2
@@ -353,6 +353,32 @@ def test_exp_sums_take_vector_steps():
     assert "st_exp_ps" in src and "expf(x_vals[p])" in src   # (the scalar short-row loop)
 
 
+def _run_tile_sum(isa, ctype, width, step, seed=0):
+    """Render and run ``acc = 0; for kk in [0, width): step; out[0] = acc`` with ``x`` held
+    in a register tile ``hx`` of ``width`` values and ``y`` read by ``kk`` (``step``: the
+    sum's statements). Returns (C source, x, y, out[0])."""
+    from sparsetorch import runtime
+    from sparsetorch.ops.execute import kernel_argtypes
+
+    kk = Sym("kk")
+    fn = Function("k", (Param("x_vals", "val*"), Param("y_vals", "val*"),
+                        Param("out_vals", "val*", const=False)), block(
+        Decl("val[]", "hx", Lit(width)),
+        For("kk", Lit(0), Lit(width), block(Assign(Load("hx", kk), Load("x_vals", kk))),
+            simd=True),
+        Decl("val", "acc", Lit(0)),
+        For("kk", Lit(0), Lit(width), block(*step), reduction="acc"),
+        Assign(Load("out_vals", Lit(0)), Sym("acc"))))
+    src = render_c([fn], ctype, {}, isa=isa)
+    run = runtime.load_entries(src, {"k": kernel_argtypes(fn)})["k"]
+    dtype = torch.float32 if ctype == "float" else torch.float64
+    g = torch.Generator().manual_seed(seed)
+    x, y = (torch.randn(width, generator=g, dtype=torch.float64).to(dtype) for _ in range(2))
+    out = torch.empty(1, dtype=dtype)
+    run(x.data_ptr(), y.data_ptr(), out.data_ptr())
+    return src, x.double(), y.double(), out.item()
+
+
 @pytest.mark.parametrize("isa,ctype", _MAX_CASES)
 @pytest.mark.parametrize("regs", [1, 3, 6])
 def test_sums_over_a_register_tile_match_torch(isa, ctype, regs):
@@ -361,33 +387,16 @@ def test_sums_over_a_register_tile_match_torch(isa, ctype, regs):
     step per register over min(4, regs) accumulators (1, 3 and 6 registers: fewer chains than
     four, an odd pairwise add, chains reused), each copy's declaration in its own block;
     by pragma with no ISA."""
-    from sparsetorch import runtime
-    from sparsetorch.ops.execute import kernel_argtypes
-
     if isa == "avx512" and vector_isa() != "avx512" or isa == "avx2" and vector_isa() is None:
         pytest.skip(f"no {isa} on this CPU")
-    dtype = torch.float32 if ctype == "float" else torch.float64
-    width = regs * (64 if isa == "avx512" else 32) // dtype.itemsize   # lanes per register
+    itemsize = 4 if ctype == "float" else 8
+    width = regs * (64 if isa == "avx512" else 32) // itemsize   # lanes per register
     kk = Sym("kk")
-    fn = Function("k", (Param("x_vals", "val*"), Param("y_vals", "val*"),
-                        Param("out_vals", "val*", const=False)), block(
-        Decl("val[]", "hx", Lit(width)),
-        For("kk", Lit(0), Lit(width), block(Assign(Load("hx", kk), Load("x_vals", kk))),
-            simd=True),
-        Decl("val", "acc", Lit(0)),
-        For("kk", Lit(0), Lit(width), block(
-            Decl("val", "t", Bin("*", Load("y_vals", kk), Lit(2))),
-            Assign(Sym("acc"), Bin("*", Load("hx", kk), Sym("t")), "+=")), reduction="acc"),
-        Assign(Load("out_vals", Lit(0)), Sym("acc"))))
-    src = render_c([fn], ctype, {}, isa=isa)
+    src, x, y, got = _run_tile_sum(isa, ctype, width, [
+        Decl("val", "t", Bin("*", Load("y_vals", kk), Lit(2))),
+        Assign(Sym("acc"), Bin("*", Load("hx", kk), Sym("t")), "+=")], seed=regs)
     assert (isa is None) == ("_mul_p" not in src)   # the first product of each chain
-    run = runtime.load_entries(src, {"k": kernel_argtypes(fn)})["k"]
-    g = torch.Generator().manual_seed(regs)
-    x, y = (torch.randn(width, generator=g, dtype=torch.float64).to(dtype) for _ in range(2))
-    out = torch.empty(1, dtype=dtype)
-    run(x.data_ptr(), y.data_ptr(), out.data_ptr())
-    ref = (x.double() * 2 * y.double()).sum().item()
-    assert out.item() == pytest.approx(ref, rel=1e-5 if ctype == "float" else 1e-12)
+    assert got == pytest.approx((x * 2 * y).sum().item(), rel=1e-5 if ctype == "float" else 1e-12)
 
 
 @pytest.mark.skipif(vector_isa() != "avx512", reason="register tiles of AVX-512")
@@ -395,24 +404,8 @@ def test_a_tile_sum_with_two_updates_a_step_stays_correct():
     """A tile sum's first register's products are multiplies, not FMAs on zero: a step
     updating the accumulator twice would overwrite its first product, so the renderer
     declines it (the loop is rendered another way) and the sum stays right."""
-    from sparsetorch import runtime
-    from sparsetorch.ops.execute import kernel_argtypes
-
-    kk, width = Sym("kk"), 32
+    kk = Sym("kk")
     product = Bin("*", Load("hx", kk), Load("y_vals", kk))
-    fn = Function("k", (Param("x_vals", "val*"), Param("y_vals", "val*"),
-                        Param("out_vals", "val*", const=False)), block(
-        Decl("val[]", "hx", Lit(width)),
-        For("kk", Lit(0), Lit(width), block(Assign(Load("hx", kk), Load("x_vals", kk))),
-            simd=True),
-        Decl("val", "acc", Lit(0)),
-        For("kk", Lit(0), Lit(width), block(Assign(Sym("acc"), product, "+="),
-                                            Assign(Sym("acc"), product, "+=")),
-            reduction="acc"),
-        Assign(Load("out_vals", Lit(0)), Sym("acc"))))
-    src = render_c([fn], "float", {}, isa="avx512")
-    run = runtime.load_entries(src, {"k": kernel_argtypes(fn)})["k"]
-    x, y = torch.randn(width), torch.randn(width)
-    out = torch.empty(1)
-    run(x.data_ptr(), y.data_ptr(), out.data_ptr())
-    assert out.item() == pytest.approx(2 * (x.double() * y.double()).sum().item(), rel=1e-5)
+    _, x, y, got = _run_tile_sum("avx512", "float", 32, [Assign(Sym("acc"), product, "+="),
+                                                         Assign(Sym("acc"), product, "+=")])
+    assert got == pytest.approx(2 * (x * y).sum().item(), rel=1e-5)

@@ -11,7 +11,8 @@ from ..compiler.ir import (Assign, Bin, Block, Call, Comment, Cond, Decl, For, F
                            Helper, Lit, Load, Sym, While)
 from .intrinsics import SORT_PRELUDE, SORT_PRELUDE_AVX2
 from .intrinsics import prelude as vector_prelude
-from .vector import Unsupported, VectorLoops, full_lanes
+from .lanes import Unsupported, full_lanes
+from .vector import VectorLoops
 
 VALUE_CTYPES = {"float32": "float", "float64": "double", "int32": "int32_t",
                 "int64": "int64_t"}

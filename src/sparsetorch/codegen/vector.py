@@ -26,20 +26,20 @@ AVX-512: values are 16 float or 8 double per register. A float32 gather through 
 indices used as stored (``x[crd[p]]``) runs 16 lanes; any other per-lane index runs 8 lanes
 with int64 index vectors, so index arithmetic never overflows.
 
-AVX2 (with FMA; ``_Lanes.isa``): 8 float or 4 double per 256-bit register, masks are lane
+AVX2 (with FMA; ``lanes.Lanes.isa``): 8 float or 4 double per 256-bit register, masks are lane
 vectors (``maskload``/``maskstore``). A gather ``x[crd[p]]`` is built from scalar loads
 (``st_gather_*``, any value and index width), which beats AVX2's gather instructions on AMD
 Zen 3; since loads past a row's end could fault, sums take whole vector steps and finish
 with a scalar tail instead of a masked step. Per-lane index arithmetic is left to pragmas.
+
+The intrinsics' spelling per ISA is in ``lanes.py``, the rendering of a loop body's
+statements and expressions in ``vector_body.py``; this file shapes the loops around them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ..compiler.ir import (Assign, Bin, Block, Call, Cond, Decl, For, Lit, Load, Sym,
-                           max_operand)
-from ..compiler.notation import UNARY
-from .intrinsics import ISA_BYTES
+from ..compiler.ir import Assign, Decl, For, Lit, Load, Sym
+from .lanes import SHAPES, Lanes, NeedIndexLanes, Unsupported, full_lanes
+from .vector_body import ACC, LANE0, MASK, REG, Body, V
 
 SHORT_SUM = {"avx512": 4, "avx2": 8}
 # Sums of at most this many float32 terms take one 8-lane (256-bit) step: a 256-bit gather
@@ -68,129 +68,6 @@ GATHERED_LOOP_LANES = 8
 # units busy at a 4-cycle latency.
 TILE_SUM_CHAINS = 4
 
-_UNARY_BY_TEMPLATE = {template: name for name, (template, *_rest) in UNARY.items()}
-
-
-class Unsupported(Exception):
-    """This loop has a shape the vector renderer does not handle."""
-
-
-class _NeedIndexLanes(Exception):
-    """A per-lane index is needed: retry the loop with 8 lanes (int64 index vectors)."""
-
-
-@dataclass(frozen=True)
-class _Lanes:
-    """Intrinsic spelling for one vector shape of the value type on one ISA. AVX-512 masks
-    are mask registers (``__mmask16``); AVX2 has none, so its masks are vectors whose set
-    lanes are all ones (``__m256i``), taken by ``maskload``/``maskstore``."""
-
-    vtype: str     # __m512 / __m256 / __m512d / __m256d
-    pre: str       # _mm512 / _mm256
-    suf: str       # ps / pd
-    n: int         # lanes
-    width: int     # value bytes
-    isa: str       # avx512 / avx2
-
-    def op(self, name, *args):
-        return f"{self.pre}_{name}_{self.suf}({', '.join(args)})"
-
-    def zero(self):
-        return self.op("setzero")
-
-    def set1(self, x):
-        return self.op("set1", f"(val_t)({x})")
-
-    def hsum(self, v):
-        if self.vtype in ("__m256", "__m256d"):
-            return f"st_hsum256{'d' if self.suf == 'pd' else ''}({v})"
-        return self.op("reduce_add", v)
-
-    def hmax(self, v):
-        if self.vtype in ("__m256", "__m256d"):
-            return f"st_hmax256{'d' if self.suf == 'pd' else ''}({v})"
-        return self.op("reduce_max", v)
-
-    def hsum4(self) -> str | None:
-        """The helper that adds up four float32 registers into one ``__m128``, if any."""
-        return {"__m512": "st_hsum4", "__m256": "st_hsum4_256"}.get(self.vtype)
-
-    # -- masks -----------------------------------------------------------------------------
-    def mask_decl(self, name, remaining) -> str:
-        """``name``: lanes [0, remaining) of a step set (all if remaining >= n)."""
-        if self.isa == "avx2":
-            return f"const __m256i {name} = st_vmask{self.n}({remaining});"
-        return f"const __mmask{self.n} {name} = st_mask{self.n}({remaining});"
-
-    def masked_load(self, mask, ptr):
-        if self.isa == "avx2":
-            return self.op("maskload", ptr, mask)
-        return self.op("maskz_loadu", mask, ptr)
-
-    def keep(self, mask, old, new):
-        """``new`` in the lanes of ``mask``, ``old`` in the others."""
-        if self.isa == "avx2":
-            cast = "_mm256_castsi256_ps" if self.suf == "ps" else "_mm256_castsi256_pd"
-            return self.op("blendv", old, new, f"{cast}({mask})")
-        return self.op("mask_mov", old, mask, new)
-
-    def masked_store(self, ptr, mask, value):
-        if self.isa == "avx2":
-            return self.op("maskstore", ptr, mask, value)
-        return self.op("mask_storeu", ptr, mask, value)
-
-    # -- gathers ---------------------------------------------------------------------------
-    def index_vtype(self, kind) -> str:
-        """Register type of AVX-512 index lanes: 'vi32' int32 as stored, 'vi' int64."""
-        return "__m256i" if kind == "vi32" and self.n == 8 else "__m512i"
-
-    def gather_at(self, base, ptr, index_ctype):
-        """AVX2: ``base[ptr[0]], ..., base[ptr[n-1]]`` (``st_gather_*``, scalar loads)."""
-        return f"st_gather_{self.suf}_{'i32' if index_ctype == 'int32_t' else 'i64'}({base}, {ptr})"
-
-    def gather(self, mask, index, base):
-        scale = self.width
-        return (f"_mm512_mask_i64gather_{self.suf}({self.zero()}, {mask}, {index}, "
-                f"{base}, {scale})")
-
-    def load_i32(self, mask, ptr):
-        """One int32 index per lane, as stored (``self.n`` of them); ``mask`` None: all."""
-        reg = "_mm512" if self.n == 16 else "_mm256"
-        mask = mask if mask is not None else f"(__mmask{self.n})-1"
-        return f"{reg}_maskz_loadu_epi32({mask}, {ptr})"
-
-    def gather_i32(self, mask, index, base):
-        """Values at ``load_i32`` indices: 16 or 8 lanes of float, 8 of double."""
-        name = "mmask_i32gather" if self.vtype == "__m256" else "mask_i32gather"
-        mask = mask if mask is not None else f"(__mmask{self.n})-1"
-        return f"{self.pre}_{name}_{self.suf}({self.zero()}, {mask}, {index}, {base}, {self.width})"
-
-
-_SHAPES = {("avx512", "float", 16): _Lanes("__m512", "_mm512", "ps", 16, 4, "avx512"),
-           ("avx512", "float", 8): _Lanes("__m256", "_mm256", "ps", 8, 4, "avx512"),
-           ("avx512", "double", 8): _Lanes("__m512d", "_mm512", "pd", 8, 8, "avx512"),
-           ("avx2", "float", 8): _Lanes("__m256", "_mm256", "ps", 8, 4, "avx2"),
-           ("avx2", "double", 4): _Lanes("__m256d", "_mm256", "pd", 4, 8, "avx2")}
-
-
-def full_lanes(val_ctype: str, isa: str | None) -> int | None:
-    """Values per register of ``isa`` for this value type, or None if not vectorised."""
-    if isa not in ISA_BYTES:
-        return None
-    return {"float": ISA_BYTES[isa] // 4, "double": ISA_BYTES[isa] // 8}.get(val_ctype)
-
-
-@dataclass(frozen=True)
-class _V:
-    """A rendered operand inside a vector loop: 's' a lane-invariant scalar C expression,
-    'lin' an index equal to ``text`` + lane, 'at32'/'at64' (AVX2) the lanes' indices
-    stored from ``text`` on (int32/int64; gathers only), 'vi' a vector of int64 indices,
-    'vi32' int32 indices loaded as stored, one per lane (gathers only), 'vv' a vector of
-    values."""
-
-    kind: str
-    text: str
-
 
 class VectorLoops:
     """Renders tile declarations and vector loops for ``_CRenderer`` (``scalar``)."""
@@ -204,9 +81,9 @@ class VectorLoops:
         self.tiles = {}          # tile array name -> number of registers
         self.names = 0
 
-    def shape(self, n=None) -> _Lanes:
+    def shape(self, n=None) -> Lanes:
         """The vector shape of ``n`` lanes (default: a full register) of the value type."""
-        return _SHAPES[(self.isa, self.val, n or full_lanes(self.val, self.isa))]
+        return SHAPES[(self.isa, self.val, n or full_lanes(self.val, self.isa))]
 
     def fresh(self, base):
         self.names += 1
@@ -238,8 +115,8 @@ class VectorLoops:
         # Every register's code is the same text but for its first lane, register and mask:
         # render it once with placeholders (rendering 16-register tiles register by register
         # took most of SpMM's compile time); a copy that declares values gets its own block.
-        body = _Body(self, lanes, None if full else _MASK, s.var, {s.var: _V("lin", _LANE0)},
-                     tile_reg=(tile, _REG))
+        body = Body(self, lanes, None if full else MASK, s.var, {s.var: V("lin", LANE0)},
+                     tile_reg=(tile, REG))
         text = body.stmts(s.body, pad + "  ")
         scoped = _declares(text)
         for r in range(regs):
@@ -247,10 +124,10 @@ class VectorLoops:
             if not full:
                 mask = self.fresh("m")
                 out.append(f"{pad}  " + lanes.mask_decl(mask, f"{s.var}_n - {r * lanes.n}"))
-            copy = [line.replace(_LANE0, str(r * lanes.n)).replace(_REG, str(r))
+            copy = [line.replace(LANE0, str(r * lanes.n)).replace(REG, str(r))
                     for line in text]
             if mask is not None:
-                copy = [line.replace(_MASK, mask) for line in copy]
+                copy = [line.replace(MASK, mask) for line in copy]
             if mask is not None and r > 0:
                 # a register with no lane in the tile is skipped, not run under an empty
                 # mask: a result of 1-8 columns (a vector as a matrix, a GCN's class scores)
@@ -322,16 +199,16 @@ class VectorLoops:
             # A register's lanes as an offset added to the pointer last, so the C compiler
             # folds it into the load (an offset inside the index became one more loop-
             # invariant register per register of the tile: spills, ~2 instructions a load).
-            body = _Body(self, lanes, None, s.var, {s.var: _V("lin", "0")},
-                         acc={s.reduction: _ACC}, tile_reg=(tile, _REG), first=first,
-                         shift=f" + {_LANE0}")
+            body = Body(self, lanes, None, s.var, {s.var: V("lin", "0")},
+                         acc={s.reduction: ACC}, tile_reg=(tile, REG), first=first,
+                         shift=f" + {LANE0}")
             texts.append(body.stmts(s.body, pad + "  "))
         scoped = _declares(texts[1])
         out = [f"{pad}{{", f"{pad}  {lanes.vtype} {', '.join(chains)};"]
         for r in range(regs):
             text = texts[0] if r < len(chains) else texts[1]
-            lines = [line.replace(_LANE0, str(r * lanes.n)).replace(_REG, str(r))
-                     .replace(_ACC, chains[r % len(chains)]) for line in text]
+            lines = [line.replace(LANE0, str(r * lanes.n)).replace(REG, str(r))
+                     .replace(ACC, chains[r % len(chains)]) for line in text]
             out += [f"{pad}  {{", *("  " + line for line in lines), f"{pad}  }}"] \
                 if scoped else lines
         while len(chains) > 1:   # pairwise: a short dependency chain
@@ -360,10 +237,10 @@ class VectorLoops:
         end, mask = self.fresh("end"), self.fresh("m")
         steps = []
         for m in (None, mask):   # whole registers unmasked, then one masked step
-            body = _Body(self, lanes, m, var, {var: _V("lin", var)}, acc=vaccs, i32=True)
+            body = Body(self, lanes, m, var, {var: V("lin", var)}, acc=vaccs, i32=True)
             try:
                 steps.append(body.stmts(s.body, pad + "    "))
-            except _NeedIndexLanes:
+            except NeedIndexLanes:
                 raise Unsupported("per-lane index in side-by-side sums") from None
         out = [f"{pad}{{", f"{pad}  const int64_t {end} = {self.scalar.expr(s.end)};",
                f"{pad}  {lanes.vtype} " + ", ".join(f"{v} = {lanes.zero()}"
@@ -397,18 +274,18 @@ class VectorLoops:
                 unroll = 2 if n == full and not single else 1
                 lines = self._sum_loop(s, pad, lanes, i32, unroll, single, bodies)
                 return lines, lanes, any(b.gathers for b in bodies)
-            except _NeedIndexLanes:
+            except NeedIndexLanes:
                 continue
         raise Unsupported("index lanes")
 
-    def _sum_loop(self, s: For, pad, lanes: _Lanes, i32: bool, unroll: int,
+    def _sum_loop(self, s: For, pad, lanes: Lanes, i32: bool, unroll: int,
                   single: bool, bodies: list) -> list[str]:
         """Unmasked steps of ``unroll`` registers (one accumulator each: independent FMA
         chains), then masked steps for the rest, then one horizontal add (a maximum's:
         vector max from -inf, then a horizontal max); with ``single`` (at most one register
         of terms) one masked step and the add, nothing to branch on. AVX2 has no masked
         gathers: whole steps there, and the rest runs scalar after the horizontal add. The
-        ``_Body`` of each step is appended to ``bodies``."""
+        ``Body`` of each step is appended to ``bodies``."""
         if s.step != 1:
             raise Unsupported("strided sum")
         acc, var, n = s.reduction, s.var, lanes.n
@@ -435,8 +312,8 @@ class VectorLoops:
                                                           for v in vaccs[1:]) + ";",
                     f"{pad}    for (; {var} + {width} <= {end}; {var} += {width}) {{"]
             for k, vacc in enumerate(vaccs):
-                lane = _V("lin", f"({var} + {k * n})" if k else var)
-                body = _Body(self, lanes, None, var, {var: lane}, acc={acc: vacc}, i32=i32,
+                lane = V("lin", f"({var} + {k * n})" if k else var)
+                body = Body(self, lanes, None, var, {var: lane}, acc={acc: vacc}, i32=i32,
                              combine=s.combine)
                 bodies.append(body)
                 out += [f"{pad}      {{", *body.stmts(s.body, pad + "        "),
@@ -446,7 +323,7 @@ class VectorLoops:
                 total = lanes.op(join, total, v)
             out += [f"{pad}    }}", f"{pad}    {vaccs[0]} = {total};", f"{pad}  }}"]
         whole = lanes.isa == "avx2"
-        body = _Body(self, lanes, None if whole else mask, var, {var: _V("lin", var)},
+        body = Body(self, lanes, None if whole else mask, var, {var: V("lin", var)},
                      acc={acc: vaccs[0]}, i32=i32, combine=s.combine)
         bodies.append(body)
         step = body.stmts(s.body, pad + "    ")
@@ -459,11 +336,6 @@ class VectorLoops:
         step.insert(0, f"{pad}    " + lanes.mask_decl(mask, f"{end} - {var}"))
         head = f"{pad}  {{" if single else f"{pad}  for (; {var} < {end}; {var} += {n}) {{"
         return [*out, head, *step, f"{pad}  }}", f"{pad}  {fold(vaccs[0])}", f"{pad}}}"]
-
-
-# Placeholders in a register tile's body text (``tile_loop``, ``tile_sum``), replaced per
-# register.
-_LANE0, _REG, _MASK, _ACC = "ST_LANE0_", "ST_REG_", "ST_MASK_", "ST_ACC_"
 
 
 def _tile_of(node, tiles):
@@ -479,251 +351,6 @@ def _tile_of(node, tiles):
                     walk(c)
     walk(node)
     return found.pop() if len(found) == 1 else None
-
-
-class _Body:
-    """Statements and expressions of one vector loop body."""
-
-    def __init__(self, loops: VectorLoops, lanes: _Lanes, mask, lane_var, env, acc=None,
-                 tile_reg=None, i32=False, combine="+", first=False, shift=""):
-        self.loops, self.lanes, self.mask, self.lane_var = loops, lanes, mask, lane_var
-        self.env = dict(env)
-        self.acc = acc or {}        # scalar accumulator -> its vector accumulator
-        self.combine = combine      # how the accumulators take values: "+" or "max"
-        self.tile_reg = tile_reg    # (tile array, register number)
-        self.i32 = i32              # int32 indices may be gathered with as stored ('vi32')
-        self.scalar = loops.scalar
-        self.gathers = False        # set once a gather is rendered
-        self.first = first          # sums' first step: accumulators start at its terms
-        self.shift = shift          # added to contiguous runs' pointers (see ``tile_sum``)
-
-    # -- statements ------------------------------------------------------------------------
-    def stmts(self, node, pad) -> list[str]:
-        if isinstance(node, Block):
-            return [line for s in node.stmts for line in self.stmts(s, pad)]
-        if isinstance(node, Decl) and node.ctype in ("idx", "val"):
-            v = self.expr(node.init)
-            if v.kind == "s":
-                ctype = "int64_t" if node.ctype == "idx" else "val_t"
-                self.env[node.name] = _V("s", node.name)
-                return [f"{pad}const {ctype} {node.name} = {v.text};"]
-            if v.kind in ("lin", "at32", "at64"):
-                self.env[node.name] = v
-                return []
-            name = self.loops.fresh(node.name)
-            self.env[node.name] = _V(v.kind, name)
-            vtype = self.lanes.vtype
-            if v.kind in ("vi", "vi32"):
-                vtype = self.lanes.index_vtype(v.kind)
-            return [f"{pad}const {vtype} {name} = {v.text};"]
-        if isinstance(node, Assign) and node.op in ("=", "+="):
-            return [pad + line for line in self.assign(node)]
-        raise Unsupported(f"statement {type(node).__name__}")
-
-    def assign(self, s: Assign) -> list[str]:
-        t, lanes = s.target, self.lanes
-        if isinstance(t, Sym) and t.name in self.acc:
-            vacc = self.acc[t.name]
-            if self.combine == "max":
-                value = max_operand(s, t.name)
-                if value is None:
-                    raise Unsupported("a maximum's update other than m = (v > m ? v : m)")
-                new = lanes.op("max", vacc, self.vector(self.expr(value)))
-                return [f"{vacc} = {self.in_step(vacc, new)};"]
-            if s.op == "+=":
-                return [f"{vacc} = {self.accumulate(vacc, s.value)};"]
-        if not isinstance(t, Load):
-            raise Unsupported("assignment to a scalar")
-        if self.tile_reg is not None and t.array == self.tile_reg[0]:
-            self.check_lane(t.index)
-            reg = f"{t.array}_{self.tile_reg[1]}"
-            value = self.accumulate(reg, s.value) if s.op == "+=" else \
-                self.vector(self.expr(s.value))
-            return [f"{reg} = {value};"]
-        idx = self.expr(t.index)
-        if idx.kind != "lin" or t.array in self.loops.tiles:
-            raise Unsupported("scattered store")
-        ptr = self.at(t.array, idx)
-        value = self.vector(self.expr(s.value))
-        if s.op == "+=":
-            value = lanes.op("add", self.load(ptr), value)
-        if self.mask is None:
-            return [f"{lanes.op('storeu', ptr, value)};"]
-        return [f"{lanes.masked_store(ptr, self.mask, value)};"]
-
-    def accumulate(self, reg, value) -> str:
-        """``reg + value`` with a fused multiply-add when ``value`` is a product (``value``
-        alone in a sum's first step)."""
-        if isinstance(value, Bin) and value.op == "*":
-            a, b = self.vector(self.expr(value.a)), self.vector(self.expr(value.b))
-            if self.first:
-                return self.in_step(reg, self.lanes.op("mul", a, b))
-            return self.in_step(reg, self.lanes.op("fmadd", a, b, reg))
-        if self.first:
-            return self.in_step(reg, self.vector(self.expr(value)))
-        return self.in_step(reg, self.lanes.op("add", reg, self.vector(self.expr(value))))
-
-    def in_step(self, reg, new) -> str:
-        """``new`` for accumulator ``reg``: in a masked step only the step's lanes change (a
-        masked-off lane's value is that of a zero loaded there, which is not always neutral:
-        ``exp(0 - m)`` in a sum, ``0`` in a maximum of negatives)."""
-        return new if self.mask is None else self.lanes.keep(self.mask, reg, new)
-
-    def check_lane(self, index):
-        if index != Sym(self.lane_var):
-            raise Unsupported("tile indexed off its lane")
-
-    # -- expressions -----------------------------------------------------------------------
-    def expr(self, e) -> _V:
-        if isinstance(e, Sym):
-            return self.env.get(e.name, _V("s", e.name))
-        if isinstance(e, Lit):
-            return _V("s", self.scalar.expr(e))
-        if isinstance(e, Load):
-            return self.load_expr(e)
-        if isinstance(e, Bin):
-            return self.binary(e)
-        if isinstance(e, Cond):
-            c, a, b = self.expr(e.cond), self.expr(e.a), self.expr(e.b)
-            if c.kind != "s":
-                raise Unsupported("per-lane condition")
-            if a.kind == b.kind == "s":
-                return _V("s", f"({c.text} ? {a.text} : {b.text})")
-            return _V("vv", f"(({c.text}) ? {self.vector(a)} : {self.vector(b)})")
-        if isinstance(e, Call):
-            return self.call(e)
-        raise Unsupported(f"expression {type(e).__name__}")
-
-    def load_expr(self, e: Load) -> _V:
-        arr = e.array
-        if self.tile_reg is not None and arr == self.tile_reg[0]:
-            self.check_lane(e.index)
-            return _V("vv", f"{arr}_{self.tile_reg[1]}")
-        idx = self.expr(e.index)
-        index_type = self.scalar.array_ctype(arr)
-        if idx.kind == "s":
-            return _V("s", f"{arr}[{idx.text}]")
-        if idx.kind == "vv":
-            raise Unsupported("value used as an index")
-        if index_type is None:      # a value array
-            if idx.kind == "lin":
-                return _V("vv", self.load(self.at(arr, idx)))
-            self.gathers = True
-            if idx.kind == "vi32":
-                return _V("vv", self.lanes.gather_i32(self.mask, idx.text, arr))
-            if idx.kind in ("at32", "at64"):
-                if self.mask is not None:   # (scalar loads past the mask could fault)
-                    raise Unsupported("masked gather on AVX2")
-                ctype = "int32_t" if idx.kind == "at32" else "int64_t"
-                return _V("vv", self.lanes.gather_at(arr, idx.text, ctype))
-            self.need_index_lanes()
-            return _V("vv", self.lanes.gather(self.mask8(), idx.text, arr))
-        if idx.kind == "lin" and self.lanes.isa == "avx2" and self.tile_reg is None:
-            return _V("at32" if index_type == "int32_t" else "at64", self.at(arr, idx))
-        if idx.kind == "lin" and index_type == "int32_t" and self.i32 and \
-                self.tile_reg is None:
-            # int32 indices used as they are (x[crd[p]]): 16 float lanes per gather, twice
-            # the lanes of int64 index vectors; arithmetic on them retries without.
-            return _V("vi32", self.lanes.load_i32(self.mask, self.at(arr, idx)))
-        self.need_index_lanes()
-        if idx.kind == "lin":
-            ptr = self.at(arr, idx)
-            if index_type == "int32_t":
-                return _V("vi", f"_mm512_cvtepi32_epi64(_mm256_maskz_loadu_epi32("
-                                f"{self.mask8()}, {ptr}))")
-            return _V("vi", f"_mm512_maskz_loadu_epi64({self.mask8()}, {ptr})")
-        if index_type == "int32_t":
-            return _V("vi", f"_mm512_cvtepi32_epi64(_mm512_mask_i64gather_epi32("
-                            f"_mm256_setzero_si256(), {self.mask8()}, {idx.text}, {arr}, 4))")
-        return _V("vi", f"_mm512_mask_i64gather_epi64(_mm512_setzero_si512(), "
-                        f"{self.mask8()}, {idx.text}, {arr}, 8)")
-
-    def binary(self, e: Bin) -> _V:
-        a, b = self.expr(e.a), self.expr(e.b)
-        op = e.op
-        if a.kind == b.kind == "s":
-            if op in ("min", "max"):
-                return _V("s", f"st_{op}({a.text}, {b.text})")
-            return _V("s", f"({a.text} {op} {b.text})")
-        if op not in ("+", "-", "*"):
-            raise Unsupported(f"vector {op}")
-        if {"at32", "at64"} & {a.kind, b.kind}:
-            raise Unsupported("arithmetic on gathered indices (AVX2)")
-        if "vi32" in (a.kind, b.kind):
-            raise _NeedIndexLanes
-        if "vv" in (a.kind, b.kind):
-            name = {"+": "add", "-": "sub", "*": "mul"}[op]
-            return _V("vv", self.lanes.op(name, self.vector(a), self.vector(b)))
-        # Index arithmetic: base + lane stays a contiguous run while only shifted.
-        if op in ("+", "-") and {a.kind, b.kind} == {"lin", "s"} and \
-                (a.kind == "lin" or op == "+"):
-            lin, s = (a, b) if a.kind == "lin" else (b, a)
-            return _V("lin", f"({lin.text} {op} {s.text})")
-        name = {"+": "add", "-": "sub", "*": "mullo"}[op]
-        return _V("vi", f"_mm512_{name}_epi64({self.index_vector(a)}, "
-                        f"{self.index_vector(b)})")
-
-    def call(self, e: Call) -> _V:
-        fn = _UNARY_BY_TEMPLATE.get(e.template)
-        x = self.expr(e.arg)
-        if x.kind == "s":
-            return _V("s", self.scalar.expr(Call(e.template, Sym(x.text))))
-        x, lanes = self.vector(x), self.lanes
-        if fn == "neg":
-            return _V("vv", lanes.op("sub", lanes.zero(), x))
-        if fn == "relu":
-            return _V("vv", lanes.op("max", x, lanes.zero()))
-        if fn == "abs":
-            return _V("vv", lanes.op("andnot", lanes.set1("-0.0"), x))
-        if fn == "sqrt":
-            return _V("vv", lanes.op("sqrt", x))
-        if fn == "relu6":
-            return _V("vv", lanes.op("max", lanes.op("min", x, lanes.set1("6")), lanes.zero()))
-        if fn == "exp":   # (``intrinsics.py``: one helper per register type)
-            return _V("vv", f"st_exp_{lanes.suf}{lanes.n * lanes.width * 8}({x})")
-        raise Unsupported(f"vector {fn or e.template}")
-
-    # -- conversions -----------------------------------------------------------------------
-    def vector(self, v: _V) -> str:
-        if v.kind == "vv":
-            return v.text
-        if v.kind == "s":
-            return self.lanes.set1(v.text)
-        raise Unsupported("index used as a value")
-
-    def index_vector(self, v: _V) -> str:
-        self.need_index_lanes()
-        if v.kind == "vi32":
-            raise _NeedIndexLanes
-        if v.kind == "vi":
-            return v.text
-        if v.kind == "s":
-            return f"_mm512_set1_epi64({v.text})"
-        if v.kind == "lin":
-            return (f"_mm512_add_epi64(_mm512_set1_epi64({v.text}), "
-                    "_mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0))")
-        raise Unsupported("value used as an index")
-
-    def at(self, arr, idx: _V) -> str:
-        """The pointer to a contiguous run (``idx`` of kind 'lin') of ``arr``."""
-        return f"({arr} + {idx.text}){self.shift}"
-
-    def load(self, ptr) -> str:
-        if self.mask is None:
-            return self.lanes.op("loadu", ptr)
-        return self.lanes.masked_load(self.mask, ptr)
-
-    def need_index_lanes(self):
-        if self.tile_reg is not None:
-            raise Unsupported("gather inside a register tile")
-        if self.lanes.isa != "avx512":    # int64 index lanes: AVX-512 only
-            raise Unsupported("per-lane index arithmetic")
-        if self.lanes.n != 8:
-            raise _NeedIndexLanes
-
-    def mask8(self):
-        return self.mask if self.mask is not None else "(__mmask8)0xFF"
-
 
 
 def _declares(text: list[str]) -> bool:
