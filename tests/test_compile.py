@@ -234,6 +234,36 @@ def test_graph_cached_by_another_process_finds_its_kernels(tmp_path, monkeypatch
     run_isolated(code)      # the second process hits inductor's cache
 
 
+def test_cache_key_of_a_sparse_input():
+    """``_stable_hash_for_caching`` (the AOT-autograd cache key): the same for tensors of one
+    structure, whatever their values; different for another format, shape, value or index
+    dtype, or gradient requirement; and torch no longer warns that it is missing."""
+    def key(t):
+        return t._stable_hash_for_caching()
+
+    B = st.tensor(_matrix(6, 5, 0) * 3, "csr")
+    assert key(A) == key(B) == key(A.with_values(A.values + 1))
+    others = [A.asformat("coo"), A.asformat("csc"), st.tensor(_matrix(6, 4, 0), "csr"),
+              A.to(torch.float32), st.tensor(_matrix(6, 5, 0), "csr", index_dtype=torch.int64),
+              A.with_values(A.values.clone().requires_grad_())]
+    keys = [key(t) for t in others]
+    assert len(set(keys)) == len(keys) and key(A) not in keys
+    # (a fresh process: torch warns once per process; an "error" filter would be swallowed
+    # by the cache, which bypasses itself on any error)
+    run_isolated("""
+        import warnings, torch, sparsetorch as st
+        A = st.tensor(torch.eye(4) + torch.diag(torch.ones(3), 1), "csr")
+        w = A.values.detach().clone().requires_grad_()
+        X = torch.randn(4, 2, requires_grad=True)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            f = torch.compile(lambda w, X: torch.relu(A.with_values(w) @ X).sum(),
+                              fullgraph=True)
+            f(w, X).backward()
+        assert not [w for w in seen if "_stable_hash_for_caching" in str(w.message)]
+    """)
+
+
 def test_inductor_sparse_result():
     fn, args = FORWARD["einsum_sddmm_sparse_result"]
     check_same(torch.compile(fn, fullgraph=True)(*args), fn(*args))

@@ -6,6 +6,7 @@ so ``torch.compile`` and autograd see plain dense tensors, and every kernel is a
 """
 from __future__ import annotations
 
+import hashlib
 import sys
 from functools import lru_cache
 
@@ -195,6 +196,19 @@ class SparseTensor(torch.Tensor):
         # dynamo can record reading only the attributes named here (``C.values``); the
         # property hands tracers the stored tensor itself (see ``_outside_tracer``).
         return ["values", *("_" + n for n in self._array_names)], (self._format,)
+
+    def _stable_hash_for_caching(self) -> str:
+        # torch.compile's extension point for a tensor subclass's part of the AOT-autograd
+        # cache key (without it torch warns and hashes the flattened parts itself): what a
+        # compiled graph may specialise on -- the format, the outer shape, and each stored
+        # array's dtype, shape, strides and offset -- as text, so the key is the same in
+        # every process (``hash()`` is not).
+        parts = [type(self).__name__, repr(self._format), tuple(self.shape), self.requires_grad]
+        for name in self.__tensor_flatten__()[0]:
+            t = getattr(self, name)
+            parts.append((name, str(t.dtype), t.device.type, tuple(t.shape), tuple(t.stride()),
+                          t.storage_offset(), t.requires_grad, t.is_inference()))
+        return hashlib.blake2b(repr(parts).encode(), digest_size=16).hexdigest()
 
     @staticmethod
     def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
