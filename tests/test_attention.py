@@ -62,6 +62,16 @@ def test_bad_input():
     with pytest.raises(TypeError, match="dtype"):
         st.ops.masked_attention(A, torch.ones(3, 2, dtype=torch.float64), torch.ones(3, 2),
                                 torch.ones(3, 2))
+    ones = torch.ones(3, 2)
+    with pytest.raises(TypeError, match="3-D SparseTensor"):
+        st.ops.masked_attention(st.tensor(torch.ones(3, 3, 1), format="csf"), ones, ones, ones)
+    with pytest.raises(TypeError, match=r"K must be a dense 2-D torch.Tensor, got shape \(3,\)"):
+        st.ops.masked_attention(A, ones, torch.ones(3), ones)
+    # a dense-format mask stores every entry: converting it for the kernel would drop zeros
+    with pytest.raises(TypeError, match="dense format.*format='csr'"):
+        st.ops.masked_attention(st.tensor(torch.eye(3), format="dense"), ones, ones, ones)
+    with pytest.raises(TypeError, match="floating point"):
+        st.ops.masked_attention(A.to(torch.int64), *(o.long() for o in (ones, ones, ones)))
 
 
 def test_compiles_with_torch_compile():

@@ -327,6 +327,21 @@ def test_softmax_of_non_finite_values_as_torch(fmt, dtype):
                                equal_nan=True)
 
 
+def test_softmax_arguments():
+    """``dim`` as torch.sparse.softmax takes it (numpy integers too); errors name the fix."""
+    import numpy as np
+
+    A = sp((3, 4), 0.6, "csr", 30)
+    torch.testing.assert_close(st.ops.softmax(A, np.int64(1)).to_dense(),
+                               st.ops.softmax(A, 1).to_dense())
+    with pytest.raises(TypeError, match="dim must be an int"):
+        st.ops.softmax(A, 1.0)
+    with pytest.raises(TypeError, match="pass dtype=torch.float32"):
+        st.ops.softmax(A.to(torch.int64), 1)
+    with pytest.raises(TypeError, match="pass a floating dtype"):
+        st.ops.softmax(A, 1, dtype=torch.int64)
+
+
 def test_softmax_3d_and_gradcheck():
     A = sp((3, 4, 2), 0.6, "csf", 31)
     check_against_dense(lambda a: st.ops.softmax(a, 1), [A], kind="sparse",

@@ -42,11 +42,22 @@ def _kernel(kind: str, value_ctype: str, index_ctype: str):
 def _check(A, Q, K, V):
     what = "masked_attention"
     if not isinstance(A, SparseTensor) or A.dim() != 2:
-        raise TypeError(f"{what}: the mask A must be a 2-D SparseTensor, got "
-                        f"{type(A).__name__}; build one with st.tensor(mask, format='csr')")
+        got = f"a {A.dim()}-D SparseTensor" if isinstance(A, SparseTensor) else \
+            type(A).__name__
+        raise TypeError(f"{what}: the mask A must be a 2-D SparseTensor, got {got}; build "
+                        "one with st.tensor(mask, format='csr')")
+    if A.format.is_dense:
+        raise TypeError(f"{what}: the mask A is in the dense format, which stores every "
+                        "entry (there is nothing to mask); build it with st.tensor(mask, "
+                        "format='csr'), which keeps the nonzeros, or use dense attention")
+    if not A.dtype.is_floating_point:
+        raise TypeError(f"{what}: A holds {A.dtype} values; attention needs floating point: "
+                        "convert A, Q, K and V, e.g. with .to(torch.float32)")
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if not isinstance(t, torch.Tensor) or isinstance(t, SparseTensor) or t.dim() != 2:
-            raise TypeError(f"{what}: {name} must be a dense 2-D torch.Tensor")
+            got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) and \
+                not isinstance(t, SparseTensor) else type(t).__name__
+            raise TypeError(f"{what}: {name} must be a dense 2-D torch.Tensor, got {got}")
         if t.dtype != A.dtype or t.device != A.device:
             raise TypeError(f"{what}: {name} is {t.dtype} on {t.device} but A is {A.dtype} on "
                             f"{A.device}; convert them to one dtype and device")

@@ -24,6 +24,8 @@ softmax with its backward 14-139x as long.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from .. import runtime
@@ -74,8 +76,9 @@ def softmax(input: SparseTensor, dim: int, dtype=None) -> SparseTensor:
     if not isinstance(input, SparseTensor):
         raise TypeError(f"sparse softmax: input must be a SparseTensor, got "
                         f"{type(input).__name__}; for a dense tensor use torch.softmax")
-    if not isinstance(dim, int) or isinstance(dim, bool):
+    if isinstance(dim, bool) or not hasattr(dim, "__index__"):
         raise TypeError(f"sparse softmax: dim must be an int, got {dim!r}")
+    dim = operator.index(dim)   # (numpy integers too, as torch.sparse.softmax takes them)
     n = input.dim()
     if not -n <= dim < n:
         raise IndexError(f"sparse softmax: dim {dim} is out of range for a {n}-D SparseTensor")
@@ -87,8 +90,9 @@ def softmax(input: SparseTensor, dim: int, dtype=None) -> SparseTensor:
         return torch.sparse.softmax(input, dim, dtype=dtype)
     t = input if dtype is None else input.with_values(input.values.to(dtype))
     if not t.dtype.is_floating_point:
+        fix = "pass a floating dtype" if dtype is not None else "pass dtype=torch.float32"
         raise TypeError(f"sparse softmax: values of dtype {t.dtype} are not floating point; "
-                        "pass dtype=torch.float32")
+                        f"{fix}")
     if t.nnz == 0:
         return t.with_values(t.values * 0)
     return _row_softmax(t) if _by_rows(t, dim) else _by_einsum(t, dim)
