@@ -453,6 +453,8 @@ class _CRenderer:
         """(opening lines, closing lines) around the body of ``s``: this thread's rows, an
         equal share of stored entries plus rows; with an ``nc`` parameter, its share of
         ``nc`` ranges per thread taken dynamically (``st_next_range``)."""
+        if s.start != Lit(0):   # (the ranges split rows [0, end) by their weights)
+            raise ValueError(f"a balanced loop over {s.var} must start at 0, not {s.start}")
         n, w = self.expr(s.end), s.parallel.weights
         # Without ``nc``: one range per thread (a constant 1 the C compiler folds away).
         nc, counter = ("nc", "st_next") if self.chunked() else ("1", "(int64_t*)0")

@@ -115,10 +115,12 @@ def long_rows(format, shape, nnz: int, cap: int | None) -> bool:
 
 
 def _rows_of_columns(format) -> bool:
-    """Two levels, dense rows over compressed columns (CSR-like, any mode order)."""
+    """Two levels, dense rows over compressed columns in order (CSR-like, any mode order):
+    the blocked nests (here and ``sblock.py``) find a row's entries of a block by walking its
+    columns up to the block's end, which in an unordered row would skip or misplace some."""
     levels = format.levels
     return len(levels) == 2 and isinstance(levels[0], Dense) and \
-        isinstance(levels[1], Compressed)
+        isinstance(levels[1], Compressed) and levels[1].ordered
 
 
 class Formula:
