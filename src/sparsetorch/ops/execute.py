@@ -8,6 +8,7 @@ conversions the schedule asked for, and one or two ctypes calls.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from functools import lru_cache
 
 import torch
@@ -86,6 +87,12 @@ def normalize_operands(operands, what: str, keep_blocked: bool = False):
             if fmt.blocksize is not None and not keep_blocked:
                 t = t.asformat("csr", index_dtype=t.index_dtype)
                 fmt = t.format
+            if not all(level.ordered for level in fmt.levels):
+                # kernels walk and merge stored coordinates in order (a merge of two sparse
+                # operands, a block's end): sort such an operand's entries first
+                fmt = Format(tuple(replace(level, ordered=True) for level in fmt.levels),
+                             fmt.mode_order, fmt.blocksize)
+                t = t.asformat(fmt, index_dtype=t.index_dtype)
             infos.append(OperandInfo(fmt, False, _long_rows(t)))
         else:
             if t.layout != torch.strided:
@@ -135,8 +142,9 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
             _remember(alias, operands, out_format, prepared)
         return prepared(operands)
     tensors, infos, dtype, device = normalize_operands(operands, what, keep_blocked=True)
-    converted = any(info.format.blocksize is not None for info in infos)
-    if converted:
+    blocked = any(info.format.blocksize is not None for info in infos)
+    converted = blocked or any(t is not o for t, o in zip(tensors, operands))
+    if blocked:
         result = _run_blocked(assignment, tensors, out_format, what, alias)
         if result is not None:
             return result
@@ -152,7 +160,8 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
                                                       out_format))
     if is_tracing(tensors):   # record a custom op instead of calling the kernel
         return custom_ops.call(prepared, tensors)
-    # (a blocked operand converted to CSR here is converted again on every call: no memo)
+    # (an operand converted here, blocked to CSR or unordered sorted, is converted again on
+    # every call: no memo)
     key = None if converted else _signature(assignment, operands, out_format)
     if key is not None:
         call = make_shim(prepared, tensors, _PARALLEL_WORK) or prepared
