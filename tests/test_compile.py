@@ -234,7 +234,7 @@ def test_graph_cached_by_another_process_finds_its_kernels(tmp_path, monkeypatch
     run_isolated(code)      # the second process hits inductor's cache
 
 
-def test_cache_key_of_a_sparse_input():
+def test_cache_key_of_a_sparse_input(tmp_path, monkeypatch):
     """``_stable_hash_for_caching`` (the AOT-autograd cache key): the same for tensors of one
     structure, whatever their values; different for another format, shape, value or index
     dtype, or gradient requirement; and torch no longer warns that it is missing."""
@@ -249,7 +249,9 @@ def test_cache_key_of_a_sparse_input():
     keys = [key(t) for t in others]
     assert len(set(keys)) == len(keys) and key(A) not in keys
     # (a fresh process: torch warns once per process; an "error" filter would be swallowed
-    # by the cache, which bypasses itself on any error)
+    # by the cache, which bypasses itself on any error. Its own graph cache: one another
+    # process filled would hold kernels of another kernel cache.)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     run_isolated("""
         import warnings, torch, sparsetorch as st
         A = st.tensor(torch.eye(4) + torch.diag(torch.ones(3), 1), "csr")
