@@ -458,6 +458,32 @@ def test_medium_roundtrip_every_pair(shape, density):
                 check_invariants(b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64,
+                                   torch.float16, torch.bfloat16])
+def test_csr_csc_swap_in_every_value_dtype(dtype):
+    """CSR <-> CSC by scipy's counting sort (``convert._swap_compressed``): values scipy
+    takes are moved by it, others (float16, bfloat16) and values recording a gradient are
+    gathered by torch; indices keep their width; nothing aliases the source."""
+    x = random_dense((37, 23), 0.3, torch.float64, 12).to(dtype)
+    x[5] = 0                                       # an empty row
+    x[:, 7] = 0                                    # an empty column
+    for index_dtype in (torch.int32, torch.int64):
+        a = st.tensor(x, format="csr", index_dtype=index_dtype)
+        b = a.asformat("csc")
+        assert b.format.name == "csc" and b.index_dtype == index_dtype
+        assert torch.equal(b.to_dense(), x) and torch.equal(b.asformat("csr").to_dense(), x)
+        check_invariants(b)
+        ptrs = {t.untyped_storage().data_ptr() for t in [a.values, *a.arrays.values()]}
+        assert not ptrs & {t.untyped_storage().data_ptr() for t in [b.values, *b.arrays.values()]}
+    if dtype.is_floating_point:   # the gradient reaches each CSR entry from its CSC place
+        w = a.values.detach().clone().requires_grad_()
+        r = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+        (a.with_values(w).asformat("csc").to_dense() * r).sum().backward()
+        assert torch.equal(w.grad, r[x != 0])
+    empty = st.tensor(torch.zeros(3, 4, dtype=dtype), format="csr").asformat("csc")
+    assert empty.nnz == 0 and empty.arrays["pos1"].tolist() == [0] * 5
+
+
 def test_medium_coo_pair_with_duplicates_matches_scipy():
     g = torch.Generator().manual_seed(5)
     idx = torch.randint(0, 300, (2, 50000), generator=g)
