@@ -44,6 +44,7 @@ entry's slice of Y's row once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .ir import (Assign, Bin, Decl, For, If, Lit, Load, Node, Sym, While, block, rewrite,
                  substitute)
@@ -52,6 +53,16 @@ from .ir import (Assign, Bin, Decl, For, If, Lit, Load, Node, Sym, While, block,
 # Vector registers a slice of the row's operand takes (``kernel.held_slice``; 0: no held
 # nest). Sixteen leave sixteen of AVX-512's 32 for the four accumulators and the loads.
 SLICE_REGISTERS = 16
+
+
+class Held(NamedTuple):
+    """A kernel's held nest (``CompiledKernel.held``): values of a slice, the most slices
+    a call may have (None: any), and the operand whose rows the entries gather (its last
+    dimension is the call's inner dimension)."""
+
+    values: int
+    most: int | None
+    gathered: int
 
 
 @dataclass(frozen=True)
@@ -182,16 +193,16 @@ def held_sweep(parts: HeldSum, p: str, go: Node, slice_values: int, fresh) -> li
                 While(go, block(*entry))), step=slice_values)]
 
 
-def describe(depth: int, held: tuple) -> str:
-    """Whether a call whose inner dimension is ``depth`` runs the held nest of a kernel with
-    ``CompiledKernel.held`` = ``held`` (for ``st.explain``).
+def describe(depth: int, held: Held) -> str:
+    """Whether a call whose inner dimension is ``depth`` runs the held nest ``held`` (for
+    ``st.explain``).
 
     Example:
-        >>> describe(512, (256, None, 2)), describe(100, (256, None, 2))
+        >>> describe(512, Held(256, None, 2)), describe(100, Held(256, None, 2))
         ('this call: 2 slices of 256 values of each row in registers', \
 'this call: no values held in registers (100 is not a multiple of 256)')
     """
-    size, most = held[0], held[1]
+    size, most = held.values, held.most
     if depth == 0:
         return "this call: no values held in registers (an inner dimension of 0)"
     if depth % size:
@@ -218,8 +229,8 @@ def _partial_target(parts: HeldSum):
         return None
     store = parts.stores[0]
     target = store.target
-    if parts.acc in _names(target) or _reads(store.value, target.array) or \
-            any(d.init is not None and _reads(d.init, target.array) for d in parts.decls):
+    if parts.acc in _names(target) or target.array in _arrays(store.value) or \
+            any(d.init is not None and target.array in _arrays(d.init) for d in parts.decls):
         return None
     return target
 
@@ -254,25 +265,24 @@ def _product(factors: list) -> Node:
     return out
 
 
-def _reads(e: Node, array: str) -> bool:
-    """Whether ``e`` reads an element of ``array``."""
-    found = []
-
-    def visit(n):
-        if isinstance(n, Load) and n.array == array:
-            found.append(n)
-        return n
-    rewrite(e, visit)
-    return bool(found)
-
-
 def _names(e: Node) -> set:
     """The scalar symbols an expression reads."""
+    return _collected(e, lambda n: n.name if isinstance(n, Sym) else None)
+
+
+def _arrays(e: Node) -> set:
+    """The arrays an expression reads elements of."""
+    return _collected(e, lambda n: n.array if isinstance(n, Load) else None)
+
+
+def _collected(e: Node, pick) -> set:
+    """``pick(n)`` of every node ``n`` of ``e`` for which it is not None."""
     found = set()
 
     def visit(n):
-        if isinstance(n, Sym):
-            found.add(n.name)
+        got = pick(n)
+        if got is not None:
+            found.add(got)
         return n
     rewrite(e, visit)
     return found

@@ -50,9 +50,8 @@ class CompiledKernel:
     block_cap: int | None = None      # set when the kernel may run cache-blocked (kblock.py)
     column_blocked: int | None = None  # the gathered operand of a column-blocked SDDMM
                                        # (sblock.py)
-    held: tuple | None = None         # (values per slice, most slices or None: any, the
-                                      # gathered operand) of SDDMM's nest with the row's
-                                      # operand held in registers (hold.py)
+    held: hold.Held | None = None     # SDDMM's nest with the row's operand held in
+                                      # registers (hold.py)
 
     def describe_loops(self) -> str:
         return "\n".join(dump(fn) for fn in self.functions)

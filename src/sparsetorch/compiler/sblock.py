@@ -72,7 +72,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .hold import held_sum, held_sweep, single_slice
+from .hold import Held, held_sum, held_sweep, single_slice
 from .ir import RANGE_END, Assign, Bin, Block, Cond, Decl, For, If, Lit, Load, Sym, While, block
 from .iterate import arr
 from .jam import sum_widths
@@ -166,7 +166,7 @@ def _with_held(nest: Block, loop: For, lw, held: int | None, columns, worth=None
     most = 1 if single_slice(parts) else None
     if most:
         whole = Bin("&&", whole, Bin("<=", n_k, Lit(held)))
-    lw.held = (held, most, gathered_operand(lw))
+    lw.held = Held(held, most, gathered_operand(lw))
     lw.plan.notes.append(
         f"when n_{k} is a multiple of {held}: each row's {held} values of {k} at a time in "
         f"registers, its entries' inner products one after another over them" +

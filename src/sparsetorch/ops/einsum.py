@@ -321,7 +321,7 @@ def explain(equation, *operands, out_format=None) -> Explanation:
         calls.append(describe_column_blocks(rows, operands[kernel.column_blocked], l2_bytes(),
                                             sampled_block_bytes()))
     if kernel.held is not None and isinstance(rows, SparseTensor):
-        calls.append(describe_held(operands[kernel.held[2]].shape[-1], kernel.held))
+        calls.append(describe_held(operands[kernel.held.gathered].shape[-1], kernel.held))
     return replace(explanation, notes=(*explanation.notes, *calls)) if calls else explanation
 
 
