@@ -169,6 +169,23 @@ def test_masked_attention(dtype):
     check(st.ops.masked_attention, (A, Q, K, V), ref, "dense", "attention")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_softmax_and_its_gradient(dtype):
+    d = matrix(6, 70, dtype, 33)   # rows over one BLOCK_NZ of 64 entries: several steps
+    d[3, :] = 1
+    A = st.tensor(d, "csr")
+
+    def ref(a):
+        return torch.softmax(a.masked_fill(a == 0, float("-inf")), 1).nan_to_num(0.0)
+
+    check(lambda a: torch.sparse.softmax(a, 1), (A,), ref, "sparse", "row_softmax")
+    vals = A.values.double().clone().requires_grad_()
+    A64 = st.tensor(d.double(), "csr")
+    torch.autograd.gradcheck(lambda v: torch.sparse.softmax(A64.with_values(v), 1).values,
+                             (vals,), fast_mode=True)
+    assert triton_run.stats["row_softmax_grad"] >= 1
+
+
 def test_nothing_stored():
     A = st.tensor(torch.zeros(4, 3), "csr")
     X, Y = torch.ones(3, 2), torch.ones(4, 2)
@@ -192,7 +209,9 @@ def test_gradients_float64():
     torch.autograd.gradcheck(lambda v, x: A.with_values(v) @ x, (vals, X), fast_mode=True)
     torch.autograd.gradcheck(lambda v, q, k: st.einsum("ij,ik,jk->ij", A.with_values(v), q,
                                                        k).values, (vals, Q, K), fast_mode=True)
+    # every gradient is a Triton kernel too (dK reads G * A: one pattern, two value arrays)
     assert triton_run.stats["rows"] and triton_run.stats["sampled"]
+    assert not triton_run.stats["fallback"]
 
 
 def test_attention_gradient_float32_against_dense():
@@ -208,6 +227,8 @@ def test_attention_gradient_float32_against_dense():
     (torch.softmax(scores, 1).nan_to_num(0.0) @ V).square().sum().backward()
     for a, t in zip(got, (Q, K, V)):
         torch.testing.assert_close(a, t.grad, rtol=1e-5, atol=1e-5)
+    assert triton_run.stats["row_softmax_grad"] and triton_run.stats["sampled"]
+    assert not triton_run.stats["fallback"]
 
 
 def test_uncovered_expressions_fall_back_on_the_device():

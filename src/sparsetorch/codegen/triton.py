@@ -282,6 +282,62 @@ def kernel(pos, crd, vals, perm, q, k, v, out, n_rows, d, e, sq_r, sq_d, sk_c, s
 """
 
 
+def render_row_softmax(kind: str) -> str:
+    """Module text of the softmax over each CSR row's stored values (``kind``
+    ``"row_softmax"``: ``x`` in, ``y`` out) or its gradient (``"row_softmax_grad"``:
+    ``y * (g - sum(g * y))`` from ``y`` and ``g``).
+
+    Example:
+        >>> "tl.max(" in render_row_softmax("row_softmax")
+        True
+    """
+    if kind == "row_softmax":
+        title, passes = "softmax over each row's stored entries", "three (maximum, sum, write)"
+        body = """    m = tl.full([1], float("-inf"), ACC)
+    for p0 in range(start, end, BLOCK_NZ):
+        ps = p0 + tl.arange(0, BLOCK_NZ)
+        v = tl.load(a + ps, mask=ps < end, other=float("-inf")).to(ACC)
+        m = tl.maximum(m, tl.max(v, axis=0))
+    total = tl.zeros([1], dtype=ACC)
+    for p0 in range(start, end, BLOCK_NZ):
+        ps = p0 + tl.arange(0, BLOCK_NZ)
+        v = tl.load(a + ps, mask=ps < end, other=float("-inf")).to(ACC)
+        total += tl.sum(tl.exp(v - m), axis=0)
+    for p0 in range(start, end, BLOCK_NZ):
+        ps = p0 + tl.arange(0, BLOCK_NZ)
+        pm = ps < end
+        v = tl.load(a + ps, mask=pm, other=float("-inf")).to(ACC)
+        tl.store(out + ps, (tl.exp(v - m) / total).to(out.dtype.element_ty), mask=pm)
+"""
+    elif kind == "row_softmax_grad":
+        title, passes = "gradient of the row softmax, y * (g - sum(g * y))", "two (sum, write)"
+        body = """    s = tl.zeros([1], dtype=ACC)
+    for p0 in range(start, end, BLOCK_NZ):
+        ps = p0 + tl.arange(0, BLOCK_NZ)
+        pm = ps < end
+        s += tl.sum(tl.load(a + ps, mask=pm, other=0).to(ACC)
+                    * tl.load(b + ps, mask=pm, other=0).to(ACC), axis=0)
+    for p0 in range(start, end, BLOCK_NZ):
+        ps = p0 + tl.arange(0, BLOCK_NZ)
+        pm = ps < end
+        y = tl.load(a + ps, mask=pm, other=0).to(ACC)
+        g = tl.load(b + ps, mask=pm, other=0).to(ACC)
+        tl.store(out + ps, (y * (g - s)).to(out.dtype.element_ty), mask=pm)
+"""
+    else:
+        raise ValueError(f"no Triton row kernel {kind!r}")
+    head = _header(title, f"the row's values read in {passes} passes of BLOCK_NZ (they stay "
+                   "in L1/L2 between passes), nnz values written",
+                   "one program per swizzled row")
+    return _PRELUDE + head + f"""
+@triton.jit
+def kernel(pos, perm, a, b, out, BLOCK_NZ: tl.constexpr, ACC: tl.constexpr):
+    row = tl.load(perm + tl.program_id(0)).to(tl.int64)
+    start = tl.load(pos + row).to(tl.int64)
+    end = tl.load(pos + row + 1).to(tl.int64)
+{body}"""
+
+
 _MODULES: dict = {}
 
 

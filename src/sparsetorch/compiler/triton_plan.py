@@ -48,6 +48,9 @@ class TritonPlan:
     epilogue: Expr | None = None   # over Result() and accesses named by out_vars
     roles: tuple = ()              # (variable, role) pairs: maps epilogue indices to roles
     blocked: bool = False
+    # more sparse operands read at A's positions with A's indices and the same pattern
+    # arrays (autograd's products such as G * A): their values multiply A's first
+    shared: tuple[int, ...] = ()
 
 
 def _factors(expr: Expr):
@@ -65,9 +68,12 @@ def _factors(expr: Expr):
     return None
 
 
-def plan(assignment: Assignment, formats, out_kind: str, sampled_operand=None):
+def plan(assignment: Assignment, formats, out_kind: str, sampled_operand=None,
+         same_pattern=lambda a, b: False):
     """The ``TritonPlan`` of ``assignment`` over operand ``formats`` (after conversions)
     with result kind ``out_kind`` ('dense', 'sampled', 'emit'), or None.
+    ``same_pattern(m, n)``: whether sparse operands ``m`` and ``n`` store one pattern in
+    the same arrays (then a product of both reads one compressed operand).
 
     Example:
         >>> from sparsetorch.compiler.notation import parse_einsum
@@ -84,16 +90,20 @@ def plan(assignment: Assignment, formats, out_kind: str, sampled_operand=None):
         return None
     accesses, scale = found
     sparse = [a for a in accesses if not formats[a.operand].is_dense]
-    if len(sparse) != 1 or len(sparse[0].indices) != 2:
+    if not sparse or len(sparse[0].indices) != 2:
         return None
     A = sparse[0]
+    shared = tuple(a.operand for a in sparse[1:])
+    if any(a.indices != A.indices or formats[a.operand] != formats[A.operand]
+           or not same_pattern(A.operand, a.operand) for a in sparse[1:]):
+        return None
     fmt = formats[A.operand]
     if len(set(A.indices)) != 2 or fmt.ndim != 2 or fmt.name not in ("csr", "csc", "bsr"):
         return None
     if fmt.blocksize is not None and fmt.mode_order != (0, 1):
         return None
     row, col = (A.indices[m] for m in fmt.mode_order)   # storage order: row outer
-    dense = [a for a in accesses if a is not A]
+    dense = [a for a in accesses if formats[a.operand].is_dense]
     others = {v for a in dense for v in a.indices} - {row, col}
     if len(others) > 1 or any(len(set(a.indices)) != len(a.indices) for a in dense):
         return None
@@ -110,13 +120,15 @@ def plan(assignment: Assignment, formats, out_kind: str, sampled_operand=None):
                 for a in epilogue.accesses()):
             return None
         return TritonPlan("rows", A.operand, role_of(dense[0]), None, out, k is not None,
-                          scale, epilogue, tuple(roles.items()), fmt.blocksize is not None)
-    if out_kind == "sampled" and sampled_operand == A.operand and epilogue is None \
+                          scale, epilogue, tuple(roles.items()), fmt.blocksize is not None,
+                          shared)
+    if out_kind == "sampled" and sampled_operand in (A.operand, *shared) \
+            and epilogue is None \
             and fmt.blocksize is None and k is not None and len(dense) == 2:
         x = [role_of(a) for a in dense if "r" in role_of(a).dims]
         y = [role_of(a) for a in dense if "c" in role_of(a).dims]
         if len(x) == 1 and len(y) == 1 and set(x[0].dims) == {"r", "k"} \
                 and set(y[0].dims) == {"c", "k"}:
             return TritonPlan("sampled", A.operand, x[0], y[0], out, True, scale,
-                              roles=tuple(roles.items()))
+                              roles=tuple(roles.items()), shared=shared)
     return None

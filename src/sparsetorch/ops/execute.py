@@ -185,12 +185,15 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
 
 def _run_triton(assignment, tensors, infos, out_format, what):
     """A Triton kernel (``triton_run.py``) where one covers the call, else the pure-torch
-    fallback on the tensors' own device (blocked operands converted to CSR first)."""
+    fallback on the tensors' own device (blocked operands converted to CSR first), which
+    ``triton_run.stats`` counts as ``"fallback"``."""
     from .fallback import run_dense
     from .triton_run import run_triton, stats
 
     _check_repeated(assignment, infos, what)
-    result = run_triton(assignment, tensors, infos, out_format)
+    # Traced (torch.compile): the fallback's torch ops record; a Triton launch needs real
+    # tensors and no custom op wraps it yet.
+    result = None if is_tracing(tensors) else run_triton(assignment, tensors, infos, out_format)
     if result is not None:
         return result
     stats["fallback"] += 1

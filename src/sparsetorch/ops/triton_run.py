@@ -28,7 +28,8 @@ from .relaid import relaid
 
 # Value dtypes the kernels take (accumulating in float32, float64 in float64).
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# Calls per path: 'rows', 'bsr', 'sampled', 'attention', or 'fallback'.
+# Calls per path: 'rows', 'bsr', 'sampled', 'attention', 'row_softmax',
+# 'row_softmax_grad', or 'fallback'.
 stats: Counter = Counter()
 
 _BLOCK_NZ = 16        # stored entries per step (SpMM, SDDMM, attention)
@@ -97,15 +98,29 @@ def run_triton(assignment, tensors, infos, out_format):
         return None if p is None else _launch_bsr(p, tensors, assignment)
     sched = schedule(assignment, infos)
     spec = infer_output(assignment, sched.order, sched.formats, out_format)
-    p = triton_plan(assignment, sched.formats, spec.kind, spec.sampled_operand)
+    tensors = list(tensors)
+    for n, fmt in sched.conversions:   # the pattern re-laid once and kept (relaid.py), so
+        tensors[n] = relaid(tensors[n], fmt)   # operands of one pattern still share arrays
+    p = triton_plan(assignment, sched.formats, spec.kind, spec.sampled_operand,
+                    lambda m, n: _same_arrays(tensors[m], tensors[n]))
     if p is None:
         return None
-    tensors = list(tensors)
-    for n, fmt in sched.conversions:   # the pattern re-laid once and kept (relaid.py)
-        tensors[n] = relaid(tensors[n], fmt)
+    if p.shared:   # one compressed operand: the product of the shared pattern's values
+        A = tensors[p.sparse]
+        values = A.values
+        for n in p.shared:
+            values = values * tensors[n].values
+        tensors[p.sparse] = A.with_values(values)
     if p.kind == "sampled":
         return _launch_sampled(p, tensors, assignment, spec)
     return _launch_rows(p, tensors, assignment)
+
+
+def _same_arrays(a, b) -> bool:
+    """Two SparseTensors of one format whose level arrays are the same tensors."""
+    return isinstance(a, SparseTensor) and isinstance(b, SparseTensor) and \
+        a.format == b.format and a.shape == b.shape and \
+        all(a.arrays[k] is b.arrays[k] for k in a.arrays)
 
 
 def _strides(t: torch.Tensor, dims, roles) -> list:
@@ -232,4 +247,23 @@ def attention(A: SparseTensor, Q, K, V) -> torch.Tensor:
         A.arrays["pos1"], A.arrays["crd1"], A.values, row_order(A.arrays["pos1"]), Q, K, V,
         out, n, d, e, *Q.stride(), *K.stride(), *V.stride(), *out.stride(),
         BLOCK_NZ=_BLOCK_NZ, BLOCK_D=_pow2(d), BLOCK_E=block_e, ACC=_acc(tl, A.dtype))
+    return out
+
+
+def row_softmax(kind: str, t: SparseTensor, *inputs: torch.Tensor) -> torch.Tensor:
+    """The values row kernel ``kind`` (``codegen.triton.render_row_softmax``) computes from
+    value arrays ``inputs`` (one or two) on the rows of CSR ``t``."""
+    from ..codegen.triton import load, render_row_softmax
+
+    triton, tl = _triton()
+    check_device(t.device)
+    inputs = [x.contiguous() for x in inputs]
+    out = torch.empty_like(inputs[0])
+    stats[kind] += 1
+    n = t.shape[0]
+    if n and out.numel():
+        pos = t.arrays["pos1"]
+        load(render_row_softmax(kind))[(n,)](
+            pos, row_order(pos), inputs[0], inputs[-1], out, BLOCK_NZ=_SPMV_BLOCK_NZ,
+            ACC=_acc(tl, out.dtype))
     return out
