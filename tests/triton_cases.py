@@ -31,7 +31,6 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 from sparsetorch.codegen import triton as codegen  # noqa: E402
 from sparsetorch.ops import triton_run  # noqa: E402
 
-FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 RTOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 
 

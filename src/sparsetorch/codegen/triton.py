@@ -122,6 +122,7 @@ def _rows(p: TritonPlan) -> str:
         "gathered once per stored entry (nnz * K), out written once (rows * K)",
         "one program per (ROWS swizzled rows, BLOCK_K dense columns); each row's entries in "
         "steps of BLOCK_NZ, a BLOCK_NZ x BLOCK_K tile of X per step, summed in registers")
+    finish = _finish(p, " " * 12, "row", "ks", "kmask")
     return _PRELUDE + head + f"""
 @triton.jit
 def kernel(pos, crd, vals, perm, x, out, {eptr}n_rows, n_k, sx_c, sx_k, so_r, so_k, {estride}
@@ -144,7 +145,8 @@ def kernel(pos, crd, vals, perm, x, out, {eptr}n_rows, n_k, sx_c, sx_k, so_r, so
                 xt = tl.load(x + cols[:, None] * sx_c + ks[None, :] * sx_k,
                              mask=pm[:, None] & kmask[None, :], other=0).to(ACC)
                 acc += tl.sum(a[:, None] * xt, axis=0)
-{_finish(p, " " * 12, "row", "ks", "kmask")}            tl.store(out + row * so_r + ks * so_k, acc.to(out.dtype.element_ty), mask=kmask)
+{finish}            tl.store(out + row * so_r + ks * so_k, acc.to(out.dtype.element_ty),
+                     mask=kmask)
 """
 
 
@@ -164,6 +166,7 @@ def _bsr(p: TritonPlan, use_dot: bool, dot_dtype: str, precision: str) -> str:
         "stored block (blocks * C * K), out written once (rows * K)",
         f"one program per (swizzled block row, BLOCK_K dense columns); {how}, an "
         "RP x BLOCK_K accumulator in registers")
+    finish = _finish(p, "    ", "rows[:, None]", "ks[None, :]", "tile")
     return _PRELUDE + head + f"""
 @triton.jit
 def kernel(pos, crd, vals, perm, x, out, {eptr}n_brows, n_rows, n_k, sx_c, sx_k, so_r, so_k,
@@ -189,8 +192,8 @@ def kernel(pos, crd, vals, perm, x, out, {eptr}n_brows, n_rows, n_k, sx_c, sx_k,
                      mask=cmask[:, None] & kmask[None, :], other=0)
         {step}
     tile = rmask[:, None] & kmask[None, :]
-{_finish(p, "    ", "rows[:, None]", "ks[None, :]", "tile")}    tl.store(out + rows[:, None] * so_r + ks[None, :] * so_k, acc.to(out.dtype.element_ty),
-             mask=tile)
+{finish}    tl.store(out + rows[:, None] * so_r + ks[None, :] * so_k,
+             acc.to(out.dtype.element_ty), mask=tile)
 """
 
 

@@ -128,7 +128,7 @@ def _strides(t: torch.Tensor, dims, roles) -> list:
     return [t.stride(dims.index(r)) if r in dims else 0 for r in roles]
 
 
-def _epilogue_args(p, tensors, assignment):
+def _epilogue_args(p, tensors):
     """Pointers, then (row, k) stride pairs, of the epilogue's operands."""
     from ..codegen.triton import epilogue_operands
 
@@ -159,7 +159,7 @@ def _launch_rows(p, tensors, assignment):
     if out.numel() == 0:
         return out
     perm = row_order(A.arrays["pos1"])
-    eptrs, estrides = _epilogue_args(p, tensors, assignment)
+    eptrs, estrides = _epilogue_args(p, tensors)
     block_k = min(_pow2(n_k), _MAX_BLOCK_K) if p.has_k else 1
     rows = 1 if p.has_k else _SPMV_ROWS
     grid = (triton.cdiv(n_rows, rows), triton.cdiv(n_k, block_k))
@@ -199,7 +199,7 @@ def _launch_bsr(p, tensors, assignment):
         return out
     n_brows = n_rows // r
     perm = row_order(A.arrays["pos1"])
-    eptrs, estrides = _epilogue_args(p, tensors, assignment)
+    eptrs, estrides = _epilogue_args(p, tensors)
     block_k = min(_pow2(n_k), _MAX_BLOCK_K) if p.has_k else 1
     use_dot, widen, precision = _dot_choice(A.dtype, A.device, r, c, block_k)
     grid = (n_brows, triton.cdiv(n_k, block_k))
