@@ -43,9 +43,9 @@ from pathlib import Path
 
 from . import cache as _cache
 from . import entry as _entry
-from .build import (FLAGS, LIBS, CompilerNotFoundError, KernelBuildError, KernelCompileError,
-                    Toolchain, compile_library, cpu_features, toolchain)
-from .cache import cache_dir
+from .build import (FLAGS, LIBS, CompilerNotFoundError, CompileTimeoutError, KernelBuildError,
+                    KernelCompileError, Toolchain, compile_library, cpu_features, toolchain)
+from .cache import UnsafeCacheError, cache_dir
 
 PTR = ctypes.c_void_p    # a tensor's data_ptr()
 I64 = ctypes.c_int64     # sizes, strides, the thread count
@@ -53,7 +53,8 @@ F64 = ctypes.c_double    # scalars
 
 __all__ = ["load_kernel", "load_entries", "load_library", "kernel_address", "num_threads",
            "cache_dir", "clear_cache", "stats", "reset_stats", "KernelLibrary", "PTR", "I64",
-           "F64", "KernelBuildError", "CompilerNotFoundError", "KernelCompileError"]
+           "F64", "KernelBuildError", "CompilerNotFoundError", "KernelCompileError",
+           "CompileTimeoutError", "UnsafeCacheError"]
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,7 @@ def _build_entry(source: str, p, key: str, tc: Toolchain, d: Path):
         t0 = time.perf_counter()
         flags = compile_library(tc, str(p["c"]), tmp)
         dt = time.perf_counter() - t0
-        os.replace(tmp, p["so"])
+        _cache.install(tmp, p["so"])
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -5,7 +5,9 @@ kernel: 0.30 s, 0.21 s with the header precompiled). GCC can load a header preco
 instead (a ``.gch`` file next to it), so ``include_flags`` answers ``-include <header>`` for
 a source that includes ``<immintrin.h>``: a header of the standard includes the kernels start
 with plus the intrinsics, precompiled once per compiler, flags and CPU and kept in the
-kernel cache (``<key>.h`` and ``<key>.h.gch``, written atomically like the kernels).
+kernel cache (``<key>.h`` and ``<key>.h.gch``, written atomically like the kernels, and
+checked like them before use: the header's text, the ``.gch``'s size and hash against its
+``<key>.json`` marker, both private files of the user).
 
 GCC checks a ``.gch`` against each compilation and parses the header as text when it does
 not fit, so a stale one costs only time; a build that fails with these flags is retried
@@ -20,6 +22,7 @@ import os
 import subprocess
 
 from . import cache as _cache
+from . import tool
 
 TRIGGER = "#include <immintrin.h>"
 TEXT = "".join(f"#include <{h}>\n" for h in
@@ -67,6 +70,15 @@ def _is_gcc(version: str) -> bool:
     return "Free Software Foundation" in version and "clang" not in version.lower()
 
 
+def _header_intact(path) -> bool:
+    """Whether ``path`` is the user's own private file holding exactly ``TEXT`` (anything
+    else there would be compiled into every kernel)."""
+    try:
+        return _cache.read_private(path) == TEXT.encode()
+    except OSError:
+        return False
+
+
 def _build(tc, flags, cpu: str) -> str | None:
     """The header's path once it and its ``.gch`` are in the cache, or None."""
     try:
@@ -74,24 +86,25 @@ def _build(tc, flags, cpu: str) -> str | None:
     except OSError:
         return None
     key = _cache.cache_key(TEXT, tc.identity(), " ".join(flags), cpu, "pch")
-    header = d / f"{key}.h"
-    gch = d / f"{key}.h.gch"
-    if header.is_file() and gch.is_file() and gch.stat().st_size > 0:
-        return str(header)
+    # GCC finds the .gch as the header's name + ".gch"; the marker holds its size and hash
+    p = {"h": d / f"{key}.h", "gch": d / f"{key}.h.gch", "json": d / f"{key}.json"}
+    if _header_intact(p["h"]) and _cache.read_marker(p, "gch") is not None:
+        return str(p["h"])
     # The precompiled unit is compiled like a kernel, minus linking (-shared).
     cflags = [f for f in flags if f != "-shared"]
     try:
-        _cache.write_atomic(header, TEXT.encode())
+        _cache.write_atomic(p["h"], TEXT.encode())
         tmp = _cache.temp_path(d, ".gch")
     except OSError:
         return None
     try:
-        proc = subprocess.run([*tc.argv, *cflags, "-x", "c-header", str(header), "-o", tmp],
-                              capture_output=True, timeout=600)
+        proc = tool.run([*tc.argv, *cflags, "-x", "c-header", str(p["h"]), "-o", tmp],
+                        text=False)
         if proc.returncode != 0:
             return None
-        os.replace(tmp, gch)
-        return str(header)
+        _cache.install(tmp, p["gch"])
+        _cache.write_marker(p, {"compiler": " ".join(tc.argv)}, "gch")
+        return str(p["h"])
     except (OSError, subprocess.SubprocessError):
         return None
     finally:
