@@ -14,12 +14,17 @@ not fit, so a stale one costs only time; a build that fails with these flags is 
 without them and the header is dropped (``discard``). Other compilers (clang reads another
 format) and kernels without intrinsics get no flags: loading the 26 MB ``.gch`` costs an
 elementwise kernel more (0.17 s against 0.12 s) than the few headers it parses.
+
+The header is built in the background (``tool.submit``): building it costs more than the one
+kernel waiting for it would save, so kernels built meanwhile parse the headers themselves.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
+import threading
+from concurrent.futures import Future, wait as _wait_all
 
 from . import cache as _cache
 from . import tool
@@ -28,9 +33,10 @@ TRIGGER = "#include <immintrin.h>"
 TEXT = "".join(f"#include <{h}>\n" for h in
                ("stdint.h", "stdlib.h", "string.h", "math.h", "omp.h", "immintrin.h"))
 
-# (cache dir, compiler identity, flags, cpu) -> the header's path, or None where it could
-# not be built or was discarded
-_headers: dict[tuple, str | None] = {}
+# (cache dir, compiler identity, flags, cpu) -> the header's path, None where it could not
+# be built or was discarded, or the Future of its build in the background
+_headers: dict[tuple, str | None | Future] = {}
+_memo_lock = threading.Lock()
 
 
 def include_flags(tc, flags, source: str, cpu: str) -> tuple[str, ...]:
@@ -44,19 +50,44 @@ def include_flags(tc, flags, source: str, cpu: str) -> tuple[str, ...]:
     if TRIGGER not in source or not _is_gcc(tc.version):
         return ()
     memo = _memo_key(tc, flags, cpu)
-    header = _headers.get(memo, "")
-    # (built again where the cache was cleared since)
-    if header == "" or (header is not None and not os.path.exists(header + ".gch")):
-        header = _headers[memo] = _build(tc, flags, cpu)
+    with _memo_lock:
+        header = _headers.get(memo, "")
+        if isinstance(header, Future):
+            if not header.done():
+                return ()
+            header = _headers[memo] = None if header.exception() else header.result()
+        # (built again where the cache was cleared since)
+        if header == "" or (header is not None and not os.path.exists(header + ".gch")):
+            header = _headers[memo] = _intact(tc, flags, cpu)
+            if header is None:
+                # Building it takes longer than the one kernel it would speed up: that
+                # kernel parses the headers itself while it builds for the ones after.
+                pending = tool.submit(_build, tc, flags, cpu)
+                if not pending.done():
+                    _headers[memo] = pending
+                    return ()
+                header = _headers[memo] = None if pending.exception() else pending.result()
     return () if header is None else ("-include", header)
+
+
+def wait() -> None:
+    """Wait for precompiled headers being built in the background.
+
+    Example:
+        >>> wait()
+    """
+    with _memo_lock:
+        pending = [h for h in _headers.values() if isinstance(h, Future)]
+    _wait_all(pending)
 
 
 def discard(tc, flags, cpu: str) -> None:
     """Stop using this precompiled header in this process (a kernel failed to build with
     it) and delete it, so that later processes build a fresh one."""
     memo = _memo_key(tc, flags, cpu)
-    header, _headers[memo] = _headers.get(memo), None
-    if header:
+    with _memo_lock:
+        header, _headers[memo] = _headers.get(memo), None
+    if isinstance(header, str):
         with contextlib.suppress(OSError):
             os.unlink(header + ".gch")
 
@@ -79,17 +110,30 @@ def _header_intact(path) -> bool:
         return False
 
 
-def _build(tc, flags, cpu: str) -> str | None:
-    """The header's path once it and its ``.gch`` are in the cache, or None."""
+def _paths(tc, flags, cpu: str) -> dict | None:
     try:
         d = _cache.ensure_dir()
     except OSError:
         return None
     key = _cache.cache_key(TEXT, tc.identity(), " ".join(flags), cpu, "pch")
     # GCC finds the .gch as the header's name + ".gch"; the marker holds its size and hash
-    p = {"h": d / f"{key}.h", "gch": d / f"{key}.h.gch", "json": d / f"{key}.json"}
-    if _header_intact(p["h"]) and _cache.read_marker(p, "gch") is not None:
+    return {"h": d / f"{key}.h", "gch": d / f"{key}.h.gch", "json": d / f"{key}.json"}
+
+
+def _intact(tc, flags, cpu: str) -> str | None:
+    """The header's path if it and its ``.gch`` are in the cache and pass the checks."""
+    p = _paths(tc, flags, cpu)
+    if p is not None and _header_intact(p["h"]) and _cache.read_marker(p, "gch") is not None:
         return str(p["h"])
+    return None
+
+
+def _build(tc, flags, cpu: str) -> str | None:
+    """The header's path once it and its ``.gch`` are in the cache, or None."""
+    p = _paths(tc, flags, cpu)
+    if p is None:
+        return None
+    d = p["h"].parent
     # The precompiled unit is compiled like a kernel, minus linking (-shared).
     cflags = [f for f in flags if f != "-shared"]
     try:
