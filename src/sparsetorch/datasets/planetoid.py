@@ -62,7 +62,8 @@ def planetoid(name: str, root=None) -> Graph:
         span = f"from {test_idx.min()} to {test_idx.max()}" if test_idx.size else ""
         raise ValueError(f"{where}: {test_path} lists {test_idx.size} nodes {span}, but ty "
                          f"has {len(ty)} rows and ally {start}; expected {len(ty)} distinct "
-                         f"nodes at or after {start}; the files do not belong together")
+                         f"nodes in [{start}, {start + 2 * len(ty)}) (test nodes follow the "
+                         "labelled ones); the files do not belong together")
     shapes = {"y": y.shape, "ty": ty.shape, "ally": ally.shape, "x": x.shape, "tx": tx.shape,
               **({"allx": allx.shape} if allx is not None else {})}
     if (y.shape[1] != classes or ty.shape[1] != classes or len(y) > start
