@@ -324,8 +324,9 @@ def _notice(source: str, seconds: float, path: Path) -> None:
     hides it), so a pause on a first call is explained."""
     if seconds < NOTICE_SECONDS or os.environ.get("SPARSETORCH_QUIET", "") not in ("", "0"):
         return
+    # the source's first comment names it: "sparsetorch kernel: out[i] = ..." or a module's
     what = source.split("\n", 1)[0].strip().removeprefix("/*").removesuffix("*/").strip()
-    what = what.removeprefix("sparsetorch kernel: ")
+    what = what.split(". ")[0].replace("sparsetorch kernel: ", "kernel ")
     print(f"sparsetorch: compiled {what[:100]} in {seconds:.1f} s; cached in {path.parent}, "
           "so later runs load it (SPARSETORCH_QUIET=1 hides this)", file=sys.stderr)
 
