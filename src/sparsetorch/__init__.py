@@ -15,9 +15,10 @@ from .formats import (FORMAT_NAMES, Compressed, Dense, Format, LevelKind, Single
 from .ops import Explanation, LazyExpr, abs, einsum, exp, explain, lazy, relu, sqrt
 from . import datasets, io, runtime
 from .fusion import compile  # st.compile, named as torch.compile
+from . import nn, models
 
 __all__ = ["tensor", "SparseTensor", "Format", "FORMAT_NAMES", "LevelKind", "Dense",
            "Compressed", "Singleton", "dense", "compressed", "singleton", "einsum", "explain",
            "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp", "sqrt", "runtime", "io",
-           "datasets", "compile",
+           "datasets", "compile", "nn", "models",
            "__version__"]
