@@ -428,8 +428,8 @@ def check_sparse_structure(out: st.SparseTensor, operands=()) -> None:
                for t in operands)
     if out.arrays and not wide and out.nnz < 2**31 and max(out.shape, default=0) < 2**31:
         assert out.index_dtype == torch.int32, (
-            f"indices fit in int32 (docs/design.md: 'Index arrays are int32 when every coordinate and "
-            f"position fits') but the result uses {out.index_dtype}")
+            f"indices fit in int32 (docs/design.md: 'Index arrays are int32 when every "
+            f"coordinate and position fits') but the result uses {out.index_dtype}")
 
 
 # -- crash isolation --------------------------------------------------------------------------
