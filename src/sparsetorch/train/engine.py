@@ -104,6 +104,10 @@ class SparseTrainer:
                                      "growth with dense gradients at every step, which a truly "
                                      "sparse layer never holds. Use RigL/SET/Static/"
                                      "MagnitudePruning, or nn.Linear layers (masked mode)")
+                if module.blocksize:
+                    raise ValueError(f"{cls}: layer {mname!r} stores blocks "
+                                     f"(blocksize={module.blocksize}); sparse training updates "
+                                     "single entries, so build it without blocksize")
                 found.append((mname, SparseLayer(prefix + "values", module,
                                                  _dist.mean_over_ranks)))
             elif isinstance(module, (nn.Linear, nn.Conv2d)):
@@ -151,7 +155,8 @@ class SparseTrainer:
                 continue   # a SparseLinear built at this density keeps its pattern and values
             active = torch.sort(torch.randperm(layer.size, generator=generator)[:count]).values
             if isinstance(layer, SparseLayer):
-                bound = 1 / math.sqrt(layer.shape[1])   # nn.Linear's weight init range
+                # SparseLinear's own init: nn.Linear's range with the stored entries per row
+                bound = 1 / math.sqrt(max(1.0, count / layer.shape[0]))
                 values = (torch.rand(count, generator=generator) * 2 - 1) * bound
                 layer.set_active(active, self.optimizer, values.to(layer.param.dtype))
             else:
