@@ -88,7 +88,6 @@ class SparseTrainer:
         self.counts = {n: kept_count(self.layers[n].size, d) for n, d in self.densities.items()}
         self._initial_masks(torch.Generator().manual_seed(seed + 1))
         self.last_update: dict[str, tuple[int, int]] = {}
-        self._arm_capture()
 
     # ---- layers -------------------------------------------------------------------------
     def _find_layers(self, model, dense):
@@ -109,7 +108,7 @@ class SparseTrainer:
                                      f"(blocksize={module.blocksize}); sparse training updates "
                                      "single entries, so build it without blocksize")
                 found.append((mname, SparseLayer(prefix + "values", module,
-                                                 _dist.mean_over_ranks)))
+                                                 _dist.mean_over_ranks, self._capturing)))
             elif isinstance(module, (nn.Linear, nn.Conv2d)):
                 found.append((mname, MaskedLayer(prefix + "weight", module.weight, reduce)))
         if dense is None:   # the official ImageNet/CIFAR code keeps a first conv dense
@@ -201,7 +200,6 @@ class SparseTrainer:
         if update:
             self._update_masks(t)
         self.step_count += 1
-        self._arm_capture()
         return loss
 
     def _before_optimizer_step(self):
@@ -222,11 +220,17 @@ class SparseTrainer:
                 layer.release()
             self.last_update[name] = (ch.n_dropped, ch.n_grown)
 
-    def _arm_capture(self):
-        capture = self.uses_gradient and self.is_update_step()
+    def _capturing(self) -> bool:
+        """Whether truly sparse layers keep their input and output gradient in this forward
+        and backward: only before an update step that scores growth by the gradient."""
+        return self.uses_gradient and self.is_update_step()
+
+    def close(self) -> None:
+        """Remove the hooks this trainer put on truly sparse layers (before training the
+        same model with another trainer)."""
         for layer in self.layers.values():
             if isinstance(layer, SparseLayer):
-                layer.capture = capture
+                layer.close()
 
     def _drop_count(self, layer, t: int) -> int:
         raise NotImplementedError
@@ -262,7 +266,6 @@ class SparseTrainer:
         self.generator.set_state(state["generator"])
         self.optimizer.load_state_dict(state["optimizer"])
         self._load_extra_state(state.get("extra", {}))
-        self._arm_capture()
 
     def _extra_state(self) -> dict:
         return {}

@@ -86,21 +86,21 @@ class SparseLayer:
     exists only while ``grad_rows`` streams it: rows ``r0:r1`` of ``dY^T X`` from the layer's
     input and output gradient, captured by hooks on the steps that need them."""
 
-    def __init__(self, name: str, module, reduce: Callable[[torch.Tensor], torch.Tensor]):
-        self.name, self.module, self.reduce = name, module, reduce
+    def __init__(self, name: str, module, reduce: Callable[[torch.Tensor], torch.Tensor],
+                 capturing: Callable[[], bool]):
+        self.name, self.module, self.reduce, self.capturing = name, module, reduce, capturing
         out_f, in_f = module.out_features, module.in_features
         self.shape = self.shape2d = (out_f, in_f)
         self.size = out_f * in_f
-        self.capture = False
         self._x = self._dy = None
-        module.register_forward_hook(self._hook)
+        self._handle = module.register_forward_hook(self._hook)
 
     @property
     def param(self) -> torch.nn.Parameter:
         return self.module.values
 
     def _hook(self, module, inputs, output):
-        if not (self.capture and torch.is_grad_enabled() and output.requires_grad):
+        if not (output.requires_grad and torch.is_grad_enabled() and self.capturing()):
             return
         self._x = inputs[0].detach().reshape(-1, self.shape[1])
 
@@ -133,6 +133,10 @@ class SparseLayer:
 
     def release(self) -> None:
         self._x = self._dy = None
+
+    def close(self) -> None:
+        self.release()
+        self._handle.remove()
 
     def set_active(self, active: torch.Tensor, optimizer, values=None) -> None:
         """Rebuild the pattern as ``active`` with ``values`` (zeros if None); a new ``values``
