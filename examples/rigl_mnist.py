@@ -139,9 +139,10 @@ def runs_of(args):
     if not args.no_dense:
         out += [{"method": "dense", "sparsity": 0.0, "distribution": "-", "seed": s}
                 for s in seeds]
-    for method in args.methods.split(","):
-        for sp in (float(v) for v in args.sparsities.split(",")):
-            for distribution in args.distributions.split(","):
+    # methods innermost: a partial run already compares them at the first settings
+    for sp in (float(v) for v in args.sparsities.split(",")):
+        for distribution in args.distributions.split(","):
+            for method in args.methods.split(","):
                 out += [{"method": method, "sparsity": sp, "distribution": distribution,
                          "seed": s} for s in seeds]
     if args.paper_point:
