@@ -45,7 +45,6 @@ def run(model, opt, trainer, data):
 
 
 @pytest.mark.parametrize("algo,make_opt", [
-    ("RigL", lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)),
     ("RigL", lambda p: torch.optim.Adam(p, lr=1e-2)),
     ("SET", lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))])
 def test_truly_sparse_follows_masked_mode(algo, make_opt):
