@@ -15,9 +15,10 @@ from .formats import (FORMAT_NAMES, Compressed, Dense, Format, LevelKind, Single
 from .ops import Explanation, LazyExpr, abs, einsum, exp, explain, lazy, relu, sqrt
 from . import bench, datasets, io, runtime
 from .fusion import compile  # st.compile, named as torch.compile
-from . import nn, models
+from . import nn, models, train
 
 __all__ = ["tensor", "eye", "random", "SparseTensor", "Format", "FORMAT_NAMES", "LevelKind",
            "Dense", "Compressed", "Singleton", "dense", "compressed", "singleton", "einsum",
            "explain", "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp", "sqrt",
-           "runtime", "io", "datasets", "bench", "compile", "nn", "models", "__version__"]
+           "runtime", "io", "datasets", "bench", "compile", "nn", "models", "train",
+           "__version__"]
