@@ -13,11 +13,12 @@ __version__ = "0.1.0"
 from .formats import (FORMAT_NAMES, Compressed, Dense, Format, LevelKind, Singleton,
                       SparseTensor, compressed, dense, singleton, tensor)
 from .ops import Explanation, LazyExpr, abs, einsum, exp, explain, lazy, relu, sqrt
-from . import datasets, io, runtime
+from . import datasets, io, models, nn, runtime
+from .nn import sparsify
 from .fusion import compile  # st.compile, named as torch.compile
 
 __all__ = ["tensor", "SparseTensor", "Format", "FORMAT_NAMES", "LevelKind", "Dense",
            "Compressed", "Singleton", "dense", "compressed", "singleton", "einsum", "explain",
            "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp", "sqrt", "runtime", "io",
-           "datasets", "compile",
+           "datasets", "compile", "nn", "models", "sparsify",
            "__version__"]
