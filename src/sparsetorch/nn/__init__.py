@@ -12,7 +12,7 @@ from .conv import SparseConv2d, channels_first
 from .depthwise import ChannelsFirstDepthwise
 from .fold import fold_batchnorm
 from .pattern import SparsePattern, choose_blocksize, prune_mask
-from .sparsify import sparsify
+from .sparsify import fold_batchnorms, sparsify
 
-__all__ = ["SparseConv2d", "ChannelsFirstDepthwise", "channels_first", "fold_batchnorm",
+__all__ = ["SparseConv2d", "ChannelsFirstDepthwise", "channels_first", "fold_batchnorm", "fold_batchnorms",
            "SparsePattern", "choose_blocksize", "prune_mask", "sparsify"]

@@ -66,39 +66,69 @@ def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
     blocksize = _blocksize(block)
     skipped = _skip_predicate(skip)
 
-    sparse = copy.deepcopy(model)
-    chains = _chains(sparse, fold_bn)
-    modules = dict(sparse.named_modules())
-    for name, module in list(modules.items()):
-        if not name or skipped(name, modules[name]):
+    def make_sparse(module, conv, act):
+        if isinstance(module, nn.Linear):
+            return None if SparseLinear is None else SparseLinear.from_dense(
+                module, sparsity=sparsity, method=method, blocksize=blocksize,
+                generator=generator)
+        if is_depthwise(module):
+            return ChannelsFirstDepthwise.from_dense(conv, act)
+        mask = prune_mask(module.weight.detach().flatten(1), sparsity=sparsity, method=method,
+                          blocksize=blocksize, generator=generator)
+        return SparseConv2d._from_mask(conv, mask, act)
+
+    return _rebuild(model, fold_bn, skipped, make_sparse)
+
+
+def fold_batchnorms(model: nn.Module) -> nn.Module:
+    """A dense copy of ``model`` with each ``BatchNorm2d`` that follows a convolution (and
+    nothing else) folded into it, as ``sparsify`` folds them: the dense baseline with the
+    same fusions.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4)).eval()
+        >>> [type(m).__name__ for m in st.nn.fold_batchnorms(net)]
+        ['Conv2d', 'Identity']
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fold_batchnorms: model must be an nn.Module, got {type(model).__name__}")
+    return _rebuild(model, True, lambda name, module: False, None)
+
+
+def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module:
+    """A copy of ``model`` with batch norms folded (``fold_bn``) and, unless ``make_sparse``
+    is None, each 1x1 or depthwise convolution and linear layer not ``skipped`` replaced by
+    ``make_sparse(module, module with its batch norm folded, fused activation name)``."""
+    out = copy.deepcopy(model)
+    chains = _chains(out, fold_bn)
+    modules = dict(out.named_modules())
+    for name, module in modules.items():
+        if not name or skipped(name, module):
             continue
         bn_name, act_name = chains.get(name, (None, None))
         act = _ACTIVATION_OF.get(type(modules[act_name])) if act_name else None
+        convertible = (isinstance(module, nn.Linear)
+                       or _is_pointwise(module) or is_depthwise(module))
         new = None
-        if isinstance(module, nn.Conv2d):
-            conv = fold_batchnorm(module, modules[bn_name]) if bn_name else module
-            if _is_pointwise(module):
-                mask = prune_mask(module.weight.detach().flatten(1), sparsity=sparsity,
-                                  method=method, blocksize=blocksize, generator=generator)
-                new = SparseConv2d._from_mask(conv, mask, act)
-            elif is_depthwise(module):
-                new = ChannelsFirstDepthwise.from_dense(conv, act)
-            else:
-                new, act = conv, None   # dense: only the batch norm is folded
-        elif isinstance(module, nn.Linear) and SparseLinear is not None:
-            new = SparseLinear.from_dense(module, sparsity=sparsity, method=method,
-                                          blocksize=blocksize, generator=generator)
+        if make_sparse is not None and convertible:
+            folded = fold_batchnorm(module, modules[bn_name]) if bn_name else module
+            new = make_sparse(module, folded, act)
         if new is None:
-            continue
-        _replace(sparse, name, new)
-        if bn_name and new is not module:
-            _replace(sparse, bn_name, nn.Identity())
+            if not (bn_name and isinstance(module, nn.Conv2d)):
+                continue
+            new, act = fold_batchnorm(module, modules[bn_name]), None   # dense, BN folded
+        _replace(out, name, new)
+        if bn_name:
+            _replace(out, bn_name, nn.Identity())
         if act is not None:
-            _replace(sparse, act_name, nn.Identity())
-    return sparse
+            _replace(out, act_name, nn.Identity())
+    return out
 
 
-def _is_pointwise(conv: nn.Conv2d) -> bool:
+def _is_pointwise(conv: nn.Module) -> bool:
+    if not isinstance(conv, nn.Conv2d):
+        return False
     try:
         _check_pointwise(conv)
     except ValueError:
