@@ -61,15 +61,16 @@ def _masked_dense(dense: nn.Module, sparse: nn.Module) -> nn.Module:
     """The dense model with each sparse layer's mask applied to its weight."""
     masked = copy.deepcopy(dense)
     for name, m in sparse.named_modules():
-        if isinstance(m, SparseConv2d):
-            masked.get_submodule(name).weight.data *= m.mask()[:, :, None, None]
+        if isinstance(m, (SparseConv2d, st.nn.SparseLinear)):
+            w = masked.get_submodule(name).weight.data
+            w *= m.mask().view(w.shape[0], w.shape[1], *([1] * (w.dim() - 2)))
     return masked
 
 
 def _check_counts(dense, sparse, sparsity):
     n = 0
     for name, m in sparse.named_modules():
-        if isinstance(m, SparseConv2d):
+        if isinstance(m, (SparseConv2d, st.nn.SparseLinear)):
             total = dense.get_submodule(name).weight.numel()
             assert m.values.numel() == total - round(sparsity * total), name
             n += 1
@@ -82,7 +83,7 @@ def test_mobilenets_sparsified_equal_masked_dense(build):
     dense = _randomise_bn(build(width_mult=0.25, num_classes=10))
     before = copy.deepcopy(dense.state_dict())
     sparse = st.sparsify(dense, sparsity=0.8)
-    assert _check_counts(dense, sparse, 0.8) == (13 if build is st.models.mobilenet_v1 else 34)
+    assert _check_counts(dense, sparse, 0.8) == (14 if build is st.models.mobilenet_v1 else 35)
     # first conv dense, depthwise kept dense in the layout-keeping wrapper, BN folded away
     assert type(sparse.features[0][0]) is nn.Conv2d
     assert sum(isinstance(m, ChannelsFirstDepthwise) for m in sparse.modules()) == \
@@ -103,7 +104,7 @@ def test_user_model_with_residuals(model_cls):
     torch.manual_seed(1)
     dense = _randomise_bn(model_cls())
     sparse = st.sparsify(dense, sparsity=0.5)
-    assert _check_counts(dense, sparse, 0.5) == 3
+    assert _check_counts(dense, sparse, 0.5) == 4
     if model_cls is TinyResNet:   # traced: bn1 folded, act1 fused into the sparse layer
         assert isinstance(sparse.bn1, nn.Identity) and sparse.reduce.activation == "relu"
         assert isinstance(sparse.act1, nn.Identity) and isinstance(sparse.bn0, nn.Identity)
@@ -127,6 +128,8 @@ def test_random_and_block_pruning_counts():
         blocks = layer.weight.shape[0] // 4 * layer.weight.shape[1]
         assert layer.blocksize == (4, 1)
         assert layer.values.numel() == 4 * (blocks - round(0.5 * blocks))
+    assert blocked.head.blocksize is None     # 5 outputs: not a multiple of 4, pruned by entry
+    assert blocked.head.values.numel() == 60
 
 
 def test_skip_and_no_folding():

@@ -1,5 +1,6 @@
-"""Reference models, dense ``nn.Module``s written here (no torchvision): MobileNet v1 and v2
-with ImageNet shapes. ``st.sparsify`` makes sparse copies of them (or of any model).
+"""Ready-made models: dense ``nn.Module``s written here (no torchvision), MobileNet v1 and v2
+with ImageNet shapes; ``st.sparsify`` makes sparse copies of them (or of any model). See
+README.md here.
 
 Example:
     >>> import torch, sparsetorch as st

@@ -1,5 +1,8 @@
-"""Sparse layers: ``SparseConv2d`` (1x1 convolutions over CHW activations), the layout-keeping
-depthwise convolution, batch-norm folding and ``sparsify`` (a sparse copy of any model).
+"""Sparse layers: ordinary ``torch.nn.Module``s whose weights, inputs or graphs are
+SparseTensors, and ``sparsify``, a sparse copy of any model.
+
+In: dense tensors, SparseTensors, graph adjacencies (``edge_index`` or SparseTensor). Out:
+dense activations, computed by the compiler's kernels and differentiable. See README.md.
 
 Example:
     >>> import torch, sparsetorch as st
@@ -8,11 +11,15 @@ Example:
     >>> type(sp[1]).__name__, sp[1].activation
     ('SparseConv2d', 'relu')
 """
+from .adjacency import normalized_adjacency
 from .conv import SparseConv2d, channels_first
 from .depthwise import ChannelsFirstDepthwise
 from .fold import fold_batchnorm
+from .graph import GATConv, GCNConv, SAGEConv
+from .linear import SparseLinear
 from .pattern import SparsePattern, choose_blocksize, prune_mask
 from .sparsify import fold_batchnorms, sparsify
 
-__all__ = ["SparseConv2d", "ChannelsFirstDepthwise", "channels_first", "fold_batchnorm", "fold_batchnorms",
-           "SparsePattern", "choose_blocksize", "prune_mask", "sparsify"]
+__all__ = ["SparseLinear", "SparseConv2d", "ChannelsFirstDepthwise", "GCNConv", "SAGEConv",
+           "GATConv", "normalized_adjacency", "channels_first", "fold_batchnorm",
+           "fold_batchnorms", "SparsePattern", "choose_blocksize", "prune_mask", "sparsify"]

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import SparseTensor, tensor
+from ..formats import SparseTensor
+from . import _pattern
 
 METHODS = ("magnitude", "random")
 BLOCK_ROWS = (4, 2)   # output-channel blocks tried, largest first (Fast Sparse ConvNets' 1x4/1x2)
@@ -47,10 +48,10 @@ def prune_mask(weight: torch.Tensor, density=None, sparsity=None, method: str = 
                blocksize=None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Boolean mask (same shape as the 2-D ``weight``) of the entries a pruned layer keeps.
 
-    ``method="magnitude"`` zeroes the ``round(sparsity * N)`` smallest ``|w|`` (ties broken by
-    position, so the count is exact); ``"random"`` keeps a uniformly random subset of the same
-    size. With ``blocksize=(r, 1)`` the unit is a block of ``r`` output channels (rows) in one
-    column, scored by its summed ``|w|``, and ``N`` counts blocks.
+    ``method="magnitude"`` zeroes the ``round(sparsity * N)`` smallest ``|w|`` (exactly that
+    many, ties broken by ``torch.topk``); ``"random"`` keeps a uniformly random subset of the
+    same size. With ``blocksize=(r, c)`` (e.g. ``(4, 1)``, four output channels) the unit is a
+    block, scored by its summed ``|w|``, and ``N`` counts blocks.
 
     Example:
         >>> import torch
@@ -64,17 +65,13 @@ def prune_mask(weight: torch.Tensor, density=None, sparsity=None, method: str = 
         raise ValueError(f"prune_mask: method={method!r} is not one of {METHODS}")
     if weight.dim() != 2:
         raise ValueError(f"prune_mask: weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
-    rows, cols = weight.shape
-    r = _block_rows(blocksize, rows, "prune_mask")
-    score = weight.detach().abs().reshape(rows // r, r, cols).sum(1).flatten()
-    keep = kept_count(score.numel(), density, sparsity, "prune_mask")
+    bs = _pattern.blocks(blocksize, weight.shape, "prune_mask")
+    cells = weight.numel() // (1 if bs is None else bs[0] * bs[1])
+    # the exact count as a density: round(keep / cells * cells) == keep in floating point
+    density = kept_count(cells, density, sparsity, "prune_mask") / cells
     if method == "random":
-        order = torch.randperm(score.numel(), generator=generator)
-    else:   # stable sort: equal magnitudes are kept in position order, counts stay exact
-        order = torch.sort(score.double(), descending=True, stable=True).indices
-    flat = torch.zeros(score.numel(), dtype=torch.bool)
-    flat[order[:keep]] = True
-    return flat.view(rows // r, 1, cols).expand(rows // r, r, cols).reshape(rows, cols)
+        return _pattern.random_mask(tuple(weight.shape), density, bs, generator, "prune_mask")
+    return _pattern.top_mask(weight.detach().abs(), density, bs, "prune_mask")
 
 
 def choose_blocksize(mask: torch.Tensor):
@@ -97,20 +94,6 @@ def choose_blocksize(mask: torch.Tensor):
     return None
 
 
-def _block_rows(blocksize, rows: int, what: str) -> int:
-    if blocksize is None:
-        return 1
-    if (not isinstance(blocksize, (tuple, list)) or len(blocksize) != 2 or blocksize[1] != 1
-            or int(blocksize[0]) < 1):
-        raise ValueError(f"{what}: blocksize must be None or (r, 1), a block of r output "
-                         f"channels; got {blocksize!r}")
-    r = int(blocksize[0])
-    if rows % r:
-        raise ValueError(f"{what}: blocksize {tuple(blocksize)} does not divide the {rows} output "
-                         f"channels; use a block of rows that divides them, or None")
-    return r
-
-
 class SparsePattern:
     """The stored pattern of a 2-D weight: ``tensor`` (a SparseTensor of ones, CSR or
     output-channel-blocked BSR) and ``order`` (each stored entry's flat index into the dense
@@ -131,18 +114,14 @@ class SparsePattern:
         self.shape = tuple(mask.shape)
         if blocksize == "auto":
             blocksize = choose_blocksize(mask)
-        _block_rows(blocksize, self.shape[0], "SparsePattern")
-        self.blocksize = None if blocksize is None or tuple(blocksize) == (1, 1) else tuple(blocksize)
-        # Flat positions + 1 as values: the stored values, in storage order, name the entries.
-        # (float64 holds every position exactly up to 2**53.)
-        where = (torch.arange(1, mask.numel() + 1, dtype=torch.float64).view(self.shape) * mask)
-        fmt = "csr" if self.blocksize is None else "bsr"
-        marked = tensor(where, format=fmt, blocksize=self.blocksize)
-        self.order = marked.values.long() - 1
-        if bool((self.order < 0).any()):
+        self.blocksize = _pattern.blocks(blocksize, self.shape, "SparsePattern")
+        if self.blocksize is not None and not bool(
+                (_pattern.expand_blocks(_block_any(mask, self.blocksize), self.blocksize) == mask).all()):
             raise ValueError(f"mask does not fill whole {self.blocksize} blocks; use "
                              f"blocksize=None (CSR) or a mask of whole blocks")
-        self.tensor: SparseTensor = marked.with_values(torch.ones(self.nnz))
+        self.tensor: SparseTensor = _pattern.from_mask(mask, self.shape, self.blocksize,
+                                                       "SparsePattern")
+        self.order = _pattern.positions(self.tensor)
 
     @property
     def nnz(self) -> int:
@@ -163,3 +142,8 @@ class SparsePattern:
         """Dense (out, in) weight with ``values`` (storage order) at the stored positions."""
         flat = values.new_zeros(self.shape[0] * self.shape[1])
         return flat.index_put((self.order,), values).view(self.shape)
+
+
+def _block_any(mask: torch.Tensor, blocksize) -> torch.Tensor:
+    r, c = blocksize
+    return mask.reshape(mask.shape[0] // r, r, mask.shape[1] // c, c).any(3).any(1)

@@ -4,7 +4,8 @@ Every ``nn.Conv2d`` with a 1x1 kernel and ``groups=1`` (stride 1 or 2, no paddin
 ``SparseConv2d`` and every ``nn.Linear`` a ``SparseLinear``, each pruned on its own weights:
 ``method="magnitude"`` zeroes the ``round(sparsity * N)`` smallest ``|w|`` of the layer,
 ``"random"`` a random subset of that size; ``block=(r, 1)`` (or ``r``) prunes whole blocks of
-``r`` output channels. Other convolutions stay dense, as in Fast Sparse ConvNets: the first
+``r`` output channels (in layers whose output channels it divides; others are pruned entry by
+entry). Other convolutions stay dense, as in Fast Sparse ConvNets: the first
 (3-channel) convolution and the depthwise ones, which become ``ChannelsFirstDepthwise`` so
 a batch keeps the sparse layers' (C, N, H, W) layout through them.
 
@@ -35,10 +36,7 @@ from .depthwise import ChannelsFirstDepthwise, is_depthwise
 from .fold import fold_batchnorm
 from .pattern import METHODS, prune_mask
 
-try:   # SparseLinear lands from the nn branch; until then Linear layers stay dense.
-    from .linear import SparseLinear
-except ImportError:   # pragma: no cover
-    SparseLinear = None
+from .linear import SparseLinear
 
 _ACTIVATION_OF = {nn.ReLU: "relu", nn.ReLU6: "relu6"}
 
@@ -67,14 +65,14 @@ def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
     skipped = _skip_predicate(skip)
 
     def make_sparse(module, conv, act):
-        if isinstance(module, nn.Linear):
-            return None if SparseLinear is None else SparseLinear.from_dense(
-                module, sparsity=sparsity, method=method, blocksize=blocksize,
-                generator=generator)
         if is_depthwise(module):
             return ChannelsFirstDepthwise.from_dense(conv, act)
-        mask = prune_mask(module.weight.detach().flatten(1), sparsity=sparsity, method=method,
-                          blocksize=blocksize, generator=generator)
+        weight = module.weight.detach().flatten(1)
+        bs = blocksize if blocksize and weight.shape[0] % blocksize[0] == 0 else None
+        mask = prune_mask(weight, sparsity=sparsity, method=method, blocksize=bs,
+                          generator=generator)
+        if isinstance(module, nn.Linear):
+            return _sparse_linear(module, mask, bs)
         return SparseConv2d._from_mask(conv, mask, act)
 
     return _rebuild(model, fold_bn, skipped, make_sparse)
@@ -123,6 +121,19 @@ def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module
             _replace(out, bn_name, nn.Identity())
         if act is not None:
             _replace(out, act_name, nn.Identity())
+    return out
+
+
+def _sparse_linear(linear: nn.Linear, mask: torch.Tensor, blocksize) -> SparseLinear:
+    """``linear`` with the weights of ``mask`` kept (SparseLinear.from_dense counts kept
+    entries as round(density * N); sparsify's exact count is round(sparsity * N) zeroed)."""
+    w = linear.weight.detach()
+    out = SparseLinear(linear.in_features, linear.out_features, linear.bias is not None,
+                       mask=mask, blocksize=blocksize, dtype=w.dtype, device=w.device)
+    out.set_pattern(mask, w)
+    if linear.bias is not None:
+        with torch.no_grad():
+            out.bias.copy_(linear.bias)
     return out
 
 
