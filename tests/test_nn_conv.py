@@ -86,9 +86,9 @@ def test_set_pattern_keeps_overlapping_values_and_checks_shapes():
     layer.set_pattern(new)
     assert torch.equal(layer.weight.to_dense(), before)       # new entries start at 0
     assert layer.values.numel() == 16 and layer.values.requires_grad
-    with pytest.raises(ValueError, match="mask must be a tensor of shape"):
+    with pytest.raises(ValueError, match="mask must be a bool tensor of shape"):
         layer.set_pattern(torch.ones(4, 5, dtype=torch.bool))
-    with pytest.raises(ValueError, match="stored values"):
+    with pytest.raises(ValueError, match="must have shape"):
         layer.set_pattern(new, torch.ones(3))
 
 
@@ -141,7 +141,7 @@ def test_bad_arguments_are_clear():
     with pytest.raises(ValueError, match="activation"):
         SparseConv2d(4, 4, activation="gelu")
     with pytest.raises(ValueError, match=r"input must be \(N, 4, H, W\)"):
-        SparseConv2d(4, 4)(torch.randn(1, 3, 2, 2))
+        SparseConv2d(4, 4, density=1.0)(torch.randn(1, 3, 2, 2))
 
 
 @pytest.mark.parametrize("stride", [1, 2])

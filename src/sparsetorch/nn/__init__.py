@@ -17,9 +17,9 @@ from .depthwise import ChannelsFirstDepthwise
 from .fold import fold_batchnorm
 from .graph import GATConv, GCNConv, SAGEConv
 from .linear import SparseLinear
-from .pattern import SparsePattern, choose_blocksize, prune_mask
+from .pattern import choose_blocksize, prune_mask
 from .sparsify import fold_batchnorms, sparsify
 
 __all__ = ["SparseLinear", "SparseConv2d", "ChannelsFirstDepthwise", "GCNConv", "SAGEConv",
            "GATConv", "normalized_adjacency", "channels_first", "fold_batchnorm",
-           "fold_batchnorms", "SparsePattern", "choose_blocksize", "prune_mask", "sparsify"]
+           "fold_batchnorms", "choose_blocksize", "prune_mask", "sparsify"]

@@ -24,30 +24,34 @@ Example:
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from ..formats import SparseTensor
+from ..formats.pack import array_names
 from ..ops import einsum
-from .pattern import SparsePattern, prune_mask
+from . import _pattern
+from .linear import SparseLinear, _keep_facts
+from .pattern import choose_blocksize, prune_mask
 
 ACTIVATIONS = (None, "relu", "relu6")
 
 
-class SparseConv2d(nn.Module):
+class SparseConv2d(SparseLinear):
     """1x1 convolution ``activation(W x + b)`` with ``W`` (out, in) stored sparse.
 
-    Parameters: ``values`` (one per stored weight, in storage order; an ``nn.Parameter``) and
-    ``bias`` (``None`` or ``(out,)``). ``weight`` is the SparseTensor ``W`` (CSR, or BSR with
-    blocks of 4 or 2 output channels when the pattern is made of such blocks); its gradient
-    is sampled on the pattern (``values.grad``). ``stride=2`` subsamples the input first
-    (``x[:, :, ::2, ::2]``, what a 1x1 convolution with stride 2 reads). ``activation`` is
-    ``None``, ``"relu"`` or ``"relu6"``, fused into the kernel. Any batch size; input NCHW.
+    The parameter interface is ``SparseLinear``'s (this class extends it): ``values`` (one per
+    stored weight, in storage order; an ``nn.Parameter``), ``bias`` (``None`` or ``(out,)``),
+    ``weight`` (the SparseTensor ``W``, differentiable in ``values``: its gradient is sampled
+    on the pattern), ``mask()``, ``set_pattern(mask, values=None)``, ``state_dict`` across
+    patterns. Give exactly one of ``density`` (a random pattern) and ``mask``. The weight is
+    CSR, or BSR with blocks of 4 or 2 output channels when the pattern is made of such blocks
+    (chosen again by ``set_pattern``), or of an explicit ``blocksize``.
 
-    A new layer has a random pattern at ``density`` with ``nn.Conv2d``'s initialisation; use
-    ``from_dense`` to prune a trained convolution and ``set_pattern`` to change the pattern.
+    ``stride=2`` subsamples the input first (``x[:, :, ::2, ::2]``, what a 1x1 convolution
+    with stride 2 reads). ``activation`` (``None``, ``"relu"``, ``"relu6"``) and the bias are
+    fused into the kernel. Any batch size; input NCHW (any memory layout); output NCHW in
+    (C, N, H, W) memory (see the module docstring).
 
     Example:
         >>> import torch, sparsetorch as st
@@ -56,41 +60,36 @@ class SparseConv2d(nn.Module):
         (torch.Size([3, 8, 5, 5]), 32, 32)
     """
 
-    def __init__(self, in_channels: int, out_channels: int, *, density: float = 1.0,
-                 stride: int = 1, bias: bool = True, activation: str | None = None,
-                 blocksize=None, dtype: torch.dtype | None = None,
-                 generator: torch.Generator | None = None):
-        super().__init__()
-        if int(in_channels) < 1 or int(out_channels) < 1:
-            raise ValueError(f"SparseConv2d: channel counts must be >= 1, got in_channels="
-                             f"{in_channels}, out_channels={out_channels}")
+    def __init__(self, in_channels: int, out_channels: int, bias: bool = True, *,
+                 density=None, mask=None, blocksize=None, stride: int = 1,
+                 activation: str | None = None, dtype=None, device=None, generator=None):
         if stride not in (1, 2):
             raise ValueError(f"SparseConv2d: stride must be 1 or 2, got {stride!r}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"SparseConv2d: activation must be one of {ACTIVATIONS}, got "
                              f"{activation!r}")
-        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        if blocksize is None and isinstance(mask, torch.Tensor):
+            blocksize = choose_blocksize(mask.bool())
+        super().__init__(in_channels, out_channels, bias, density=density, mask=mask,
+                         blocksize=blocksize, dtype=dtype, device=device, generator=generator)
         self.stride, self.activation = stride, activation
-        dtype = dtype or torch.get_default_dtype()
-        # nn.Conv2d's initialisation (kaiming uniform, a = sqrt(5)), on the dense shape.
-        bound = 1.0 / math.sqrt(self.in_channels)
-        dense = (torch.rand(out_channels, in_channels, generator=generator, dtype=dtype) * 2 - 1) * bound
-        mask = prune_mask(dense, density=density, method="random", blocksize=blocksize,
-                          generator=generator)
-        self.values = nn.Parameter(torch.empty(0, dtype=dtype))
-        self.bias = (nn.Parameter((torch.rand(out_channels, generator=generator, dtype=dtype) * 2 - 1)
-                                  * bound) if bias else None)
-        self.set_pattern(mask, dense)
 
-    # -- the pattern -------------------------------------------------------------------------
+    @property
+    def in_channels(self) -> int:
+        return self.in_features
+
+    @property
+    def out_channels(self) -> int:
+        return self.out_features
+
     @classmethod
-    def from_dense(cls, conv: nn.Conv2d, density=None, sparsity=None, method: str = "magnitude",
-                   blocksize=None, activation: str | None = None,
-                   generator: torch.Generator | None = None) -> "SparseConv2d":
-        """A SparseConv2d computing ``conv`` with its weight pruned (``prune_mask``: the
-        ``round(sparsity * N)`` smallest ``|w|`` zeroed, or a random subset) and ``activation``
-        fused. ``conv`` must be a 1x1 ``nn.Conv2d`` with ``groups=1``, no padding or dilation,
-        stride 1 or 2; it is not modified.
+    def from_dense(cls, conv: nn.Conv2d, density=None, *, sparsity=None,
+                   method: str = "magnitude", blocksize=None, activation: str | None = None,
+                   generator=None) -> "SparseConv2d":
+        """A SparseConv2d computing ``conv`` with its weight pruned (``prune_mask``: exactly
+        the ``round(sparsity * N)`` smallest ``|w|`` zeroed, or a random subset) and
+        ``activation`` fused. ``conv`` must be a 1x1 ``nn.Conv2d`` with ``groups=1``, no
+        padding or dilation, stride 1 or 2; it is not modified.
 
         Example:
             >>> import torch, sparsetorch as st
@@ -107,89 +106,57 @@ class SparseConv2d(nn.Module):
     @classmethod
     def _from_mask(cls, conv: nn.Conv2d, mask: torch.Tensor, activation) -> "SparseConv2d":
         """``conv`` (1x1, checked by the caller) with the weights of ``mask`` kept."""
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"SparseConv2d: activation must be one of {ACTIVATIONS}, got "
-                             f"{activation!r}")
-        layer = cls.__new__(cls)
-        nn.Module.__init__(layer)
-        layer.in_channels, layer.out_channels = conv.in_channels, conv.out_channels
-        layer.stride, layer.activation = conv.stride[0], activation
         w = conv.weight.detach().reshape(conv.out_channels, conv.in_channels)
-        layer.values = nn.Parameter(torch.empty(0, dtype=w.dtype, device=w.device))
-        layer.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().clone())
+        layer = cls(conv.in_channels, conv.out_channels, conv.bias is not None, mask=mask,
+                    stride=conv.stride[0], activation=activation, dtype=w.dtype,
+                    device=w.device)
         layer.set_pattern(mask, w)
+        if conv.bias is not None:
+            with torch.no_grad():
+                layer.bias.copy_(conv.bias)
         return layer
 
-    def set_pattern(self, mask: torch.Tensor, values: torch.Tensor | None = None) -> None:
-        """Store the entries of boolean ``mask`` (out, in). ``values``: a dense (out, in)
-        weight read at the new positions, or one value per kept entry in the new storage
-        order; ``None`` keeps the current weight where the patterns overlap and starts new
-        entries at 0. Replaces the ``values`` parameter (rebuild optimizers' parameter lists,
-        or give ``values`` in the old storage order to an optimizer only after this call).
+    def set_pattern(self, mask, values=None) -> None:
+        """``SparseLinear.set_pattern``, storing the weight as BSR with blocks of 4 or 2 output
+        channels when ``mask`` is made of them, else CSR.
 
         Example:
             >>> import torch, sparsetorch as st
             >>> layer = st.nn.SparseConv2d(4, 4, density=0.5)
-            >>> layer.set_pattern(torch.eye(4, dtype=torch.bool), torch.full((4,), 2.0))
-            >>> layer.weight.to_dense().diagonal().tolist()
-            [2.0, 2.0, 2.0, 2.0]
+            >>> layer.set_pattern(torch.ones(4, 4, dtype=torch.bool).tril(), torch.full((4, 4), 2.0))
+            >>> layer.blocksize, layer.weight.to_dense().diagonal().tolist()
+            (None, [2.0, 2.0, 2.0, 2.0])
         """
-        shape = (self.out_channels, self.in_channels)
-        if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != shape:
-            raise ValueError(f"SparseConv2d.set_pattern: mask must be a tensor of shape {shape} "
-                             f"(out_channels, in_channels); got "
+        shape = (self.out_features, self.in_features)
+        if not isinstance(mask, torch.Tensor) or isinstance(mask, SparseTensor) \
+                or tuple(mask.shape) != shape:
+            raise ValueError(f"SparseConv2d.set_pattern: mask must be a bool tensor of shape "
+                             f"{shape} (out_channels, in_channels); got "
                              f"{tuple(getattr(mask, 'shape', ())) or type(mask).__name__}")
-        old = self.values
-        pattern = SparsePattern(mask.bool())
-        if values is None:
-            dense = (self._pattern.scatter(old.detach()) if hasattr(self, "_pattern")
-                     else torch.zeros(shape, dtype=old.dtype))
-            new = pattern.gather(dense)
-        elif tuple(values.shape) == shape:
-            new = pattern.gather(values.detach())
-        elif tuple(values.shape) == (pattern.nnz,):
-            new = values.detach()
-        else:
-            raise ValueError(f"SparseConv2d.set_pattern: values must be a dense {shape} weight "
-                             f"or ({pattern.nnz},) stored values; got shape {tuple(values.shape)}")
-        self._pattern = pattern
-        self._shell = pattern.tensor.with_values(new.to(old.dtype).detach())   # dtype kept
-        self.values = nn.Parameter(new.to(dtype=old.dtype, device=old.device).clone(),
-                                   requires_grad=old.requires_grad)
+        blocksize = choose_blocksize(mask.bool())
+        if blocksize != self.blocksize:
+            if values is None:   # the old weights, read before the format changes
+                values = self.weight.detach().to_dense()
+            self.blocksize = blocksize
+            self._format = _pattern.weight_format(blocksize)
+            self._array_names = array_names(self._format)
+        super().set_pattern(mask.bool(), values)
 
-    def mask(self) -> torch.Tensor:
-        """Dense boolean (out, in) mask of the stored weights."""
-        return self._pattern.mask()
-
-    @property
-    def weight(self) -> SparseTensor:
-        """The weight as a SparseTensor (out, in), differentiable in ``values``."""
-        return self._shell.with_values(self.values)
-
-    @property
-    def blocksize(self):
-        """``(r, 1)`` when the weight is stored as BSR with blocks of r output channels."""
-        return self._pattern.blocksize
-
-    # -- compute -----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f"SparseConv2d: input must be (N, {self.in_channels}, H, W); got "
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] != self.in_features:
+            raise ValueError(f"SparseConv2d: input must be (N, {self.in_features}, H, W); got "
                              f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
         if self.stride == 2:
             x = x[:, :, ::2, ::2]
         n, _, h, w = x.shape
+        weight = self.weight
         bias = None if self.bias is None else self.bias[:, None]
-        y = einsum("oc,cp->op", self.weight, channels_first(x), bias=bias,
-                   activation=self.activation)
-        return y.view(self.out_channels, n, h, w).permute(1, 0, 2, 3)
+        y = einsum("oc,cp->op", weight, channels_first(x), bias=bias, activation=self.activation)
+        _keep_facts(weight, self.__dict__.get("_cached_weight"))
+        return y.view(self.out_features, n, h, w).permute(1, 0, 2, 3)
 
     def extra_repr(self) -> str:
-        fmt = "csr" if self.blocksize is None else f"bsr{self.blocksize}"
-        density = self._pattern.nnz / (self.in_channels * self.out_channels)
-        return (f"{self.in_channels}, {self.out_channels}, stride={self.stride}, "
-                f"density={density:.3f}, format={fmt}, bias={self.bias is not None}, "
-                f"activation={self.activation}")
+        return (f"{super().extra_repr()}, stride={self.stride}, activation={self.activation}")
 
 
 def channels_first(x: torch.Tensor) -> torch.Tensor:

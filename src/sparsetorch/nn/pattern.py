@@ -1,26 +1,22 @@
-"""Sparsity patterns of pruned weights: which entries a layer keeps, and the stored layout.
+"""Pruning: which entries of a dense weight a sparse layer keeps, and in which blocks.
 
-``prune_mask`` picks the kept entries of a dense weight (magnitude or random, exact counts,
-optionally whole output-channel blocks); ``choose_blocksize`` finds the output-channel block
-(4, 2 or none) a mask is made of; ``SparsePattern`` holds the stored pattern of a weight as a
-``SparseTensor`` plus each stored entry's flat position in the dense weight, so values move
-between dense and storage order by one gather or scatter.
+``prune_mask`` picks the kept entries (magnitude or random, exactly ``round(sparsity * N)``
+zeroed, optionally whole blocks); ``choose_blocksize`` finds the output-channel block (4, 2
+or none) a mask is made of, the blocks Fast Sparse ConvNets' kernels run fastest on. The
+selection itself is ``_pattern``'s (shared with ``SparseLinear``).
 
 Example:
     >>> import torch
     >>> w = torch.tensor([[1., -4.], [0.5, 3.]])
-    >>> prune_mask(w, sparsity=0.5)
-    tensor([[False,  True],
-            [False,  True]])
-    >>> p = SparsePattern(prune_mask(w, sparsity=0.5))
-    >>> p.gather(w), p.blocksize       # the kept column is one block of 2 output channels
-    (tensor([-4.,  3.]), (2, 1))
+    >>> mask = prune_mask(w, sparsity=0.5)
+    >>> mask, choose_blocksize(mask)     # the kept column is one block of 2 output channels
+    (tensor([[False,  True],
+            [False,  True]]), (2, 1))
 """
 from __future__ import annotations
 
 import torch
 
-from ..formats import SparseTensor
 from . import _pattern
 
 METHODS = ("magnitude", "random")
@@ -92,58 +88,3 @@ def choose_blocksize(mask: torch.Tensor):
             if bool((m == m[:, :1]).all()):
                 return (r, 1)
     return None
-
-
-class SparsePattern:
-    """The stored pattern of a 2-D weight: ``tensor`` (a SparseTensor of ones, CSR or
-    output-channel-blocked BSR) and ``order`` (each stored entry's flat index into the dense
-    weight, in storage order).
-
-    Example:
-        >>> import torch
-        >>> p = SparsePattern(torch.tensor([[1, 0], [1, 0], [0, 1], [0, 1]]).bool())
-        >>> p.blocksize, p.nnz, p.order.tolist()
-        ((2, 1), 4, [0, 2, 5, 7])
-    """
-
-    def __init__(self, mask: torch.Tensor, blocksize="auto"):
-        if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
-            raise ValueError(f"mask must be a 2-D (out, in) tensor; got "
-                             f"{type(mask).__name__} of shape {tuple(getattr(mask, 'shape', ()))}")
-        mask = mask.detach().to("cpu", torch.bool)
-        self.shape = tuple(mask.shape)
-        if blocksize == "auto":
-            blocksize = choose_blocksize(mask)
-        self.blocksize = _pattern.blocks(blocksize, self.shape, "SparsePattern")
-        if self.blocksize is not None and not bool(
-                (_pattern.expand_blocks(_block_any(mask, self.blocksize), self.blocksize) == mask).all()):
-            raise ValueError(f"mask does not fill whole {self.blocksize} blocks; use "
-                             f"blocksize=None (CSR) or a mask of whole blocks")
-        self.tensor: SparseTensor = _pattern.from_mask(mask, self.shape, self.blocksize,
-                                                       "SparsePattern")
-        self.order = _pattern.positions(self.tensor)
-
-    @property
-    def nnz(self) -> int:
-        return int(self.order.numel())
-
-    def gather(self, dense: torch.Tensor) -> torch.Tensor:
-        """The entries of ``dense`` (shape ``self.shape``) at the stored positions, in storage
-        order."""
-        return dense.reshape(-1)[self.order]
-
-    def mask(self) -> torch.Tensor:
-        """Dense boolean mask of the stored positions."""
-        flat = torch.zeros(self.shape[0] * self.shape[1], dtype=torch.bool)
-        flat[self.order] = True
-        return flat.view(self.shape)
-
-    def scatter(self, values: torch.Tensor) -> torch.Tensor:
-        """Dense (out, in) weight with ``values`` (storage order) at the stored positions."""
-        flat = values.new_zeros(self.shape[0] * self.shape[1])
-        return flat.index_put((self.order,), values).view(self.shape)
-
-
-def _block_any(mask: torch.Tensor, blocksize) -> torch.Tensor:
-    r, c = blocksize
-    return mask.reshape(mask.shape[0] // r, r, mask.shape[1] // c, c).any(3).any(1)
