@@ -160,7 +160,8 @@ def test_rigl_drops_smallest_grows_largest_gradient_and_zeroes_state():
 def test_adam_moments_of_grown_weights_are_zero():
     model, opt, trainer, mask = hand_built("RigL", opt_kind="adam", alpha=0.5)
     step_with_grad(model, trainer, torch.full((4, 4), 0.3))
-    step_with_grad(model, trainer, torch.rand(4, 4, generator=torch.Generator().manual_seed(1)) * ~mask)
+    grad = torch.rand(4, 4, generator=torch.Generator().manual_seed(1)) * ~mask
+    step_with_grad(model, trainer, grad)
     grown = trainer.masks["weight"] & ~mask
     assert int(grown.sum()) == 3
     state = opt.state[model.weight]
