@@ -8,3 +8,5 @@ Example:
     True
 """
 from . import gnn  # noqa: F401
+from . import autoencoder  # noqa: F401
+from . import transformer  # noqa: F401
