@@ -5,7 +5,6 @@ call on a cold cache builds the C call dispatcher beside its kernel; and
 SPARSETORCH_BUILD_THREADS=1 builds one at a time."""
 from __future__ import annotations
 
-import os
 import textwrap
 import threading
 import time

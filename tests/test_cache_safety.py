@@ -5,8 +5,8 @@ someone else could write to it, planted libraries and headers are never loaded o
 in, locks do not follow symlinks, and a cache path starting with '-' works."""
 from __future__ import annotations
 
-import json
 import hashlib
+import json
 import os
 import stat
 import subprocess

@@ -27,7 +27,7 @@ _ALLOWED = {
                 "object")),
 }
 _SPARSE = {"csr_matrix", "csc_matrix", "coo_matrix", "csr_array", "csc_array", "coo_array"}
-_FIX = "the file is corrupt or not the shipped one, restore it from shared/data"
+CORRUPT_HINT = "the file is corrupt or not the shipped one, restore it from shared/data"
 
 
 class _Compat(pickle.Unpickler):
@@ -48,7 +48,7 @@ def load_pickle(path: Path):
         with open(path, "rb") as f:
             return _Compat(f, encoding="latin1").load()
     except (pickle.UnpicklingError, EOFError, ValueError) as e:
-        raise ValueError(f"sparsetorch data: cannot read {path} ({e}); {_FIX}") from None
+        raise ValueError(f"sparsetorch data: cannot read {path} ({e}); {CORRUPT_HINT}") from None
 
 
 def load_npz(path: Path, keys) -> dict:
@@ -71,7 +71,7 @@ def load_npz(path: Path, keys) -> dict:
                         out[key] = np.frombuffer(f.read(), dtype).reshape(
                             shape, order="F" if fortran else "C")
     except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, ValueError) as e:
-        raise ValueError(f"sparsetorch data: cannot read {path} ({e}); {_FIX}") from None
+        raise ValueError(f"sparsetorch data: cannot read {path} ({e}); {CORRUPT_HINT}") from None
     return out
 
 
@@ -84,10 +84,11 @@ def numeric_array(obj, what: str, ndim: int) -> np.ndarray:
         (2, 3)
     """
     if type(obj) is not np.ndarray:
-        raise ValueError(f"{what} holds a {type(obj).__name__}, expected a numpy array; {_FIX}")
+        raise ValueError(f"{what} holds a {type(obj).__name__}, expected a numpy array; "
+                         f"{CORRUPT_HINT}")
     if obj.dtype.kind not in "biuf" or obj.ndim != ndim:
         raise ValueError(f"{what} holds a {obj.ndim}-D {obj.dtype} array, expected a {ndim}-D "
-                         f"array of numbers; {_FIX}")
+                         f"array of numbers; {CORRUPT_HINT}")
     return obj
 
 
@@ -112,7 +113,7 @@ def sparse_matrix(obj, what: str):
             or not isinstance(shape, tuple) or len(shape) != 2
             or not all(isinstance(s, (int, np.integer)) and 0 <= s < 2**62 for s in shape)):
         raise ValueError(f"{what} holds a {kind} of shape {shape!r}, expected a scipy "
-                         f"csr/csc/coo matrix; {_FIX}")
+                         f"csr/csc/coo matrix; {CORRUPT_HINT}")
     m, n = (int(s) for s in shape)
     names = ("row", "col", "data") if kind.startswith("coo") else ("indptr", "indices", "data")
     arrays = {}
@@ -122,7 +123,7 @@ def sparse_matrix(obj, what: str):
         if type(a) is not np.ndarray or a.ndim != 1 or a.dtype.kind not in kinds:
             got = f"a {a.ndim}-D {a.dtype} array" if type(a) is np.ndarray else type(a).__name__
             raise ValueError(f"{what}: the matrix's {name} is {got}, expected a 1-D "
-                             f"{'numeric' if name == 'data' else 'integer'} array; {_FIX}")
+                             f"{'numeric' if name == 'data' else 'integer'} array; {CORRUPT_HINT}")
         arrays[name] = a
     nnz = len(arrays["data"])
     if kind.startswith("coo"):
@@ -136,7 +137,7 @@ def sparse_matrix(obj, what: str):
             or bool((ptr[1:] < ptr[:-1]).any())):
         raise ValueError(f"{what}: the matrix's indptr (length {len(ptr)}, from "
                          f"{ptr[:1].tolist()} to {ptr[-1:].tolist()}) is not a pointer over "
-                         f"{major} rows and {nnz} entries; {_FIX}")
+                         f"{major} rows and {nnz} entries; {CORRUPT_HINT}")
     _check_range(idx, minor, nnz, "indices", what)
     make = sp.csr_matrix if kind.startswith("csr") else sp.csc_matrix
     return sp.csr_matrix(make((arrays["data"], idx, ptr), shape=(m, n)))
@@ -145,4 +146,4 @@ def sparse_matrix(obj, what: str):
 def _check_range(a: np.ndarray, size: int, nnz: int, name: str, what: str) -> None:
     if len(a) != nnz or (nnz and (int(a.min()) < 0 or int(a.max()) >= size)):
         raise ValueError(f"{what}: the matrix's {name} ({len(a)} values) are not {nnz} "
-                         f"indices in [0, {size}); {_FIX}")
+                         f"indices in [0, {size}); {CORRUPT_HINT}")

@@ -13,7 +13,7 @@ import torch
 
 from ._graph import Graph, csr_features, symmetric_adjacency
 from ._paths import dataset_dir, need_file
-from ._pickle import _FIX, load_pickle, numeric_array, sparse_matrix
+from ._pickle import CORRUPT_HINT, load_pickle, numeric_array, sparse_matrix
 
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
 
@@ -70,7 +70,7 @@ def planetoid(name: str, root=None) -> Graph:
             or tx.shape != (len(ty), width) or allx is not None and allx.shape != (start, width)):
         raise ValueError(f"{where}: the parts' shapes {shapes} do not fit together (one "
                          f"label column per class, tx one row per ty row, allx one per ally "
-                         f"row); {_FIX}")
+                         f"row); {CORRUPT_HINT}")
     n = int(test_idx.max()) + 1
 
     onehot = np.zeros((n, ally.shape[1]), np.int64)
@@ -108,5 +108,5 @@ def _adjacency_lists(obj, what: str) -> dict:
             type(k) is int and isinstance(v, (list, tuple)) and all(type(u) is int for u in v)
             for k, v in obj.items()):
         raise ValueError(f"{what} holds a {type(obj).__name__} that does not map node ids "
-                         f"(ints) to lists of node ids; {_FIX}")
+                         f"(ints) to lists of node ids; {CORRUPT_HINT}")
     return obj

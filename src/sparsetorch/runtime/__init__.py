@@ -53,7 +53,8 @@ PTR = ctypes.c_void_p    # a tensor's data_ptr()
 I64 = ctypes.c_int64     # sizes, strides, the thread count
 F64 = ctypes.c_double    # scalars
 
-__all__ = ["load_kernel", "load_entries", "load_library", "prefetch", "kernel_address", "num_threads",
+__all__ = ["load_kernel", "load_entries", "load_library", "prefetch", "kernel_address",
+           "num_threads",
            "cache_dir", "clear_cache", "stats", "reset_stats", "KernelLibrary", "PTR", "I64",
            "F64", "KernelBuildError", "CompilerNotFoundError", "KernelCompileError",
            "CompileTimeoutError", "UnsafeCacheError"]

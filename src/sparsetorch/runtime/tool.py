@@ -51,10 +51,10 @@ def run(cmd, timeout: float | None = None, text: bool = True) -> subprocess.Comp
     Example:
         >>> run(["sh", "-c", "echo hi"]).stdout
         'hi\\n'
-        >>> run(["sh", "-c", "sleep 30 & sleep 30"], timeout=0.2)
+        >>> run(["sh", "-c", "sleep 30 & sleep 30"], timeout=0.2)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        subprocess.TimeoutExpired: Command '['sh', '-c', 'sleep 30 & sleep 30']' timed out after 0.2 seconds
+        subprocess.TimeoutExpired: Command ... timed out after 0.2 seconds
     """
     timeout = compile_timeout() if timeout is None else timeout
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text,
