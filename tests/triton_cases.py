@@ -230,6 +230,18 @@ def test_attention_gradient_float32_against_dense():
     assert not triton_run.stats["fallback"]
 
 
+def test_sparse_linear_layer_forward_and_backward():
+    layer = st.nn.SparseLinear(6, 4, density=0.5, generator=torch.Generator().manual_seed(34))
+    x = dense((3, 6), torch.float32, 35).requires_grad_()
+    layer(x).square().sum().backward()
+    W = layer.weight.to_dense().detach().requires_grad_()
+    b = None if layer.bias is None else layer.bias.detach()
+    F.linear(x.detach(), W, b).square().sum().backward()
+    torch.testing.assert_close(layer.values.grad, W.grad[layer.weight.to_dense() != 0])
+    assert triton_run.stats["rows"] and triton_run.stats["sampled"]
+    assert not triton_run.stats["fallback"]
+
+
 def test_uncovered_expressions_fall_back_on_the_device():
     d = matrix(5, 4, torch.float32, 27)
     A, B = st.tensor(d, "csr"), st.tensor(d * 2, "csr")
