@@ -18,6 +18,7 @@ from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
 from ..ops import einsum, softmax
 from .adjacency import AdjacencyCache, coordinates, normalized_adjacency
+from .masks import block_diagonal
 
 
 def _check_x(x, in_features: int, what: str) -> None:
@@ -188,17 +189,10 @@ class GATConv(nn.Module):
                 rows, cols = torch.cat([rows[keep], loops]), torch.cat([cols[keep], loops])
             one = st_tensor((torch.stack([rows, cols]), torch.ones(rows.numel(), dtype=x.dtype)),
                             shape=(n, n), format="csr")
-            pos, crd = one.arrays["pos1"].long(), one.arrays["crd1"].long()
             # every head's attention is a softmax over its own rows and an SpMM with its own
             # features: as one block-diagonal matrix, one kernel call each for all heads
-            H, nnz = self.heads, one.nnz
-            shift = torch.arange(H, device=pos.device)
-            big_pos = torch.cat([pos[:1], (pos[1:] + nnz * shift[:, None]).flatten()])
-            big_crd = (crd + n * shift[:, None]).flatten()
-            index = torch.int32 if H * max(n, nnz) < 2**31 else torch.int64
-            P = SparseTensor.from_levels(
-                (H * n, H * n), "csr", {"pos1": big_pos.to(index), "crd1": big_crd.to(index)},
-                torch.ones(H * nnz, dtype=x.dtype, device=pos.device))
+            P = block_diagonal(one.with_values(torch.ones_like(one.values)), self.heads)
+            pos, crd = one.arrays["pos1"].long(), one.arrays["crd1"].long()
             targets = torch.repeat_interleave(torch.arange(n, device=pos.device), pos.diff())
             return P, targets, crd
 
