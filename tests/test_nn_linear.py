@@ -3,6 +3,8 @@ gradients (CSR and BSR, float32 and float64, 1-D to 3-D and sparse inputs, densi
 1), gradcheck, state_dict round trips across patterns, from_dense, set_pattern, bad input."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -123,6 +125,12 @@ def test_state_dict_round_trip_across_patterns():
     assert torch.equal(b.mask(), a.mask())
     x = torch.randn(3, 8)
     torch.testing.assert_close(b(x), a(x))
+    # a deep copy owns its weights (the kept weight wrapper is not shared)
+    c = copy.deepcopy(a)
+    with torch.no_grad():
+        c.values.mul_(2)
+    torch.testing.assert_close(a(x), b(x))
+    torch.testing.assert_close(c(x) - c.bias, 2 * (a(x) - a.bias))
     # loading a bad pattern fails with a message naming the module
     bad = dict(state)
     bad["crd1"] = bad["crd1"] + 100
