@@ -31,6 +31,7 @@ class GCN(nn.Module):
                              cached=cached)
         self.conv2 = GCNConv(hidden, num_classes, normalize=normalize, self_loops=self_loops,
                              cached=cached)
+        self.conv2._cache = self.conv1._cache   # the same matrix: one kept copy, built once
 
     def forward(self, x, adj):
         x = F.dropout(x, self.dropout, self.training)
