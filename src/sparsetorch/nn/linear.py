@@ -56,7 +56,8 @@ class SparseLinear(nn.Module):
 
     Example:
         >>> import torch, sparsetorch as st
-        >>> layer = st.nn.SparseLinear(6, 4, density=0.5, generator=torch.Generator().manual_seed(0))
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> layer = st.nn.SparseLinear(6, 4, density=0.5, generator=gen)
         >>> layer.values.shape, layer.weight.format.name
         (torch.Size([12]), 'csr')
         >>> layer(torch.randn(3, 6)).shape
