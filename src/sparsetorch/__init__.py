@@ -14,10 +14,11 @@ from .formats import (FORMAT_NAMES, Compressed, Dense, Format, LevelKind, Single
                       SparseTensor, compressed, dense, singleton, tensor)
 from .ops import Explanation, LazyExpr, abs, einsum, exp, explain, lazy, relu, sqrt
 from . import datasets, io, runtime
+from . import models, nn  # layers and models on the ops above
 from .fusion import compile  # st.compile, named as torch.compile
 
 __all__ = ["tensor", "SparseTensor", "Format", "FORMAT_NAMES", "LevelKind", "Dense",
            "Compressed", "Singleton", "dense", "compressed", "singleton", "einsum", "explain",
            "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp", "sqrt", "runtime", "io",
-           "datasets", "compile",
+           "datasets", "compile", "nn", "models",
            "__version__"]
