@@ -124,6 +124,7 @@ class SparseAttention(nn.Module):
                              f"embed_dim={self.embed_dim}")
         return t if self.batch_first else t.transpose(0, 1)
 
+    @torch.compiler.disable
     def mask_for(self, Lq: int, Lk: int | None = None, mask: MaskArg = None) -> SparseTensor:
         """The CSR mask a call with these lengths uses: ``mask``, else the layer's own
         (a function of L is called, and its result kept for the next call)."""
@@ -145,6 +146,9 @@ class SparseAttention(nn.Module):
                              f"for these lengths")
         return mask
 
+    # Not traced by torch.compile: the mask is built and cached outside the graph (a graph
+    # break), which then receives it as an input whose format dynamo can read.
+    @torch.compiler.disable
     def _folded_mask(self, mask, copies, dtype):
         """``copies`` copies of ``mask`` on a block diagonal, valued 1/sqrt(head_dim) (the
         score scale rides on the mask's values); kept while the same mask is used."""
