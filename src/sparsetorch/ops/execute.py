@@ -27,7 +27,7 @@ from ..formats.validate import VALUE_DTYPES
 from .balance import ranges_per_thread
 from .relaid import relaid
 from .blocked import BlockedCall, blocked_result_format, split_blocked
-from . import custom_ops
+from . import cshim, custom_ops
 from .custom_ops import is_tracing
 from .shim import make_shim
 
@@ -452,6 +452,7 @@ class _Prepared:
         self.vector_index = a.all_vars.index(kernel.tile[0]) if kernel.tile else None
         self.out_index = [a.all_vars.index(v) for v in a.out_vars]
         self.ws_index = [a.all_vars.index(v) for v in kernel.workspace_vars]
+        cshim.prefetch()
         fns = runtime.load_entries(kernel.source, {fn.name: kernel_argtypes(fn)
                                                    for fn in kernel.functions})
         self.fns = [fns[fn.name] for fn in kernel.functions]
