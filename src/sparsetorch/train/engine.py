@@ -103,12 +103,13 @@ class SparseTrainer:
                                      "growth with dense gradients at every step, which a truly "
                                      "sparse layer never holds. Use RigL/SET/Static/"
                                      "MagnitudePruning, or nn.Linear layers (masked mode)")
-                if module.blocksize:
+                if module.blocksize and not _is_sparse_conv(module):
                     raise ValueError(f"{cls}: layer {mname!r} stores blocks "
                                      f"(blocksize={module.blocksize}); sparse training updates "
                                      "single entries, so build it without blocksize")
                 found.append((mname, SparseLayer(prefix + "values", module,
-                                                 _dist.mean_over_ranks, self._capturing)))
+                                                 _dist.mean_over_ranks, self._capturing,
+                                                 conv=_is_sparse_conv(module))))
             elif isinstance(module, (nn.Linear, nn.Conv2d)):
                 found.append((mname, MaskedLayer(prefix + "weight", module.weight, reduce)))
         if dense is None:   # the official ImageNet/CIFAR code keeps a first conv dense
@@ -272,6 +273,16 @@ class SparseTrainer:
 
     def _load_extra_state(self, extra: dict) -> None:
         pass
+
+
+def _is_sparse_conv(module) -> bool:
+    """SparseConv2d (a SparseLinear subclass: a 1x1 convolution whose storage may switch to
+    blocks of output channels by itself when a pattern is blocky)."""
+    try:
+        from ..nn import SparseConv2d
+    except ImportError:
+        return False
+    return isinstance(module, SparseConv2d)
 
 
 def _identity(t):
