@@ -3,7 +3,7 @@ initial masks with exact per-layer counts, stepping the optimizer on masked grad
 updates on schedule, and ``state_dict`` / ``load_state_dict``.
 
 In: a model (``Linear``/``Conv2d`` layers trained as dense weights with masks, and/or
-``st.nn.SparseLinear`` layers trained truly sparse) and its optimizer. Out: a trainer whose
+``st.nn.SparseLinear``/``SparseConv2d`` layers trained truly sparse) and its optimizer. Out: a trainer whose
 ``step()`` replaces ``optimizer.step()``. Algorithms (``algorithms.py``) subclass
 ``SparseTrainer`` and say how many weights to drop and how to score growth.
 """
