@@ -153,6 +153,13 @@ class SparseTrainer:
             count = self._initial_count(name)
             if isinstance(layer, SparseLayer) and layer.active().numel() == count:
                 continue   # a SparseLinear built at this density keeps its pattern and values
+            if isinstance(layer, SparseLayer) and _dist.grads_already_averaged(self.model):
+                raise ValueError(f"{type(self).__name__}: {name} stores "
+                                 f"{layer.active().numel()} weights but its density needs "
+                                 f"{count}; a new values Parameter would escape DDP's gradient "
+                                 "hooks. Build the layer with that many entries (densities: "
+                                 "st.train.layer_densities) or create the trainer before "
+                                 "wrapping the model in DistributedDataParallel")
             active = torch.sort(torch.randperm(layer.size, generator=generator)[:count]).values
             if isinstance(layer, SparseLayer):
                 # SparseLinear's own init: nn.Linear's range with the stored entries per row
