@@ -171,3 +171,12 @@ def test_fold_batchnorm_equals_conv_then_bn():
         torch.testing.assert_close(fold_batchnorm(conv, bn)(x), bn(conv(x)), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="features"):
         fold_batchnorm(nn.Conv2d(4, 6, 1), nn.BatchNorm2d(5))
+
+
+def test_state_dict_of_another_pattern_loads():
+    a = SparseConv2d.from_dense(_conv(6, 5, seed=1), sparsity=0.3, activation="relu")
+    b = SparseConv2d.from_dense(_conv(6, 5, seed=2), sparsity=0.8, activation="relu")
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 6, 3, 3)
+    assert torch.equal(b.mask(), a.mask())
+    torch.testing.assert_close(b(x), a(x))
