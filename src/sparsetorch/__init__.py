@@ -15,11 +15,12 @@ from .formats import (FORMAT_NAMES, Compressed, Dense, Format, LevelKind, Single
 from .ops import Explanation, LazyExpr, abs, einsum, exp, explain, lazy, relu, sqrt
 from . import bench, datasets, io, runtime
 from .fusion import compile  # st.compile, named as torch.compile
-from . import nn, models
+from . import nn, models, train
 from .nn import sparsify
 
 __all__ = ["tensor", "eye", "random", "SparseTensor", "Format", "FORMAT_NAMES", "LevelKind",
            "Dense", "Compressed", "Singleton", "dense", "compressed", "singleton", "einsum",
            "explain", "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp", "sqrt",
-           "runtime", "io", "datasets", "bench", "compile", "nn", "models", "sparsify",
+           "runtime", "io", "datasets", "bench", "compile", "nn", "models", "train",
+           "sparsify",
            "__version__"]
