@@ -102,10 +102,15 @@ class SparseLayer:
     def _hook(self, module, inputs, output):
         if not (output.requires_grad and torch.is_grad_enabled() and self.capturing()):
             return
-        self._x = inputs[0].detach().reshape(-1, self.shape[1])
+        x = inputs[0].detach()
+        if x.dim() == 4:   # a SparseConv2d (1x1): the same product over every pixel it reads
+            s = module.stride
+            x = x[:, :, ::s, ::s].movedim(1, -1)
+        self._x = x.reshape(-1, self.shape[1])
 
         def keep_grad(g):
-            self._dy = g.detach().reshape(-1, self.shape[0])
+            g = g.detach()
+            self._dy = (g.movedim(1, -1) if g.dim() == 4 else g).reshape(-1, self.shape[0])
         output.register_hook(keep_grad)
 
     def mask(self) -> torch.Tensor:
