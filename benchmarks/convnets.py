@@ -5,6 +5,7 @@
     python benchmarks/convnets.py --quick        # v1 and v2 at 90%, batch 1 and 8, no compile
     python benchmarks/convnets.py --profile      # per-layer time breakdown of the sparse models
     python benchmarks/convnets.py --layers       # every 1x1 layer of v1 at 90% vs its conv2d
+    python benchmarks/convnets.py --sweep        # 50-98% sparsity, break-even points, PNG
     python benchmarks/convnets.py --quick --threads 1 --clock cpu   # on a busy machine
 
 Sections
@@ -321,6 +322,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="models section only, no torch.compile")
     p.add_argument("--profile", action="store_true", help="only the per-layer breakdown")
     p.add_argument("--layers", action="store_true", help="only the v1 per-layer comparison")
+    p.add_argument("--sweep", action="store_true", help="only the sparsity sweep (and its PNG)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--batches", default="1,8", help="batch sizes of the models section (1,8)")
@@ -342,12 +344,12 @@ def main(argv=None) -> int:
         return 0
     rounds = a.rounds or (5 if a.quick else 10)
     summary = {}
-    if not a.layers:
+    if not (a.layers or a.sweep):
         summary["models"] = models_section(report, a.quick, a.threads, rounds,
                                            tuple(int(b) for b in a.batches.split(",")))
-    if a.layers or not a.quick:
+    if a.layers or not (a.quick or a.sweep):
         summary["layers"] = layers_section(report, a.threads, rounds)
-    if not a.quick and not a.layers:
+    if a.sweep or not (a.quick or a.layers):
         sweep = sweep_section(report, a.threads, rounds)
         summary["sweep"] = sweep
         summary["break_even"] = {
