@@ -136,17 +136,20 @@ def _progress(steps):
 
 
 def _row_notes(rows):
-    seen = []
+    """Where data came from, what was skipped and why (per workload), and each
+    implementation's configurations (once)."""
+    seen, configs = [], {}
     for r in rows:
         if r.get("source", "real") != "real":
             seen.append(f"{r['workload']}: {r['source']}")
         for n in r.get("notes", []):
             seen.append(f"{r['workload']}: {n}")
         for fam, why in r.get("skipped", {}).items():
-            seen.append(f"{r['workload']} {r['mode']}: {fam} skipped: {why}")
+            seen.append(f"{r['workload']}: {fam} skipped: {why}")
         for name, i in r.get("impls", {}).items():
             if i.get("config"):
-                seen.append(f"{r['workload']} {r['mode']}: {name} = {i['config']}")
+                configs.setdefault(name, []).append(i["config"])
         if r.get("error"):
             seen.append(f"{r['workload']} {r['mode']}: {r['error']}")
+    seen += [f"{name} ran as: {'; '.join(dict.fromkeys(c))}" for name, c in configs.items()]
     return list(dict.fromkeys(seen))
