@@ -16,7 +16,7 @@ FORMATS = [("csr", None), ("csc", None), ("coo", None), ("dcsr", None), ("bsr", 
 
 # -- st.eye, st.random ------------------------------------------------------------------------
 @pytest.mark.parametrize("fmt,bs", FORMATS)
-@pytest.mark.parametrize("n,m", [(4, None), (4, 6), (6, 4), (1, 1)])
+@pytest.mark.parametrize("n,m", [(4, None), (6, 4)])
 def test_eye_matches_torch_eye(fmt, bs, n, m):
     if bs and (n % 2 or (m or n) % 2):
         pytest.skip("blocks must tile the shape")
@@ -27,8 +27,8 @@ def test_eye_matches_torch_eye(fmt, bs, n, m):
 
 
 @pytest.mark.parametrize("fmt,bs", FORMATS)
-@pytest.mark.parametrize("shape,density", [((7, 5), 0.3), ((8, 6), 0.0), ((4, 4), 1.0),
-                                           ((1, 9), 0.5), ((3, 4, 5), 0.2), ((6, 4), 0.75)])
+@pytest.mark.parametrize("shape,density", [((8, 6), 0.0), ((4, 4), 1.0), ((6, 4), 0.3),
+                                           ((3, 4, 5), 0.2)])
 def test_random_has_the_exact_count_of_distinct_entries(fmt, bs, shape, density):
     if bs and (len(shape) != 2 or shape[0] % 2 or shape[1] % 2):
         pytest.skip("blocks must tile a matrix")
