@@ -259,6 +259,7 @@ def test_against_pyg(kind):
     torch.testing.assert_close(ours(x, as_sparse(e)), theirs(x, e))
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")   # PyG's adj_t
 def test_weighted_sage_and_unnormalized_gcn_against_pyg():
     pyg = _pyg()
     torch.manual_seed(0)
