@@ -56,6 +56,20 @@ def test_graph_models_train(make):
     assert losses[-1] < 0.7 * losses[0]
 
 
+def test_gcn_layers_share_one_adjacency_and_models_pickle():
+    import io
+
+    model = st.models.GCN(4, 8, 2)
+    x, edge_index, _ = toy_graph()
+    model(x, edge_index)
+    assert model.conv1.adjacency(edge_index, x) is model.conv2.adjacency(edge_index, x)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False).eval()
+    torch.testing.assert_close(loaded(x, edge_index), model.eval()(x, edge_index))
+
+
 def test_graph_models_dropout_only_in_training():
     torch.manual_seed(0)
     model = st.models.GCN(4, 8, 2)
