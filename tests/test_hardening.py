@@ -62,3 +62,43 @@ def test_issue31_6_nine_dimensional_coo_op_matches_dense():
     with deadline(120):   # (a cold kernel build included)
         out = A * 3
     torch.testing.assert_close(out.to_dense(), d * 3)
+
+
+# -- item 7: an SpGEMM too large for memory counted for a minute before failing -------------
+def _column_times_row(n: int):
+    i32 = torch.int32
+    column = st.SparseTensor.from_levels(
+        (n, 1), "csr", {"pos1": torch.arange(n + 1, dtype=i32), "crd1": torch.zeros(n, dtype=i32)},
+        torch.ones(n))
+    row = st.SparseTensor.from_levels(
+        (1, n), "csr", {"pos1": torch.tensor([0, n], dtype=i32), "crd1": torch.arange(n, dtype=i32)},
+        torch.ones(n))
+    return column, row
+
+
+def test_issue31_7_spgemm_too_large_is_refused_fast():
+    from sparsetorch.ops.result_size import ResultTooLarge
+
+    small = _column_times_row(3)
+    torch.testing.assert_close((small[0] @ small[1]).to_dense(), torch.ones(3, 3))  # builds
+    column, row = _column_times_row(200_000)
+    for attempt in range(2):   # the generic call path, then the memoised shim
+        t0 = time.perf_counter()
+        with pytest.raises(MemoryError, match="at least 40,000,000,000 entries") as err:
+            st.einsum("ij,jk->ik", column, row)
+        assert time.perf_counter() - t0 < 1.0
+        assert isinstance(err.value, ValueError) and isinstance(err.value, ResultTooLarge)
+        assert "(200000, 200000)" in str(err.value) and "GiB" in str(err.value)
+
+
+def test_issue31_7_entry_bounds_hold_on_random_products():
+    from sparsetorch.ops.result_size import entry_bounds
+
+    g = torch.Generator().manual_seed(7)
+    for density in (0.05, 0.3, 0.9):
+        a = (torch.rand(30, 20, generator=g) < density).double()
+        b = (torch.rand(20, 25, generator=g) < density).double()
+        a[3] = 0   # an empty row
+        lower, upper = entry_bounds(st.tensor(a, "csr"), st.tensor(b, "csr"))
+        exact = int(((a @ b) != 0).sum())
+        assert lower <= exact <= upper

@@ -26,6 +26,7 @@ from ..formats.tensor import SparseTensor
 from ..formats.validate import VALUE_DTYPES
 from .balance import ranges_per_thread
 from .relaid import relaid
+from .result_size import check_result_fits
 from .blocked import BlockedCall, blocked_result_format, split_blocked
 from . import custom_ops
 from .custom_ops import is_tracing
@@ -553,6 +554,7 @@ class _Prepared:
         kernel = self.kernel
         extents = dict(zip(self.var_order, ext))
         slices = _outer_extent(kernel, tensors, extents)
+        check_result_fits(kernel, tensors, out_shape, self.dtype)
         pos = torch.zeros(slices + 1, dtype=torch.int64)
         self.fns[0](*args, pos.data_ptr() + 8, *ws)
         total = int(pos[slices])

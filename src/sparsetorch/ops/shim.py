@@ -35,6 +35,7 @@ from ..compiler.lower import MAX_WORKSPACE
 from ..formats.tensor import SparseTensor, layout
 from . import cshim
 from .balance import chunked_work, ranges_per_thread
+from .result_size import check_result_fits, dense_fits
 
 
 def raw(t) -> tuple:
@@ -161,6 +162,9 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
         else:
             args.append(f"t{n}.data_ptr()")
     if kind == "emit":
+        # (a result too large for memory is refused before its count pass walks it)
+        lines.append(f"    if {' * '.join(dims) or '1'} > {dense_fits(prepared.dtype)}: "
+                     f"fits(kernel, ops, ({shape}), dtype)")
         lines += _emit_rows(kernel, args, dims, first, tensors)
     else:
         args.append("out.data_ptr()")
@@ -189,7 +193,7 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
              "f0": prepared.fns[0], "f1": prepared.fns[-1], "generic": generic,
              "max_dense_ws": MAX_WORKSPACE, "int64": torch.int64, "int32": torch.int32,
              "i64_at": ctypes.c_int64.from_address,
-             "mismatch": prepared.extents, "SparseTensor": SparseTensor,
+             "mismatch": prepared.extents, "fits": check_result_fits, "kernel": kernel, "SparseTensor": SparseTensor,
              "Tensor": torch.Tensor, "strided": torch.strided, "grad": torch.is_grad_enabled}
     exec(compile(source, f"<sparsetorch call shim: {kernel.assignment}>", "exec"), scope)
     call = scope["call"]
