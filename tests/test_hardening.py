@@ -102,3 +102,56 @@ def test_issue31_7_entry_bounds_hold_on_random_products():
         lower, upper = entry_bounds(st.tensor(a, "csr"), st.tensor(b, "csr"))
         exact = int(((a @ b) != 0).sum())
         assert lower <= exact <= upper
+
+
+# -- item 4: unchecked levels reached kernels -------------------------------------------------
+BAD_CSR = {"pos1": torch.tensor([0, 1, 2, 3]), "crd1": torch.tensor([0, 10**8, 1])}
+
+
+def test_issue31_4_unchecked_from_levels_still_checks_bounds():
+    for arrays, match in [(BAD_CSR, "coordinate 100000000 at position 1 is out of range"),
+                          ({"pos1": torch.tensor([0, 2, 1, 3]), "crd1": torch.tensor([0, 1, 2])},
+                           "pos decreases"),
+                          ({"pos1": torch.tensor([0, 1, 2, 9]), "crd1": torch.tensor([0, 1, 2])},
+                           "pos\\[-1\\] is 9 but crd has 3"),
+                          ({"pos1": torch.tensor([0, 1, 2, 3])}, "missing \\['crd1'\\]")]:
+        with pytest.raises(ValueError, match=match):
+            st.SparseTensor.from_levels((3, 3), "csr", arrays, torch.ones(3), check=False)
+    with pytest.raises(ValueError, match="values has 2 entries but the levels store 3"):
+        st.SparseTensor.from_levels((3, 3), "csr", {"pos1": torch.tensor([0, 1, 2, 3]),
+                                                    "crd1": torch.tensor([0, 2, 1])},
+                                    torch.ones(2), check=False)
+    # what check=False still skips: order within a row (sorted-by-construction callers)
+    unsorted = {"pos1": torch.tensor([0, 2, 2, 3]), "crd1": torch.tensor([2, 0, 1])}
+    with pytest.raises(ValueError, match="unsorted"):
+        st.SparseTensor.from_levels((3, 3), "csr", unsorted, torch.ones(3))
+    st.SparseTensor.from_levels((3, 3), "csr", unsorted, torch.ones(3), check=False)
+
+
+def test_issue31_4_custom_level_kind_cannot_skip_bounds():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Lenient(st.Compressed):   # a custom kind whose own validator checks nothing
+        name = "lenient"
+
+        def validate(self, parent_count, size, arrays):
+            pass
+
+    fmt = st.Format((st.dense, Lenient()))
+    with pytest.raises(ValueError, match="level 1 \\(lenient\\): coordinate 100000000"):
+        st.SparseTensor.from_levels((3, 3), fmt, BAD_CSR, torch.ones(3))
+    good = st.SparseTensor.from_levels((3, 3), fmt, {"pos1": torch.tensor([0, 1, 2, 3]),
+                                                      "crd1": torch.tensor([0, 2, 1])},
+                                       torch.ones(3))
+    torch.testing.assert_close(good.to_dense(), torch.tensor([[1., 0, 0], [0, 0, 1], [0, 1, 0]]))
+
+
+def test_issue31_4_bad_levels_never_reach_a_kernel():
+    run_isolated("""
+        import torch, pytest, sparsetorch as st
+        bad = {"pos1": torch.tensor([0, 1, 2, 3]), "crd1": torch.tensor([0, 10**8, 1])}
+        with pytest.raises(ValueError):
+            A = st.SparseTensor.from_levels((3, 3), "csr", bad, torch.ones(3), check=False)
+            A @ torch.ones(3, 4)
+    """, timeout=240)

@@ -153,7 +153,9 @@ class SparseTensor(torch.Tensor):
         """Wrap raw level arrays (``{"pos1": ..., "crd1": ...}``) and values.
 
         ``check=True`` validates everything (ranges, order, duplicates, sizes, dtypes,
-        devices); ``check=False`` is for trusted internal callers that built the arrays.
+        devices); ``check=False`` skips only the order and duplicate checks, for callers
+        whose arrays are sorted by construction: what keeps kernels in bounds (array names,
+        dtypes, sizes, ``pos`` monotone, coordinates in range) is always checked.
 
         Example:
             >>> import torch, sparsetorch as st
@@ -169,14 +171,13 @@ class SparseTensor(torch.Tensor):
         shape = check_shape(shape, "SparseTensor.from_levels")
         fmt = as_format(format, len(shape), blocksize)
         arrays = dict(arrays)
-        if check:
-            missing = set(array_names(fmt)) - set(arrays)
-            extra = set(arrays) - set(array_names(fmt))
-            if missing or extra:
-                raise ValueError(f"SparseTensor.from_levels: format {fmt.name!r} stores arrays "
-                                 f"{list(array_names(fmt))}; missing {sorted(missing)}, "
-                                 f"unexpected {sorted(extra)}")
-            check_levels(fmt, shape, arrays, values, "SparseTensor.from_levels")
+        missing = set(array_names(fmt)) - set(arrays)
+        extra = set(arrays) - set(array_names(fmt))
+        if missing or extra:
+            raise ValueError(f"SparseTensor.from_levels: format {fmt.name!r} stores arrays "
+                             f"{list(array_names(fmt))}; missing {sorted(missing)}, "
+                             f"unexpected {sorted(extra)}")
+        check_levels(fmt, shape, arrays, values, "SparseTensor.from_levels", full=check)
         return cls(shape, fmt, arrays, values)
 
     def _clear_non_serializable_cached_data(self):
