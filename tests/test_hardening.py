@@ -155,3 +155,84 @@ def test_issue31_4_bad_levels_never_reach_a_kernel():
             A = st.SparseTensor.from_levels((3, 3), "csr", bad, torch.ones(3), check=False)
             A @ torch.ones(3, 4)
     """, timeout=240)
+
+
+# -- item 2: kernels read freed memory after values were given other storage ------------------
+def _spmm_operands():
+    g = torch.Generator().manual_seed(2)
+    d = torch.randn(30, 20, generator=g) * (torch.rand(30, 20, generator=g) < 0.3)
+    return d, st.tensor(d, "csr"), torch.randn(20, 5, generator=g)
+
+
+def _warm(A, X):
+    for _ in range(4):   # past the memo: the shims with the pointers they keep
+        st.einsum("ij,jk->ik", A, X)
+        A @ X
+
+
+def test_issue31_2_values_given_new_storage_are_read_again():
+    d, A, X = _spmm_operands()
+    _warm(A, X)
+    A.values.data = torch.randn(A.nnz, dtype=A.dtype)   # same size: the new values count
+    ref = A.to_dense() @ X
+    for _ in range(2):
+        torch.testing.assert_close(st.einsum("ij,jk->ik", A, X), ref)
+        torch.testing.assert_close(A @ X, ref)
+    A.values.mul_(2)                                    # in place: still fine
+    torch.testing.assert_close(A @ X, ref * 2)
+
+
+@pytest.mark.parametrize("how", ["set_", "resize_", "data", "dtype"])
+def test_issue31_2_values_that_no_longer_fit_are_refused(how):
+    d, A, X = _spmm_operands()
+    _warm(A, X)
+    if how == "set_":
+        A.values.set_(torch.randn(3))
+    elif how == "resize_":
+        A.values.resize_(A.nnz + 10**6)
+    elif how == "data":
+        A.values.data = torch.randn(A.nnz - 1)
+    else:
+        A.values.data = torch.randn(A.nnz, dtype=torch.float64)
+    eye = st.tensor(torch.eye(20, dtype=A.dtype), "csr")
+    for call in (lambda: st.einsum("ij,jk->ik", A, X), lambda: A @ X,
+                 lambda: st.einsum("ij,jk->ik", A, eye), lambda: torch.sparse.softmax(A, 1)):
+        with pytest.raises(ValueError, match="values were replaced"):
+            call()
+
+
+def test_issue31_2_level_arrays_cannot_be_written():
+    d, A, X = _spmm_operands()
+    _warm(A, X)
+    A.arrays["crd1"][:] = 10**8          # copies: the pattern is untouched
+    A.arrays["pos1"][1:] = 0
+    torch.testing.assert_close(A @ X, d @ X)
+    pos, crd = torch.tensor([0, 1, 2]), torch.tensor([1, 0])
+    B = st.SparseTensor.from_levels((2, 2), "csr", {"pos1": pos, "crd1": crd}, torch.ones(2))
+    _warm(B, X[:2])
+    crd[:] = 10**8                        # the caller's own tensors: B keeps copies
+    torch.testing.assert_close(B @ X[:2], torch.tensor([[0., 1], [1, 0]]) @ X[:2])
+
+
+def test_issue31_2_no_crash_after_values_storage_is_freed():
+    run_isolated("""
+        import torch, pytest, sparsetorch as st
+        n = 2_000_000
+        A = st.SparseTensor.from_levels((n, 4), "csr", {"pos1": torch.arange(n + 1),
+                                        "crd1": torch.zeros(n, dtype=torch.int64)}, torch.ones(n))
+        x = torch.ones(4)
+        for _ in range(4):
+            A @ x
+        A.values.set_(torch.ones(10))       # the old 8 MB freed (unmapped)
+        with pytest.raises(ValueError):
+            A @ x
+        A.values.data = torch.full((n,), 2.)
+        assert float((A @ x).sum()) == 2 * n
+    """, timeout=240)
+
+
+def test_issue31_2_torch_sparse_export_does_not_alias_the_pattern():
+    d, A, X = _spmm_operands()
+    T = A.to_torch()
+    T.col_indices()[:] = 10**8
+    torch.testing.assert_close(A @ X, d @ X)
