@@ -206,10 +206,10 @@ def is_sparse_operand(t) -> bool:
     return isinstance(t, st.SparseTensor) and not t.format.is_dense
 
 
-# -- what the DESIGN says the result kind is ---------------------------------------------------
+# -- what docs/design.md says the result kind is ----------------------------------------------
 def expected_kind(equation: str, operands, out_format=None, conversions=(),
                   loop_order=None) -> str:
-    """'dense' or 'sparse' for a product einsum, by DESIGN.md "Format inference": per output
+    """'dense' or 'sparse' for a product einsum, by docs/design.md "Format inference": per output
     level compressed if an operand indexing that variable stores it sparsely, a sparse level
     above a dense one becomes dense (so the result is sparse iff its innermost level is);
     sampled products keep the sampling operand's pattern; an output variable no sparse
@@ -428,8 +428,8 @@ def check_sparse_structure(out: st.SparseTensor, operands=()) -> None:
                for t in operands)
     if out.arrays and not wide and out.nnz < 2**31 and max(out.shape, default=0) < 2**31:
         assert out.index_dtype == torch.int32, (
-            f"indices fit in int32 (DESIGN: 'Indices are int32 when every coordinate and "
-            f"position fits') but the result uses {out.index_dtype}")
+            f"indices fit in int32 (docs/design.md: 'Index arrays are int32 when every "
+            f"coordinate and position fits') but the result uses {out.index_dtype}")
 
 
 # -- crash isolation --------------------------------------------------------------------------

@@ -196,7 +196,8 @@ def test_schedule_converts_rather_than_traverse_discordantly(eq, fmts):
 
 
 def test_scheduling_is_fast():
-    """DESIGN: 'Scheduling must cost well under a millisecond' (asserted with slack: 5 ms)."""
+    """docs/design.md: 'Scheduling costs well under a millisecond' (asserted with slack:
+    5 ms)."""
     a = parse_einsum("ikl,kj,lj->ij", [3, 2, 2])
     infos = (info(CSF201, 3), DENSE2, DENSE2)
     times = []

@@ -43,7 +43,7 @@ class Case:
     eq: str
     fmts: tuple          # per operand: None (torch tensor), a format, BSR, or SAME0
     square: bool = False  # every index has the same extent (operands passed twice)
-    kind: str | None = None   # expected result kind when DESIGN's rule alone does not say
+    kind: str | None = None   # expected result kind when the design rule alone does not say
 
     @property
     def id(self):

@@ -74,7 +74,7 @@ def _is_sparse(f):
 
 
 def expected(op, fa, fb):
-    """(kind, exact-pattern operand index or None) by DESIGN.md: ``+``/``-`` with a dense
+    """(kind, exact-pattern operand index or None) by docs/design.md: ``+``/``-`` with a dense
     operand is dense; ``*`` with one sparse operand takes that operand's pattern exactly."""
     sa, sb = _is_sparse(fa), _is_sparse(fb)
     if op in ("add", "sub"):

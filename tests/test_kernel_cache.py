@@ -86,7 +86,7 @@ def test_second_identical_call_compiles_nothing(fresh_cache, eq, fmts):
 
 
 def test_repeated_call_does_no_scheduling(fresh_cache, monkeypatch):
-    """DESIGN: 'In-process memo tables skip scheduling on repeat calls'."""
+    """docs/design.md: 'In-process memo tables skip scheduling ... on repeated calls'."""
     from sparsetorch.compiler import kernel as kernel_mod
 
     A, x = _spmv_operands(fmt="csr")

@@ -327,6 +327,25 @@ def test_softmax_of_non_finite_values_as_torch(fmt, dtype):
                                equal_nan=True)
 
 
+@pytest.mark.parametrize("fmt", ["csr", "coo"])
+def test_dropout_keeps_the_pattern_and_scales_kept_values(fmt):
+    """F.dropout on a SparseTensor drops stored values (0 stored, pattern kept) and scales
+    the rest by 1 / (1 - p), as on a dense tensor; the identity when not training."""
+    A = sp((40, 30), 0.5, fmt, 31)
+    torch.manual_seed(0)
+    out = F.dropout(A, 0.25)
+    assert torch.equal(stored_pattern(out), stored_pattern(A))
+    kept = out.values != 0
+    torch.testing.assert_close(out.values[kept], A.values[kept] / 0.75)
+    assert 0.15 < 1 - kept.double().mean().item() < 0.35
+    assert F.dropout(A, 0.25, training=False) is A
+    v = A.values.clone().requires_grad_()
+    F.dropout(A.with_values(v), 0.5).values.sum().backward()
+    torch.testing.assert_close(v.grad, torch.where(v.grad != 0, 2.0, 0.0).to(v.dtype))
+    with pytest.raises(NotImplementedError, match="inplace=False"):
+        F.dropout(A, 0.5, inplace=True)
+
+
 def test_softmax_arguments():
     """``dim`` as torch.sparse.softmax takes it (numpy integers too); errors name the fix."""
     import numpy as np

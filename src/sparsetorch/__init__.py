@@ -11,13 +11,16 @@ Example:
 __version__ = "0.1.0"
 
 from .formats import (FORMAT_NAMES, Compressed, Dense, Format, LevelKind, Singleton,
-                      SparseTensor, compressed, dense, singleton, tensor)
+                      SparseTensor, compressed, dense, eye, random, singleton, tensor)
 from .ops import Explanation, LazyExpr, abs, einsum, exp, explain, lazy, relu, sqrt
-from . import datasets, io, runtime
+from . import bench, datasets, io, runtime
 from .fusion import compile  # st.compile, named as torch.compile
+from . import nn, models, train
+from .nn import sparsify
 
-__all__ = ["tensor", "SparseTensor", "Format", "FORMAT_NAMES", "LevelKind", "Dense",
-           "Compressed", "Singleton", "dense", "compressed", "singleton", "einsum", "explain",
-           "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp", "sqrt", "runtime", "io",
-           "datasets", "compile",
+__all__ = ["tensor", "eye", "random", "SparseTensor", "Format", "FORMAT_NAMES", "LevelKind",
+           "Dense", "Compressed", "Singleton", "dense", "compressed", "singleton", "einsum",
+           "explain", "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp", "sqrt",
+           "runtime", "io", "datasets", "bench", "compile", "nn", "models", "train",
+           "sparsify",
            "__version__"]

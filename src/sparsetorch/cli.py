@@ -70,6 +70,27 @@ def main(argv: list[str] | None = None) -> int:
     return int(args._run(args) or 0)
 
 
+# -- bench -----------------------------------------------------------------------------------
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    from .bench.suite import add_arguments
+
+    add_arguments(p)
+
+
+@command("bench", "the main job: every workload (GCN, GAT, SAGE, sparse autoencoder, sparse "
+         "transformer), inference and one training step, against torch.sparse, dense torch "
+         "and PyG", _bench_arguments)
+def bench(args) -> int:
+    """Time every workload for inference and for one training step, side by side with what
+    users run today (torch.sparse CSR/COO, dense torch, PyTorch Geometric), after checking
+    that every implementation computes the same outputs and gradients. Prints a table (time,
+    ratio against each baseline, first call with kernel compiles, correctness) and the
+    targets it meets; writes JSON (--json) and a PNG chart (--plot)."""
+    from .bench.suite import main as run
+
+    return run(args)
+
+
 # -- demo ------------------------------------------------------------------------------------
 _GRAPHS = {"cora": 2708, "citeseer": 3327, "pubmed": 19717}
 _DEMO_FORMATS = ["csr", "csc", "coo", "dcsr", "dcsc", "bsr"]

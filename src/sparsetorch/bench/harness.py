@@ -362,7 +362,7 @@ BUSY_LOAD_PER_CORE = 0.5  # 1-min load average per usable core above which a run
 
 
 def _busy_check(report: "Report") -> float | None:
-    """Note when the machine was already loaded as the report began: DESIGN.md says a run
+    """Note when the machine was already loaded as the report began: docs/design.md says a run
     taken while anything else loads the machine is void."""
     try:
         load = os.getloadavg()[0]

@@ -167,7 +167,7 @@ class _Lowerer(Assembly):
         return factor_out(self.body, set(self.order[self.acc_depth:]))
 
     def _tiling(self):
-        """Mixed sparse-dense tiling (DESIGN.md, Compiler 5): when the innermost loop is a
+        """Mixed sparse-dense tiling (docs/design.md, Compiler 5): when the innermost loop is a
         dense output variable that no sparse operand indexes (the k of SpMM, the j of
         MTTKRP) and reduction loops sit right above it, strip-mine it into register tiles
         of ``plan.tile`` values and move the tile loop above those reductions, so every

@@ -1,4 +1,5 @@
-"""Output format inference (DESIGN.md, Compiler 7) and the choice of how the output is written.
+"""Output format inference (docs/design.md, Compiler 7) and the choice of how the output is
+written.
 
 Three ways to write a result:
 

@@ -1,6 +1,6 @@
 """Loop ordering without search, and the operand conversions it may ask for.
 
-Rules (DESIGN.md, Compiler 2):
+Rules (docs/design.md, Compiler 2):
 
 1. Every sparse operand is traversed in its storage order (concordant): its level variables
    appear in the loop order in level order. That is a hard constraint.

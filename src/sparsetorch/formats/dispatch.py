@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .tensor import map_arrays
+from .tensor import UnsupportedOp, map_arrays
 
 aten = torch.ops.aten
 
@@ -51,7 +51,8 @@ def dispatch(func, args, kwargs):
             return out
     from .tensor import SparseTensor
 
-    fmts = sorted({a.format.name for a in args if isinstance(a, SparseTensor)})
-    raise NotImplementedError(
-        f"sparsetorch: {func} is not supported on SparseTensor (format {', '.join(fmts)}); "
-        "convert explicitly with .to_dense() if a dense result is what you want")
+    # Operands may sit in lists (torch.cat) or keyword arguments.
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    fmts = sorted({a.format.name for a in leaves if isinstance(a, SparseTensor)})
+    raise UnsupportedOp(func, fmts)
+

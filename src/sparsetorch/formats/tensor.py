@@ -29,6 +29,24 @@ _FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
 _FUNCTIONAL_MODE = torch._C._TorchDispatchModeKey.FUNCTIONAL
 
 
+class UnsupportedOp(NotImplementedError):
+    """An op with no SparseTensor rule. Raised naming the ATen op; ``SparseTensor``'s
+    ``__torch_function__`` renames it after the torch function the user called
+    (``called_as``), which is the name the user knows."""
+
+    def __init__(self, aten_op, formats, called=None):
+        self.aten_op, self.formats = aten_op, formats
+        op = f"{called} (ATen {aten_op})" if called else str(aten_op)
+        super().__init__(
+            f"sparsetorch: {op} is not supported on SparseTensor (format "
+            f"{', '.join(formats)}); convert explicitly with .to_dense() if a dense result is "
+            "what you want")
+
+    def called_as(self, func) -> "UnsupportedOp":
+        name = torch.overrides.resolve_name(func) or getattr(func, "__name__", str(func))
+        return UnsupportedOp(self.aten_op, self.formats, name)
+
+
 @lru_cache(maxsize=None)
 def layout(fmt: Format) -> tuple:
     """``(fmt, its index array names, the attributes a SparseTensor keeps them in)``: what
@@ -192,6 +210,19 @@ class SparseTensor(torch.Tensor):
         check_levels(fmt, shape, arrays, values, "SparseTensor.from_levels", full=check)
         return cls(shape, fmt, arrays, values)
 
+    def __setstate__(self, state):
+        # torch.load (weights_only=True included, the mode for files one does not trust),
+        # pickle and deepcopy restore a SparseTensor by handing over its attribute dict.
+        # Kernels trust the level arrays, so a loaded tensor is validated like user data.
+        from .validate import check_levels, check_restored_state
+
+        fmt, shape, arrays, values = check_restored_state(state, self)
+        check_levels(fmt, shape, arrays, values, "torch.load of a SparseTensor")
+        parts = layout(fmt)
+        self.__dict__.update(dict(zip(parts[2], (arrays[n].contiguous() for n in parts[1]))),
+                             _format=fmt, _size=torch.Size(shape), _array_names=parts[1],
+                             _values=values)
+
     def _clear_non_serializable_cached_data(self):
         # torch calls this before a deepcopy or pickle copies ``__dict__``: the raw data
         # pointers call shims keep (``ops/shim.raw``) belong to this object's arrays, and a
@@ -242,7 +273,10 @@ class SparseTensor(torch.Tensor):
         if handler is not None:
             return handler(*args, **(kwargs or {}))
         with _DisableTorchFunction():
-            return func(*args, **(kwargs or {}))
+            try:
+                return func(*args, **(kwargs or {}))
+            except UnsupportedOp as e:
+                raise e.called_as(func) from None
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

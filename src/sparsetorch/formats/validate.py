@@ -20,8 +20,13 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
 from .format import Format
+<<<<<<< HEAD
 from .levels import _Problem, check_bounds
 from .pack import INDEX_DTYPES, level_arrays, unpack_rows
+=======
+from .levels import _Problem
+from .pack import INDEX_DTYPES, array_names, level_arrays, unpack_rows
+>>>>>>> main
 
 _TRACED = (FakeTensor, FunctionalTensor)
 
@@ -179,3 +184,38 @@ def _check_entries_sorted_unique(fmt, shape, arrays, values, name) -> None:
                          f"({entry[0]}, {entry[1]}); format {fmt.name!r} needs sorted, unique "
                          "coordinates: pass COO data through st.tensor((indices, values), "
                          "shape=...), which sorts and sums them")
+
+
+def check_restored_state(state, wrapper) -> tuple:
+    """``(format, shape, arrays, values)`` from the attribute dict a pickled SparseTensor
+    carries, after checking its kinds and that it agrees with the wrapper torch rebuilt
+    (dtype, shape, device); ``check_levels`` then checks the arrays themselves."""
+    what = "torch.load of a SparseTensor"
+    if isinstance(state, tuple) and state and isinstance(state[0], dict):
+        state = state[0]      # (dict, slots), as torch's own tensors pickle their state
+    if not isinstance(state, dict):
+        raise ValueError(f"{what}: the saved state is a {type(state).__name__}, not the "
+                         "attribute dict sparsetorch writes; the file is damaged or was not "
+                         "written by torch.save of a SparseTensor")
+    fmt, values = state.get("_format"), state.get("_values")
+    if not isinstance(fmt, Format) or not isinstance(values, torch.Tensor):
+        raise ValueError(f"{what}: the saved state lacks a Format or a values tensor; the "
+                         "file is damaged or was not written by torch.save of a SparseTensor")
+    # A Format restored from a file skipped its own checks (mode order, blocking): redo them.
+    fmt = Format(tuple(fmt.levels), fmt.mode_order, fmt.blocksize)
+    shape = check_shape(state.get("_size", ()), what)
+    if len(shape) != fmt.ndim:
+        raise ValueError(f"{what}: a tensor of order {len(shape)} saved with the "
+                         f"order-{fmt.ndim} format {fmt.name!r}; the file is damaged")
+    with torch._C.DisableTorchFunctionSubclass():   # the wrapper's own metadata
+        saved = (torch.Tensor.dtype.__get__(wrapper), torch.Tensor.device.__get__(wrapper),
+                 tuple(torch.Tensor.size(wrapper)))
+    if (values.dtype, values.device, shape) != saved:
+        raise ValueError(f"{what}: the values ({values.dtype}, {values.device}) or the shape "
+                         f"{shape} disagree with the saved wrapper; the file is damaged")
+    arrays = {n: state.get("_" + n) for n in array_names(fmt)}
+    bad = sorted(n for n, a in arrays.items() if not isinstance(a, torch.Tensor))
+    if bad:
+        raise ValueError(f"{what}: format {fmt.name!r} stores arrays {list(arrays)}; {bad} "
+                         "missing or not tensors; the file is damaged")
+    return fmt, shape, arrays, values

@@ -132,7 +132,7 @@ def _einsum_epilogue(equation, operands, out_format, bias, activation):
         raise ValueError(f"{what}: a bias or activation gives a dense result; drop "
                          f"out_format={out_format!r} or apply them after the einsum")
     grads = _is_grad_enabled() and _any_requires_grad((*operands, bias))
-    if grads or _is_compiling() or backend() != "c":
+    if grads or _is_compiling() or backend() == "torch":
         return unfused(einsum(equation, *operands), bias, activation)
     _check_tensors(operands, what)
     if has_sparse_diagonal(parse_einsum(equation, [t.dim() for t in operands]), operands):
@@ -251,7 +251,11 @@ def _check_tensors(operands, what):
 
 @dataclass(frozen=True)
 class Explanation:
-    """What the compiler chose for one call, and the C it generated."""
+    """What the compiler chose for one call, and the C it generated.
+
+    ``str()`` (and ``print``) give a summary: loop order, formats, conversions, output,
+    workspace, parallel strategy and tiles; ``.loops`` and ``.source`` hold the loop IR and
+    the C source, and ``.full()`` prints everything."""
 
     assignment: str
     loop_order: tuple
@@ -280,7 +284,21 @@ class Explanation:
                  f"parallel:     {self.parallel}",
                  f"tiles:        {self.tiles}"]
         lines += [f"note:         {n}" for n in self.notes]
-        return "\n".join(lines + ["loop IR:", self.loops, "C source:", self.source])
+        return "\n".join(lines + [f"(loop IR: {len(self.loops.splitlines())} lines in .loops; "
+                                   f"C source: {len(self.source.splitlines())} lines in .source; "
+                                   "all of it: .full())"])
+
+    def full(self) -> str:
+        """The summary followed by the loop IR and the generated C source.
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> e = st.explain("ij,j->i", st.tensor(torch.eye(2), format="csr"), torch.ones(2))
+            >>> "C source:" in e.full() and "C source:" not in str(e)
+            True
+        """
+        return "\n".join([str(self).rsplit("\n", 1)[0], "loop IR:", self.loops,
+                          "C source:", self.source])
 
 
 def explain(equation, *operands, out_format=None) -> Explanation:

@@ -54,6 +54,19 @@ def _sparse_softmax(input, dim, dtype=None):
     return softmax(input, dim, dtype)
 
 
+def _dropout(input, p=0.5, training=True, inplace=False):
+    """``F.dropout`` on the stored values (the pattern is kept; a dropped entry stores 0):
+    Kipf's GCN drops its sparse input features this way."""
+    if inplace:
+        raise NotImplementedError("F.dropout(inplace=True) on a SparseTensor is not "
+                                  "supported; use inplace=False (the pattern is kept)")
+    if not 0 <= p <= 1:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    # (in evaluation the tensor itself, as torch returns a dense one: no new wrapper, and
+    # what kernels learnt about its pattern stays with it)
+    return input.with_values(F.dropout(input.values, p, training)) if training and p else input
+
+
 def _install():
     relu, abs_, exp, sqrt = (ew.unary(n) for n in ("relu", "abs", "exp", "sqrt"))
     table = {
@@ -84,6 +97,7 @@ def _install():
         torch._sparse_sum: red.sparse_sum,   # (what torch.sparse.sum calls)
         # softmax over stored entries
         torch.sparse.softmax: _sparse_softmax,
+        F.dropout: _dropout,
         # free views
         torch.t: views.t, Tensor.t: views.t, torch.transpose: views.transpose,
         Tensor.transpose: views.transpose, torch.swapaxes: views.transpose,

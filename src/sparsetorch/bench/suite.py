@@ -1,0 +1,155 @@
+"""``sparsetorch bench``: every registered workload, inference and one training step, timed
+side by side with torch.sparse, dense torch and PyTorch Geometric; a table, the targets of
+issue 32, JSON and a PNG chart.
+
+Example:
+    >>> import argparse
+    >>> p = argparse.ArgumentParser(); add_arguments(p)
+    >>> p.parse_args(["--quick", "--only", "gcn-cora"]).only
+    'gcn-cora'
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .harness import machine_info, pinned_threads, quiet_sparse_warnings, write_json_atomic
+from .report import plot, results_table, summary
+from .runner import run_case
+from .workloads import REGISTRY, Context, select
+
+QUICK = {"rounds": 5, "max_time": 1.5}
+FULL = {"rounds": 15, "max_time": 6.0}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The command line of ``sparsetorch bench``."""
+    p.add_argument("--quick", action="store_true",
+                   help="fewer workloads and rounds: at most ~3 minutes on 2 cores")
+    p.add_argument("--only", default=None, metavar="NAME[,NAME]",
+                   help="workloads to run: names (gcn-cora), groups (gcn, gat, sage, "
+                        "autoencoder, transformer) or patterns (*-cora)")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
+    p.add_argument("--plot", default=None, metavar="PATH",
+                   help="write a PNG chart of the ratios (needs matplotlib)")
+    p.add_argument("--data", default=None, metavar="PATH",
+                   help="shared data folder (default: $SPARSETORCH_DATA or shared/data next "
+                        "to the checkout); datasets missing there run on generated stand-ins")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch and kernel threads while timing (default: torch's setting)")
+    p.add_argument("--list", action="store_true", help="list the workloads and exit")
+
+
+def main(args) -> int:
+    """Run the selected workloads; 0 when every correctness check passed, 1 when one
+    failed, 2 on bad arguments (an unknown workload, a ``--data`` folder that is missing)."""
+    from . import all_workloads  # noqa: F401  (registers the workloads)
+    from .overhead import gcn_overhead
+
+    quiet_sparse_warnings()
+    try:
+        workloads = select(REGISTRY.values(), args.only, args.quick)
+        ctx = Context(data_root=_data_root(args.data), quick=args.quick)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"sparsetorch bench: error: {exc}", file=sys.stderr)
+        return 2
+    if args.list:
+        for w in REGISTRY.values():
+            print(f"{w.name:24s} {'quick ' if w.quick else '      '}{w.describe}")
+        return 0
+    budget = QUICK if args.quick else FULL
+    start = time.perf_counter()
+    print(f"sparsetorch bench: {len(workloads)} workloads x (inference, training step); "
+          f"data {ctx.data_root or 'NOT FOUND: generated stand-ins'}")
+    rows = []
+    steps = [(w, m) for w in workloads for m in w.modes]
+    with pinned_threads(args.threads) as threads:
+        for w, mode in _progress(steps):
+            rows.append(run_case(w, mode, ctx, threads=threads, **budget))
+            if args.json:   # rows so far, so a long run interrupted still leaves its numbers
+                write_json_atomic(args.json, _document(args, ctx, threads, rows, None))
+        overhead = None
+        if any(w.group == "gcn" for w in workloads):
+            overhead = gcn_overhead(ctx, rounds=budget["rounds"], threads=threads)
+    print()
+    print(results_table(rows))
+    for line in _row_notes(rows):
+        print(f"note: {line}")
+    print()
+    for line in summary(rows, overhead):
+        print(line)
+    if overhead:
+        print(f"overhead: {overhead['detail']}")
+    print(f"\n{threads} threads; ratios are medians of per-round time(baseline) / "
+          f"time(sparsetorch), > 1 means sparsetorch is faster; done in "
+          f"{time.perf_counter() - start:.0f}s")
+    if args.json:
+        doc = _document(args, ctx, threads, rows, overhead)
+        print(f"JSON: {write_json_atomic(args.json, doc)}")
+    if args.plot:
+        why = plot(rows, args.plot)
+        print(f"chart: {args.plot}" if why is None else f"no chart: {why}")
+    failed = [r for r in rows if str(r.get("check", "")).startswith("FAIL")]
+    for r in failed:
+        print(f"ERROR: {r['workload']} {r['mode']}: {r['check']}"
+              + (f" ({r['error']})" if r.get("error") else ""), file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _document(args, ctx, threads, rows, overhead) -> dict:
+    return {"machine": machine_info(threads), "quick": args.quick, "only": args.only,
+            "rows": rows, "overhead": overhead, "summary": summary(rows, overhead),
+            "data_root": str(ctx.data_root) if ctx.data_root else None}
+
+
+def _data_root(path):
+    """An explicit ``--data`` must exist (a typo must not silently fall back to stand-ins);
+    without it, the shared folder is found as ``st.datasets`` finds it, or ``None``."""
+    from .harness import find_data
+
+    if path is not None:
+        p = Path(path)
+        if not p.is_dir():
+            raise FileNotFoundError(f"--data {path}: no such folder; pass the shared data "
+                                    "folder (with planetoid/, graphs/, mnist/) or leave "
+                                    "--data out to use $SPARSETORCH_DATA or generated stand-ins")
+        return p
+    return find_data(None)
+
+
+def _progress(steps):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if tqdm is not None:
+        bar = tqdm(steps, unit="case", file=sys.stderr, dynamic_ncols=True)
+        for w, mode in bar:
+            bar.set_description(f"{w.name} {mode}")
+            yield w, mode
+        return
+    for i, (w, mode) in enumerate(steps, 1):
+        print(f"[{i}/{len(steps)}] {w.name} {mode}", file=sys.stderr, flush=True)
+        yield w, mode
+
+
+def _row_notes(rows):
+    """Where data came from, what was skipped and why (per workload), and each
+    implementation's configurations (once)."""
+    seen, configs = [], {}
+    for r in rows:
+        if r.get("source", "real") != "real":
+            seen.append(f"{r['workload']}: {r['source']}")
+        for n in r.get("notes", []):
+            seen.append(f"{r['workload']}: {n}")
+        for fam, why in r.get("skipped", {}).items():
+            seen.append(f"{r['workload']}: {fam} skipped: {why}")
+        for name, i in r.get("impls", {}).items():
+            if i.get("config"):
+                configs.setdefault(name, []).append(i["config"])
+        if r.get("error"):
+            seen.append(f"{r['workload']} {r['mode']}: {r['error']}")
+    seen += [f"{name} ran as: {'; '.join(dict.fromkeys(c))}" for name, c in configs.items()]
+    return list(dict.fromkeys(seen))

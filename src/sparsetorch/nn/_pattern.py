@@ -1,0 +1,136 @@
+"""Weight patterns for sparse layers: built from a bool mask, a SparseTensor or a density,
+and read back as dense positions.
+
+A pattern is a 2-D SparseTensor in CSR (or BSR with a block size) whose values do not
+matter; layers keep its level arrays as buffers and their weights as one value per stored
+entry, in the pattern's storage order. Everything here runs once per pattern (construction,
+``set_pattern``, loading), vectorised over the dense positions: no Python loops over entries.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..formats import SparseTensor
+from ..formats.convert import tensor as st_tensor
+from ..formats.format import Format, as_format
+
+
+def blocks(blocksize, shape, what: str):
+    """``blocksize`` (None, an int or a pair) checked against ``shape``: None or ``(r, c)``.
+
+    Example:
+        >>> blocks(2, (4, 6), "SparseLinear")
+        (2, 2)
+    """
+    if blocksize is None:
+        return None
+    bs = (blocksize, blocksize) if isinstance(blocksize, int) else tuple(blocksize)
+    if len(bs) != 2 or any(not isinstance(b, int) or b < 1 for b in bs):
+        raise ValueError(f"{what}: blocksize must be a positive int or a pair of them, got "
+                         f"{blocksize!r}")
+    if shape[0] % bs[0] or shape[1] % bs[1]:
+        raise ValueError(f"{what}: blocksize {bs} does not divide the weight shape "
+                         f"{tuple(shape)} (out_features, in_features); pick a block size "
+                         "that divides both")
+    return bs
+
+
+def weight_format(blocksize) -> Format:
+    """CSR, or BSR of ``blocksize``: the formats sparse layers store weights in."""
+    return as_format("csr", 2) if blocksize is None else as_format("bsr", 2, blocksize)
+
+
+def from_mask(mask, shape, blocksize, what: str) -> SparseTensor:
+    """The pattern of ``mask`` (a bool ``shape`` tensor, or a 2-D SparseTensor whose stored
+    entries count, whatever their values) in CSR, or in BSR where every block holding an
+    entry of the mask is stored whole.
+
+    Example:
+        >>> import torch
+        >>> from_mask(torch.tensor([[True, False], [False, False]]), (2, 2), None, "f").nnz
+        1
+    """
+    if isinstance(mask, SparseTensor):
+        if tuple(mask.shape) != tuple(shape):
+            raise ValueError(f"{what}: mask has shape {tuple(mask.shape)} but the weight is "
+                             f"{tuple(shape)} (out_features, in_features)")
+        mask = mask.with_values(torch.ones(mask.nnz, dtype=torch.int64,
+                                           device=mask.device)).to_dense() != 0
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = type(mask).__name__ if not isinstance(mask, torch.Tensor) else f"{mask.dtype} tensor"
+        raise TypeError(f"{what}: mask must be a bool tensor of shape {tuple(shape)} or a "
+                        f"SparseTensor pattern, got a {got}; pass e.g. `weight != 0`")
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"{what}: mask has shape {tuple(mask.shape)} but the weight is "
+                         f"{tuple(shape)} (out_features, in_features)")
+    # (float64 ones: st.tensor drops zeros, so the stored entries are the mask's)
+    return st_tensor(mask.detach().to(torch.float64), "csr" if blocksize is None else "bsr",
+                     blocksize=blocksize)
+
+
+def random_mask(shape, density, blocksize, generator, what: str) -> torch.Tensor:
+    """A bool mask with exactly ``round(density * entries)`` entries chosen uniformly (or
+    that many whole blocks, counted in blocks, with a block size).
+
+    Example:
+        >>> int(random_mask((4, 5), 0.5, None, torch.Generator().manual_seed(0), "f").sum())
+        10
+    """
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or \
+            not 0 <= density <= 1:
+        raise ValueError(f"{what}: density must be a number in [0, 1], got {density!r}")
+    grid = shape if blocksize is None else (shape[0] // blocksize[0], shape[1] // blocksize[1])
+    cells = grid[0] * grid[1]
+    keep = torch.randperm(cells, generator=generator)[:round(density * cells)]
+    return expand_blocks(_flat_mask(grid, keep), blocksize)
+
+
+def top_mask(scores: torch.Tensor, density, blocksize, what: str) -> torch.Tensor:
+    """A bool mask of the ``round(density * entries)`` largest ``scores`` (exactly that many;
+    ties broken by ``torch.topk``); with a block size, of whole blocks by their summed score.
+
+    Example:
+        >>> top_mask(torch.tensor([[3., 1.], [2., 4.]]), 0.5, None, "f")
+        tensor([[ True, False],
+                [False,  True]])
+    """
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or \
+            not 0 <= density <= 1:
+        raise ValueError(f"{what}: density must be a number in [0, 1], got {density!r}")
+    if blocksize is not None:
+        r, c = blocksize
+        scores = scores.reshape(scores.shape[0] // r, r, scores.shape[1] // c, c).sum((1, 3))
+    keep = torch.topk(scores.flatten(), round(density * scores.numel())).indices
+    return expand_blocks(_flat_mask(scores.shape, keep), blocksize)
+
+
+def _flat_mask(grid, keep: torch.Tensor) -> torch.Tensor:
+    mask = torch.zeros(grid[0] * grid[1], dtype=torch.bool, device=keep.device)
+    mask[keep] = True
+    return mask.reshape(grid)
+
+
+def expand_blocks(mask: torch.Tensor, blocksize) -> torch.Tensor:
+    """A mask of blocks repeated into a mask of entries (``blocksize`` None: unchanged)."""
+    if blocksize is None:
+        return mask
+    return mask.repeat_interleave(blocksize[0], 0).repeat_interleave(blocksize[1], 1)
+
+
+def positions(pattern: SparseTensor) -> torch.Tensor:
+    """The flat dense position (``row * columns + column``) of each stored entry of
+    ``pattern``, in storage order (int64, on the pattern's device).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> positions(st.tensor(torch.tensor([[0., 1.], [1., 1.]]), "csr")).tolist()
+        [1, 2, 3]
+    """
+    # Numbering the entries and densifying places each number at its entry's position: one
+    # format-agnostic pass (CSR and BSR alike), and the dense order sorts them back.
+    numbered = pattern.with_values(torch.arange(1, pattern.nnz + 1, device=pattern.device))
+    flat = numbered.to_dense().flatten()
+    where = flat.nonzero().squeeze(1)
+    out = torch.empty(pattern.nnz, dtype=torch.int64, device=pattern.device)
+    out[flat[where] - 1] = where
+    return out

@@ -1,0 +1,128 @@
+"""Graph adjacencies for the graph layers: ``edge_index`` or SparseTensor in, a normalised
+CSR SparseTensor out, computed once per adjacency and kept.
+
+Convention (PyG's): messages flow source -> target. An ``edge_index`` is a ``(2, E)`` int
+tensor with row 0 the sources and row 1 the targets; a SparseTensor adjacency ``A`` has
+``A[i, j] != 0`` when ``j`` sends to ``i`` (it is PyG's ``adj_t``), so a layer computes
+``A @ x``. For an undirected graph (both directions stored) the two readings agree.
+Duplicate edges add up (as PyG's scatter-sum of their messages does).
+
+The normalisation runs as vectorised torch over the entries' coordinates (degrees by
+``index_add_``, scaling by gathers), then one conversion into CSR: no loops over nodes.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..formats import SparseTensor
+from ..formats import tensor as st_tensor
+
+NORMALIZATIONS = ("sym", "mean", None)
+
+
+def normalized_adjacency(adj, num_nodes: int, normalize="sym", self_loops: bool = True, *,
+                         dtype=torch.float32, what: str = "normalized_adjacency") -> SparseTensor:
+    """The propagation matrix of ``adj`` as a CSR SparseTensor of shape ``(n, n)``:
+
+    - ``self_loops``: add an entry of 1 on the diagonal of every node that has none
+      (existing self loops keep their weight: PyG's ``add_remaining_self_loops``);
+    - ``normalize="sym"``: ``D^-1/2 A D^-1/2`` with ``D`` the row sums (in-degrees), PyG's
+      ``gcn_norm``; ``"mean"``: ``D^-1 A`` (each row averages its neighbours); ``None``: as is.
+      Rows of degree 0 stay empty.
+
+    Example:
+        >>> import torch
+        >>> A = normalized_adjacency(torch.tensor([[0, 1], [1, 0]]), 2)
+        >>> A.to_dense()
+        tensor([[0.5000, 0.5000],
+                [0.5000, 0.5000]])
+    """
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"{what}: normalize must be 'sym', 'mean' or None, got {normalize!r}")
+    rows, cols, vals = coordinates(adj, num_nodes, dtype, what)
+    if self_loops:
+        has_loop = torch.zeros(num_nodes, dtype=torch.bool, device=rows.device)
+        has_loop[rows[rows == cols]] = True
+        missing = (~has_loop).nonzero().squeeze(1)
+        rows, cols = torch.cat([rows, missing]), torch.cat([cols, missing])
+        vals = torch.cat([vals, torch.ones(missing.numel(), dtype=dtype, device=vals.device)])
+    if normalize is not None:
+        deg = torch.zeros(num_nodes, dtype=dtype, device=vals.device).index_add_(0, rows, vals)
+        inv = deg.pow(-0.5 if normalize == "sym" else -1.0)
+        inv.masked_fill_(torch.isinf(inv), 0)
+        vals = inv[rows] * vals * (inv[cols] if normalize == "sym" else 1)
+    return st_tensor((torch.stack([rows, cols]), vals), shape=(num_nodes, num_nodes),
+                     format="csr")
+
+
+def coordinates(adj, num_nodes: int, dtype, what: str):
+    """``(targets, sources, weights)`` of every edge of ``adj`` (int64, int64, ``dtype``)."""
+    if isinstance(adj, SparseTensor):
+        if adj.dim() != 2 or tuple(adj.shape) != (num_nodes, num_nodes):
+            raise ValueError(f"{what}: the adjacency has shape {tuple(adj.shape)} but x has "
+                             f"{num_nodes} nodes; pass an ({num_nodes}, {num_nodes}) "
+                             "SparseTensor or an edge_index")
+        coo = adj.detach().asformat("coo")
+        arrays = coo.arrays
+        return arrays["crd0"].long(), arrays["crd1"].long(), coo.values.to(dtype)
+    if not isinstance(adj, torch.Tensor) or adj.layout != torch.strided:
+        raise TypeError(f"{what}: adj must be an edge_index (a (2, E) integer tensor) or a "
+                        f"SparseTensor adjacency, got {type(adj).__name__}"
+                        + ("" if not isinstance(adj, torch.Tensor) else
+                           f" with layout {adj.layout}; convert it with st.tensor(adj)"))
+    if adj.dtype.is_floating_point or adj.dtype == torch.bool or adj.dim() != 2 or \
+            adj.shape[0] != 2:
+        raise ValueError(f"{what}: an edge_index must be a (2, E) integer tensor (row 0 the "
+                         f"sources, row 1 the targets), got {adj.dtype} of shape "
+                         f"{tuple(adj.shape)}")
+    if adj.numel() and (int(adj.min()) < 0 or int(adj.max()) >= num_nodes):
+        raise ValueError(f"{what}: edge_index holds node ids in [{int(adj.min())}, "
+                         f"{int(adj.max())}] but x has {num_nodes} nodes")
+    edges = adj.long()
+    return edges[1], edges[0], torch.ones(edges.shape[1], dtype=dtype, device=adj.device)
+
+
+class AdjacencyCache:
+    """One layer's normalised adjacency, kept while the same adjacency comes back: keyed by
+    the object (a weak reference, so a freed tensor is never mistaken for a new one at its
+    address), its tensors' data pointers and versions (in-place edits invalidate), the node
+    count and the dtype.
+
+    Example:
+        >>> import torch
+        >>> cache, e = AdjacencyCache(), torch.tensor([[0, 1], [1, 0]])
+        >>> build = lambda: normalized_adjacency(e, 2)
+        >>> cache.get(e, 2, torch.float32, build) is cache.get(e, 2, torch.float32, build)
+        True
+    """
+
+    def __init__(self):
+        self._ref = self._key = self._value = None
+
+    def get(self, adj, num_nodes: int, dtype, build):
+        key = (_state(adj), num_nodes, dtype)
+        if self._ref is not None and self._ref() is adj and self._key == key:
+            return self._value
+        value = build()
+        self._ref, self._key, self._value = weakref.ref(adj), key, value
+        return value
+
+    def clear(self) -> None:
+        self._ref = self._key = self._value = None
+
+    # A copy or a pickled layer starts empty: the kept matrix is derived data (and a weak
+    # reference cannot be pickled).
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.clear()
+
+
+def _state(adj) -> tuple:
+    # (a SparseTensor's level arrays never change -- ``.arrays`` gives copies -- so the
+    # same object with the same values is the same matrix)
+    parts = [adj.values] if isinstance(adj, SparseTensor) else [adj]
+    return tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in parts)

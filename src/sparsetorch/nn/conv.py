@@ -1,0 +1,195 @@
+"""``SparseConv2d``: a 1x1 convolution with a sparse weight, as in Fast Sparse ConvNets.
+
+A 1x1 convolution is a matrix product over channels: ``Y (Cout x P) = W (Cout x Cin) @ X (Cin x
+P)`` with ``P`` the pixels. With the activations in CHW order (each channel's pixels
+contiguous) and ``W`` sparse, that is the generated SpMM kernel: pixel strips in vector
+registers, each stored weight loaded once per strip, the bias and ReLU/ReLU6 applied as the
+registers are written (``st.einsum("oc,cp->op", W, X, bias=, activation=)``).
+
+Layout: a batch of ``N`` images is folded into the pixels, ``X = (Cin, N*H*W)``. The result
+is returned as an ordinary ``(N, Cout, H, W)`` tensor whose memory is ``(Cout, N, H, W)``
+(a permuted view): for ``N = 1`` that is plain contiguous NCHW; for ``N > 1`` the next
+``SparseConv2d`` (or ``ChannelsFirstDepthwise``, and every elementwise op in between, which
+keep their input's strides) reads it without a copy, so a network of such layers transposes
+its activations once, at the first sparse layer, and not between every pair of layers.
+
+Example:
+    >>> import torch, sparsetorch as st
+    >>> conv = torch.nn.Conv2d(8, 4, 1)
+    >>> sp = st.nn.SparseConv2d.from_dense(conv, sparsity=0.5, activation="relu")
+    >>> x = torch.randn(2, 8, 5, 5)
+    >>> ref = torch.relu(torch.nn.functional.conv2d(x, sp.weight.to_dense()[:, :, None, None], conv.bias))
+    >>> torch.allclose(sp(x), ref, atol=1e-5), sp.values.numel()
+    (True, 16)
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..formats import SparseTensor
+from ..formats.pack import array_names
+from ..ops import einsum
+from . import _pattern
+from .linear import SparseLinear, _keep_facts
+from .pattern import choose_blocksize, prune_mask
+
+ACTIVATIONS = (None, "relu", "relu6")
+
+
+class SparseConv2d(SparseLinear):
+    """1x1 convolution ``activation(W x + b)`` with ``W`` (out, in) stored sparse.
+
+    The parameter interface is ``SparseLinear``'s (this class extends it): ``values`` (one per
+    stored weight, in storage order; an ``nn.Parameter``), ``bias`` (``None`` or ``(out,)``),
+    ``weight`` (the SparseTensor ``W``, differentiable in ``values``: its gradient is sampled
+    on the pattern), ``mask()``, ``set_pattern(mask, values=None)``, ``state_dict`` across
+    patterns. Give exactly one of ``density`` (a random pattern) and ``mask``. The weight is
+    CSR, or BSR with blocks of 4 or 2 output channels when the pattern is made of such blocks
+    (chosen again by ``set_pattern``), or of an explicit ``blocksize``.
+
+    ``stride=2`` subsamples the input first (``x[:, :, ::2, ::2]``, what a 1x1 convolution
+    with stride 2 reads). ``activation`` (``None``, ``"relu"``, ``"relu6"``) and the bias are
+    fused into the kernel. Any batch size; input NCHW (any memory layout); output NCHW in
+    (C, N, H, W) memory (see the module docstring).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> layer = st.nn.SparseConv2d(16, 8, density=0.25, stride=2)
+        >>> layer(torch.randn(3, 16, 9, 9)).shape, layer.values.numel(), layer.mask().sum().item()
+        (torch.Size([3, 8, 5, 5]), 32, 32)
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, bias: bool = True, *,
+                 density=None, mask=None, blocksize=None, stride: int = 1,
+                 activation: str | None = None, dtype=None, device=None, generator=None):
+        if stride not in (1, 2):
+            raise ValueError(f"SparseConv2d: stride must be 1 or 2, got {stride!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"SparseConv2d: activation must be one of {ACTIVATIONS}, got "
+                             f"{activation!r}")
+        if blocksize is None and isinstance(mask, torch.Tensor):
+            blocksize = choose_blocksize(mask.bool())
+        super().__init__(in_channels, out_channels, bias, density=density, mask=mask,
+                         blocksize=blocksize, dtype=dtype, device=device, generator=generator)
+        self.stride, self.activation = stride, activation
+
+    @property
+    def in_channels(self) -> int:
+        return self.in_features
+
+    @property
+    def out_channels(self) -> int:
+        return self.out_features
+
+    @classmethod
+    def from_dense(cls, conv: nn.Conv2d, density=None, *, sparsity=None,
+                   method: str = "magnitude", blocksize=None, activation: str | None = None,
+                   generator=None) -> "SparseConv2d":
+        """A SparseConv2d computing ``conv`` with its weight pruned (``prune_mask``: exactly
+        the ``round(sparsity * N)`` smallest ``|w|`` zeroed, or a random subset) and
+        ``activation`` fused. ``conv`` must be a 1x1 ``nn.Conv2d`` with ``groups=1``, no
+        padding or dilation, stride 1 or 2; it is not modified.
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> sp = st.nn.SparseConv2d.from_dense(torch.nn.Conv2d(8, 8, 1), sparsity=0.75,
+            ...                                    blocksize=(4, 1))
+            >>> sp.weight.format.name, sp.values.numel()
+            ('bsr', 16)
+        """
+        _check_pointwise(conv)
+        w = conv.weight.detach().reshape(conv.out_channels, conv.in_channels)
+        return cls._from_mask(conv, prune_mask(w, density, sparsity, method, blocksize, generator),
+                              activation)
+
+    @classmethod
+    def _from_mask(cls, conv: nn.Conv2d, mask: torch.Tensor, activation) -> "SparseConv2d":
+        """``conv`` (1x1, checked by the caller) with the weights of ``mask`` kept."""
+        w = conv.weight.detach().reshape(conv.out_channels, conv.in_channels)
+        layer = cls(conv.in_channels, conv.out_channels, conv.bias is not None, mask=mask,
+                    stride=conv.stride[0], activation=activation, dtype=w.dtype,
+                    device=w.device)
+        layer.set_pattern(mask, w)
+        if conv.bias is not None:
+            with torch.no_grad():
+                layer.bias.copy_(conv.bias)
+        return layer
+
+    def set_pattern(self, mask, values=None) -> None:
+        """``SparseLinear.set_pattern``; a bool ``mask`` given with ``values`` None or dense
+        (out, in) chooses the format again: BSR with blocks of 4 or 2 output channels when the
+        mask is made of them, else CSR. (1-D values are in the current format's order.)
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> layer = st.nn.SparseConv2d(4, 4, density=0.5)
+            >>> layer.set_pattern(torch.ones(4, 4, dtype=torch.bool).tril(), torch.full((4, 4), 2.0))
+            >>> layer.blocksize, layer.weight.to_dense().diagonal().tolist()
+            (None, [2.0, 2.0, 2.0, 2.0])
+        """
+        # Blocks are chosen afresh only from a bool mask with values absent or dense: values in
+        # storage order (and a SparseTensor mask, which has its own) mean the current format.
+        shape = (self.out_features, self.in_features)
+        if (isinstance(mask, torch.Tensor) and not isinstance(mask, SparseTensor)
+                and mask.dtype == torch.bool and tuple(mask.shape) == shape
+                and (values is None or isinstance(values, torch.Tensor) and values.dim() == 2)):
+            blocksize = choose_blocksize(mask)
+            if blocksize != self.blocksize:
+                if values is None:   # the old weights, read before the format changes
+                    values = self.weight.detach().to_dense()
+                self.blocksize = blocksize
+                self._format = _pattern.weight_format(blocksize)
+                self._array_names = array_names(self._format)
+        super().set_pattern(mask, values)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] != self.in_features:
+            raise ValueError(f"SparseConv2d: input must be (N, {self.in_features}, H, W); got "
+                             f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
+        if self.stride == 2:
+            x = x[:, :, ::2, ::2]
+        n, _, h, w = x.shape
+        weight = self.weight
+        bias = None if self.bias is None else self.bias[:, None]
+        y = einsum("oc,cp->op", weight, channels_first(x), bias=bias, activation=self.activation)
+        _keep_facts(weight, self.__dict__.get("_cached_weight"))
+        return y.view(self.out_features, n, h, w).permute(1, 0, 2, 3)
+
+    def extra_repr(self) -> str:
+        return (f"{super().extra_repr()}, stride={self.stride}, activation={self.activation}")
+
+
+def channels_first(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (N, C, H, W) as the (C, N*H*W) matrix a CHW kernel reads: a view when its memory
+    is already (C, N, H, W) (any N = 1 contiguous tensor, or what ``SparseConv2d`` returns),
+    else one transposing copy.
+
+    Example:
+        >>> import torch
+        >>> x = torch.arange(8.).view(2, 2, 1, 2)
+        >>> channels_first(x)
+        tensor([[0., 1., 4., 5.],
+                [2., 3., 6., 7.]])
+    """
+    n, c, h, w = x.shape
+    return x.permute(1, 0, 2, 3).reshape(c, n * h * w)
+
+
+def _check_pointwise(conv) -> None:
+    if not isinstance(conv, nn.Conv2d):
+        raise TypeError(f"SparseConv2d.from_dense: expected an nn.Conv2d, got {type(conv).__name__}")
+    problems = []
+    if tuple(conv.kernel_size) != (1, 1):
+        problems.append(f"kernel_size={tuple(conv.kernel_size)} (need 1x1)")
+    if conv.groups != 1:
+        problems.append(f"groups={conv.groups} (need 1)")
+    if conv.stride[0] != conv.stride[1] or conv.stride[0] not in (1, 2):
+        problems.append(f"stride={tuple(conv.stride)} (need 1 or 2)")
+    if tuple(conv.padding) != (0, 0) if not isinstance(conv.padding, str) else conv.padding != "valid":
+        problems.append(f"padding={conv.padding} (need 0)")
+    if tuple(conv.dilation) != (1, 1):
+        problems.append(f"dilation={tuple(conv.dilation)} (need 1)")
+    if problems:
+        raise ValueError("SparseConv2d.from_dense: only 1x1 convolutions convert; this one has "
+                         + ", ".join(problems) + ". Keep it dense (st.sparsify skips it).")

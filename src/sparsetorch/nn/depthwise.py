@@ -1,0 +1,85 @@
+"""``ChannelsFirstDepthwise``: a dense depthwise convolution that keeps the (C, N, H, W)
+memory layout ``SparseConv2d`` produces, so a batch flows between sparse 1x1 layers and
+depthwise layers without a transpose at each.
+
+A depthwise convolution treats each channel alone, so a batch in (C, N, H, W) memory is one
+image of ``C*N`` channels (channel ``c`` of image ``n`` at ``c*N + n``) convolved with each
+filter repeated ``N`` times: PyTorch's own depthwise kernel, on a view, no copy. Inputs in
+other layouts (and every batch of one) run as an ordinary ``conv2d``.
+
+Example:
+    >>> import torch, sparsetorch as st
+    >>> dw = torch.nn.Conv2d(4, 4, 3, padding=1, groups=4)
+    >>> layer = st.nn.ChannelsFirstDepthwise.from_dense(dw, activation="relu6")
+    >>> x = torch.randn(4, 2, 5, 5).permute(1, 0, 2, 3)      # (N, C, H, W) in CNHW memory
+    >>> y = layer(x)
+    >>> torch.allclose(y, torch.nn.functional.relu6(dw(x)), atol=1e-6), y.permute(1, 0, 2, 3).is_contiguous()
+    (True, True)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_ACTIVATIONS = {None: None, "relu": F.relu, "relu6": F.relu6}
+
+
+class ChannelsFirstDepthwise(nn.Module):
+    """Depthwise ``nn.Conv2d`` (``groups == in_channels == out_channels``) with an optional
+    fused-in-place ReLU/ReLU6, keeping a (C, N, H, W) memory layout. Parameters ``weight``
+    (C, 1, kh, kw) and ``bias`` as ``nn.Conv2d``'s.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> layer = st.nn.ChannelsFirstDepthwise.from_dense(torch.nn.Conv2d(3, 3, 3, 2, 1, groups=3))
+        >>> layer(torch.randn(1, 3, 8, 8)).shape
+        torch.Size([1, 3, 4, 4])
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding,
+                 dilation, activation: str | None = None):
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"ChannelsFirstDepthwise: activation must be one of "
+                             f"{tuple(_ACTIVATIONS)}, got {activation!r}")
+        self.weight = nn.Parameter(weight.detach().clone())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
+        self.stride, self.padding, self.dilation = stride, padding, dilation
+        self.activation = activation
+
+    @classmethod
+    def from_dense(cls, conv: nn.Conv2d, activation: str | None = None) -> "ChannelsFirstDepthwise":
+        """The same convolution as the depthwise ``conv`` (not modified), then ``activation``."""
+        if not is_depthwise(conv):
+            raise ValueError(f"ChannelsFirstDepthwise.from_dense: need a depthwise nn.Conv2d "
+                             f"(groups == in_channels == out_channels, zero padding mode); got {conv}")
+        return cls(conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c = x.shape[:2]
+        cnhw = x.permute(1, 0, 2, 3)
+        if n > 1 and cnhw.is_contiguous():
+            h, w = x.shape[2:]
+            weight = self.weight.repeat_interleave(n, 0)
+            bias = None if self.bias is None else self.bias.repeat_interleave(n)
+            y = F.conv2d(cnhw.reshape(1, c * n, h, w), weight, bias, self.stride, self.padding,
+                         self.dilation, c * n)
+            y = y.view(c, n, *y.shape[2:]).permute(1, 0, 2, 3)
+        else:
+            y = F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, c)
+        act = _ACTIVATIONS[self.activation]
+        # In place when no gradient needs the pre-activation: saves a pass over memory.
+        return act(y, inplace=not torch.is_grad_enabled()) if act is not None else y
+
+    def extra_repr(self) -> str:
+        return (f"{self.weight.shape[0]}, kernel_size={tuple(self.weight.shape[2:])}, "
+                f"stride={self.stride}, padding={self.padding}, activation={self.activation}")
+
+
+def is_depthwise(conv) -> bool:
+    """True for an ``nn.Conv2d`` with ``groups == in_channels == out_channels > 1`` and zero
+    padding mode."""
+    return (isinstance(conv, nn.Conv2d) and conv.groups > 1
+            and conv.groups == conv.in_channels == conv.out_channels
+            and conv.padding_mode == "zeros" and not isinstance(conv.padding, str))

@@ -1,0 +1,219 @@
+"""Graph convolutions as ``nn.Module``s: ``GCNConv``, ``SAGEConv`` and ``GATConv``, each
+called as ``conv(x, adj)`` with ``adj`` an ``edge_index`` or a SparseTensor adjacency (see
+``adjacency.py`` for the convention: messages flow source -> target, ``out = A @ x``).
+
+Parameters carry PyG's names and layouts (``lin.weight``, ``bias``, ``lin_l``/``lin_r``,
+``att_src``/``att_dst``), so ``conv.load_state_dict(pyg_conv.state_dict())`` copies a PyG
+layer's weights. ``x`` may be dense ``(n, in)`` or a SparseTensor (sparse node features);
+outputs are dense. Propagation is an SpMM of the compiler (CSR, row-parallel); its backward
+a transposed SpMM on the pattern re-laid once and kept.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..formats import SparseTensor
+from ..formats import tensor as st_tensor
+from ..ops import einsum, softmax
+from .adjacency import AdjacencyCache, coordinates, normalized_adjacency
+from .masks import block_diagonal
+
+
+def _check_x(x, in_features: int, what: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what}: x must be a tensor or SparseTensor of node features, got "
+                        f"{type(x).__name__}")
+    if x.dim() != 2 or x.shape[1] != in_features:
+        raise ValueError(f"{what}: x must be (num_nodes, in_features={in_features}), got "
+                         f"shape {tuple(x.shape)}")
+
+
+def _propagate(A: SparseTensor, h: torch.Tensor, bias) -> torch.Tensor:
+    """``A @ h + bias`` in one kernel (the bias added as each output row is written)."""
+    return einsum("ij,jk->ik", A, h, bias=bias)
+
+
+class _Propagation(nn.Module):
+    """What GCNConv and SAGEConv share: the kept normalised adjacency."""
+
+    def __init__(self, normalize, self_loops: bool, cached: bool):
+        super().__init__()
+        self.normalize, self.self_loops, self.cached = normalize, self_loops, cached
+        self._cache = AdjacencyCache()
+
+    def adjacency(self, adj, x) -> SparseTensor:
+        """The normalised propagation matrix for ``adj`` and ``x``'s node count and dtype."""
+        n, dtype = x.shape[0], x.dtype
+        what = type(self).__name__
+
+        def build():
+            return normalized_adjacency(adj, n, self.normalize, self.self_loops, dtype=dtype,
+                                        what=what)
+
+        return self._cache.get(adj, n, dtype, build) if self.cached else build()
+
+
+class GCNConv(_Propagation):
+    """Kipf & Welling's graph convolution: ``D^-1/2 (A + I) D^-1/2 (x W^T) + b``, as PyG's
+    ``GCNConv`` computes it (``normalize="mean"``: ``D^-1 (A + I)``; None: ``A + I``;
+    ``self_loops=False`` leaves out ``I``; nodes that already have a self loop keep it).
+
+    The normalised adjacency is computed once and kept while the same adjacency object (or
+    ``edge_index``, unmodified) comes back; ``cached=False`` recomputes it every call. The
+    product runs in the cheaper order: ``x W^T`` first when ``out_features <= in_features``
+    or ``x`` is sparse, else ``(A x) W^T``. Weights: ``lin.weight`` ``(out, in)`` (Glorot
+    init, like PyG) and ``bias`` ``(out,)`` (zeros): from PyG, ``conv.lin.weight.copy_(
+    pyg.lin.weight); conv.bias.copy_(pyg.bias)``, or ``load_state_dict(pyg.state_dict())``.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> conv = st.nn.GCNConv(3, 2)
+        >>> edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+        >>> conv(torch.randn(3, 3), edge_index).shape
+        torch.Size([3, 2])
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 normalize="sym", self_loops: bool = True, cached: bool = True):
+        super().__init__(normalize, self_loops, cached)
+        if normalize not in ("sym", "mean", None):
+            raise ValueError(f"GCNConv: normalize must be 'sym', 'mean' or None, got "
+                             f"{normalize!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.lin = nn.Linear(in_features, out_features, bias=False)
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        nn.init.xavier_uniform_(self.lin.weight)
+
+    def forward(self, x, adj) -> torch.Tensor:
+        _check_x(x, self.in_features, "GCNConv")
+        A = self.adjacency(adj, x)
+        if isinstance(x, SparseTensor) or self.out_features <= self.in_features:
+            return _propagate(A, F.linear(x, self.lin.weight), self.bias)
+        return F.linear(A @ x, self.lin.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_features}, {self.out_features}, normalize={self.normalize!r}, "
+                f"self_loops={self.self_loops}, cached={self.cached}")
+
+
+class SAGEConv(_Propagation):
+    """GraphSAGE (PyG's ``SAGEConv``): ``lin_l(aggr_{j -> i} x_j) + lin_r(x_i)`` with
+    ``aggr="mean"`` (nodes without in-edges aggregate 0) or ``"sum"``; ``root_weight=False``
+    drops ``lin_r``. ``lin_l`` holds the bias. The aggregation matrix (``D^-1 A``) is kept as
+    GCNConv keeps its own (``cached``); the product runs in the cheaper order.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> conv = st.nn.SAGEConv(3, 2)
+        >>> conv(torch.randn(3, 3), torch.tensor([[0, 1], [1, 2]])).shape
+        torch.Size([3, 2])
+    """
+
+    def __init__(self, in_features: int, out_features: int, aggr: str = "mean",
+                 root_weight: bool = True, bias: bool = True, cached: bool = True):
+        if aggr not in ("mean", "sum"):
+            raise ValueError(f"SAGEConv: aggr must be 'mean' or 'sum', got {aggr!r}")
+        super().__init__("mean" if aggr == "mean" else None, False, cached)
+        self.in_features, self.out_features, self.aggr = in_features, out_features, aggr
+        self.lin_l = nn.Linear(in_features, out_features, bias=bias)
+        self.lin_r = nn.Linear(in_features, out_features, bias=False) if root_weight else None
+
+    def forward(self, x, adj) -> torch.Tensor:
+        _check_x(x, self.in_features, "SAGEConv")
+        A = self.adjacency(adj, x)
+        if isinstance(x, SparseTensor) or self.out_features <= self.in_features:
+            out = _propagate(A, F.linear(x, self.lin_l.weight), self.lin_l.bias)
+        else:
+            out = self.lin_l(A @ x)
+        return out if self.lin_r is None else out + self.lin_r(x)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_features}, {self.out_features}, aggr={self.aggr!r}, "
+                f"root_weight={self.lin_r is not None}")
+
+
+class GATConv(nn.Module):
+    """Graph attention (PyG's ``GATConv``): per head, scores ``e_ij = leaky_relu(a_dst .
+    h_i + a_src . h_j)`` on the edges ``j -> i`` (with ``h = x W^T``), a softmax over each
+    target's incoming edges, dropout on the attention, and ``out_i = sum_j alpha_ij h_j``;
+    heads concatenated (``concat=True``, output ``heads * out_features``) or averaged.
+
+    The scores are an SDDMM of the additive kind: for every stored entry of the adjacency
+    pattern, the target's and the source's terms gathered and added (all heads at once).
+    The heads' patterns are the blocks of one block-diagonal CSR matrix, so the softmax
+    (the compiler's row softmax over stored entries, ``st.ops.softmax``) and the
+    aggregation (SpMM) are one kernel call each for all heads; nothing is n x n dense.
+    ``add_self_loops`` replaces existing self loops by one per node, as PyG does; duplicate
+    edges count once. Weights as PyG's: ``lin.weight`` ``(heads * out, in)``, ``att_src``
+    and ``att_dst`` ``(1, heads, out)``, ``bias``.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> conv = st.nn.GATConv(3, 4, heads=2)
+        >>> conv(torch.randn(3, 3), torch.tensor([[0, 1, 2], [1, 2, 0]])).shape
+        torch.Size([3, 8])
+    """
+
+    def __init__(self, in_features: int, out_features: int, heads: int = 1,
+                 concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
+                 add_self_loops: bool = True, bias: bool = True, cached: bool = True):
+        super().__init__()
+        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+            raise ValueError(f"GATConv: heads must be a positive int, got {heads!r}")
+        self.in_features, self.out_features, self.heads = in_features, out_features, heads
+        self.concat, self.negative_slope, self.dropout = concat, negative_slope, dropout
+        self.add_self_loops, self.cached = add_self_loops, cached
+        self.lin = nn.Linear(in_features, heads * out_features, bias=False)
+        self.att_src = nn.Parameter(torch.empty(1, heads, out_features))
+        self.att_dst = nn.Parameter(torch.empty(1, heads, out_features))
+        width = heads * out_features if concat else out_features
+        self.bias = nn.Parameter(torch.zeros(width)) if bias else None
+        for w in (self.lin.weight, self.att_src, self.att_dst):
+            nn.init.xavier_uniform_(w)
+        self._cache = AdjacencyCache()
+
+    def pattern(self, adj, x):
+        """``(P, targets, sources)``: the attention pattern of all heads as one block-diagonal
+        CSR SparseTensor of shape ``(heads * n, heads * n)`` (head ``k``'s copy of the graph's
+        pattern, with self loops as configured, in block ``k``; values 1), and the target
+        and source node of each entry of one copy (int64); kept like GCNConv's adjacency."""
+        n = x.shape[0]
+
+        def build():
+            rows, cols, _ = coordinates(adj, n, x.dtype, "GATConv")
+            if self.add_self_loops:
+                keep = rows != cols
+                loops = torch.arange(n, device=rows.device)
+                rows, cols = torch.cat([rows[keep], loops]), torch.cat([cols[keep], loops])
+            one = st_tensor((torch.stack([rows, cols]), torch.ones(rows.numel(), dtype=x.dtype)),
+                            shape=(n, n), format="csr")
+            # every head's attention is a softmax over its own rows and an SpMM with its own
+            # features: as one block-diagonal matrix, one kernel call each for all heads
+            P = block_diagonal(one.with_values(torch.ones_like(one.values)), self.heads)
+            pos, crd = one.arrays["pos1"].long(), one.arrays["crd1"].long()
+            targets = torch.repeat_interleave(torch.arange(n, device=pos.device), pos.diff())
+            return P, targets, crd
+
+        return self._cache.get(adj, n, x.dtype, build) if self.cached else build()
+
+    def forward(self, x, adj) -> torch.Tensor:
+        _check_x(x, self.in_features, "GATConv")
+        P, targets, sources = self.pattern(adj, x)
+        n, H, C = x.shape[0], self.heads, self.out_features
+        h = F.linear(x, self.lin.weight).view(n, H, C)
+        a_src = (h * self.att_src).sum(-1)
+        a_dst = (h * self.att_dst).sum(-1)
+        scores = F.leaky_relu(a_dst[targets] + a_src[sources], self.negative_slope)
+        # (heads in the block-diagonal's order: head 0's entries first)
+        alpha = softmax(P.with_values(scores.t().reshape(-1)), 1)
+        if self.dropout and self.training:
+            alpha = F.dropout(alpha, self.dropout)
+        out = (alpha @ h.transpose(0, 1).reshape(H * n, C)).view(H, n, C)
+        out = out.transpose(0, 1).reshape(n, H * C) if self.concat else out.mean(0)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_features}, {self.out_features}, heads={self.heads}, "
+                f"concat={self.concat}, dropout={self.dropout}")

@@ -1,0 +1,329 @@
+"""``SparseLinear``: ``y = x W^T + b`` with ``W`` a CSR (or BSR) SparseTensor.
+
+The module stores the pattern's level arrays as buffers (``pos1``, ``crd1``) and one weight
+per stored entry as the dense Parameter ``values``, so any torch optimizer steps it and
+``state_dict`` round-trips both. Each forward wraps them as ``W`` (``with_values``, shared
+arrays, differentiable in ``values``) and calls ``F.linear``: the compiler's SpMM forward,
+a transposed SpMM for ``dx`` (on a pattern re-laid once and kept) and an SDDMM sampled on
+``W``'s pattern for ``dvalues``. Time and memory scale with the stored entries.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..formats import SparseTensor
+from ..formats.pack import array_names
+from ..formats.tensor import inherit_pattern_facts
+from ..ops import einsum
+from . import _pattern
+
+_is_compiling = torch.compiler.is_compiling
+
+# A sparse input holding more than this fraction of entries is multiplied dense: a row
+# times a sparse weight row costs about their merged lengths, so denser rows lose to the
+# dense-input SpMM (256 rows x 2048 by a 10%-dense 512 x 2048 weight, 1 thread: sparse
+# input 0.44x as long as densifying it at 2% density, 2.0x at 5%, 2.9x at 10%; MNIST
+# digits, 19%: 7x; bag-of-words rows at 0.5% of 20000 words: 0.18x).
+DENSIFY_INPUT_ABOVE = 0.03
+
+
+class SparseLinear(nn.Module):
+    """A linear layer whose weight is sparse: ``forward(x) = x @ W.T + b``.
+
+    Give exactly one of ``density`` (a random pattern of ``round(density * out * in)``
+    entries, or as many whole ``blocksize`` blocks counted in blocks) or ``mask`` (a bool
+    ``(out_features, in_features)`` tensor or a SparseTensor whose stored entries are kept;
+    with ``blocksize``, every block holding an entry is stored whole). ``blocksize`` (an int
+    or a pair dividing the shape) stores the weight in BSR, else CSR.
+
+    Parameters: ``values`` (1-D, one weight per stored entry in storage order; its
+    ``state_dict`` key is ``"values"``) and ``bias`` (``(out_features,)`` or None). Buffers:
+    the pattern's index arrays. Initialisation is ``nn.Linear``'s (uniform in ``+-1 /
+    sqrt(fan_in)``) with ``fan_in`` the stored entries per output row on average, not
+    ``in_features``: a 90%-sparse row sums a tenth of the terms, so its weights are drawn
+    ``sqrt(10)`` times wider and the output keeps ``nn.Linear``'s scale.
+
+    ``x`` may be dense with any leading dimensions, ``(..., in_features)``, or a 1-D/2-D
+    SparseTensor (sparse activations such as bag-of-words rows; one holding more than
+    ``DENSIFY_INPUT_ABOVE`` = 3% of its entries is densified first, which is faster from
+    there); the result is dense.
+    ``load_state_dict`` accepts a state of another pattern (another entry count) and takes
+    it over. Works with autograd, any optimizer, ``torch.compile`` (CSR weights; a sparse
+    input is densified inside a compiled function, and BSR weights do not compile yet: the
+    blocked kernels' shapes are data-dependent), ``.to(dtype)``.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> layer = st.nn.SparseLinear(6, 4, density=0.5, generator=gen)
+        >>> layer.values.shape, layer.weight.format.name
+        (torch.Size([12]), 'csr')
+        >>> layer(torch.randn(3, 6)).shape
+        torch.Size([3, 4])
+        >>> torch.allclose(layer(torch.ones(6)),
+        ...                torch.ones(6) @ layer.weight.to_dense().T + layer.bias)
+        True
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 density=None, mask=None, blocksize=None, dtype=None, device=None,
+                 generator=None):
+        super().__init__()
+        for name, n in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"SparseLinear: {name} must be a positive int, got {n!r}")
+        self.in_features, self.out_features = in_features, out_features
+        shape = (out_features, in_features)
+        self.blocksize = _pattern.blocks(blocksize, shape, "SparseLinear")
+        self._format = _pattern.weight_format(self.blocksize)
+        self._array_names = array_names(self._format)
+        if (density is None) == (mask is None):
+            raise ValueError("SparseLinear: give exactly one of density= (a random pattern) "
+                             "and mask= (a bool (out_features, in_features) tensor or a "
+                             "SparseTensor pattern)")
+        if mask is None:
+            mask = _pattern.random_mask(shape, density, self.blocksize, generator,
+                                        "SparseLinear")
+        pattern = _pattern.from_mask(mask, shape, self.blocksize, "SparseLinear")
+        dtype = dtype if dtype is not None else torch.get_default_dtype()
+        for name, array in pattern.arrays.items():
+            self.register_buffer(name, array.to(device))
+        # fan-in: the entries a row actually sums (nn.Linear's rule with in_features)
+        bound = 1 / math.sqrt(max(1.0, pattern.nnz / out_features))
+        self.values = nn.Parameter(_uniform(pattern.nnz, bound, dtype, device, generator))
+        self.bias = nn.Parameter(_uniform(out_features, bound, dtype, device, generator)) \
+            if bias else None
+
+    # -- the weight ---------------------------------------------------------------------------
+    def _arrays(self) -> dict:
+        return {name: self._buffers[name] for name in self._array_names}
+
+    @property
+    def weight(self) -> SparseTensor:
+        """``(out_features, in_features)`` SparseTensor whose values are ``self.values``
+        (differentiable: gradients reach the Parameter)."""
+        values = self.values
+        if _is_compiling():   # traced: no Python-side caches
+            return SparseTensor.from_levels(self._shape(), self._format, self._arrays(),
+                                            values, check=False)
+        # Eagerly, one wrapper of the arrays (over a detached alias of the values, so
+        # optimizer steps show through) is kept: what kernels work out about the pattern
+        # stays with it, and a graph-recording wrapper inherits it.
+        cached = self.__dict__.get("_cached_weight")
+        arrays = self._arrays()
+        if cached is None or cached[0] is not values or cached[1] != values.data_ptr() or \
+                any(cached[2].__dict__["_" + n] is not a for n, a in arrays.items()):
+            kept = SparseTensor.from_levels(self._shape(), self._format, arrays,
+                                            values.detach(), check=False)
+            cached = self.__dict__["_cached_weight"] = (values, values.data_ptr(), kept)
+        kept = cached[2]
+        if not (values.requires_grad and torch.is_grad_enabled()):
+            return kept
+        # (a plain view: Parameters do not pass the check that lets wrappers share facts)
+        return kept.with_values(values.view(-1))
+
+    def _shape(self):
+        return (self.out_features, self.in_features)
+
+    def mask(self) -> torch.Tensor:
+        """The stored entries as a dense bool ``(out_features, in_features)`` tensor.
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> st.nn.SparseLinear(3, 2, mask=torch.eye(2, 3, dtype=torch.bool)).mask().sum().item()
+            2
+        """
+        flat = torch.zeros(self.out_features * self.in_features, dtype=torch.bool,
+                           device=self.values.device)
+        flat[_pattern.positions(self.weight.detach())] = True
+        return flat.reshape(self._shape())
+
+    # -- changing the pattern -----------------------------------------------------------------
+    def set_pattern(self, mask, values=None) -> None:
+        """Replace the pattern by ``mask`` (a bool ``(out_features, in_features)`` tensor or a
+        SparseTensor; with a block size, blocks holding an entry are stored whole).
+
+        ``values``: a 1-D tensor of one value per new stored entry (storage order) or a dense
+        ``(out_features, in_features)`` tensor read at the new entries; by default the old
+        weights where the entry was stored before, 0 where it is new. When the entry count
+        is unchanged ``self.values`` is updated in place (same Parameter); otherwise it is
+        replaced by a new Parameter, and optimizers holding the old one must be rebuilt (or
+        their state remapped). Even in place, per-entry optimizer state (momentum, Adam's
+        moments) belongs to the old entry at that position: reset or remap it.
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> layer = st.nn.SparseLinear(3, 2, mask=torch.eye(2, 3, dtype=torch.bool))
+            >>> layer.set_pattern(torch.ones(2, 3, dtype=torch.bool))
+            >>> layer.values.shape, int((layer.weight.to_dense() != 0).sum())
+            (torch.Size([6]), 2)
+        """
+        pattern = _pattern.from_mask(mask, self._shape(), self.blocksize,
+                                     "SparseLinear.set_pattern")
+        device, old = self.values.device, self.values.detach()
+        new_at = _pattern.positions(pattern).to(device)
+        if values is None:
+            dense = torch.zeros(self.out_features * self.in_features, dtype=old.dtype,
+                                device=device)
+            dense[_pattern.positions(self.weight.detach())] = old
+            values = dense[new_at]
+        else:
+            values = self._new_values(values, pattern.nnz, new_at)
+        for name, array in pattern.arrays.items():
+            setattr(self, name, array.to(device))
+        if values.numel() == old.numel():
+            with torch.no_grad():
+                self.values.copy_(values)
+        else:
+            self.values = nn.Parameter(values.to(old.dtype).clone(),
+                                       requires_grad=self.values.requires_grad)
+
+    def _new_values(self, values, nnz: int, new_at: torch.Tensor) -> torch.Tensor:
+        if not isinstance(values, torch.Tensor) or isinstance(values, SparseTensor):
+            raise TypeError("SparseLinear.set_pattern: values must be a dense tensor, got "
+                            f"{type(values).__name__}")
+        values = values.detach().to(device=new_at.device, dtype=self.values.dtype)
+        if tuple(values.shape) == self._shape():
+            return values.flatten()[new_at]
+        if tuple(values.shape) != (nnz,):
+            raise ValueError(f"SparseLinear.set_pattern: the new pattern stores {nnz} "
+                             f"entries, so values must have shape ({nnz},) or be a dense "
+                             f"{self._shape()} tensor; got {tuple(values.shape)}")
+        return values
+
+    # -- construction from a dense layer ------------------------------------------------------
+    @classmethod
+    def from_dense(cls, linear: nn.Linear, density=None, *, sparsity=None,
+                   method: str = "magnitude", blocksize=None, generator=None) -> "SparseLinear":
+        """Prune ``linear`` to a SparseLinear with its weights and bias on the kept entries.
+
+        Give ``density`` or ``sparsity`` (``1 - density``). ``method="magnitude"`` keeps
+        exactly the ``round(density * out * in)`` largest ``|w|`` (with ``blocksize``, that
+        many blocks by their summed ``|w|``, counted in blocks); ``"random"`` keeps as many
+        chosen uniformly (``generator`` seeds it).
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> dense = torch.nn.Linear(4, 2)
+            >>> sparse = st.nn.SparseLinear.from_dense(dense, density=0.25)
+            >>> sparse.values.numel(), bool((sparse.values.abs().min()
+            ...                              >= dense.weight.abs().flatten().sort().values[-2]))
+            (2, True)
+        """
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"SparseLinear.from_dense: expected an nn.Linear, got "
+                            f"{type(linear).__name__}")
+        if (density is None) == (sparsity is None):
+            raise ValueError("SparseLinear.from_dense: give exactly one of density= and "
+                             "sparsity= (= 1 - density)")
+        if density is None:
+            if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)):
+                raise ValueError(f"SparseLinear.from_dense: sparsity must be a number in "
+                                 f"[0, 1], got {sparsity!r}")
+            density = 1 - sparsity
+        w = linear.weight.detach()
+        bs = _pattern.blocks(blocksize, w.shape, "SparseLinear.from_dense")
+        if method == "magnitude":
+            mask = _pattern.top_mask(w.abs(), density, bs, "SparseLinear.from_dense")
+        elif method == "random":
+            mask = _pattern.random_mask(tuple(w.shape), density, bs, generator,
+                                        "SparseLinear.from_dense").to(w.device)
+        else:
+            raise ValueError(f"SparseLinear.from_dense: method must be 'magnitude' or "
+                             f"'random', got {method!r}")
+        out = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                  mask=mask, blocksize=bs, dtype=w.dtype, device=w.device)
+        out.set_pattern(mask, w)
+        if linear.bias is not None:
+            with torch.no_grad():
+                out.bias.copy_(linear.bias)
+        return out
+
+    # -- forward ------------------------------------------------------------------------------
+    def forward(self, x):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"SparseLinear: input must be a tensor or SparseTensor, got "
+                            f"{type(x).__name__}")
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"SparseLinear: input of shape {tuple(x.shape)} does not end in "
+                             f"in_features={self.in_features}")
+        if x.dtype != self.values.dtype:
+            raise TypeError(f"SparseLinear: input is {x.dtype} but the weights are "
+                            f"{self.values.dtype}; cast the input or the layer (.to(dtype))")
+        if isinstance(x, SparseTensor):
+            if x.dim() > 2:
+                raise ValueError(f"SparseLinear: a sparse input must be 1-D or 2-D (batch, "
+                                 f"in_features), got shape {tuple(x.shape)}")
+            # (traced, always: the sparse x sparse product does not compile yet)
+            if _is_compiling() or x.nnz > DENSIFY_INPUT_ABOVE * math.prod(x.shape):
+                x = x.to_dense()
+        weight = self.weight
+        if isinstance(x, SparseTensor):
+            # (dense out_format: a sparse input times a sparse weight would otherwise be
+            # assembled sparse, and nearly every output row is full)
+            out = einsum("ni,oi->no" if x.dim() == 2 else "i,oi->o", x, weight,
+                         out_format="dense")
+            out = out if self.bias is None else out + self.bias
+        else:
+            out = F.linear(x, weight, self.bias)
+        if not _is_compiling():
+            _keep_facts(weight, self.__dict__.get("_cached_weight"))
+        return out
+
+    # -- state_dict of another pattern --------------------------------------------------------
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # A state of another pattern stores other entry counts: take its sizes (and index
+        # dtype) first, so the copies below fit, then check the pattern it describes.
+        for name in (*self._array_names, "values"):
+            incoming = state_dict.get(prefix + name)
+            current = self._buffers.get(name) if name != "values" else self.values
+            if not isinstance(incoming, torch.Tensor) or incoming.shape == current.shape:
+                continue
+            if name == "values":
+                self.values = nn.Parameter(current.new_empty(incoming.shape),
+                                           requires_grad=current.requires_grad)
+            else:
+                setattr(self, name, incoming.new_empty(incoming.shape).to(current.device))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                      missing_keys, unexpected_keys, error_msgs)
+        try:
+            SparseTensor.from_levels(self._shape(), self._format, self._arrays(),
+                                     self.values.detach(), check=True)
+        except (ValueError, TypeError) as e:
+            error_msgs.append(f"SparseLinear {prefix!r}: the loaded pattern is not a valid "
+                              f"{self._format.name} pattern of shape {self._shape()}: {e}")
+        self.__dict__.pop("_cached_weight", None)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_cached_weight", None)   # an alias of the values: rebuilt on demand
+        return state
+
+    def _apply(self, fn, recurse=True):
+        self.__dict__.pop("_cached_weight", None)
+        return super()._apply(fn, recurse)
+
+    def extra_repr(self) -> str:
+        nnz = self.values.numel()
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, nnz={nnz} "
+                f"(density {nnz / (self.in_features * self.out_features):.3g}), "
+                f"format={self._format.name}"
+                + (f", blocksize={self.blocksize}" if self.blocksize else ""))
+
+
+def _uniform(n: int, bound: float, dtype, device, generator) -> torch.Tensor:
+    u = torch.rand(n, dtype=dtype, generator=generator)
+    return ((2 * u - 1) * bound).to(device)
+
+
+def _keep_facts(weight: SparseTensor, cached) -> None:
+    """Hand what the kernels worked out about the pattern back to the kept wrapper, so the
+    next forward's wrapper starts with it."""
+    if cached is not None and weight is not cached[2]:
+        inherit_pattern_facts(weight, cached[2])

@@ -1,0 +1,212 @@
+"""``sparsify``: a sparse copy of any ``nn.Module`` (the model given is left unchanged).
+
+Every ``nn.Conv2d`` with a 1x1 kernel and ``groups=1`` (stride 1 or 2, no padding) becomes a
+``SparseConv2d`` and every ``nn.Linear`` a ``SparseLinear``, each pruned on its own weights:
+``method="magnitude"`` zeroes the ``round(sparsity * N)`` smallest ``|w|`` of the layer,
+``"random"`` a random subset of that size; ``block=(r, 1)`` (or ``r``) prunes whole blocks of
+``r`` output channels (in layers whose output channels it divides; others are pruned entry by
+entry). Other convolutions stay dense, as in Fast Sparse ConvNets: the first
+(3-channel) convolution and the depthwise ones, which become ``ChannelsFirstDepthwise`` so
+a batch keeps the sparse layers' (C, N, H, W) layout through them.
+
+With ``fold_bn=True`` each ``BatchNorm2d`` applied right after a convolution (and nowhere
+else) is folded into it, with its running statistics (the model as in ``eval()``), and a
+``ReLU``/``ReLU6`` module right after is fused into the sparse or depthwise layer. The data
+flow is read by ``torch.fx`` tracing; models that do not trace are read as ``nn.Sequential``
+chains (neighbouring children) only.
+
+Example:
+    >>> import torch, sparsetorch as st
+    >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.BatchNorm2d(16),
+    ...                           torch.nn.ReLU(), torch.nn.Conv2d(16, 32, 1)).eval()
+    >>> sp = st.sparsify(net, sparsity=0.75)
+    >>> [type(m).__name__ for m in sp], sp[3].values.numel()
+    (['Conv2d', 'Identity', 'ReLU', 'SparseConv2d'], 128)
+"""
+from __future__ import annotations
+
+import copy
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from .conv import SparseConv2d, _check_pointwise
+from .depthwise import ChannelsFirstDepthwise, is_depthwise
+from .fold import fold_batchnorm
+from .pattern import METHODS, exact_density, prune_mask
+
+from .linear import SparseLinear
+
+_ACTIVATION_OF = {nn.ReLU: "relu", nn.ReLU6: "relu6"}
+
+
+def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude", block=None,
+             skip: Iterable[str] | Callable[[str, nn.Module], bool] = (), fold_bn: bool = True,
+             generator: torch.Generator | None = None) -> nn.Module:
+    """A sparse copy of ``model`` (see the module docstring). ``skip``: qualified module
+    names (``"features.0.0"``) to keep dense, or a predicate ``(name, module) -> bool``.
+    ``generator`` seeds ``method="random"``.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 1), torch.nn.Conv2d(8, 8, 1))
+        >>> sp = st.sparsify(net, sparsity=0.5, skip=["1"])
+        >>> [type(m).__name__ for m in sp], type(net[0]).__name__
+        (['SparseConv2d', 'Conv2d'], 'Conv2d')
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"sparsify: model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(sparsity, (int, float)) or not 0.0 <= float(sparsity) <= 1.0:
+        raise ValueError(f"sparsify: sparsity must be a number in [0, 1], got {sparsity!r}")
+    if method not in METHODS:
+        raise ValueError(f"sparsify: method={method!r} is not one of {METHODS}")
+    blocksize = _blocksize(block)
+    skipped = _skip_predicate(skip)
+
+    def make_sparse(module, conv, act):
+        if is_depthwise(module):
+            return ChannelsFirstDepthwise.from_dense(conv, act)
+        weight = module.weight.detach().flatten(1)
+        bs = blocksize if blocksize and weight.shape[0] % blocksize[0] == 0 else None
+        if isinstance(module, nn.Linear):   # the exact count, given as a density
+            return SparseLinear.from_dense(module, exact_density(weight.shape, sparsity, bs),
+                                           method=method, blocksize=bs, generator=generator)
+        mask = prune_mask(weight, sparsity=sparsity, method=method, blocksize=bs,
+                          generator=generator)
+        return SparseConv2d._from_mask(conv, mask, act)
+
+    return _rebuild(model, fold_bn, skipped, make_sparse)
+
+
+def fold_batchnorms(model: nn.Module) -> nn.Module:
+    """A dense copy of ``model`` with each ``BatchNorm2d`` that follows a convolution (and
+    nothing else) folded into it, as ``sparsify`` folds them: the dense baseline with the
+    same fusions.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4)).eval()
+        >>> [type(m).__name__ for m in st.nn.fold_batchnorms(net)]
+        ['Conv2d', 'Identity']
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fold_batchnorms: model must be an nn.Module, got {type(model).__name__}")
+    return _rebuild(model, True, lambda name, module: False, None)
+
+
+def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module:
+    """A copy of ``model`` with batch norms folded (``fold_bn``) and, unless ``make_sparse``
+    is None, each 1x1 or depthwise convolution and linear layer not ``skipped`` replaced by
+    ``make_sparse(module, module with its batch norm folded, fused activation name)``."""
+    out = copy.deepcopy(model)
+    chains = _chains(out, fold_bn)
+    modules = dict(out.named_modules())
+    for name, module in modules.items():
+        if not name or skipped(name, module):
+            continue
+        bn_name, act_name = chains.get(name, (None, None))
+        act = _ACTIVATION_OF.get(type(modules[act_name])) if act_name else None
+        convertible = (isinstance(module, nn.Linear)
+                       or _is_pointwise(module) or is_depthwise(module))
+        new = None
+        if make_sparse is not None and convertible:
+            folded = fold_batchnorm(module, modules[bn_name]) if bn_name else module
+            new = make_sparse(module, folded, act)
+        if new is None:
+            if not (bn_name and isinstance(module, nn.Conv2d)):
+                continue
+            new, act = fold_batchnorm(module, modules[bn_name]), None   # dense, BN folded
+        _replace(out, name, new)
+        if bn_name:
+            _replace(out, bn_name, nn.Identity())
+        if act is not None:
+            _replace(out, act_name, nn.Identity())
+    return out
+
+
+def _is_pointwise(conv: nn.Module) -> bool:
+    if not isinstance(conv, nn.Conv2d):
+        return False
+    try:
+        _check_pointwise(conv)
+    except ValueError:
+        return False
+    return True
+
+
+def _blocksize(block):
+    if block is None:
+        return None
+    if isinstance(block, int) and not isinstance(block, bool):
+        block = (block, 1)
+    if not isinstance(block, (tuple, list)) or len(block) != 2 or block[1] != 1 or block[0] < 1:
+        raise ValueError(f"sparsify: block must be None, r or (r, 1) (blocks of r output "
+                         f"channels, e.g. 4); got {block!r}")
+    return tuple(block)
+
+
+def _skip_predicate(skip):
+    if callable(skip):
+        return skip
+    if isinstance(skip, str):
+        raise TypeError(f"sparsify: skip must be a list of module names or a predicate, got the "
+                        f"string {skip!r}; write skip=[{skip!r}]")
+    names = set(skip)
+    return lambda name, module: name in names
+
+
+def _replace(root: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, new)
+
+
+# -- which batch norm and activation follow each convolution ----------------------------------
+def _chains(model: nn.Module, fold_bn: bool) -> dict:
+    """``{conv name: (batch norm name or None, activation name or None)}`` for convolutions
+    whose output feeds only that batch norm (folded when ``fold_bn``), whose output in turn
+    (or the convolution's) feeds only a ReLU/ReLU6 module. Each module must be called once."""
+    try:
+        links = _fx_links(model)
+    except Exception:   # any tracing failure (control flow, unsupported ops): read Sequentials
+        links = _sequential_links(model)
+    modules = dict(model.named_modules())
+    chains = {}
+    for name, module in modules.items():
+        if not isinstance(module, nn.Conv2d):
+            continue
+        bn = act = None
+        nxt = links.get(name)
+        if fold_bn and isinstance(modules.get(nxt), nn.BatchNorm2d):
+            bn, nxt = nxt, links.get(nxt)
+        if type(modules.get(nxt)) in _ACTIVATION_OF:
+            act = nxt
+        if bn or act:
+            chains[name] = (bn, act)
+    return chains
+
+
+def _fx_links(model: nn.Module) -> dict:
+    """``{module name: the module that alone consumes its output}``, from an fx trace."""
+    graph = torch.fx.symbolic_trace(model).graph
+    calls: dict = {}
+    for node in graph.nodes:
+        if node.op == "call_module":
+            calls[node.target] = calls.get(node.target, 0) + 1
+    links = {}
+    for node in graph.nodes:
+        if node.op != "call_module" or calls[node.target] != 1 or len(node.users) != 1:
+            continue
+        (user,) = node.users
+        if user.op == "call_module" and calls[user.target] == 1 and user.args[:1] == (node,):
+            links[node.target] = user.target
+    return links
+
+
+def _sequential_links(model: nn.Module) -> dict:
+    links = {}
+    for prefix, module in model.named_modules():
+        if isinstance(module, nn.Sequential):
+            names = [f"{prefix}.{k}" if prefix else k for k in module._modules]
+            links.update(zip(names, names[1:]))
+    return links

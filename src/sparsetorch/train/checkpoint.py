@@ -1,0 +1,62 @@
+"""Checkpoints for sparse training, written atomically (a temporary file in the same folder,
+then ``os.replace``), so a run killed while saving leaves the previous checkpoint intact.
+
+In: a path, the model, the trainer (which carries the optimizer and random generators) and
+any picklable extras (epoch, data-order generator state, ...). Out: the same, restored.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+def save_checkpoint(path, *, model: torch.nn.Module, trainer, **extra) -> Path:
+    """Write ``model`` weights, ``trainer.state_dict()`` (masks, step count, optimizer state,
+    generator), torch's global CPU RNG state and ``extra`` to ``path`` atomically.
+
+    Example:
+        >>> import torch, tempfile, os, sparsetorch as st
+        >>> model = torch.nn.Linear(4, 4)
+        >>> t = st.train.Static(model, torch.optim.SGD(model.parameters(), lr=0.1), density=0.5)
+        >>> p = st.train.save_checkpoint(os.path.join(tempfile.mkdtemp(), "c.pt"),
+        ...                              model=model, trainer=t, epoch=3)
+        >>> st.train.load_checkpoint(p, model=model, trainer=t)
+        {'epoch': 3}
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = {"model": model.state_dict(), "trainer": trainer.state_dict(),
+            "torch_rng": torch.get_rng_state(), "extra": extra}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(blob, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_checkpoint(path, *, model: torch.nn.Module, trainer) -> dict:
+    """Restore what ``save_checkpoint`` wrote into ``model`` and ``trainer`` (the trainer
+    first, so truly sparse layers get their saved patterns before their values); returns the
+    extras. Also restores torch's global CPU RNG state (dropout, shuffling by default)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"load_checkpoint: {path} does not exist")
+    blob = torch.load(path, map_location="cpu", weights_only=False)
+    missing = {"model", "trainer", "torch_rng"} - set(blob)
+    if missing:
+        raise ValueError(f"load_checkpoint: {path} lacks {sorted(missing)}; it was not written "
+                         "by st.train.save_checkpoint")
+    trainer.load_state_dict(blob["trainer"])
+    model.load_state_dict(blob["model"])
+    torch.set_rng_state(blob["torch_rng"])
+    return blob["extra"]

@@ -1,0 +1,107 @@
+"""Per-layer densities for a global density target: uniform, Erdos-Renyi (ER) and
+Erdos-Renyi-Kernel (ERK), as in RigL's official code (``rigl/sparse_utils.py``).
+
+In: the masked layers' weight shapes ``{name: shape}`` and a global density (fraction kept).
+Out: ``{name: density}`` and, from it, exact per-layer nonzero counts.
+
+ER/ERK give layer ``l`` the density ``eps * p_l`` with ``p_l = sum(shape) / prod(shape)`` (ERK,
+every dimension, conv kernels included) or ``(n_out + n_in) / (n_out * n_in)`` (ER, the first
+two dimensions of a torch weight), ``eps`` chosen so that the kept count over these layers
+equals the uniform one. A layer whose ``eps * p_l`` would exceed 1 is made dense, its zeros
+are taken from the others' budget, and ``eps`` is solved again (the official loop).
+Layers given a custom density are left out of the ERK solve, as there.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+DISTRIBUTIONS = ("erk", "er", "uniform")
+
+
+def layer_densities(shapes: Mapping[str, Sequence[int]], density: float,
+                    distribution: str = "erk", custom: Mapping[str, float] | None = None,
+                    erk_power_scale: float = 1.0) -> dict[str, float]:
+    """Density of each layer for the global ``density`` under ``distribution``.
+
+    ``custom`` fixes some layers' densities (they are left out of the ER/ERK solve, as in
+    the official code); ``erk_power_scale`` < 1 softens ERK towards uniform (0 = uniform).
+
+    Example:
+        >>> d = layer_densities({"fc1": (300, 784), "fc2": (100, 300), "fc3": (10, 100)}, 0.1)
+        >>> {k: round(v, 4) for k, v in d.items()}
+        {'fc1': 0.0796, 'fc2': 0.2302, 'fc3': 1.0}
+        >>> layer_densities({"a": (4, 4)}, 0.25, "uniform")
+        {'a': 0.25}
+    """
+    _check_density("density", density)
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"layer_densities: distribution={distribution!r} is not one of "
+                         f"{DISTRIBUTIONS}")
+    custom = dict(custom or {})
+    unknown = set(custom) - set(shapes)
+    if unknown:
+        raise ValueError(f"layer_densities: custom densities name layers {sorted(unknown)} that "
+                         f"are not among the sparse layers {sorted(shapes)}")
+    for name, d in custom.items():
+        _check_density(f"custom density of {name!r}", d)
+    for name, shape in shapes.items():
+        if len(shape) < 2:
+            raise ValueError(f"layer_densities: layer {name!r} has shape {tuple(shape)}; only "
+                             "weights with >= 2 dimensions are sparsified (keep biases dense)")
+    free = [n for n in shapes if n not in custom]
+    if distribution == "uniform":
+        out = {n: float(density) for n in free}
+    else:
+        out = _erdos_renyi(shapes, free, density, distribution == "erk", erk_power_scale)
+    out.update({n: float(d) for n, d in custom.items()})
+    return {n: out[n] for n in shapes}
+
+
+def _erdos_renyi(shapes, free, density, include_kernel, power):
+    raw = {}
+    for n in free:
+        shape = shapes[n]
+        if include_kernel:
+            raw[n] = (sum(shape) / math.prod(shape)) ** power
+        else:
+            n_out, n_in = shape[0], shape[1]
+            raw[n] = (n_in + n_out) / (n_in * n_out)
+    dense: set[str] = set()
+    while True:
+        rhs, divisor = 0.0, 0.0
+        for n in free:
+            size = math.prod(shapes[n])
+            n_zeros = size - kept_count(size, density)
+            if n in dense:
+                rhs -= n_zeros
+            else:
+                rhs += size - n_zeros
+                divisor += raw[n] * size
+        if divisor == 0:  # every layer dense: only possible at density 1
+            return {n: 1.0 for n in free}
+        eps = rhs / divisor
+        max_prob = max(raw[n] for n in free if n not in dense)
+        if max_prob * eps <= 1:
+            break
+        dense.update(n for n in free if n not in dense and raw[n] == max_prob)
+    return {n: 1.0 if n in dense else eps * raw[n] for n in free}
+
+
+def kept_count(size: int, density: float) -> int:
+    """Nonzeros a layer of ``size`` weights keeps at ``density``: ``size - floor((1 - density)
+    * size)``, the official code's count (a tiny tolerance absorbs float error in 1 - d).
+
+    Example:
+        >>> kept_count(1000, 0.1), kept_count(7, 0.5), kept_count(5, 0.0)
+        (100, 4, 0)
+    """
+    return size - int(math.floor((1.0 - density) * size + 1e-9))
+
+
+def _check_density(what: str, d) -> None:
+    if isinstance(d, bool) or not isinstance(d, (int, float)):
+        raise TypeError(f"{what} must be a number in (0, 1], got {type(d).__name__}")
+    if not 0.0 < d <= 1.0:
+        raise ValueError(f"{what}={d} must be in (0, 1] (it is the fraction of weights kept; "
+                         "sparsity 0.9 is density 0.1)")

@@ -1,0 +1,308 @@
+"""The machinery every sparse training algorithm shares: finding the layers to sparsify,
+initial masks with exact per-layer counts, stepping the optimizer on masked gradients, mask
+updates on schedule, and ``state_dict`` / ``load_state_dict``.
+
+In: a model (``Linear``/``Conv2d`` layers trained as dense weights with masks, and/or
+``st.nn.SparseLinear``/``SparseConv2d`` layers trained truly sparse) and its optimizer. Out: a trainer whose
+``step()`` replaces ``optimizer.step()``. Algorithms (``algorithms.py``) subclass
+``SparseTrainer`` and say how many weights to drop and how to score growth.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import distributed as _dist
+from .densities import DISTRIBUTIONS, kept_count, layer_densities
+from .layers import MaskedLayer, SparseLayer
+from .schedules import is_update_step
+from .update import drop_and_grow
+
+GROW_INITS = ("zeros",)
+
+
+def _sparse_linear_type():
+    try:
+        from ..nn import SparseLinear
+    except ImportError:   # the nn package is optional for masked training
+        return None
+    return SparseLinear
+
+
+class SparseTrainer:
+    """Base class of the sparse trainers (see ``RigL`` for the arguments).
+
+    Subclasses set ``grows`` (does an update grow weights?), ``skips_optimizer_on_update``
+    and implement ``_drop_count(layer, t)`` and ``_grow_score(layer)``.
+    """
+    grows = True
+    skips_optimizer_on_update = True
+    uses_gradient = False       # grow scores read the dense gradient on update steps
+    supports_sparse_layers = True
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
+                 density: float = 0.1, distribution: str = "erk", delta_t: int = 100,
+                 alpha: float = 0.3, t_end: int | None = None, total_steps: int | None = None,
+                 dense=None, layer_density: dict | None = None, grow_init: str = "zeros",
+                 seed: int = 0, noise_std: float = 1e-5, erk_power_scale: float = 1.0,
+                 needs_schedule: bool = True):
+        cls = type(self).__name__
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"{cls}: model must be an nn.Module, got {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"{cls}: optimizer must be a torch.optim.Optimizer, got "
+                            f"{type(optimizer).__name__}")
+        if distribution not in DISTRIBUTIONS:
+            raise ValueError(f"{cls}: distribution={distribution!r} is not one of "
+                             f"{DISTRIBUTIONS}")
+        if grow_init not in GROW_INITS:
+            raise ValueError(f"{cls}: grow_init={grow_init!r} is not supported; grown weights "
+                             f"start at {GROW_INITS} (the paper's choice)")
+        for what, v in (("delta_t", delta_t),):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{cls}: {what}={v!r} must be a positive int")
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"{cls}: alpha={alpha} must be in [0, 1] (the initial fraction "
+                             "of active weights dropped per update)")
+        if t_end is None and needs_schedule:
+            if total_steps is None:
+                raise ValueError(f"{cls}: give total_steps= (t_end defaults to 3/4 of it) "
+                                 "or t_end= (the last step that updates masks)")
+            if total_steps < 1:
+                raise ValueError(f"{cls}: total_steps={total_steps} must be >= 1")
+            t_end = int(0.75 * total_steps)
+        self.model, self.optimizer = model, optimizer
+        self.delta_t, self.alpha, self.t_end = delta_t, float(alpha), t_end
+        self.total_steps, self.noise_std = total_steps, float(noise_std)
+        self.distribution, self.density = distribution, density
+        self.step_count = 0
+        seed = _dist.same_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.layers = self._find_layers(model, dense)
+        self._check_optimizer()
+        custom = _by_param_name(layer_density or {}, self.layers, cls, "layer_density")
+        shapes = {name: layer.shape for name, layer in self.layers.items()}
+        self.densities = layer_densities(shapes, density, distribution, custom, erk_power_scale)
+        self.counts = {n: kept_count(self.layers[n].size, d) for n, d in self.densities.items()}
+        self._initial_masks(torch.Generator().manual_seed(seed + 1))
+        self.last_update: dict[str, tuple[int, int]] = {}
+
+    # ---- layers -------------------------------------------------------------------------
+    def _find_layers(self, model, dense):
+        cls = type(self).__name__
+        reduce = _identity if _dist.grads_already_averaged(model) else _dist.mean_over_ranks
+        sparse_type = _sparse_linear_type()
+        found = []
+        for mname, module in model.named_modules():
+            prefix = mname + "." if mname else ""
+            if sparse_type is not None and isinstance(module, sparse_type):
+                if not self.supports_sparse_layers:
+                    raise ValueError(f"{cls}: layer {mname!r} is a SparseLinear; {cls} scores "
+                                     "growth with dense gradients at every step, which a truly "
+                                     "sparse layer never holds. Use RigL/SET/Static/"
+                                     "MagnitudePruning, or nn.Linear layers (masked mode)")
+                if module.blocksize and not _is_sparse_conv(module):
+                    raise ValueError(f"{cls}: layer {mname!r} stores blocks "
+                                     f"(blocksize={module.blocksize}); sparse training updates "
+                                     "single entries, so build it without blocksize")
+                found.append((mname, SparseLayer(prefix + "values", module,
+                                                 _dist.mean_over_ranks, self._capturing,
+                                                 conv=_is_sparse_conv(module))))
+            elif isinstance(module, (nn.Linear, nn.Conv2d)):
+                found.append((mname, MaskedLayer(prefix + "weight", module.weight, reduce)))
+        if dense is None:   # the official ImageNet/CIFAR code keeps a first conv dense
+            first = found[0][1] if found else None
+            dense = [first.name] if isinstance(first, MaskedLayer) and len(first.shape) == 4 \
+                else []
+        elif isinstance(dense, str):
+            dense = [dense]
+        names = {}
+        for mname, layer in found:
+            names[mname] = names[layer.name] = layer.name
+        dense_params = set()
+        for d in dense:
+            if d not in names:
+                raise ValueError(f"{cls}: dense= names {d!r}, which is not a Linear/Conv2d/"
+                                 f"SparseLinear layer of the model; layers: "
+                                 f"{[m for m, _ in found]}")
+            dense_params.add(names[d])
+        layers = {}
+        for _, layer in found:
+            if layer.name in dense_params:
+                if isinstance(layer, SparseLayer):
+                    raise ValueError(f"{cls}: {layer.name!r} is a SparseLinear and cannot be "
+                                     "trained dense; use nn.Linear for a dense layer")
+                continue
+            layers[layer.name] = layer
+        if not layers:
+            raise ValueError(f"{cls}: the model has no Linear/Conv2d/SparseLinear layer left to "
+                             f"sparsify (found {[m for m, _ in found]}, dense={list(dense)})")
+        return layers
+
+    def _check_optimizer(self):
+        owned = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
+        missing = [n for n, l in self.layers.items() if id(l.param) not in owned]
+        if missing:
+            raise ValueError(f"{type(self).__name__}: the optimizer does not hold the weights "
+                             f"{missing}; build it from model.parameters() before the trainer")
+
+    def _initial_masks(self, generator):
+        for name, layer in self.layers.items():
+            count = self._initial_count(name)
+            if isinstance(layer, SparseLayer) and layer.active().numel() == count:
+                continue   # a SparseLinear built at this density keeps its pattern and values
+            if isinstance(layer, SparseLayer) and _dist.grads_already_averaged(self.model):
+                raise ValueError(f"{type(self).__name__}: {name} stores "
+                                 f"{layer.active().numel()} weights but its density needs "
+                                 f"{count}; a new values Parameter would escape DDP's gradient "
+                                 "hooks. Build the layer with that many entries (densities: "
+                                 "st.train.layer_densities) or create the trainer before "
+                                 "wrapping the model in DistributedDataParallel")
+            active = torch.sort(torch.randperm(layer.size, generator=generator)[:count]).values
+            if isinstance(layer, SparseLayer):
+                # SparseLinear's own init: nn.Linear's range with the stored entries per row
+                bound = 1 / math.sqrt(max(1.0, count / layer.shape[0]))
+                values = (torch.rand(count, generator=generator) * 2 - 1) * bound
+                layer.set_active(active, self.optimizer, values.to(layer.param.dtype))
+            else:
+                layer.set_active(active, self.optimizer)
+
+    def _initial_count(self, name: str) -> int:
+        return self.counts[name]
+
+    # ---- stepping -----------------------------------------------------------------------
+    @property
+    def masks(self) -> dict[str, torch.Tensor]:
+        """``{parameter name: bool tensor of the weight's shape}`` (a SparseLinear's mask is
+        its pattern, keyed by its ``values`` parameter's name)."""
+        return {name: layer.mask() for name, layer in self.layers.items()}
+
+    def nnz(self) -> dict[str, int]:
+        """Active weights per layer now."""
+        return {name: int(layer.active().numel()) for name, layer in self.layers.items()}
+
+    def is_update_step(self, t: int | None = None) -> bool:
+        """Whether ``step()`` number ``t`` (default: the next one) updates masks."""
+        t = self.step_count if t is None else t
+        return self.t_end is not None and is_update_step(t, self.delta_t, self.t_end)
+
+    def step(self, closure=None):
+        """Replace ``optimizer.step()``: on update steps change the masks (and, for RigL, SET
+        and SNFS, skip the optimizer step); otherwise step the optimizer on the masked
+        gradients and zero the weights outside the masks."""
+        t = self.step_count
+        update = self.is_update_step(t)
+        loss = None
+        self._before_optimizer_step()
+        if not (update and self.skips_optimizer_on_update):
+            for layer in self.layers.values():
+                if isinstance(layer, MaskedLayer):
+                    layer.mask_grad()
+            loss = self.optimizer.step(closure)
+            with torch.no_grad():
+                for layer in self.layers.values():
+                    if isinstance(layer, MaskedLayer):
+                        layer.param.mul_(layer.mask())
+        if update:
+            self._update_masks(t)
+        self.step_count += 1
+        return loss
+
+    def _before_optimizer_step(self):
+        """Hook for algorithms that track gradients every step (SNFS)."""
+
+    def _update_masks(self, t: int):
+        self.last_update = {}
+        for name, layer in self.layers.items():
+            k = self._drop_count(layer, t)
+            score = self._grow_score(layer) if self.grows else None
+            if score is not None and self.uses_gradient and not layer.has_grad():
+                raise RuntimeError(f"{type(self).__name__}: {name} has no gradient at update "
+                                   f"step {t}; call loss.backward() before step()")
+            ch = drop_and_grow(layer.active(), layer.values(), k, layer.shape2d, score,
+                               self.generator, self.noise_std)
+            layer.apply(ch, self.optimizer)
+            if isinstance(layer, SparseLayer):
+                layer.release()
+            self.last_update[name] = (ch.n_dropped, ch.n_grown)
+
+    def _capturing(self) -> bool:
+        """Whether truly sparse layers keep their input and output gradient in this forward
+        and backward: only before an update step that scores growth by the gradient."""
+        return self.uses_gradient and self.is_update_step()
+
+    def close(self) -> None:
+        """Remove the hooks this trainer put on truly sparse layers (before training the
+        same model with another trainer)."""
+        for layer in self.layers.values():
+            if isinstance(layer, SparseLayer):
+                layer.close()
+
+    def _drop_count(self, layer, t: int) -> int:
+        raise NotImplementedError
+
+    def _grow_score(self, layer):
+        raise NotImplementedError
+
+    # ---- state --------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs besides the model's weights: the step count, each
+        layer's active set (flat indices), the random generator and the optimizer state."""
+        return {"algorithm": type(self).__name__, "step": self.step_count,
+                "active": {n: l.active() for n, l in self.layers.items()},
+                "generator": self.generator.get_state(),
+                "optimizer": self.optimizer.state_dict(), "extra": self._extra_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from ``state_dict()``. Load the trainer before the model's weights: a
+        SparseLinear whose pattern changes here gets zero values until they are loaded."""
+        cls = type(self).__name__
+        if state.get("algorithm") != cls:
+            raise ValueError(f"{cls}.load_state_dict: the state was saved by "
+                             f"{state.get('algorithm')!r}, not {cls}")
+        if set(state["active"]) != set(self.layers):
+            raise ValueError(f"{cls}.load_state_dict: the state's layers "
+                             f"{sorted(state['active'])} differ from this model's "
+                             f"{sorted(self.layers)}")
+        for name, layer in self.layers.items():
+            active = state["active"][name].to(torch.int64)
+            if not torch.equal(active, layer.active()):
+                layer.set_active(active, self.optimizer)
+        self.step_count = int(state["step"])
+        self.generator.set_state(state["generator"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_extra_state(state.get("extra", {}))
+
+    def _extra_state(self) -> dict:
+        return {}
+
+    def _load_extra_state(self, extra: dict) -> None:
+        pass
+
+
+def _is_sparse_conv(module) -> bool:
+    """SparseConv2d (a SparseLinear subclass: a 1x1 convolution whose storage may switch to
+    blocks of output channels by itself when a pattern is blocky)."""
+    try:
+        from ..nn import SparseConv2d
+    except ImportError:
+        return False
+    return isinstance(module, SparseConv2d)
+
+
+def _identity(t):
+    return t
+
+
+def _by_param_name(mapping, layers, cls, what):
+    out = {}
+    for key, value in mapping.items():
+        name = key if key in layers else next((n for n in layers if n.rsplit(".", 1)[0] == key),
+                                              None)
+        if name is None:
+            raise ValueError(f"{cls}: {what} names {key!r}, which is not a sparse layer; "
+                             f"sparse layers: {sorted(layers)}")
+        out[name] = value
+    return out

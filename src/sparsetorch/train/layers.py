@@ -1,0 +1,242 @@
+"""The two kinds of layer a sparse trainer updates, behind one small interface.
+
+``MaskedLayer``: a dense ``Linear``/``Conv2d`` weight with a bool mask (weights and optimizer
+state outside the mask are kept exactly zero). ``SparseLayer``: an ``st.nn.SparseLinear``
+whose ``values`` hold only the active weights; a mask update rebuilds its pattern and moves
+the values and their optimizer state to the new storage order (grown entries zero).
+
+Both give: ``active()`` (sorted flat row-major indices), ``values()`` (the active weights in
+that order), ``grad_rows(r0, r1)`` (rows of the dense gradient of the weight as a 2-D
+``(out, in * kernel)`` matrix), ``apply(change, optimizer)`` and ``mask()``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from .update import Change
+
+
+def _state_tensors(optimizer, param: torch.Tensor):
+    """The optimizer's state tensors of ``param`` that hold one entry per weight (SGD's
+    momentum, Adam's two moments, ...): ``(key, tensor)`` pairs."""
+    state = optimizer.state.get(param, {})
+    return [(k, v) for k, v in state.items()
+            if isinstance(v, torch.Tensor) and v.shape == param.shape]
+
+
+class MaskedLayer:
+    """A dense weight kept sparse by a mask."""
+
+    def __init__(self, name: str, param: torch.nn.Parameter,
+                 reduce: Callable[[torch.Tensor], torch.Tensor]):
+        self.name, self.param, self.reduce = name, param, reduce
+        self.shape = tuple(param.shape)
+        self.shape2d = (self.shape[0], math.prod(self.shape[1:]))
+        self.size = math.prod(self.shape)
+        self._mask = torch.ones(self.shape, dtype=torch.bool, device=param.device)
+
+    def mask(self) -> torch.Tensor:
+        return self._mask
+
+    def active(self) -> torch.Tensor:
+        return self._mask.reshape(-1).nonzero().squeeze(1).cpu()
+
+    def values(self) -> torch.Tensor:
+        return self.param.detach().reshape(-1)[self.active().to(self.param.device)]
+
+    def set_active(self, active: torch.Tensor, optimizer) -> None:
+        """Make ``active`` the mask and zero everything outside it."""
+        mask = torch.zeros(self.size, dtype=torch.bool, device=self.param.device)
+        mask[active.to(self.param.device)] = True
+        self._mask = mask.view(self.shape)
+        self.enforce(optimizer)
+
+    def enforce(self, optimizer) -> None:
+        """Zero the weights and their optimizer state outside the mask."""
+        with torch.no_grad():
+            self.param.mul_(self._mask)
+            for _, t in _state_tensors(optimizer, self.param):
+                t.mul_(self._mask)
+
+    def mask_grad(self) -> None:
+        if self.param.grad is not None:
+            self.param.grad.mul_(self._mask)
+
+    def grad_rows(self, r0: int, r1: int) -> torch.Tensor:
+        return self.reduce(self.param.grad.reshape(self.shape2d)[r0:r1])
+
+    def has_grad(self) -> bool:
+        return self.param.grad is not None
+
+    def apply(self, change: Change, optimizer) -> None:
+        # Newly grown entries were outside the mask, so their weight and state are already
+        # zero; zeroing them again keeps that true even if something wrote there.
+        grown = change.active[change.source < 0].to(self.param.device)
+        with torch.no_grad():
+            for t in [self.param] + [t for _, t in _state_tensors(optimizer, self.param)]:
+                t.reshape(-1)[grown] = 0
+        self.set_active(change.active, optimizer)
+
+
+class SparseLayer:
+    """An ``st.nn.SparseLinear`` (or ``SparseConv2d``, a 1x1 convolution on the same
+    interface) whose pattern is the mask. The dense gradient of its weight exists only while
+    ``grad_rows`` streams it: rows ``r0:r1`` of ``dY X^T`` with ``X`` (in, positions) and
+    ``dY`` (out, positions) the layer's input and output gradient as matrices, captured by
+    hooks before the steps that need them.
+
+    ``active()`` and ``values()`` are in row-major order; the layer's storage order differs
+    where it stores blocks (SparseConv2d picks BSR for a blocky pattern), and ``apply``
+    translates between the two."""
+
+    def __init__(self, name: str, module, reduce: Callable[[torch.Tensor], torch.Tensor],
+                 capturing: Callable[[], bool], conv: bool):
+        self.name, self.module, self.reduce, self.capturing = name, module, reduce, capturing
+        self.conv = conv
+        out_f, in_f = module.out_features, module.in_features
+        self.shape = self.shape2d = (out_f, in_f)
+        self.size = out_f * in_f
+        self._x = self._dy = None
+        self._handle = module.register_forward_hook(self._hook)
+
+    @property
+    def param(self) -> torch.nn.Parameter:
+        return self.module.values
+
+    def _hook(self, module, inputs, output):
+        if not (output.requires_grad and torch.is_grad_enabled() and self.capturing()):
+            return
+        x = inputs[0].detach()
+        if self.conv:    # (N, C, H, W) -> (C, N*H*W), after the stride the layer applies
+            x = x[:, :, ::module.stride, ::module.stride]
+            self._x = x.transpose(0, 1).reshape(self.shape[1], -1)
+        else:
+            self._x = x.reshape(-1, self.shape[1]).t()
+
+        def keep_grad(g):
+            g = g.detach()
+            self._dy = (g.transpose(0, 1).reshape(self.shape[0], -1) if self.conv
+                        else g.reshape(-1, self.shape[0]).t())
+        output.register_hook(keep_grad)
+
+    def mask(self) -> torch.Tensor:
+        m = torch.zeros(self.size, dtype=torch.bool)
+        m[self.active()] = True
+        return m.view(self.shape)
+
+    def _stored_positions(self) -> torch.Tensor:
+        """Flat row-major position of each stored entry, in storage order."""
+        weight = self.module.weight.detach()
+        if self.module.blocksize is None:   # CSR: rows from the row pointers
+            arrays = weight.arrays
+            pos, crd = arrays["pos1"].long().cpu(), arrays["crd1"].long().cpu()
+            rows = torch.repeat_interleave(torch.arange(self.shape[0]), pos.diff())
+            return rows * self.shape[1] + crd
+        numbered = weight.with_values(torch.arange(1, weight.nnz + 1, dtype=torch.float64,
+                                                   device=weight.device))
+        flat = numbered.to_dense().flatten().cpu()
+        where = flat.nonzero().squeeze(1)
+        out = torch.empty(weight.nnz, dtype=torch.int64)
+        out[flat[where].long() - 1] = where
+        return out
+
+    def _storage(self):
+        """(row-major active set, storage position of each of its entries or None for
+        row-major storage)."""
+        stored = self._stored_positions()
+        if self.module.blocksize is None:
+            return stored, None
+        order = torch.argsort(stored)
+        return stored[order], order
+
+    def active(self) -> torch.Tensor:
+        return self._storage()[0]
+
+    def values(self) -> torch.Tensor:
+        _, order = self._storage()
+        v = self.module.values.detach()
+        return v if order is None else v[order.to(v.device)]
+
+    def has_grad(self) -> bool:
+        return self._x is not None and self._dy is not None
+
+    def grad_rows(self, r0: int, r1: int) -> torch.Tensor:
+        if not self.has_grad():
+            raise RuntimeError(f"{self.name}: no input/output gradient was captured for this "
+                               "update step; call loss.backward() before step()")
+        return self.reduce(self._dy[r0:r1] @ self._x.t())
+
+    def release(self) -> None:
+        self._x = self._dy = None
+
+    def close(self) -> None:
+        self.release()
+        self._handle.remove()
+
+    def set_active(self, active: torch.Tensor, optimizer, values=None) -> dict | None:
+        """Rebuild the pattern as ``active`` (row-major flat indices, sorted) with ``values``
+        (in that order; zeros if None); a new ``values`` Parameter replaces the old one in
+        ``optimizer``. Returns the storage position of each entry of ``active`` when the
+        layer stores them in another order (blocks), else None."""
+        old = self.module.values
+        dev = old.device
+        active = active.to(torch.int64).cpu()
+        if values is None:
+            values = torch.zeros(active.numel(), dtype=old.dtype)
+        if self.conv:   # SparseConv2d takes a dense mask and may choose blocks
+            mask = torch.zeros(self.size, dtype=torch.bool)
+            mask[active] = True
+            dense = torch.zeros(self.size, dtype=old.dtype, device=dev)
+            dense[active.to(dev)] = values.to(dev)
+            self.module.set_pattern(mask.view(self.shape).to(dev), dense.view(self.shape))
+        else:
+            rows, cols = active // self.shape[1], active % self.shape[1]
+            pos = torch.zeros(self.shape[0] + 1, dtype=torch.int64)
+            pos[1:] = torch.cumsum(torch.bincount(rows, minlength=self.shape[0]), 0)
+            pattern = _csr(self.shape, pos.to(dev), cols.to(dev), values.to(dev))
+            self.module.set_pattern(pattern, values=values.to(dev))
+        new = self.module.values
+        if new is not old:
+            _swap_param(optimizer, old, new)
+        return self._storage()[1]
+
+    def apply(self, change: Change, optimizer) -> None:
+        _, old_order = self._storage()
+        old_param = self.module.values
+        src = change.source.to(old_param.device)
+        take = src.clamp_min(0)
+        if old_order is not None:            # row-major position -> old storage position
+            take = old_order.to(take.device)[take]
+        grown = src < 0
+        with torch.no_grad():
+            values = torch.where(grown, 0, old_param.detach()[take])
+            moved = {k: torch.where(grown, 0, t[take])
+                     for k, t in _state_tensors(optimizer, old_param)}
+        new_order = self.set_active(change.active, optimizer, values)
+        state = optimizer.state.get(self.module.values)
+        if state is not None:
+            if new_order is not None:        # row-major order -> new storage order
+                inverse = torch.empty_like(new_order)
+                inverse[new_order] = torch.arange(new_order.numel())
+                moved = {k: t[inverse.to(t.device)] for k, t in moved.items()}
+            state.update(moved)
+
+
+def _csr(shape, pos, crd, values):
+    from ..formats import SparseTensor   # public class; arrays built here are trusted
+    index = torch.int32 if max(shape) < 2 ** 31 - 1 else torch.int64
+    return SparseTensor.from_levels(shape, "csr", {"pos1": pos.to(index), "crd1": crd.to(index)},
+                                    values, check=False)
+
+
+def _swap_param(optimizer, old: torch.Tensor, new: torch.Tensor) -> None:
+    """Put ``new`` where ``old`` was in ``optimizer``'s groups, moving its state along."""
+    for group in optimizer.param_groups:
+        for i, p in enumerate(group["params"]):
+            if p is old:
+                group["params"][i] = new
+    if old in optimizer.state:
+        optimizer.state[new] = optimizer.state.pop(old)

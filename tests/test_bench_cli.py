@@ -1,0 +1,119 @@
+"""`sparsetorch bench`: the command line, workload selection, the --data check, a run end to
+end (JSON keys, correctness flag) and a wrong implementation failing loudly."""
+import json
+
+import pytest
+import torch
+
+import sparsetorch as st
+from sparsetorch.bench import workloads as wl
+from sparsetorch.bench.runner import mismatch, run_case
+from sparsetorch.bench.steps import inference, training
+from sparsetorch.cli import build_parser, main
+
+
+def _toy_prepare(wrong: bool):
+    """A real sparsetorch SpMM (and a training step through it) against dense torch;
+    ``wrong`` makes the dense baseline off by 1%."""
+    def prepare(ctx, mode):
+        gen = torch.Generator().manual_seed(0)
+        dense = torch.rand(40, 30, generator=gen) * (torch.rand(40, 30, generator=gen) < 0.2)
+        A = st.tensor(dense, format="csr")
+        x0 = torch.randn(30, 8, generator=gen)
+        scale = 1.01 if wrong else 1.0
+        x_ours, x_dense = (torch.nn.Parameter(x0.clone()) for _ in range(2))
+        if mode == "infer":
+            impls = [inference("sparsetorch", "sparsetorch", lambda: st.einsum("ij,jk->ik", A, x0)),
+                     inference("dense", "dense", lambda: dense @ x0 * scale, "dense matmul")]
+        else:
+            def loss(out):
+                return out.square().mean()
+            impls = [training("sparsetorch", "sparsetorch", lambda: A @ x_ours, [x_ours], loss,
+                              lambda: {"x": x_ours.grad}),
+                     training("dense", "dense", lambda: dense @ x_dense * scale, [x_dense], loss,
+                              lambda: {"x": x_dense.grad}, "dense matmul")]
+        return wl.Prepared(impls, source="generated stand-in (toy)", size="40 x 30")
+    return prepare
+
+
+@pytest.fixture
+def toy_workloads():
+    added = [wl.register(wl.Workload("toy-right", "toy", _toy_prepare(False))),
+             wl.register(wl.Workload("toy-wrong", "toywrong", _toy_prepare(True)))]
+    yield added
+    for w in added:
+        del wl.REGISTRY[w.name]
+
+
+def test_cli_parses_bench_arguments():
+    args = build_parser().parse_args(["bench", "--quick", "--only", "gcn-cora,gat",
+                                      "--json", "x.json", "--plot", "x.png", "--threads", "2"])
+    assert (args.quick, args.only, args.json, args.plot, args.threads) == \
+        (True, "gcn-cora,gat", "x.json", "x.png", 2)
+
+
+def test_only_selects_names_groups_and_patterns():
+    import sparsetorch.bench.all_workloads  # noqa: F401
+    reg = wl.REGISTRY.values()
+    assert [w.name for w in wl.select(reg, "gcn-cora")] == ["gcn-cora"]
+    assert {w.name for w in wl.select(reg, "gcn")} >= {"gcn-cora", "gcn-pubmed", "gcn-coauthor_cs"}
+    assert all(w.name.endswith("-cora") for w in wl.select(reg, "*-cora"))
+    assert all(w.quick for w in wl.select(reg, quick=True))
+    with pytest.raises(ValueError, match="no workload matches 'nope'"):
+        wl.select(reg, "nope")
+
+
+def test_unknown_workload_and_missing_data_are_errors(capsys, tmp_path):
+    assert main(["bench", "--only", "nope"]) == 2
+    assert "no workload matches" in capsys.readouterr().err
+    assert main(["bench", "--only", "gcn-cora", "--data", str(tmp_path / "nonexistent")]) == 2
+    err = capsys.readouterr().err
+    assert "nonexistent: no such folder" in err and "error" in err
+
+
+def test_toy_workload_end_to_end_writes_json(toy_workloads, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["bench", "--quick", "--only", "toy", "--json", str(out), "--threads", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "toy-right" in text and "stand-in" in text
+    doc = json.loads(out.read_text())
+    assert {"machine", "rows", "summary", "quick", "overhead"} <= set(doc)
+    assert doc["machine"]["threads"] == 1
+    rows = {r["mode"]: r for r in doc["rows"]}
+    assert set(rows) == {"infer", "train"}
+    for r in rows.values():
+        assert r["check"] == "ok"
+        assert r["ours_s"] > 0 and r["first_s"] > 0
+        assert r["vs"]["dense"]["ratio"] > 0 and r["vs"]["dense"]["config"] == "dense matmul"
+        assert r["source"].startswith("generated stand-in")
+
+
+def test_wrong_implementation_fails_loudly_and_is_not_timed(toy_workloads, capsys, tmp_path):
+    assert main(["bench", "--quick", "--only", "toywrong", "--json", str(tmp_path / "r.json")]) == 1
+    captured = capsys.readouterr()
+    assert "ERROR: toy-wrong infer: FAIL: dense: 'out' differs" in captured.err
+    assert "ERROR: toy-wrong train: FAIL: dense: 'loss' differs" in captured.err
+    row = run_case(wl.REGISTRY["toy-wrong"], "infer", None, rounds=3)
+    assert row["check"].startswith("FAIL") and "dense" not in row["impls"]
+
+
+def test_mismatch_reports_shape_and_key_differences():
+    a = {"out": torch.ones(2, 3)}
+    assert "shape (3, 2)" in mismatch(a, {"out": torch.ones(3, 2)}, 1e-4, 1e-5)
+    assert "do not match" in mismatch(a, {"y": torch.ones(2, 3)}, 1e-4, 1e-5)
+    assert mismatch(a, {"out": torch.ones(2, 3) + 1e-7}, 1e-4, 1e-5) is None
+
+
+def test_gcn_workload_on_a_generated_stand_in(monkeypatch):
+    """The real GCN workload (st.models.GCN against torch.sparse CSR/COO and dense) on a
+    small generated graph: no data folder, so the row must say stand-in."""
+    from sparsetorch.bench import gnn, gnn_convs, graph_data
+
+    monkeypatch.setitem(graph_data.GRAPHS, "tiny", (60, 240, 50, 0.05, 3, 8))
+    monkeypatch.setattr(gnn_convs, "pyg_available", lambda: "PyG left out of this test")
+    work = wl.Workload("gcn-tiny", "gcn", lambda ctx, mode: gnn.prepare("gcn", "tiny", ctx, mode))
+    row = run_case(work, "train", wl.Context(data_root=None), rounds=2)
+    assert row["check"] == "ok", row
+    assert row["source"].startswith("generated stand-in")
+    assert {"torch.sparse", "dense"} <= set(row["vs"]) and row["skipped"]["PyG"]
+    assert row["vs"]["torch.sparse"]["impl"] in ("torch.sparse CSR", "torch.sparse COO")

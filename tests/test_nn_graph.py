@@ -1,0 +1,226 @@
+"""Graph layers (``st.nn.GCNConv``, ``SAGEConv``, ``GATConv``) against dense references in
+plain torch (and PyG's layers with the same weights where torch_geometric is installed):
+outputs and gradients, edge_index vs SparseTensor adjacency, caching, isolated nodes,
+existing self loops, duplicate edges, sparse features, gradcheck."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sparsetorch as st
+from dense_check import private_kernel_cache  # noqa: F401
+
+F64 = torch.float64
+N = 7
+
+
+def graph():
+    """Directed edges (row 0 sources, row 1 targets) with a duplicate (0 -> 1 twice), a self
+    loop (3 -> 3), and node 6 isolated."""
+    return torch.tensor([[0, 0, 1, 2, 2, 3, 4, 5, 0, 3, 1],
+                         [1, 2, 0, 1, 4, 1, 5, 4, 1, 3, 3]])
+
+
+def dense_adjacency(edge_index, n=N):
+    """A[target, source], duplicates summed."""
+    A = torch.zeros(n, n, dtype=F64)
+    A.index_put_((edge_index[1], edge_index[0]), torch.ones(edge_index.shape[1], dtype=F64),
+                 accumulate=True)
+    return A
+
+
+def features(seed=0, n=N, width=5):
+    return torch.randn(n, width, dtype=F64, generator=torch.Generator().manual_seed(seed))
+
+
+def as_sparse(edge_index, n=N):
+    return st.tensor(dense_adjacency(edge_index, n).float(), "csr")
+
+
+# -- dense references ---------------------------------------------------------------------------
+def gcn_dense(x, A, weight, bias, normalize="sym", self_loops=True):
+    A = A.clone()
+    if self_loops:
+        d = A.diagonal()
+        d[d == 0] = 1
+    deg = A.sum(1)
+    if normalize == "sym":
+        inv = deg.pow(-0.5).masked_fill(deg == 0, 0)
+        A = inv[:, None] * A * inv[None, :]
+    elif normalize == "mean":
+        A = A / deg.masked_fill(deg == 0, 1)[:, None]
+    out = A @ x @ weight.T
+    return out if bias is None else out + bias
+
+
+def sage_dense(x, A, conv):
+    deg = A.sum(1)
+    mean = A / deg.masked_fill(deg == 0, 1)[:, None] if conv.aggr == "mean" else A
+    out = mean @ x @ conv.lin_l.weight.T + conv.lin_l.bias
+    return out + x @ conv.lin_r.weight.T
+
+
+def gat_dense(x, A, conv):
+    n, H, C = x.shape[0], conv.heads, conv.out_features
+    mask = A != 0
+    mask.fill_diagonal_(True)
+    h = (x @ conv.lin.weight.T).view(n, H, C)
+    a_src, a_dst = (h * conv.att_src).sum(-1), (h * conv.att_dst).sum(-1)
+    outs = []
+    for k in range(H):
+        e = F.leaky_relu(a_dst[:, k, None] + a_src[None, :, k], conv.negative_slope)
+        alpha = e.masked_fill(~mask, -torch.inf).softmax(1)
+        outs.append(alpha @ h[:, k])
+    out = torch.stack(outs, 1)
+    out = out.reshape(n, H * C) if conv.concat else out.mean(1)
+    return out + conv.bias
+
+
+def check_grads(layer, x, adj, reference):
+    """Outputs and the gradients of every parameter and of x against ``reference(x)``."""
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, ref = layer(x1, adj), reference(x2)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(9))
+    grads = torch.autograd.grad(out, [x1, *layer.parameters()], g)
+    want = torch.autograd.grad(ref, [x2, *layer.parameters()], g)
+    for a, b in zip(grads, want):
+        torch.testing.assert_close(a, b)
+
+
+# -- GCNConv ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("normalize,self_loops", [("sym", True), ("mean", True), (None, False),
+                                                  ("sym", False)])
+@pytest.mark.parametrize("out_features", [3, 8])   # x W first, and (A x) W first
+def test_gcn_against_dense(normalize, self_loops, out_features):
+    conv = st.nn.GCNConv(5, out_features, normalize=normalize, self_loops=self_loops).double()
+    with torch.no_grad():
+        conv.bias.normal_()
+    e = graph()
+    A = dense_adjacency(e)
+    for adj in (e, as_sparse(e)):
+        check_grads(conv, features(), adj, lambda x: gcn_dense(
+            x, A, conv.lin.weight, conv.bias, normalize, self_loops))
+
+
+def test_gcn_edge_index_and_sparse_give_identical_results():
+    conv = st.nn.GCNConv(5, 3)
+    x = features().float()
+    e = graph()
+    assert torch.equal(conv(x, e), conv(x, as_sparse(e)))
+    # an isolated node with a self loop only sees itself: out = x W + b
+    torch.testing.assert_close(conv(x, e)[6], x[6] @ conv.lin.weight.T + conv.bias)
+
+
+def test_gcn_sparse_features_and_gradcheck():
+    conv = st.nn.GCNConv(5, 3).double()
+    xd = features() * (torch.rand(N, 5, generator=torch.Generator().manual_seed(1)) < 0.4)
+    e = graph()
+    torch.testing.assert_close(conv(st.tensor(xd, "csr"), e),
+                               gcn_dense(xd, dense_adjacency(e), conv.lin.weight, conv.bias))
+    x = features().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, w, b: torch.func.functional_call(
+        conv, {"lin.weight": w, "bias": b}, (x, e)), (x, conv.lin.weight, conv.bias))
+
+
+def test_gcn_caches_the_normalised_adjacency(monkeypatch):
+    import sparsetorch.nn.graph as graph_module
+
+    calls = []
+    real = graph_module.normalized_adjacency
+    monkeypatch.setattr(graph_module, "normalized_adjacency",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    x, e = features().float(), graph()
+    conv = st.nn.GCNConv(5, 3)
+    conv(x, e)
+    conv(x, e)
+    assert len(calls) == 1
+    conv(x, e.clone())            # another adjacency object: recomputed
+    assert len(calls) == 2
+    e2 = e.clone()
+    conv(x, e2)
+    e2[0, 0] = 5                  # edited in place: recomputed, and the result follows
+    want = gcn_dense(x.double(), dense_adjacency(e2), conv.lin.weight.double(),
+                     conv.bias.double())
+    torch.testing.assert_close(conv(x, e2), want.float())
+    assert len(calls) == 4
+    uncached = st.nn.GCNConv(5, 3, cached=False)
+    uncached(x, e)
+    uncached(x, e)
+    assert len(calls) == 6
+
+
+def test_gcn_bad_inputs():
+    conv = st.nn.GCNConv(5, 3)
+    x = features().float()
+    with pytest.raises(ValueError, match="node ids"):
+        conv(x, torch.tensor([[0, 9], [1, 2]]))
+    with pytest.raises(ValueError, match=r"\(2, E\) integer tensor"):
+        conv(x, graph().float())
+    with pytest.raises(ValueError, match="7 nodes"):
+        conv(x, st.tensor(torch.eye(4), "csr"))
+    with pytest.raises(ValueError, match="in_features=5"):
+        conv(torch.randn(N, 4), graph())
+    with pytest.raises(ValueError, match="normalize"):
+        st.nn.GCNConv(5, 3, normalize="rw")
+
+
+# -- SAGEConv and GATConv -------------------------------------------------------------------------
+@pytest.mark.parametrize("out_features", [3, 8])
+def test_sage_against_dense(out_features):
+    conv = st.nn.SAGEConv(5, out_features).double()
+    e = graph()
+    A = dense_adjacency(e)
+    for adj in (e, as_sparse(e)):
+        check_grads(conv, features(), adj, lambda x: sage_dense(x, A, conv))
+
+
+@pytest.mark.parametrize("concat", [True, False])
+def test_gat_against_dense(concat):
+    conv = st.nn.GATConv(5, 3, heads=2, concat=concat).double()
+    with torch.no_grad():
+        conv.bias.normal_()
+    e = graph()
+    A = dense_adjacency(e)
+    for adj in (e, as_sparse(e)):
+        check_grads(conv, features(), adj, lambda x: gat_dense(x, A, conv))
+
+
+def test_gat_gradcheck_and_dropout():
+    conv = st.nn.GATConv(5, 2, heads=2).double()
+    e = graph()
+    x = features().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, a: torch.func.functional_call(
+        conv, {"att_src": a}, (x, e)), (x, conv.att_src))
+    drop = st.nn.GATConv(5, 2, heads=2, dropout=0.5).double()
+    drop.load_state_dict(conv.state_dict())
+    drop.eval()
+    torch.testing.assert_close(drop(x, e), conv(x, e))
+    drop.train()
+    torch.manual_seed(0)
+    assert not torch.allclose(drop(x, e), conv(x, e))
+
+
+# -- against PyG, same weights ------------------------------------------------------------------
+def _pyg():
+    return pytest.importorskip("torch_geometric.nn",
+                               reason="torch_geometric is not installed (pip install "
+                                      "torch-geometric; the 'bench' extra)")
+
+
+@pytest.mark.parametrize("kind", ["gcn", "sage", "gat"])
+def test_against_pyg(kind):
+    pyg = _pyg()
+    torch.manual_seed(0)
+    e = torch.tensor([[0, 1, 1, 2, 2, 3, 4, 5, 3], [1, 0, 2, 1, 4, 2, 5, 4, 3]])  # no duplicates
+    make = {"gcn": lambda m: m.GCNConv(5, 4), "sage": lambda m: m.SAGEConv(5, 4),
+            "gat": lambda m: m.GATConv(5, 4, heads=3)}[kind]
+    theirs, ours = make(pyg).double(), make(st.nn).double()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_()
+    ours.load_state_dict(theirs.state_dict())
+    x = features()
+    torch.testing.assert_close(ours(x, e), theirs(x, e))
+    torch.testing.assert_close(ours(x, as_sparse(e)), theirs(x, e))

@@ -1,0 +1,228 @@
+"""``st.nn.SparseLinear`` against ``nn.Linear`` with the masked dense weight: forward and
+gradients (CSR and BSR, float32 and float64, 1-D to 3-D and sparse inputs, densities 0 and
+1), gradcheck, state_dict round trips across patterns, from_dense, set_pattern, bad input."""
+from __future__ import annotations
+
+import copy
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sparsetorch as st
+from dense_check import private_kernel_cache  # noqa: F401
+
+SparseLinear = st.nn.SparseLinear
+linear_module = importlib.import_module("sparsetorch.nn.linear")
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def dense_reference(layer):
+    """An nn.Linear holding the layer's weight with zeros off the pattern."""
+    ref = torch.nn.Linear(layer.in_features, layer.out_features, layer.bias is not None,
+                          dtype=layer.values.dtype)
+    with torch.no_grad():
+        ref.weight.copy_(layer.weight.to_dense())
+        if layer.bias is not None:
+            ref.bias.copy_(layer.bias)
+    return ref
+
+
+@pytest.mark.parametrize("dtype,blocksize,xshape", [
+    (torch.float32, None, (8,)), (torch.float32, None, (5, 8)), (torch.float32, None, (2, 3, 8)),
+    (torch.float64, None, (5, 8)), (torch.float32, (2, 4), (5, 8)),
+    (torch.float64, (2, 4), (2, 3, 8))])
+def test_forward_and_gradients_match_masked_dense(dtype, blocksize, xshape):
+    layer = SparseLinear(8, 6, density=0.4, blocksize=blocksize, dtype=dtype, generator=gen())
+    ref = dense_reference(layer)
+    x = torch.randn(xshape, dtype=dtype, generator=gen(1))
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y, y_ref = layer(x1), ref(x2)
+    torch.testing.assert_close(y, y_ref, **TOL[dtype])
+    g = torch.randn(y.shape, dtype=dtype, generator=gen(2))
+    y.backward(g)
+    y_ref.backward(g)
+    torch.testing.assert_close(x1.grad, x2.grad, **TOL[dtype])
+    mask = layer.mask()
+    got_w = layer.weight.detach().with_values(layer.values.grad).to_dense()
+    torch.testing.assert_close(got_w, ref.weight.grad * mask, **TOL[dtype])
+    torch.testing.assert_close(layer.bias.grad, ref.bias.grad, **TOL[dtype])
+
+
+def test_pattern_counts_and_blocks():
+    layer = SparseLinear(10, 7, density=0.3, generator=gen())
+    assert layer.values.numel() == round(0.3 * 70) == int(layer.mask().sum())
+    blocked = SparseLinear(8, 6, density=0.5, blocksize=2, generator=gen())
+    assert blocked.weight.format.name == "bsr"
+    assert blocked.values.numel() == round(0.5 * 12) * 4
+    # whole blocks: the mask is constant on each 2 x 2 block
+    m = blocked.mask().reshape(3, 2, 4, 2)
+    assert bool((m == m[:, :1, :, :1]).all())
+
+
+@pytest.mark.parametrize("density", [0.0, 1.0])
+def test_density_extremes(density):
+    layer = SparseLinear(5, 4, density=density, generator=gen())
+    assert layer.values.numel() == round(density * 20)
+    x = torch.randn(3, 5, requires_grad=True)
+    y = layer(x)
+    torch.testing.assert_close(y, dense_reference(layer)(x))
+    y.sum().backward()
+    assert layer.values.grad.shape == layer.values.shape
+    if density == 0:
+        torch.testing.assert_close(x.grad, torch.zeros_like(x))
+
+
+def test_init_scale_follows_stored_fan_in():
+    # a 90%-sparse row sums ~100 of 1000 inputs: bound 1/sqrt(100), not 1/sqrt(1000)
+    layer = SparseLinear(1000, 50, density=0.1, generator=gen())
+    bound = 1 / (layer.values.numel() / 50) ** 0.5
+    assert layer.values.abs().max() <= bound
+    assert layer.values.abs().max() > 0.9 * bound
+
+
+@pytest.mark.parametrize("blocksize", [None, 2])
+@pytest.mark.parametrize("densify_above", [0.0, 1.0])   # densified first / multiplied sparse
+def test_sparse_input(blocksize, densify_above, monkeypatch):
+    monkeypatch.setattr(linear_module, "DENSIFY_INPUT_ABOVE", densify_above)
+    layer = SparseLinear(8, 6, density=0.5, blocksize=blocksize, generator=gen())
+    xd = torch.randn(4, 8, generator=gen(1)) * (torch.rand(4, 8, generator=gen(2)) < 0.3)
+    x = st.tensor(xd, "csr")
+    y = layer(x)
+    assert type(y) is torch.Tensor
+    torch.testing.assert_close(y, dense_reference(layer)(xd))
+    y.sum().backward()
+    ref = dense_reference(layer)
+    ref(xd).sum().backward()
+    got = layer.weight.detach().with_values(layer.values.grad).to_dense()
+    torch.testing.assert_close(got, ref.weight.grad * layer.mask())
+    torch.testing.assert_close(layer(st.tensor(xd[0], "coo")), ref(xd[0]))
+
+
+@pytest.mark.parametrize("blocksize", [None, 2])
+def test_gradcheck_float64(blocksize):
+    layer = SparseLinear(4, 4, density=0.5, blocksize=blocksize, dtype=torch.float64,
+                         generator=gen())
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    values, bias = layer.values, layer.bias
+
+    def f(x, v, b):
+        return F.linear(x, layer.weight.detach().with_values(v), b)
+
+    assert torch.autograd.gradcheck(f, (x, values, bias))
+    # and through the module itself (values read from the Parameter)
+    assert torch.autograd.gradcheck(lambda x: layer(x), (x,))
+
+
+def test_state_dict_round_trip_across_patterns():
+    a = SparseLinear(8, 6, density=0.5, generator=gen(0))
+    b = SparseLinear(8, 6, density=0.2, generator=gen(1))
+    state = a.state_dict()
+    assert set(state) == {"values", "bias", "pos1", "crd1"}
+    b.load_state_dict(state)
+    assert b.values.numel() == a.values.numel()
+    assert torch.equal(b.mask(), a.mask())
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(b(x), a(x))
+    # a deep copy owns its weights (the kept weight wrapper is not shared)
+    c = copy.deepcopy(a)
+    with torch.no_grad():
+        c.values.mul_(2)
+    torch.testing.assert_close(a(x), b(x))
+    torch.testing.assert_close(c(x) - c.bias, 2 * (a(x) - a.bias))
+    # loading a bad pattern fails with a message naming the module
+    bad = dict(state)
+    bad["crd1"] = bad["crd1"] + 100
+    with pytest.raises(RuntimeError, match="valid csr pattern"):
+        SparseLinear(8, 6, density=0.5).load_state_dict(bad)
+
+
+def test_optimizer_steps_and_dtype_and_compile():
+    layer = SparseLinear(8, 6, density=0.5, generator=gen())
+    opt = torch.optim.Adam(layer.parameters(), lr=0.05)
+    x, target = torch.randn(16, 8, generator=gen(1)), torch.randn(16, 6, generator=gen(2))
+    losses = []
+    for _ in range(20):
+        opt.zero_grad()
+        loss = F.mse_loss(layer(x), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0]
+    # the kept wrapper sees optimizer steps (no stale values)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), dense_reference(layer)(x))
+    double = layer.to(torch.float64)
+    assert double.values.dtype == double.weight.dtype == torch.float64
+    torch.testing.assert_close(double(x.double()), dense_reference(double)(x.double()))
+    compiled = torch.compile(double, fullgraph=True, backend="aot_eager")
+    xd = x.double().requires_grad_()
+    torch.testing.assert_close(compiled(xd), double(xd))
+    compiled(xd).sum().backward()
+    assert double.values.grad is not None
+    xs = st.tensor(x.double() * (x > 1), "csr")   # a sparse input: densified when traced
+    torch.testing.assert_close(compiled(xs), double(xs))
+
+
+def test_from_dense_magnitude_and_random():
+    dense = torch.nn.Linear(10, 6)
+    sparse = SparseLinear.from_dense(dense, sparsity=0.75)
+    k = round(0.25 * 60)
+    assert sparse.values.numel() == k
+    mask = sparse.mask()
+    kept, dropped = dense.weight.detach()[mask].abs(), dense.weight.detach()[~mask].abs()
+    assert kept.min() >= dropped.max()
+    torch.testing.assert_close(sparse.weight.to_dense(), dense.weight.detach() * mask)
+    torch.testing.assert_close(sparse.bias, dense.bias)
+    rand = SparseLinear.from_dense(dense, density=0.5, method="random", generator=gen())
+    assert rand.values.numel() == 30
+    torch.testing.assert_close(rand.weight.to_dense(), dense.weight.detach() * rand.mask())
+    blocked = SparseLinear.from_dense(dense, density=0.5, blocksize=2)
+    scores = dense.weight.detach().abs().reshape(3, 2, 5, 2).sum((1, 3))
+    keep = blocked.mask()[::2, ::2]
+    assert int(keep.sum()) == round(0.5 * 15)
+    assert scores[keep].min() >= scores[~keep].max()
+
+
+def test_set_pattern_keeps_old_values():
+    layer = SparseLinear(5, 4, density=0.5, generator=gen())
+    before = layer.weight.to_dense().detach()
+    new_mask = torch.rand(4, 5, generator=gen(3)) < 0.5
+    same = layer.values
+    layer.set_pattern(new_mask)
+    assert torch.equal(layer.mask(), new_mask)
+    torch.testing.assert_close(layer.weight.to_dense(), before * new_mask)
+    assert (layer.values is same) == (int(new_mask.sum()) == same.numel())
+    layer.set_pattern(st.tensor(torch.eye(4, 5), "coo"), values=torch.full((4, 5), 2.0))
+    torch.testing.assert_close(layer.weight.to_dense(), 2 * torch.eye(4, 5))
+
+
+def test_bad_inputs_raise_clearly():
+    with pytest.raises(ValueError, match="exactly one of density"):
+        SparseLinear(4, 3)
+    with pytest.raises(ValueError, match="exactly one of density"):
+        SparseLinear(4, 3, density=0.5, mask=torch.ones(3, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"mask has shape \(4, 3\)"):
+        SparseLinear(4, 3, mask=torch.ones(4, 3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="bool tensor"):
+        SparseLinear(4, 3, mask=torch.ones(3, 4))
+    with pytest.raises(ValueError, match="density must be a number in"):
+        SparseLinear(4, 3, density=1.5)
+    with pytest.raises(ValueError, match="does not divide"):
+        SparseLinear(4, 3, density=0.5, blocksize=2)
+    layer = SparseLinear(4, 3, density=0.5)
+    with pytest.raises(ValueError, match="in_features=4"):
+        layer(torch.randn(2, 5))
+    with pytest.raises(TypeError, match="float64"):
+        layer(torch.randn(2, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="must have shape"):
+        layer.set_pattern(torch.ones(3, 4, dtype=torch.bool), values=torch.ones(5))
+    with pytest.raises(ValueError, match="sparsity"):
+        SparseLinear.from_dense(torch.nn.Linear(4, 3), density=0.5, sparsity=0.5)
+    with pytest.raises(ValueError, match="method"):
+        SparseLinear.from_dense(torch.nn.Linear(4, 3), density=0.5, method="l2")

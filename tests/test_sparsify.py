@@ -1,0 +1,156 @@
+"""st.sparsify on the package's MobileNets and on models written here (residuals, control
+flow): exact per-layer counts, output equal to the dense model with the same masks, batch
+norm folded, the dense model left unchanged, bad arguments."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import sparsetorch as st
+from dense_check import private_kernel_cache  # noqa: F401
+from sparsetorch.nn import ChannelsFirstDepthwise, SparseConv2d
+
+
+class TinyResNet(nn.Module):
+    """A user's CNN: stem, a bottleneck with a residual, a strided 1x1 shortcut, a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.bn0 = nn.BatchNorm2d(16)
+        self.reduce = nn.Conv2d(16, 8, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.act1 = nn.ReLU()
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.expand = nn.Conv2d(8, 16, 1)
+        self.short = nn.Conv2d(16, 24, 1, stride=2)
+        self.head = nn.Linear(24, 5)
+
+    def forward(self, x):
+        x = F.relu(self.bn0(self.stem(x)))
+        y = self.expand(F.relu(self.dw(self.act1(self.bn1(self.reduce(x))))))
+        x = self.short(x + y)
+        return self.head(x.mean((2, 3)))
+
+
+class Branchy(TinyResNet):
+    """Data-dependent control flow: torch.fx cannot trace it."""
+
+    def forward(self, x):
+        if x.sum() > 0:
+            x = x * 2
+        return super().forward(x)
+
+
+def _randomise_bn(model: nn.Module) -> nn.Module:
+    g = torch.Generator().manual_seed(3)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5, generator=g)
+            m.running_var.uniform_(0.5, 2, generator=g)
+            m.weight.data.uniform_(0.5, 1.5, generator=g)
+            m.bias.data.uniform_(-0.5, 0.5, generator=g)
+    return model.eval()
+
+
+def _masked_dense(dense: nn.Module, sparse: nn.Module) -> nn.Module:
+    """The dense model with each sparse layer's mask applied to its weight."""
+    masked = copy.deepcopy(dense)
+    for name, m in sparse.named_modules():
+        if isinstance(m, (SparseConv2d, st.nn.SparseLinear)):
+            w = masked.get_submodule(name).weight.data
+            w *= m.mask().view(w.shape[0], w.shape[1], *([1] * (w.dim() - 2)))
+    return masked
+
+
+def _check_counts(dense, sparse, sparsity):
+    n = 0
+    for name, m in sparse.named_modules():
+        if isinstance(m, (SparseConv2d, st.nn.SparseLinear)):
+            total = dense.get_submodule(name).weight.numel()
+            assert m.values.numel() == total - round(sparsity * total), name
+            n += 1
+    return n
+
+
+@pytest.mark.parametrize("build", [st.models.mobilenet_v1, st.models.mobilenet_v2])
+def test_mobilenets_sparsified_equal_masked_dense(build):
+    torch.manual_seed(0)
+    dense = _randomise_bn(build(width_mult=0.25, num_classes=10))
+    before = copy.deepcopy(dense.state_dict())
+    sparse = st.sparsify(dense, sparsity=0.8)
+    assert _check_counts(dense, sparse, 0.8) == (14 if build is st.models.mobilenet_v1 else 35)
+    # first conv dense, depthwise kept dense in the layout-keeping wrapper, BN folded away
+    assert type(sparse.features[0][0]) is nn.Conv2d
+    assert sum(isinstance(m, ChannelsFirstDepthwise) for m in sparse.modules()) == \
+        sum(isinstance(m, nn.Conv2d) and m.groups > 1 for m in dense.modules())
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in sparse.modules())
+    masked = _masked_dense(dense, sparse)
+    for batch in (1, 2):
+        x = torch.randn(batch, 3, 32, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(sparse(x), masked(x), rtol=1e-4, atol=1e-4)
+    after = dense.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)     # dense model unchanged
+    assert all(type(m) is not SparseConv2d for m in dense.modules())
+
+
+@pytest.mark.parametrize("model_cls", [TinyResNet, Branchy])
+def test_user_model_with_residuals(model_cls):
+    torch.manual_seed(1)
+    dense = _randomise_bn(model_cls())
+    sparse = st.sparsify(dense, sparsity=0.5)
+    assert _check_counts(dense, sparse, 0.5) == 4
+    if model_cls is TinyResNet:   # traced: bn1 folded, act1 fused into the sparse layer
+        assert isinstance(sparse.bn1, nn.Identity) and sparse.reduce.activation == "relu"
+        assert isinstance(sparse.act1, nn.Identity) and isinstance(sparse.bn0, nn.Identity)
+    else:                         # untraceable and no Sequential: nothing folded, still exact
+        assert isinstance(sparse.bn1, nn.BatchNorm2d) and sparse.reduce.activation is None
+    assert sparse.short.stride == 2
+    masked = _masked_dense(dense, sparse)
+    x = torch.randn(3, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(sparse(x), masked(x), rtol=1e-4, atol=1e-4)
+
+
+def test_random_and_block_pruning_counts():
+    dense = _randomise_bn(TinyResNet())
+    sp = st.sparsify(dense, sparsity=0.75, method="random",
+                     generator=torch.Generator().manual_seed(0))
+    _check_counts(dense, sp, 0.75)
+    blocked = st.sparsify(dense, sparsity=0.5, block=4)
+    for name in ("reduce", "expand", "short"):
+        layer = blocked.get_submodule(name)
+        blocks = layer.weight.shape[0] // 4 * layer.weight.shape[1]
+        assert layer.blocksize == (4, 1)
+        assert layer.values.numel() == 4 * (blocks - round(0.5 * blocks))
+    assert blocked.head.blocksize is None     # 5 outputs: not a multiple of 4, pruned by entry
+    assert blocked.head.values.numel() == 60
+
+
+def test_skip_and_no_folding():
+    dense = _randomise_bn(TinyResNet())
+    sp = st.sparsify(dense, sparsity=0.5, skip=["short"], fold_bn=False)
+    assert type(sp.short) is nn.Conv2d and isinstance(sp.bn1, nn.BatchNorm2d)
+    sp2 = st.sparsify(dense, sparsity=0.5, skip=lambda name, m: name == "reduce")
+    assert type(sp2.reduce) is nn.Conv2d and type(sp2.expand) is SparseConv2d
+
+
+def test_bad_arguments_are_clear():
+    net = TinyResNet()
+    with pytest.raises(TypeError, match="nn.Module"):
+        st.sparsify(lambda x: x)
+    with pytest.raises(ValueError, match=r"sparsity must be a number in \[0, 1\]"):
+        st.sparsify(net, sparsity=1.5)
+    with pytest.raises(ValueError, match="method"):
+        st.sparsify(net, method="l1")
+    with pytest.raises(ValueError, match="block must be"):
+        st.sparsify(net, block=(2, 2))
+    with pytest.raises(TypeError, match="skip=\\['short'\\]"):
+        st.sparsify(net, skip="short")
+    with pytest.raises(ValueError, match="width_mult"):
+        st.models.mobilenet_v1(width_mult=0)

@@ -1,0 +1,85 @@
+"""st.train under DistributedDataParallel: 2 processes (gloo, 127.0.0.1), different data and
+different seeds per rank; after several mask updates every rank holds the same masks and
+weights (dense gradients averaged before scoring, rank 0's seed for every random draw), in
+masked mode and truly sparse (SparseLinear, whose dense gradient is built from each rank's
+activations and all-reduced block by block)."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import sparsetorch as st
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, algo, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        if algo == "RigL-sparse":   # truly sparse: the streamed dense gradient is all-reduced
+            algo = "RigL"
+            model = nn.Sequential(st.nn.SparseLinear(12, 32, density=0.25), nn.ReLU(),
+                                  st.nn.SparseLinear(32, 5, density=0.25))
+        else:
+            model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 5))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+        trainer = getattr(st.train, algo)(ddp, opt, density=0.25, delta_t=2, alpha=0.5,
+                                          total_steps=12, seed=rank,   # rank 0's seed wins
+                                          distribution="uniform")     # the layers' counts
+        g = torch.Generator().manual_seed(100 + rank)                  # each rank its data
+        for _ in range(12):
+            x, y = torch.randn(16, 12, generator=g), torch.randint(0, 5, (16,), generator=g)
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(x), y).backward()
+            trainer.step()
+        torch.save({"masks": trainer.masks, "weights": model.state_dict(),
+                    "changed": trainer.last_update}, os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("algo", ["RigL", "SET", "RigL-sparse"])
+def test_two_ranks_hold_identical_masks_and_weights(algo, tmp_path):
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    import torch._dynamo  # noqa: F401  (optimizers import it on first step; do it once here)
+    # fork: the children inherit the imported torch and sparsetorch (spawning re-imports
+    # them, ~25 s per process on a loaded 2-core machine); they run single-threaded
+    mp.start_processes(_worker, args=(2, _free_port(), algo, str(tmp_path)), nprocs=2,
+                       join=True, start_method="fork")
+    r0, r1 = (torch.load(tmp_path / f"{r}.pt") for r in (0, 1))
+    assert r0["masks"].keys() == r1["masks"].keys()
+    for n in r0["masks"]:
+        assert torch.equal(r0["masks"][n], r1["masks"][n]), n
+    for n in r0["weights"]:
+        assert torch.equal(r0["weights"][n], r1["weights"][n]), n
+    assert sum(d for d, _ in r0["changed"].values()) > 0   # the last update changed masks
+
+
+def test_ddp_refuses_a_sparse_layer_whose_entry_count_would_change():
+    """Resampling a SparseLinear to another entry count makes a new values Parameter that
+    DDP's gradient hooks never see (ranks would hang or error): refused, with the fix."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = nn.Sequential(st.nn.SparseLinear(12, 32, density=0.5), nn.ReLU(),
+                              st.nn.SparseLinear(32, 5, density=0.5))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match="before wrapping the model"):
+            st.train.RigL(ddp, opt, density=0.1, total_steps=10)
+        st.train.RigL(ddp, opt, density=0.5, distribution="uniform", total_steps=10)  # fits
+    finally:
+        dist.destroy_process_group()

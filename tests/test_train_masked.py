@@ -1,0 +1,315 @@
+"""st.train in masked mode: densities against the ERK/ER formula, exact counts, zeroed
+optimizer state for grown weights, drop/grow disjointness, each algorithm's growth rule on a
+hand-built case, and clear errors."""
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import sparsetorch as st
+from helpers import one_thread  # noqa: F401  (single-threaded: tiny tensors)
+from sparsetorch.train import layer_densities, kept_count
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(12, 20), nn.ReLU(), nn.Linear(20, 16), nn.ReLU(),
+                         nn.Linear(16, 3))
+
+
+def convnet():
+    return nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 16, 3), nn.ReLU(),
+                         nn.Flatten(), nn.Linear(16 * 4 * 4, 10))
+
+
+def shapes_of(model):
+    return {n: tuple(p.shape) for n, p in model.named_parameters() if p.dim() > 1}
+
+
+def raw_probability(shape, distribution):
+    if distribution == "erk":
+        return sum(shape) / math.prod(shape)
+    return (shape[0] + shape[1]) / (shape[0] * shape[1])
+
+
+@pytest.mark.parametrize("distribution", ["erk", "er"])
+@pytest.mark.parametrize("shapes", [
+    shapes_of(mlp()), shapes_of(convnet()),
+    {"fc1": (300, 784), "fc2": (100, 300), "fc3": (10, 100)},   # LeNet-300-100
+    {"a": (64, 64, 3, 3), "b": (128, 64, 1, 1), "c": (10, 128), "d": (4, 2)},
+])
+@pytest.mark.parametrize("density", [0.02, 0.1, 0.5])
+def test_erdos_renyi_densities_follow_the_formula(shapes, distribution, density):
+    d = layer_densities(shapes, density, distribution)
+    sizes = {n: math.prod(s) for n, s in shapes.items()}
+    # the kept budget equals the uniform one (up to the per-layer floor of the official count)
+    want = sum(kept_count(s, density) for s in sizes.values())
+    got = sum(d[n] * sizes[n] for n in shapes)
+    assert abs(got - want) < 1e-6 * want + 1e-9
+    sparse = [n for n in shapes if d[n] < 1]
+    dense = [n for n in shapes if d[n] == 1]
+    # sparse layers: density = eps * raw probability, one eps for all
+    eps = {d[n] / raw_probability(shapes[n], distribution) for n in sparse}
+    assert max(eps) - min(eps) <= 1e-9 * max(eps)
+    # a layer made dense has a raw probability at least every sparse layer's (it would
+    # have exceeded 1 first), and every sparse layer's density is below 1
+    for n in dense:
+        assert all(raw_probability(shapes[n], distribution) >=
+                   raw_probability(shapes[m], distribution) for m in sparse)
+    assert all(0 < d[n] < 1 for n in sparse)
+
+
+def test_uniform_and_custom_densities():
+    shapes = {"a": (10, 10), "b": (20, 10), "c": (5, 5)}
+    assert layer_densities(shapes, 0.3, "uniform") == {"a": 0.3, "b": 0.3, "c": 0.3}
+    d = layer_densities(shapes, 0.3, "erk", custom={"c": 1.0})
+    assert d["c"] == 1.0
+    assert layer_densities({"a": (3, 4)}, 1.0, "erk") == {"a": 1.0}
+
+
+def train(model, trainer, opt, steps, seed=0, batch=6):
+    g = torch.Generator().manual_seed(seed)
+    n_in = next(model.parameters()).shape[1]
+    for _ in range(steps):
+        x = torch.randn(batch, n_in, generator=g)
+        y = torch.randint(0, 3, (batch,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        trainer.step()
+
+
+@pytest.mark.parametrize("algo", ["RigL", "SET", "SNFS"])
+@pytest.mark.parametrize("make_opt", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=1e-3),
+    lambda p: torch.optim.Adam(p, lr=1e-2)])
+def test_exact_counts_and_zeros_after_many_steps(algo, make_opt):
+    torch.manual_seed(0)
+    model = mlp()
+    opt = make_opt(model.parameters())
+    trainer = getattr(st.train, algo)(model, opt, density=0.2, delta_t=3, total_steps=40)
+    counts = dict(trainer.counts)
+    changed = 0
+    for _ in range(40):
+        before = {n: m.clone() for n, m in trainer.masks.items()}
+        train(model, trainer, opt, 1, seed=trainer.step_count)
+        params = dict(model.named_parameters())
+        for n, m in trainer.masks.items():
+            assert int(m.sum()) == counts[n]
+            assert bool((params[n][~m] == 0).all())
+            for t in opt.state[params[n]].values():
+                if isinstance(t, torch.Tensor) and t.shape == m.shape:
+                    assert bool((t[~m] == 0).all())
+            changed += int((m != before[n]).sum())
+    assert changed > 0
+
+
+def hand_built(algo, opt_kind="sgd", **kw):
+    """A 4x4 layer at density 1/2 with known weights on a known mask (the trainer's own
+    initial mask, then weights set on it)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 4, bias=False)
+    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if opt_kind == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=0.1))
+    trainer = getattr(st.train, algo)(model, opt, density=0.5, distribution="uniform",
+                                      delta_t=1, total_steps=100, **kw)
+    mask = trainer.masks["weight"]
+    with torch.no_grad():
+        model.weight.copy_(torch.arange(1.0, 17.0).view(4, 4) * mask)
+    return model, opt, trainer, mask
+
+
+def step_with_grad(model, trainer, grad):
+    model.weight.grad = grad.clone()
+    trainer.step()
+
+
+def test_rigl_drops_smallest_grows_largest_gradient_and_zeroes_state():
+    model, opt, trainer, mask = hand_built("RigL", alpha=0.5)
+    # one ordinary step (t=0) builds momentum on the active weights
+    step_with_grad(model, trainer, torch.ones(4, 4))
+    w0 = model.weight.detach().clone()
+    mom0 = opt.state[model.weight]["momentum_buffer"].clone()
+    assert bool((mom0[mask] != 0).all())
+    grad = torch.zeros(4, 4)
+    inactive = (~mask).nonzero()
+    big = [tuple(inactive[i].tolist()) for i in (1, 3)]
+    for r, c in big:
+        grad[r, c] = 100.0 + r
+    k = int(8 * st.train.cosine_drop_fraction(1, 0.5, 75))
+    assert k == 3   # int(8 * 0.4998...)
+    grad[tuple(inactive[0].tolist())] = 50.0
+    step_with_grad(model, trainer, grad)   # t=1: update step, no optimizer step
+    new = trainer.masks["weight"]
+    order = torch.argsort(w0[mask].abs())
+    dropped = mask.nonzero()[order[:k]]
+    for r, c in dropped.tolist():
+        assert not new[r, c]
+    for r, c in big + [tuple(inactive[0].tolist())]:
+        assert new[r, c]
+    assert int(new.sum()) == 8
+    grown = new & ~mask
+    kept = new & mask
+    assert bool((model.weight[grown] == 0).all())
+    assert bool((opt.state[model.weight]["momentum_buffer"][grown] == 0).all())
+    # kept weights and state untouched (no optimizer step on an update iteration)
+    assert torch.equal(model.weight[kept], w0[kept])
+    assert torch.equal(opt.state[model.weight]["momentum_buffer"][kept], mom0[kept])
+    assert trainer.last_update["weight"] == (3, 3)
+
+
+def test_adam_moments_of_grown_weights_are_zero():
+    model, opt, trainer, mask = hand_built("RigL", opt_kind="adam", alpha=0.5)
+    step_with_grad(model, trainer, torch.full((4, 4), 0.3))
+    grad = torch.rand(4, 4, generator=torch.Generator().manual_seed(1)) * ~mask
+    step_with_grad(model, trainer, grad)
+    grown = trainer.masks["weight"] & ~mask
+    assert int(grown.sum()) == 3
+    state = opt.state[model.weight]
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert bool((state[key][grown] == 0).all())
+        assert bool((state[key][mask & trainer.masks["weight"]] != 0).all())
+
+
+def test_a_dropped_weight_grown_again_keeps_its_value_and_state():
+    model, opt, trainer, mask = hand_built("RigL", alpha=0.5)
+    step_with_grad(model, trainer, torch.ones(4, 4))
+    w = model.weight.detach().clone()
+    mom = opt.state[model.weight]["momentum_buffer"].clone()
+    smallest = mask.nonzero()[torch.argmin(w[mask].abs())].tolist()
+    grad = torch.zeros(4, 4)
+    grad[tuple(smallest)] = 1e3          # dropped (smallest |w|) but the largest gradient
+    step_with_grad(model, trainer, grad)
+    r, c = smallest
+    assert trainer.masks["weight"][r, c]
+    assert model.weight[r, c] == w[r, c] and model.weight[r, c] != 0
+    assert opt.state[model.weight]["momentum_buffer"][r, c] == mom[r, c]
+    assert trainer.last_update["weight"] == (2, 2)
+
+
+def test_drop_and_grow_sets_are_disjoint_over_many_updates():
+    torch.manual_seed(1)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = st.train.RigL(model, opt, density=0.3, delta_t=1, alpha=0.5, total_steps=30)
+    for _ in range(12):
+        before = trainer.masks
+        train(model, trainer, opt, 1, seed=trainer.step_count)
+        for n, m in trainer.masks.items():
+            dropped, grown = before[n] & ~m, m & ~before[n]
+            assert not bool((dropped & grown).any())
+            assert int(dropped.sum()) == int(grown.sum())
+
+
+def test_set_grows_at_random_among_inactive_and_by_seed():
+    masks = []
+    for seed in (0, 0, 1):
+        model, opt, trainer, mask = hand_built("SET", alpha=0.5, seed=seed)
+        step_with_grad(model, trainer, torch.zeros(4, 4))
+        grad = torch.zeros(4, 4)
+        grad[~mask] = torch.arange(8.0)   # SET must ignore gradients
+        step_with_grad(model, trainer, grad)
+        masks.append((mask, trainer.masks["weight"]))
+    (m0, a), (_, b), (m1, c) = masks
+    assert torch.equal(a, b)
+    assert int(a.sum()) == 8 and int((a & ~m0).sum()) >= 1
+    # growth does not follow the gradient ranking: many seeds give different grown sets
+    grown_sets = set()
+    for seed in range(6):
+        model, opt, trainer, mask = hand_built("SET", alpha=0.5, seed=seed)
+        step_with_grad(model, trainer, torch.zeros(4, 4))
+        step_with_grad(model, trainer, torch.zeros(4, 4))
+        grown_sets.add(tuple((trainer.masks["weight"] & ~mask).flatten().tolist()))
+    assert len(grown_sets) > 1
+
+
+def test_snfs_grows_by_gradient_momentum_not_the_last_gradient():
+    model, opt, trainer, mask = hand_built("SNFS", alpha=0.5, momentum=0.9)
+    inactive = [tuple(x) for x in (~mask).nonzero().tolist()]
+    steady, burst = inactive[:3], inactive[3:6]
+    g = torch.zeros(4, 4)
+    for rc in steady:
+        g[rc] = 1.0
+    step_with_grad(model, trainer, g)       # t=0: the average learns `steady`
+    g2 = torch.zeros(4, 4)
+    for rc in burst:
+        g2[rc] = 0.5                         # larger now than steady's 0, smaller on average
+    step_with_grad(model, trainer, g2)      # t=1: update
+    new = trainer.masks["weight"]
+    assert all(new[rc] for rc in steady)
+    assert not any(new[rc] for rc in burst)
+    # RigL on the same gradients grows `burst` (the last gradient)
+    model, opt, trainer, mask = hand_built("RigL", alpha=0.5)
+    step_with_grad(model, trainer, g)
+    step_with_grad(model, trainer, g2)
+    assert all(trainer.masks["weight"][rc] for rc in burst)
+
+
+def test_static_never_changes_and_pruning_follows_the_cubic_schedule():
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    static = st.train.Static(model, opt, density=0.3)
+    m0 = static.masks
+    train(model, static, opt, 5)
+    assert all(torch.equal(m0[n], m) for n, m in static.masks.items())
+
+    model = nn.Linear(10, 10, bias=False)
+    original = torch.randperm(100, generator=torch.Generator().manual_seed(0)).view(10, 10) + 1.
+    with torch.no_grad():
+        model.weight.copy_(original)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    gmp = st.train.MagnitudePruning(model, opt, density=0.1, distribution="uniform",
+                                    delta_t=2, t_begin=2, t_end=10)
+    for t in range(12):
+        model.weight.grad = torch.zeros(10, 10)
+        gmp.step()
+        if gmp.is_update_step(t):
+            s = st.train.cubic_sparsity(t, 0.9, 2, 10)
+            assert gmp.nnz()["weight"] == kept_count(100, 1 - s)
+        m = gmp.masks["weight"]
+        assert torch.equal(model.weight, original * m)      # lr=0: pruning alone acts
+        if (~m).any():                                       # it kept the largest weights
+            assert original[m].min() > original[~m].max()
+    assert gmp.nnz()["weight"] == 10
+
+
+def test_first_conv_dense_by_default_and_overrides():
+    model = convnet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    t = st.train.RigL(model, opt, density=0.1, total_steps=10)
+    assert sorted(t.masks) == ["2.weight", "5.weight"]
+    t = st.train.RigL(model, opt, density=0.1, total_steps=10, dense=[])
+    assert sorted(t.masks) == ["0.weight", "2.weight", "5.weight"]
+    t = st.train.RigL(model, opt, density=0.1, total_steps=10, dense=["5"],
+                      layer_density={"0.weight": 0.5})
+    assert sorted(t.masks) == ["0.weight", "2.weight"] and t.densities["0.weight"] == 0.5
+
+
+def test_bad_arguments_give_clear_errors():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="total_steps"):
+        st.train.RigL(model, opt)
+    with pytest.raises(ValueError, match="density"):
+        st.train.RigL(model, opt, density=0.0, total_steps=10)
+    with pytest.raises(ValueError, match="distribution"):
+        st.train.RigL(model, opt, distribution="erdos", total_steps=10)
+    with pytest.raises(ValueError, match="grow_init"):
+        st.train.RigL(model, opt, grow_init="random", total_steps=10)
+    with pytest.raises(ValueError, match="dense="):
+        st.train.RigL(model, opt, dense=["nope"], total_steps=10)
+    with pytest.raises(ValueError, match="layer_density"):
+        st.train.RigL(model, opt, layer_density={"x": 0.1}, total_steps=10)
+    with pytest.raises(ValueError, match="delta_t"):
+        st.train.RigL(model, opt, delta_t=0, total_steps=10)
+    with pytest.raises(ValueError, match="optimizer does not hold"):
+        st.train.RigL(model, torch.optim.SGD(mlp().parameters(), lr=0.1), total_steps=10)
+    with pytest.raises(TypeError, match="optimizer"):
+        st.train.RigL(model, None, total_steps=10)
+    with pytest.raises(ValueError, match="no Linear"):
+        st.train.RigL(nn.ReLU(), torch.optim.SGD([nn.Parameter(torch.ones(1))]), total_steps=9)
+    with pytest.raises(ValueError, match="fixed mask"):
+        st.train.Static(model, opt, delta_t=5)
+    t = st.train.Static(model, opt, density=0.5)
+    with pytest.raises(ValueError, match="saved by"):
+        t.load_state_dict(st.train.SET(model, opt, total_steps=5).state_dict())

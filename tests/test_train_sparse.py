@@ -1,0 +1,188 @@
+"""st.train in truly sparse mode (st.nn.SparseLinear): the same trajectory as masked mode on
+the same seed and data (float64), values and optimizer state remapped with the pattern,
+exact counts, and the dense gradient streamed only on update steps."""
+import pytest
+import torch
+from torch import nn
+
+import sparsetorch as st
+from dense_check import private_kernel_cache  # noqa: F401
+from helpers import one_thread  # noqa: F401  (single-threaded: tiny tensors)
+
+SIZES = [(10, 24), (24, 16), (16, 3)]
+
+
+def masked_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(*SIZES[0]), nn.ReLU(), nn.Linear(*SIZES[1]), nn.ReLU(),
+                         nn.Linear(*SIZES[2])).double()
+
+
+def sparse_copy(model, masks):
+    layers = []
+    for i, (n_in, n_out) in zip((0, 2, 4), SIZES):
+        dense = model[i]
+        mask = masks[f"{i}.weight"]
+        sl = st.nn.SparseLinear(n_in, n_out, mask=mask, dtype=torch.float64)
+        sl.set_pattern(mask, dense.weight.detach())
+        with torch.no_grad():
+            sl.bias.copy_(dense.bias)
+        layers += [sl, nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+def batches(n):
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(8, 10, generator=g, dtype=torch.float64),
+             torch.randint(0, 3, (8,), generator=g)) for _ in range(n)]
+
+
+def run(model, opt, trainer, data):
+    for x, y in data:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        trainer.step()
+
+
+@pytest.mark.parametrize("algo,make_opt", [
+    ("RigL", lambda p: torch.optim.Adam(p, lr=1e-2)),
+    ("SET", lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9))])
+def test_truly_sparse_follows_masked_mode(algo, make_opt):
+    kw = dict(density=0.3, distribution="erk", delta_t=2, alpha=0.4, total_steps=16, seed=4)
+    dense = masked_model()
+    opt_d = make_opt(dense.parameters())
+    tr_d = getattr(st.train, algo)(dense, opt_d, **kw)
+    sparse = sparse_copy(dense, tr_d.masks)
+    opt_s = make_opt(sparse.parameters())
+    tr_s = getattr(st.train, algo)(sparse, opt_s, **kw)
+    for i in (0, 2, 4):   # the sparse trainer kept the layers' patterns (counts match)
+        assert torch.equal(tr_s.masks[f"{i}.values"], tr_d.masks[f"{i}.weight"])
+    data = batches(16)
+    changed = 0
+    for step in range(16):
+        before = tr_d.masks
+        run(dense, opt_d, tr_d, data[step:step + 1])
+        run(sparse, opt_s, tr_s, data[step:step + 1])
+        for i in (0, 2, 4):
+            m = tr_d.masks[f"{i}.weight"]
+            assert torch.equal(tr_s.masks[f"{i}.values"], m), (step, i)
+            assert sparse[i].values.numel() == tr_d.counts[f"{i}.weight"]
+            torch.testing.assert_close(sparse[i].weight.to_dense(), dense[i].weight,
+                                       rtol=1e-10, atol=1e-12)
+            changed += int((m != before[f"{i}.weight"]).sum())
+            # optimizer state moved with the entries: dense state read at the new pattern
+            for key, t in opt_s.state[sparse[i].values].items():
+                if isinstance(t, torch.Tensor) and t.dim() == 1:
+                    torch.testing.assert_close(t, opt_d.state[dense[i].weight][key][m],
+                                               rtol=1e-10, atol=1e-12)
+    assert changed > 0
+
+
+def test_dense_gradient_is_captured_only_for_update_steps():
+    torch.manual_seed(0)
+    model = nn.Sequential(st.nn.SparseLinear(12, 8, density=0.25), nn.ReLU(),
+                          st.nn.SparseLinear(8, 2, density=0.5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = st.train.RigL(model, opt, density=0.3, delta_t=3, total_steps=12)
+    layer = trainer.layers["0.values"]
+    held = []
+    for _ in range(7):
+        opt.zero_grad()
+        model(torch.randn(4, 12)).sum().backward()
+        held.append(layer.has_grad())
+        trainer.step()
+        assert not layer.has_grad()        # released after the update
+        assert model[0].values.numel() == trainer.counts["0.values"]
+    assert held == [False, False, False, True, False, False, True]
+
+
+def test_streamed_growth_matches_the_full_dense_gradient(monkeypatch):
+    """Row blocks of one row each: the running top-k must pick what a top-k over the whole
+    dense gradient picks."""
+    from sparsetorch.train import update
+    monkeypatch.setattr(update, "BLOCK_ENTRIES", 1)
+    torch.manual_seed(0)
+    layer = st.nn.SparseLinear(20, 9, density=0.2, dtype=torch.float64)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    trainer = st.train.RigL(layer, opt, density=0.2, delta_t=1, alpha=0.5, total_steps=8)
+    opt.zero_grad()
+    layer(torch.randn(3, 20, dtype=torch.float64)).square().sum().backward()
+    trainer.step()                                              # t=0: ordinary step
+    x = torch.randn(5, 20, dtype=torch.float64)
+    opt.zero_grad()
+    out = layer(x)
+    out.retain_grad()
+    out.square().sum().backward()
+    full = out.grad.t() @ x                                     # the dense gradient of W
+    before = layer.mask()
+    trainer.step()                                              # t=1: update
+    grown = layer.mask() & ~before
+    k = int(grown.sum())
+    assert k > 0
+    candidates = full.abs().masked_fill(before & layer.mask(), -1)
+    assert full.abs()[grown].min() >= candidates[~layer.mask()].max()
+
+
+def test_snfs_and_blocked_layers_are_refused_in_sparse_mode():
+    layer = st.nn.SparseLinear(8, 8, density=0.5)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="SparseLinear"):
+        st.train.SNFS(layer, opt, total_steps=10)
+    blocked = st.nn.SparseLinear(8, 8, density=0.5, blocksize=2)
+    with pytest.raises(ValueError, match="blocksize"):
+        st.train.RigL(blocked, torch.optim.SGD(blocked.parameters(), lr=0.1), total_steps=10)
+
+
+def test_sparse_conv2d_follows_masked_conv_including_a_blocked_start():
+    """SparseConv2d (1x1; stride 2 in the second layer) against masked nn.Conv2d; the first
+    layer starts from a pattern of whole 4-channel blocks, which SparseConv2d stores as BSR,
+    so the first update also moves values and Adam state from block order to CSR order."""
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReLU(), nn.Conv2d(8, 4, 1, stride=2)).double()
+    opt_d = torch.optim.Adam(dense.parameters(), lr=1e-2)
+    kw = dict(density=0.5, distribution="uniform", delta_t=2, alpha=0.4, total_steps=12,
+              seed=2, dense=[])
+    tr_d = st.train.RigL(dense, opt_d, **kw)
+    blocky = torch.zeros(8, 8, dtype=torch.bool)
+    blocky[:4, ::2] = blocky[4:, 1::2] = True            # 32 entries in (4, 1) blocks
+    state = tr_d.state_dict()
+    state["active"]["0.weight"] = blocky.flatten().nonzero().squeeze(1)
+    tr_d.load_state_dict(state)
+    layers = []
+    for i, stride in ((0, 1), (2, 2)):
+        conv, mask = dense[i], tr_d.masks[f"{i}.weight"].view(conv_shape(dense[i]))
+        sc = st.nn.SparseConv2d(conv.in_channels, conv.out_channels, mask=mask, stride=stride,
+                                dtype=torch.float64)
+        sc.set_pattern(mask, conv.weight.detach().view(mask.shape))
+        with torch.no_grad():
+            sc.bias.copy_(conv.bias)
+        layers.append(sc)
+    assert layers[0].blocksize is not None                 # stored in blocks
+    sparse = nn.Sequential(layers[0], nn.ReLU(), layers[1])
+    opt_s = torch.optim.Adam(sparse.parameters(), lr=1e-2)
+    tr_s = st.train.RigL(sparse, opt_s, **kw)
+    g = torch.Generator().manual_seed(5)
+    for step in range(12):
+        x = torch.randn(3, 8, 5, 5, generator=g, dtype=torch.float64)
+        y = torch.randint(0, 4, (3,), generator=g)
+        for model, opt, tr in ((dense, opt_d, tr_d), (sparse, opt_s, tr_s)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x).mean((2, 3)), y).backward()
+            tr.step()
+        for i in (0, 2):
+            m = tr_d.masks[f"{i}.weight"].view(conv_shape(dense[i]))
+            assert torch.equal(tr_s.masks[f"{i}.values"], m), (step, i)
+            torch.testing.assert_close(sparse[i].weight.to_dense(),
+                                       dense[i].weight.view(m.shape), rtol=1e-10, atol=1e-12)
+            stored = sparse[i].weight.detach()
+            for key in ("exp_avg", "exp_avg_sq"):
+                # the state in storage order is the dense state read at the stored entries
+                t_dense = opt_d.state[dense[i].weight][key].view(m.shape)
+                torch.testing.assert_close(
+                    stored.with_values(opt_s.state[sparse[i].values][key]).to_dense(),
+                    t_dense * m, rtol=1e-10, atol=1e-12)
+    assert sparse[0].blocksize is None                     # the updates broke the blocks
+
+
+def conv_shape(conv):
+    return (conv.out_channels, conv.in_channels)
