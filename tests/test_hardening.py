@@ -161,7 +161,9 @@ def test_issue31_4_bad_levels_never_reach_a_kernel():
 def _spmm_operands():
     g = torch.Generator().manual_seed(2)
     d = torch.randn(30, 20, generator=g) * (torch.rand(30, 20, generator=g) < 0.3)
-    return d, st.tensor(d, "csr"), torch.randn(20, 5, generator=g)
+    A = st.tensor(d, "csr")   # values of torch's own (resizable) storage:
+    A = st.SparseTensor.from_levels(A.shape, "csr", A.arrays, A.values.clone())
+    return d, A, torch.randn(20, 5, generator=g)
 
 
 def _warm(A, X):

@@ -20,13 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
 from .format import Format
-<<<<<<< HEAD
 from .levels import _Problem, check_bounds
-from .pack import INDEX_DTYPES, level_arrays, unpack_rows
-=======
-from .levels import _Problem
 from .pack import INDEX_DTYPES, array_names, level_arrays, unpack_rows
->>>>>>> main
 
 _TRACED = (FakeTensor, FunctionalTensor)
 
