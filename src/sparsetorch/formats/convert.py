@@ -207,7 +207,7 @@ def _from_torch_compressed(x, format, blocksize, index_dtype) -> SparseTensor:
         vals = vals.reshape(-1)
     else:
         fmt = Format((dense, compressed), order)
-    source = SparseTensor._checked_levels(x.shape, fmt, arrays, vals)
+    source = SparseTensor(*SparseTensor._checked_levels(x.shape, fmt, arrays, vals))
     return _convert_owned(source, format, blocksize, index_dtype)
 
 
@@ -226,7 +226,8 @@ def _from_scipy(m, format, blocksize, index_dtype) -> SparseTensor:
                 blocksize = m.blocksize
         else:
             fmt = as_format(kind, 2)
-        source = SparseTensor._checked_levels(m.shape, fmt, arrays, data.reshape(-1))
+        source = SparseTensor(*SparseTensor._checked_levels(m.shape, fmt, arrays,
+                                                            data.reshape(-1)))
         return _convert_owned(source, format, blocksize, index_dtype)
     if kind == "bsr" and blocksize is None and _is_bsr_name(format):
         blocksize = m.blocksize

@@ -185,16 +185,17 @@ class SparseTensor(torch.Tensor):
             >>> A.to_dense()[0, 2].item()
             5.0
         """
-        t = cls._checked_levels(shape, format, arrays, values, blocksize, check)
+        shape, fmt, arrays, values = cls._checked_levels(shape, format, arrays, values,
+                                                         blocksize, check)
         # the caller keeps its tensors: kernels must read copies it cannot write into
-        arrays = {k: a.clone(memory_format=torch.contiguous_format)
-                  for k, a in t._level_arrays.items()}
-        return cls(t._size, t._format, arrays, t._values)
+        arrays = {k: a.clone(memory_format=torch.contiguous_format) for k, a in arrays.items()}
+        return cls(shape, fmt, arrays, values)
 
-    @classmethod
-    def _checked_levels(cls, shape, format, arrays, values, blocksize=None, check=True):
-        """``from_levels`` without copying the arrays: for callers that copy the result
-        anyway when it shares the caller's memory (``convert._convert_owned``)."""
+    @staticmethod
+    def _checked_levels(shape, format, arrays, values, blocksize=None, check=True):
+        """``from_levels``'s checks: ``(shape, format, arrays, values)`` to wrap, the
+        arrays not copied, for callers that copy the result anyway when it shares the
+        caller's memory (``convert._convert_owned``)."""
         from .format import as_format
         from .validate import check_levels, check_shape
 
@@ -208,7 +209,7 @@ class SparseTensor(torch.Tensor):
                              f"{list(array_names(fmt))}; missing {sorted(missing)}, "
                              f"unexpected {sorted(extra)}")
         check_levels(fmt, shape, arrays, values, "SparseTensor.from_levels", full=check)
-        return cls(shape, fmt, arrays, values)
+        return shape, fmt, arrays, values
 
     def __setstate__(self, state):
         # torch.load (weights_only=True included, the mode for files one does not trust),
