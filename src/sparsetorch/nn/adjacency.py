@@ -132,5 +132,7 @@ class AdjacencyCache:
 
 
 def _state(adj) -> tuple:
-    parts = [*adj.arrays.values(), adj.values] if isinstance(adj, SparseTensor) else [adj]
+    # (a SparseTensor's level arrays never change -- ``.arrays`` gives copies -- so the
+    # same object with the same values is the same matrix)
+    parts = [adj.values] if isinstance(adj, SparseTensor) else [adj]
     return tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in parts)
