@@ -222,15 +222,21 @@ def test_density_and_sparsity_are_keyword_only():
         st.nn.prune_mask(dense.weight, 0.9)
 
 
-def test_cached_weight_reads_the_public_arrays():
-    # the kept wrapper is rebuilt when a pattern buffer is replaced (compared through the
-    # public SparseTensor.arrays, not its private attributes)
+def test_cached_weight_follows_the_pattern_buffers():
+    """The kept weight wrapper holds validated copies of the pattern buffers: it is rebuilt
+    when a buffer is replaced (set_pattern) and when one is written in place (a
+    load_state_dict of another pattern with as many entries); before, an in-place write
+    left the old pattern in use."""
     layer = SparseLinear(4, 3, density=0.5, generator=gen())
     with torch.no_grad():
         first = layer.weight
         assert layer.weight is first
         layer.crd1 = layer.crd1.clone()
-        assert layer.weight is not first and layer.weight.arrays["crd1"] is layer.crd1
+        second = layer.weight
+        assert second is not first and torch.equal(second.arrays["crd1"], layer.crd1)
+        other = SparseLinear(4, 3, density=0.5, generator=gen(9))
+        layer.load_state_dict(other.state_dict())
+        assert torch.equal(layer.weight.to_dense(), other.weight.to_dense())
 
 
 @pytest.mark.parametrize("blocksize", [None, (2, 3)])

@@ -114,13 +114,18 @@ class SparseLinear(nn.Module):
         # Eagerly, one wrapper of the arrays (over a detached alias of the values, so
         # optimizer steps show through) is kept: what kernels work out about the pattern
         # stays with it, and a graph-recording wrapper inherits it.
+        # The wrapper holds validated copies of the pattern buffers, so it is rebuilt when a
+        # buffer is replaced (set_pattern) or written in place (load_state_dict): each
+        # buffer's identity and version counter are part of the key.
         cached = self.__dict__.get("_cached_weight")
         arrays = self._arrays()
+        stamp = tuple((a, a._version) for a in arrays.values())
         if cached is None or cached[0] is not values or cached[1] != values.data_ptr() or \
-                any(cached[2].arrays[n] is not a for n, a in arrays.items()):
+                len(cached[3]) != len(stamp) or \
+                any(a is not b or u != v for (a, u), (b, v) in zip(cached[3], stamp)):
             kept = SparseTensor.from_levels(self._shape(), self._format, arrays,
                                             values.detach(), check=False)
-            cached = self.__dict__["_cached_weight"] = (values, values.data_ptr(), kept)
+            cached = self.__dict__["_cached_weight"] = (values, values.data_ptr(), kept, stamp)
         kept = cached[2]
         if not (values.requires_grad and torch.is_grad_enabled()):
             return kept
