@@ -268,3 +268,79 @@ def test_never_writes_into_the_data(root, graphs):
     D.suitesparse("karate")
     D.dlmc("rn50")
     assert snapshot() == before
+
+
+# -- tampered Planetoid parts: checked before scipy sees them ---------------------------------
+def _csr(dense, **tamper):
+    """A csr_matrix of ``dense`` with raw attributes replaced, as a tampered pickle would
+    restore it (unpickling sets attributes without the constructor's checks)."""
+    m = sp.csr_matrix(np.asarray(dense, np.float32))
+    m.__dict__.update(tamper)
+    return m
+
+
+def _planetoid_parts():
+    """A tiny consistent Planetoid set: 4 labelled nodes (2 train), 2 test nodes, 3 features."""
+    eye = np.eye(2, dtype=np.int32)
+    return {"x": _csr([[1, 0, 0], [0, 1, 0]]), "y": eye,
+            "allx": _csr([[1, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 0]]),
+            "ally": np.vstack([eye, eye]), "tx": _csr([[0, 0, 2], [3, 0, 0]]), "ty": eye[::-1],
+            "graph": {0: [1, 5], 1: [0], 2: [3], 3: [2], 4: [5], 5: [0, 4]}}
+
+
+def _write_planetoid(root, parts, test_index="5\n4\n"):
+    folder = root / "planetoid"
+    folder.mkdir(exist_ok=True)
+    for k, obj in parts.items():
+        (folder / f"ind.cora.{k}").write_bytes(pickle.dumps(obj, protocol=3))
+    (folder / "ind.cora.test.index").write_text(test_index)
+
+
+def test_tiny_planetoid_set_loads(tmp_path):
+    _write_planetoid(tmp_path, _planetoid_parts())
+    g = D.planetoid("cora", root=tmp_path)
+    assert g.num_nodes == 6 and g.labels.tolist() == [0, 1, 0, 1, 0, 1]
+    assert g.features.to_dense()[5].tolist() == [0, 0, 2]       # tx row 0 is node 5
+    assert g.features.to_dense()[4].tolist() == [3, 0, 0]
+
+
+_BAD_PARTS = [
+    ("allx", lambda: _csr(np.eye(4, 3), indptr=np.array([0, 1, 2, 3, 1 << 30], np.int32)),
+     r"ind\.cora\.allx: the matrix's indptr .* not a pointer over 4 rows and 3 entries"),
+    ("allx", lambda: _csr(np.eye(4, 3), indptr=np.array([0, 2, 1, 3, 3], np.int32)),
+     "not a pointer"),
+    ("tx", lambda: _csr([[0, 0, 2], [3, 0, 0]], indices=np.array([2, 1 << 30], np.int32)),
+     r"ind\.cora\.tx: the matrix's indices \(2 values\) are not 2 indices in \[0, 3\)"),
+    ("tx", lambda: _csr([[0, 0, 2], [3, 0, 0]], data=np.array(["a", "b"], object)),
+     r"data is a 1-D object array, expected a 1-D numeric array"),
+    ("tx", lambda: _csr([[0, 0, 2], [3, 0, 0]], _shape=(2, -3)), r"shape \(2, -3\)"),
+    ("x", lambda: np.eye(2), r"ind\.cora\.x holds a ndarray of shape None"),
+    ("x", lambda: _csr([[1, 0, 0], [0, 1, 0]], indices=[0, 1]), "indices is list"),
+    ("ally", lambda: np.arange(4), r"ind\.cora\.ally holds a 1-D int64 array, expected a 2-D"),
+    ("ty", lambda: np.array([[None, 1]]), "object array"),
+    ("ty", lambda: np.eye(3, dtype=np.int32), r"ty has 3 rows and ally 4"),
+    ("ally", lambda: np.eye(4, 3, dtype=np.int32), r"shapes .* do not fit together"),
+    ("tx", lambda: _csr(np.eye(2, 4)), r"shapes .* do not fit together"),
+    ("graph", lambda: [[1], [0]], r"ind\.cora\.graph holds a list that does not map"),
+    ("graph", lambda: {0: [1.5]}, "does not map node ids"),
+    ("graph", lambda: {0: [1 << 40]}, r"names a node outside \[0, 6\)"),
+]
+
+
+@pytest.mark.parametrize("part, bad, message", _BAD_PARTS)
+def test_tampered_planetoid_parts_are_refused(tmp_path, part, bad, message):
+    parts = _planetoid_parts()
+    parts[part] = bad()
+    _write_planetoid(tmp_path, parts)
+    with pytest.raises(ValueError, match=message) as e:
+        D.planetoid("cora", root=tmp_path)
+    assert "planetoid('cora')" in str(e.value)
+
+
+@pytest.mark.parametrize("test_index, message", [
+    ("", "lists 0 nodes"), ("5\n5\n", "2 distinct nodes"), ("3\n4\n", "from 3 to 4"),
+    ("5\n1000000000000\n", r"2 distinct nodes in \[4, 8\)")])
+def test_bad_test_index_is_refused(tmp_path, test_index, message):
+    _write_planetoid(tmp_path, _planetoid_parts(), test_index)
+    with pytest.raises(ValueError, match=message):
+        D.planetoid("cora", root=tmp_path)

@@ -402,3 +402,78 @@ def test_smtx_bad_arguments(tmp_path):
         read_smtx(p, values=lambda n, g: torch.ones(2))
     with pytest.raises(FileNotFoundError, match="no file at"):
         read_smtx(tmp_path / "none.smtx")
+
+
+# -- integers beyond int64, sizes the file cannot back, and the memory limit -----------------
+@pytest.mark.parametrize("value", ["99999999999999999999", "-9223372036854775809"])
+def test_integers_beyond_int64_raise(tmp_path, value):
+    p = _write(tmp_path, f"{BANNER} integer general\n2 2 2\n1 1 7\n2 2 {value}\n")
+    with pytest.raises(ValueError, match=rf"a\.mtx.*line 4: the integer {value} does not fit "
+                                         r"in int64.*'real'"):
+        read_mtx(p)
+    edge = _write(tmp_path, f"{BANNER} integer general\n1 2 2\n1 1 9223372036854775807\n"
+                            "1 2 -9223372036854775808\n", "edge.mtx")
+    assert read_mtx(edge).to_dense().tolist() == [[2**63 - 1, -2**63]]
+    big = _write(tmp_path, f"{BANNER} real general\n99999999999999999999 1 0\n", "big.mtx")
+    with pytest.raises(ValueError, match="below 2\\*\\*63"):
+        read_mtx(big)
+
+
+def _peak_numpy_bytes(fn, raises=None):
+    """Peak bytes traced while ``fn`` runs (numpy reports its buffers to tracemalloc);
+    with ``raises`` (a regex), ``fn`` must raise a ValueError matching it."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        if raises is None:
+            fn()
+        else:
+            with pytest.raises(ValueError, match=raises):
+                fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_tiny_file_claiming_huge_sizes_allocates_little(tmp_path):
+    p = _write(tmp_path, f"{BANNER} real general\n1000000000 1000000000 1\n5 7 2.5\n")
+    assert p.stat().st_size < 80
+    peak = _peak_numpy_bytes(lambda: read_mtx(p), raises=r"would need about 7\.45 GiB.*"
+                             r"max_bytes=None.*format='coo'")
+    assert peak < 1 << 20
+    got = {}
+    peak = _peak_numpy_bytes(lambda: got.setdefault("t", read_mtx(p, format="coo")))
+    assert peak < 1 << 20
+    t = got["t"]
+    assert t.shape == (10**9, 10**9) and t.nnz == 1 and t.values.tolist() == [2.5]
+    assert t.arrays["crd0"].tolist() == [4] and t.arrays["crd1"].tolist() == [6]
+    # a size line promising more entries than the body holds: the parser says so
+    short = _write(tmp_path, f"{BANNER} real general\n9 9 1000000000000\n1 1 1\n", "s.mtx")
+    assert _peak_numpy_bytes(lambda: read_mtx(short), raises="promises 1000000000000") < 1 << 20
+    arr = _write(tmp_path, "%%MatrixMarket matrix array real general\n100000 100000\n1\n",
+                 "arr.mtx")
+    assert _peak_numpy_bytes(lambda: read_mtx(arr), raises="promises 10000000000") < 1 << 20
+
+
+def test_max_bytes_bounds_text_and_result(tmp_path):
+    p = _write(tmp_path, f"{BANNER} real general\n300 300 2\n1 1 1\n300 300 2\n")
+    with pytest.raises(ValueError, match=r"a\.mtx.*is .* more than max_bytes=10 .*max_bytes="
+                                         "None"):
+        read_mtx(p, max_bytes=10)
+    with pytest.raises(ValueError, match="would need about"):
+        read_mtx(p, max_bytes=100, format="dense")     # 300 x 300 float64 values
+    assert read_mtx(p, max_bytes=None, format="dense").to_dense()[299, 299] == 2
+    assert read_mtx(p, max_bytes=4000).nnz == 2
+
+
+def test_gzip_is_streamed_and_a_bomb_is_refused(tmp_path):
+    body = b"%%MatrixMarket matrix coordinate real general\n1 1 0\n" + b" " * (16 << 20)
+    bomb = tmp_path / "bomb.mtx.gz"
+    bomb.write_bytes(gzip.compress(body, 9))
+    assert bomb.stat().st_size < 1 << 20
+    # refused after ~2 MiB of text, not after inflating all 16
+    peak = _peak_numpy_bytes(lambda: read_mtx(bomb, max_bytes=2 << 20),
+                             raises=r"bomb\.mtx\.gz' decompresses to over \d+ MiB, more "
+                             r"than max_bytes=2097152 \(2 MiB\)")
+    assert peak < 8 << 20
+    assert read_mtx(bomb).shape == (1, 1)

@@ -3,6 +3,9 @@ gradients (CSR and BSR, float32 and float64, 1-D to 3-D and sparse inputs, densi
 1), gradcheck, state_dict round trips across patterns, from_dense, set_pattern, bad input."""
 from __future__ import annotations
 
+import copy
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +14,7 @@ import sparsetorch as st
 from dense_check import private_kernel_cache  # noqa: F401
 
 SparseLinear = st.nn.SparseLinear
+linear_module = importlib.import_module("sparsetorch.nn.linear")
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
 
 
@@ -83,7 +87,9 @@ def test_init_scale_follows_stored_fan_in():
 
 
 @pytest.mark.parametrize("blocksize", [None, 2])
-def test_sparse_input(blocksize):
+@pytest.mark.parametrize("densify_above", [0.0, 1.0])   # densified first / multiplied sparse
+def test_sparse_input(blocksize, densify_above, monkeypatch):
+    monkeypatch.setattr(linear_module, "DENSIFY_INPUT_ABOVE", densify_above)
     layer = SparseLinear(8, 6, density=0.5, blocksize=blocksize, generator=gen())
     xd = torch.randn(4, 8, generator=gen(1)) * (torch.rand(4, 8, generator=gen(2)) < 0.3)
     x = st.tensor(xd, "csr")
@@ -123,6 +129,12 @@ def test_state_dict_round_trip_across_patterns():
     assert torch.equal(b.mask(), a.mask())
     x = torch.randn(3, 8)
     torch.testing.assert_close(b(x), a(x))
+    # a deep copy owns its weights (the kept weight wrapper is not shared)
+    c = copy.deepcopy(a)
+    with torch.no_grad():
+        c.values.mul_(2)
+    torch.testing.assert_close(a(x), b(x))
+    torch.testing.assert_close(c(x) - c.bias, 2 * (a(x) - a.bias))
     # loading a bad pattern fails with a message naming the module
     bad = dict(state)
     bad["crd1"] = bad["crd1"] + 100
@@ -153,6 +165,8 @@ def test_optimizer_steps_and_dtype_and_compile():
     torch.testing.assert_close(compiled(xd), double(xd))
     compiled(xd).sum().backward()
     assert double.values.grad is not None
+    xs = st.tensor(x.double() * (x > 1), "csr")   # a sparse input: densified when traced
+    torch.testing.assert_close(compiled(xs), double(xs))
 
 
 def test_from_dense_magnitude_and_random():

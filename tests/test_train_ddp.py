@@ -1,6 +1,8 @@
 """st.train under DistributedDataParallel: 2 processes (gloo, 127.0.0.1), different data and
 different seeds per rank; after several mask updates every rank holds the same masks and
-weights (dense gradients averaged before scoring, rank 0's seed for every random draw)."""
+weights (dense gradients averaged before scoring, rank 0's seed for every random draw), in
+masked mode and truly sparse (SparseLinear, whose dense gradient is built from each rank's
+activations and all-reduced block by block)."""
 import os
 import socket
 
@@ -25,11 +27,17 @@ def _worker(rank, world, port, algo, out_dir):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 5))
+        if algo == "RigL-sparse":   # truly sparse: the streamed dense gradient is all-reduced
+            algo = "RigL"
+            model = nn.Sequential(st.nn.SparseLinear(12, 32, density=0.25), nn.ReLU(),
+                                  st.nn.SparseLinear(32, 5, density=0.25))
+        else:
+            model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 5))
         ddp = nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
         trainer = getattr(st.train, algo)(ddp, opt, density=0.25, delta_t=2, alpha=0.5,
-                                          total_steps=12, seed=rank)   # rank 0's seed wins
+                                          total_steps=12, seed=rank,   # rank 0's seed wins
+                                          distribution="uniform")     # the layers' counts
         g = torch.Generator().manual_seed(100 + rank)                  # each rank its data
         for _ in range(12):
             x, y = torch.randn(16, 12, generator=g), torch.randint(0, 5, (16,), generator=g)
@@ -42,7 +50,7 @@ def _worker(rank, world, port, algo, out_dir):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("algo", ["RigL", "SET"])
+@pytest.mark.parametrize("algo", ["RigL", "SET", "RigL-sparse"])
 def test_two_ranks_hold_identical_masks_and_weights(algo, tmp_path):
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
@@ -58,3 +66,20 @@ def test_two_ranks_hold_identical_masks_and_weights(algo, tmp_path):
     for n in r0["weights"]:
         assert torch.equal(r0["weights"][n], r1["weights"][n]), n
     assert sum(d for d, _ in r0["changed"].values()) > 0   # the last update changed masks
+
+
+def test_ddp_refuses_a_sparse_layer_whose_entry_count_would_change():
+    """Resampling a SparseLinear to another entry count makes a new values Parameter that
+    DDP's gradient hooks never see (ranks would hang or error): refused, with the fix."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = nn.Sequential(st.nn.SparseLinear(12, 32, density=0.5), nn.ReLU(),
+                              st.nn.SparseLinear(32, 5, density=0.5))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match="before wrapping the model"):
+            st.train.RigL(ddp, opt, density=0.1, total_steps=10)
+        st.train.RigL(ddp, opt, density=0.5, distribution="uniform", total_steps=10)  # fits
+    finally:
+        dist.destroy_process_group()

@@ -131,3 +131,58 @@ def test_snfs_and_blocked_layers_are_refused_in_sparse_mode():
     blocked = st.nn.SparseLinear(8, 8, density=0.5, blocksize=2)
     with pytest.raises(ValueError, match="blocksize"):
         st.train.RigL(blocked, torch.optim.SGD(blocked.parameters(), lr=0.1), total_steps=10)
+
+
+def test_sparse_conv2d_follows_masked_conv_including_a_blocked_start():
+    """SparseConv2d (1x1; stride 2 in the second layer) against masked nn.Conv2d; the first
+    layer starts from a pattern of whole 4-channel blocks, which SparseConv2d stores as BSR,
+    so the first update also moves values and Adam state from block order to CSR order."""
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Conv2d(8, 8, 1), nn.ReLU(), nn.Conv2d(8, 4, 1, stride=2)).double()
+    opt_d = torch.optim.Adam(dense.parameters(), lr=1e-2)
+    kw = dict(density=0.5, distribution="uniform", delta_t=2, alpha=0.4, total_steps=12,
+              seed=2, dense=[])
+    tr_d = st.train.RigL(dense, opt_d, **kw)
+    blocky = torch.zeros(8, 8, dtype=torch.bool)
+    blocky[:4, ::2] = blocky[4:, 1::2] = True            # 32 entries in (4, 1) blocks
+    state = tr_d.state_dict()
+    state["active"]["0.weight"] = blocky.flatten().nonzero().squeeze(1)
+    tr_d.load_state_dict(state)
+    layers = []
+    for i, stride in ((0, 1), (2, 2)):
+        conv, mask = dense[i], tr_d.masks[f"{i}.weight"].view(conv_shape(dense[i]))
+        sc = st.nn.SparseConv2d(conv.in_channels, conv.out_channels, mask=mask, stride=stride,
+                                dtype=torch.float64)
+        sc.set_pattern(mask, conv.weight.detach().view(mask.shape))
+        with torch.no_grad():
+            sc.bias.copy_(conv.bias)
+        layers.append(sc)
+    assert layers[0].blocksize is not None                 # stored in blocks
+    sparse = nn.Sequential(layers[0], nn.ReLU(), layers[1])
+    opt_s = torch.optim.Adam(sparse.parameters(), lr=1e-2)
+    tr_s = st.train.RigL(sparse, opt_s, **kw)
+    g = torch.Generator().manual_seed(5)
+    for step in range(12):
+        x = torch.randn(3, 8, 5, 5, generator=g, dtype=torch.float64)
+        y = torch.randint(0, 4, (3,), generator=g)
+        for model, opt, tr in ((dense, opt_d, tr_d), (sparse, opt_s, tr_s)):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x).mean((2, 3)), y).backward()
+            tr.step()
+        for i in (0, 2):
+            m = tr_d.masks[f"{i}.weight"].view(conv_shape(dense[i]))
+            assert torch.equal(tr_s.masks[f"{i}.values"], m), (step, i)
+            torch.testing.assert_close(sparse[i].weight.to_dense(),
+                                       dense[i].weight.view(m.shape), rtol=1e-10, atol=1e-12)
+            stored = sparse[i].weight.detach()
+            for key in ("exp_avg", "exp_avg_sq"):
+                # the state in storage order is the dense state read at the stored entries
+                t_dense = opt_d.state[dense[i].weight][key].view(m.shape)
+                torch.testing.assert_close(
+                    stored.with_values(opt_s.state[sparse[i].values][key]).to_dense(),
+                    t_dense * m, rtol=1e-10, atol=1e-12)
+    assert sparse[0].blocksize is None                     # the updates broke the blocks
+
+
+def conv_shape(conv):
+    return (conv.out_channels, conv.in_channels)

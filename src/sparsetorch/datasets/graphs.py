@@ -9,7 +9,7 @@ import torch
 
 from ._graph import Graph, csr_features, symmetric_adjacency
 from ._paths import dataset_dir, need_file
-from ._pickle import load_npz
+from ._pickle import load_npz, numeric_array, sparse_matrix
 from .planetoid import PLANETOID_NAMES, planetoid
 
 NPZ_NAMES = ("amazon_cs", "amazon_photo", "coauthor_cs")
@@ -41,16 +41,24 @@ def graph(name: str, root=None) -> Graph:
     where = f"graph({key!r})"
     path = need_file(dataset_dir("graphs", root) / f"{key}.npz", where)
     arrays = load_npz(path, ("adj_matrix", "node_attr", "node_label"))
-    adj = arrays["adj_matrix"].item().tocoo()
-    labels = np.asarray(arrays["node_label"], np.int64)
+    adj = sparse_matrix(_object(arrays["adj_matrix"]), f"{where}: {path} adj_matrix").tocoo()
+    labels = numeric_array(arrays["node_label"], f"{where}: {path} node_label",
+                           1).astype(np.int64)
     n = adj.shape[0]
     if adj.shape != (n, n) or len(labels) != n:
         raise ValueError(f"{where}: {path} has a {adj.shape} adjacency and {len(labels)} "
                          "labels; expected a square adjacency with one label per node")
-    features = csr_features(arrays["node_attr"].item(), where)
+    features = csr_features(sparse_matrix(_object(arrays["node_attr"]),
+                                          f"{where}: {path} node_attr"), where)
     return Graph(name=key, adj=symmetric_adjacency(adj.row, adj.col, n, where),
                  features=features, labels=torch.from_numpy(labels.copy()),
                  num_classes=int(labels.max()) + 1, num_features=int(features.shape[1]))
+
+
+def _object(a):
+    """The one object a 0-d object array from ``load_npz`` holds (anything else as is, for
+    the checks to name)."""
+    return a.item() if isinstance(a, np.ndarray) and a.dtype.hasobject and a.size == 1 else a
 
 
 def amazon(name: str = "computers", root=None) -> Graph:

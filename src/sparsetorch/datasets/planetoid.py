@@ -13,7 +13,7 @@ import torch
 
 from ._graph import Graph, csr_features, symmetric_adjacency
 from ._paths import dataset_dir, need_file
-from ._pickle import load_pickle
+from ._pickle import CORRUPT_HINT, load_pickle, numeric_array, sparse_matrix
 
 PLANETOID_NAMES = ("cora", "citeseer", "pubmed")
 
@@ -41,19 +41,36 @@ def planetoid(name: str, root=None) -> Graph:
     folder = dataset_dir("planetoid", root)
     where = f"planetoid({key!r})"
 
-    def part(k):
-        return load_pickle(need_file(folder / f"ind.{key}.{k}", where))
+    def part(k, check):
+        path = need_file(folder / f"ind.{key}.{k}", where)
+        return check(load_pickle(path), f"{where}: {path}")
 
-    y, ty, ally, graph, x, tx = (part(k) for k in ("y", "ty", "ally", "graph", "x", "tx"))
+    def labels_of(obj, what):
+        return numeric_array(obj, what, 2)
+
+    y, ty, ally = (part(k, labels_of) for k in ("y", "ty", "ally"))
+    x, tx = (part(k, sparse_matrix) for k in ("x", "tx"))
+    graph = part("graph", _adjacency_lists)
     allx_path = folder / f"ind.{key}.allx"
-    allx = part("allx") if key != "pubmed" or allx_path.is_file() else None
+    allx = part("allx", sparse_matrix) if key != "pubmed" or allx_path.is_file() else None
     test_path = need_file(folder / f"ind.{key}.test.index", where)
     test_idx = np.fromstring(test_path.read_bytes(), dtype=np.int64, sep=" ")
     start = len(ally)
-    if test_idx.size != len(ty) or test_idx.min() < start:
-        raise ValueError(f"{where}: {test_path} lists {test_idx.size} nodes from "
-                         f"{test_idx.min()}, but ty has {len(ty)} rows and ally {start}; the "
-                         "files do not belong together")
+    classes, width = ally.shape[1], x.shape[1]
+    if (not test_idx.size or test_idx.size != len(ty) or test_idx.min() < start
+            or test_idx.max() >= start + 2 * len(ty) or len(np.unique(test_idx)) != len(ty)):
+        span = f"from {test_idx.min()} to {test_idx.max()}" if test_idx.size else ""
+        raise ValueError(f"{where}: {test_path} lists {test_idx.size} nodes {span}, but ty "
+                         f"has {len(ty)} rows and ally {start}; expected {len(ty)} distinct "
+                         f"nodes in [{start}, {start + 2 * len(ty)}) (test nodes follow the "
+                         "labelled ones); the files do not belong together")
+    shapes = {"y": y.shape, "ty": ty.shape, "ally": ally.shape, "x": x.shape, "tx": tx.shape,
+              **({"allx": allx.shape} if allx is not None else {})}
+    if (y.shape[1] != classes or ty.shape[1] != classes or len(y) > start
+            or tx.shape != (len(ty), width) or allx is not None and allx.shape != (start, width)):
+        raise ValueError(f"{where}: the parts' shapes {shapes} do not fit together (one "
+                         f"label column per class, tx one row per ty row, allx one per ally "
+                         f"row); {CORRUPT_HINT}")
     n = int(test_idx.max()) + 1
 
     onehot = np.zeros((n, ally.shape[1]), np.int64)
@@ -83,3 +100,13 @@ def planetoid(name: str, root=None) -> Graph:
                  num_classes=int(ally.shape[1]), num_features=int(x.shape[1]),
                  train_idx=torch.arange(n_train), val_idx=torch.arange(n_train, n_train + 500),
                  test_idx=torch.from_numpy(np.sort(test_idx)))
+
+
+def _adjacency_lists(obj, what: str) -> dict:
+    """``obj`` if it maps node ids (ints) to lists of node ids, as ``ind.*.graph`` does."""
+    if not isinstance(obj, dict) or not all(
+            type(k) is int and isinstance(v, (list, tuple)) and all(type(u) is int for u in v)
+            for k, v in obj.items()):
+        raise ValueError(f"{what} holds a {type(obj).__name__} that does not map node ids "
+                         f"(ints) to lists of node ids; {CORRUPT_HINT}")
+    return obj

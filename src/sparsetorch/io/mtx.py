@@ -21,6 +21,8 @@ import torch
 
 from ..formats import SparseTensor
 from ..formats import tensor as _tensor
+from ..formats.format import as_format
+from ..formats.levels import Compressed, Dense
 from ..formats.pack import choose_index_dtype
 from ..formats.validate import VALUE_DTYPES
 
@@ -29,6 +31,9 @@ _FIELDS = ("real", "integer", "pattern")
 _SYMMETRIES = ("general", "symmetric", "skew-symmetric")
 _DEFAULT_DTYPE = {"real": torch.float64, "integer": torch.int64, "pattern": torch.float32}
 _CHUNK = 1 << 16
+_GZIP_STEP = 1 << 20
+_INT64 = np.iinfo(np.int64)
+MAX_BYTES = 4 << 30   # read_mtx's default memory limit (max_bytes)
 
 
 class MtxHeader(NamedTuple):
@@ -43,25 +48,48 @@ class MtxHeader(NamedTuple):
 
 
 # -- reading ---------------------------------------------------------------------------------
-def read_bytes(path, who: str) -> bytes:
-    """The file's bytes, gunzipped when it starts with the gzip magic (any extension)."""
+def read_bytes(path, who: str, max_bytes=None) -> bytes:
+    """The file's bytes, gunzipped when it starts with the gzip magic (any extension).
+
+    gzip is decompressed in 1 MiB steps, so a file that inflates past ``max_bytes`` (a
+    "zip bomb") is refused once that much has been read, not after inflating it whole."""
     path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        f = open(path, "rb")
     except FileNotFoundError:
         raise FileNotFoundError(f"{who}: no file at {path!r}; check the path (relative paths "
                                 f"start from {os.getcwd()!r})") from None
     except IsADirectoryError:
         raise IsADirectoryError(f"{who}: {path!r} is a folder; pass the path of a file "
                                 "inside it") from None
-    if data[:2] == _GZIP_MAGIC:
+    with f:
+        gz = f.read(2) == _GZIP_MAGIC
+        f.seek(0)
+        if not gz:
+            _check_size(os.fstat(f.fileno()).st_size, max_bytes, who, path, "is")
+            return f.read()
+        chunks, total = [], 0
         try:
-            data = gzip.decompress(data)
+            with gzip.GzipFile(fileobj=f, mode="rb") as z:
+                while chunk := z.read(_GZIP_STEP):
+                    total += len(chunk)
+                    _check_size(total, max_bytes, who, path, "decompresses to over")
+                    chunks.append(chunk)
         except (OSError, EOFError, zlib.error) as e:
             raise ValueError(f"{who}: {path!r} looks gzipped but cannot be decompressed "
                              f"({e}); the file is truncated or corrupt, fetch it again") from None
-    return data
+    return b"".join(chunks)
+
+
+def _check_size(nbytes: int, max_bytes, who: str, path: str, verb: str) -> None:
+    if max_bytes is not None and nbytes > max_bytes:
+        raise ValueError(f"{who}: {path!r} {verb} {_gib(nbytes)}, more than max_bytes="
+                         f"{max_bytes} ({_gib(max_bytes)}); if you trust the file and have the "
+                         "memory, pass a larger max_bytes (or max_bytes=None for no limit)")
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.3g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.3g} MiB"
 
 
 def read_mtx_header(path) -> MtxHeader:
@@ -77,11 +105,13 @@ def read_mtx_header(path) -> MtxHeader:
         >>> h.layout, h.field, h.symmetry, h.shape, h.entries
         ('coordinate', 'real', 'general', (3, 3), 3)
     """
-    header, _, _ = _parse_header(read_bytes(path, "read_mtx_header"), os.fspath(path))
+    header, _, _ = _parse_header(read_bytes(path, "read_mtx_header", MAX_BYTES),
+                                 os.fspath(path))
     return header
 
 
-def read_mtx(path, format="csr", dtype=None, index_dtype=None) -> SparseTensor:
+def read_mtx(path, format="csr", dtype=None, index_dtype=None,
+             max_bytes=MAX_BYTES) -> SparseTensor:
     """Read a Matrix Market file (``.mtx`` or gzipped ``.mtx.gz``) into a ``SparseTensor``.
 
     Supported: ``coordinate`` files with field ``real``, ``integer`` or ``pattern`` (every
@@ -95,6 +125,12 @@ def read_mtx(path, format="csr", dtype=None, index_dtype=None) -> SparseTensor:
     integer files, ``float32`` for pattern files. ``format`` and ``index_dtype`` are as in
     ``st.tensor``.
 
+    ``max_bytes`` (default 4 GiB; ``None``: no limit) bounds the memory reading may take: the
+    file's (decompressed) text and the result its size line asks for, estimated before
+    anything is allocated, so a small or tampered file cannot make it allocate gigabytes.
+    Sizes are trusted only as far as the file holds entries to back them. Integers beyond
+    int64 raise ``ValueError``.
+
     Example:
         >>> import os, tempfile, torch, sparsetorch as st
         >>> path = os.path.join(tempfile.mkdtemp(), "a.mtx")
@@ -106,7 +142,7 @@ def read_mtx(path, format="csr", dtype=None, index_dtype=None) -> SparseTensor:
                 [-1.5000,  0.0000]])
     """
     spath = os.fspath(path)
-    data = read_bytes(path, "read_mtx")
+    data = read_bytes(path, "read_mtx", max_bytes)
     header, body, first_line = _parse_header(data, spath)
     if header.field == "complex" or header.symmetry == "hermitian":
         raise TypeError(f"read_mtx: {spath!r} holds a {header.field} {header.symmetry} matrix; "
@@ -114,6 +150,7 @@ def read_mtx(path, format="csr", dtype=None, index_dtype=None) -> SparseTensor:
                         "scipy.io.mmread and pass the part you need, e.g. "
                         "st.tensor(scipy.io.mmread(path).tocsr().real)")
     target = _check_dtype(dtype, header, spath)
+    _check_memory(header, len(body), format, target, max_bytes)
     if header.layout == "array":
         return _read_array(header, body, first_line, target, format, index_dtype)
     rows, cols, vals = _read_coordinate(header, body, first_line, spath)
@@ -129,7 +166,8 @@ def _sorted_csr(rows, cols, vals, shape, index_dtype):
     """CSR straight from entries already in row-major order without duplicates (what
     ``write_mtx`` writes), skipping the sort; ``None`` when they are not."""
     m, n = shape
-    if len(rows) == 0 or m * n >= 2**62:
+    # (a row pointer far longer than the entries is left to formats that need one)
+    if len(rows) == 0 or m * n >= 2**62 or m > 2 * len(rows) + _CHUNK:
         return None
     key = rows * n + cols
     if not bool((key[1:] > key[:-1]).all()):
@@ -140,6 +178,51 @@ def _sorted_csr(rows, cols, vals, shape, index_dtype):
     crd = torch.from_numpy(np.ascontiguousarray(cols)).to(idx)
     return SparseTensor.from_levels(shape, "csr", {"pos1": torch.from_numpy(pos).to(idx),
                                                    "crd1": crd}, vals.contiguous())
+
+
+def _check_memory(header: MtxHeader, body_bytes: int, format, target, max_bytes) -> None:
+    """Refuse, before allocating, a result whose estimated memory exceeds ``max_bytes``.
+
+    The entry count is the size line's, capped by what the body can hold (each number takes
+    at least two bytes with its separator), so a truncated file reaches the parser, which
+    says so, rather than this limit."""
+    if max_bytes is None:
+        return
+    per_value = 1 if header.layout == "array" else 2 if header.field == "pattern" else 3
+    present = min(header.entries, body_bytes // (2 * per_value))
+    nnz = present * (1 if header.symmetry == "general" or header.layout == "array" else 2)
+    parsed = nnz * (per_value + 2) * 8            # parsed table, then index and value copies
+    need = parsed + _stored_bytes(format, header.shape, nnz, target.itemsize)
+    if need > max_bytes:
+        m, n = header.shape
+        raise ValueError(f"read_mtx: {header.path!r} ({m}x{n}, {nnz} entries, as {format!r}) "
+                         f"would need about {_gib(need)}, more than max_bytes={max_bytes} "
+                         f"({_gib(max_bytes)}); if you trust the file and have the memory, "
+                         "pass a larger max_bytes (or max_bytes=None for no limit); for a "
+                         "matrix with far more rows than entries, format='coo' needs no "
+                         "row pointer")
+
+
+def _stored_bytes(format, shape, nnz: int, value_bytes: int) -> int:
+    """Bytes of a ``format`` tensor of ``shape`` with ``nnz`` entries (int64 indices): dense
+    levels multiply the positions, compressed ones add a pointer array (positions + 1)
+    and a coordinate per stored position. 0 for a format this cannot resolve (the
+    constructor then names the problem)."""
+    try:
+        fmt = as_format(format, len(shape))
+        dims = fmt.storage_dims(shape)
+    except (TypeError, ValueError):
+        return 0
+    count, total = 1, 0
+    for level, size in zip(fmt.levels, dims):
+        if isinstance(level, Dense):
+            count *= size
+            continue
+        if isinstance(level, Compressed):
+            total += (count + 1) * 8
+        count = min(count * size, nnz)
+        total += count * 8
+    return total + count * value_bytes
 
 
 def _parse_header(data: bytes, path: str):
@@ -187,10 +270,11 @@ def _parse_header(data: bytes, path: str):
         numbers = [int(w) for w in size.split()] if size is not None else []
     except ValueError:
         numbers = []
-    if len(numbers) != want or min(numbers) < 0:
+    if len(numbers) != want or min(numbers) < 0 or max(numbers) > _INT64.max:
         found = "nothing" if size is None else repr(size[:60])
         raise ValueError(f"read_mtx: {path!r} line {line_no}: expected the size line "
-                         f"'{shape_words}' ({want} non-negative integers), found {found}")
+                         f"'{shape_words}' ({want} non-negative integers below 2**63), found "
+                         f"{found}")
     shape = (numbers[0], numbers[1])
     if symmetry != "general" and shape[0] != shape[1]:
         raise ValueError(f"read_mtx: {path!r} is {symmetry} but not square ({shape[0]}x"
@@ -226,11 +310,32 @@ def _numbers(body: bytes, np_dtype, per_line: int, count: int, path: str, first_
                     out = np.fromstring(body, dtype=np.float64, sep=" ")
                 except ValueError:
                     pass
+    if out is not None and out.dtype == np.int64:
+        _check_int64_range(out, body, path, first_line)
     if out is not None and out.size == per_line * count:
         return out.reshape(count, per_line)
     if lenient and out is not None and out.size == (per_line + 1) * count:
         return out.reshape(count, per_line + 1)
     raise _locate_problem(body, np_dtype, per_line, count, path, first_line, lenient)
+
+
+def _check_int64_range(out: np.ndarray, body: bytes, path: str, first_line: int) -> None:
+    """numpy's text parser saturates integers beyond int64 to its limits: where a limit
+    shows up, read those words exactly and refuse the first that does not fit."""
+    if not ((out == _INT64.max) | (out == _INT64.min)).any():
+        return
+    for k, line in enumerate(body.split(b"\n")):
+        for word in line.split():
+            try:
+                value = int(word)
+            except ValueError:
+                continue
+            if not _INT64.min <= value <= _INT64.max:
+                raise ValueError(f"read_mtx: {path!r} line {first_line + k}: the integer "
+                                 f"{word[:40].decode('latin1')} does not fit in int64 (range "
+                                 f"[{_INT64.min}, {_INT64.max}]); sparsetorch stores integers "
+                                 "as int64 at most. Fix the value, or declare the field 'real' "
+                                 "in the banner to read the values as float64")
 
 
 def _locate_problem(body, np_dtype, per_line, count, path, first_line,

@@ -31,6 +31,7 @@ class GCN(nn.Module):
                              cached=cached)
         self.conv2 = GCNConv(hidden, num_classes, normalize=normalize, self_loops=self_loops,
                              cached=cached)
+        self.conv2._cache = self.conv1._cache   # the same matrix: one kept copy, built once
 
     def forward(self, x, adj):
         x = F.dropout(x, self.dropout, self.training)
@@ -40,9 +41,10 @@ class GCN(nn.Module):
 
 
 class GAT(nn.Module):
-    """Two-layer GAT (Velickovic et al. 2018): dropout, ``GATConv`` with ``heads`` heads
-    concatenated, ELU, dropout, ``GATConv`` with ``out_heads`` heads averaged; attention
-    dropout ``dropout`` in both layers; returns logits.
+    """Two-layer GAT (Velickovic et al. 2018; ``num_classes`` is required): dropout,
+    ``GATConv`` with ``heads`` heads concatenated, ELU, dropout, ``GATConv`` with
+    ``out_heads`` heads averaged; attention dropout ``dropout`` in both layers; returns
+    logits.
 
     Example:
         >>> import torch, sparsetorch as st
@@ -51,9 +53,12 @@ class GAT(nn.Module):
         torch.Size([5, 3])
     """
 
-    def __init__(self, in_features: int, hidden: int = 8, num_classes: int = 2, heads: int = 8,
-                 dropout: float = 0.6, out_heads: int = 1):
+    def __init__(self, in_features: int, hidden: int = 8, num_classes: int | None = None,
+                 heads: int = 8, dropout: float = 0.6, out_heads: int = 1):
         super().__init__()
+        if num_classes is None:
+            raise ValueError("GAT: num_classes is required (GAT(in_features, hidden=8, "
+                             "num_classes=C, ...))")
         self.dropout = dropout
         self.conv1 = GATConv(in_features, hidden, heads=heads, dropout=dropout)
         self.conv2 = GATConv(hidden * heads, num_classes, heads=out_heads, concat=False,

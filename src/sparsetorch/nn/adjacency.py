@@ -112,6 +112,14 @@ class AdjacencyCache:
     def clear(self) -> None:
         self._ref = self._key = self._value = None
 
+    # A copy or a pickled layer starts empty: the kept matrix is derived data (and a weak
+    # reference cannot be pickled).
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.clear()
+
 
 def _state(adj) -> tuple:
     parts = [*adj.arrays.values(), adj.values] if isinstance(adj, SparseTensor) else [adj]

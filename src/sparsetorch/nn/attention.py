@@ -13,6 +13,7 @@ same weights is one ``load_state_dict`` away.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -26,6 +27,20 @@ from ..ops.attention import masked_attention
 from .masks import as_mask, block_diagonal
 
 MaskArg = SparseTensor | torch.Tensor | Callable[[int], SparseTensor] | None
+
+
+def _outside_graph(fn):
+    """``torch.compiler.disable(fn)`` (run eagerly, a graph break under ``torch.compile``),
+    applied at the first call: decorating at import would import ``torch._dynamo`` for every
+    user of sparsetorch, seconds on a busy machine."""
+    disabled = []
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not disabled:
+            disabled.append(torch.compiler.disable(fn))
+        return disabled[0](*args, **kwargs)
+    return call
 
 
 class SparseAttention(nn.Module):
@@ -71,6 +86,7 @@ class SparseAttention(nn.Module):
             nn.init.zeros_(self.out_proj.bias)
         self.mask = mask if mask is None or callable(mask) and \
             not isinstance(mask, torch.Tensor) else as_mask(mask)
+        self._built: dict = {}    # a mask function's result for the last length: {L: mask}
         self._folded: dict = {}   # (mask id, copies, dtype) -> (mask, block-diagonal mask)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
@@ -108,6 +124,26 @@ class SparseAttention(nn.Module):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"dropout={self.dropout}, batch_first={self.batch_first}")
 
+    @_outside_graph
+    def mask_for(self, Lq: int, Lk: int | None = None, mask: MaskArg = None) -> SparseTensor:
+        """The CSR mask a call with these lengths uses: ``mask``, else the layer's own
+        (a function of L is called, and its result kept for the next call)."""
+        Lk = Lq if Lk is None else Lk
+        mask = self.mask if mask is None else mask
+        if mask is None:
+            raise ValueError("SparseAttention: no mask; give one at construction or call, e.g. "
+                             "sparsetorch.nn.masks.longformer(L, window=64, global_tokens=1)")
+        if callable(mask) and not isinstance(mask, torch.Tensor):
+            if (mask, Lq) not in self._built:
+                self._built = {(mask, Lq): as_mask(mask(Lq))}
+            mask = self._built[mask, Lq]
+        mask = as_mask(mask)
+        if mask.shape != (Lq, Lk):
+            raise ValueError(f"SparseAttention: the mask is {mask.shape[0]} x {mask.shape[1]} "
+                             f"but the query has length {Lq} and the key {Lk}; build the mask "
+                             f"for these lengths")
+        return mask
+
     # -- helpers ---------------------------------------------------------------------------
     def _checked(self, t, name):
         if not isinstance(t, torch.Tensor) or isinstance(t, SparseTensor) or t.dim() != 3:
@@ -124,27 +160,9 @@ class SparseAttention(nn.Module):
                              f"embed_dim={self.embed_dim}")
         return t if self.batch_first else t.transpose(0, 1)
 
-    def mask_for(self, Lq: int, Lk: int | None = None, mask: MaskArg = None) -> SparseTensor:
-        """The CSR mask a call with these lengths uses: ``mask``, else the layer's own
-        (a function of L is called, and its result kept for the next call)."""
-        Lk = Lq if Lk is None else Lk
-        mask = self.mask if mask is None else mask
-        if mask is None:
-            raise ValueError("SparseAttention: no mask; give one at construction or call, e.g. "
-                             "sparsetorch.nn.masks.longformer(L, window=64, global_tokens=1)")
-        if callable(mask) and not isinstance(mask, torch.Tensor):
-            key = ("built", mask, Lq)
-            if key not in self._folded:
-                self._folded = {k: v for k, v in self._folded.items() if k[0] != "built"}
-                self._folded[key] = as_mask(mask(Lq))
-            mask = self._folded[key]
-        mask = as_mask(mask)
-        if mask.shape != (Lq, Lk):
-            raise ValueError(f"SparseAttention: the mask is {mask.shape[0]} x {mask.shape[1]} "
-                             f"but the query has length {Lq} and the key {Lk}; build the mask "
-                             f"for these lengths")
-        return mask
-
+    # Not traced by torch.compile: the mask is built and cached outside the graph (a graph
+    # break), which then receives it as an input whose format dynamo can read.
+    @_outside_graph
     def _folded_mask(self, mask, copies, dtype):
         """``copies`` copies of ``mask`` on a block diagonal, valued 1/sqrt(head_dim) (the
         score scale rides on the mask's values); kept while the same mask is used."""
@@ -155,6 +173,5 @@ class SparseAttention(nn.Module):
         folded = block_diagonal(mask, copies)
         folded = folded.with_values(torch.full_like(folded.values, 1 / math.sqrt(self.head_dim),
                                                     dtype=dtype))
-        self._folded = {k: v for k, v in self._folded.items() if k[0] == "built"}
-        self._folded[key] = (mask, folded)
+        self._folded = {key: (mask, folded)}
         return folded

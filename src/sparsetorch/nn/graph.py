@@ -18,6 +18,7 @@ from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
 from ..ops import einsum, softmax
 from .adjacency import AdjacencyCache, coordinates, normalized_adjacency
+from .masks import block_diagonal
 
 
 def _check_x(x, in_features: int, what: str) -> None:
@@ -141,8 +142,9 @@ class GATConv(nn.Module):
 
     The scores are an SDDMM of the additive kind: for every stored entry of the adjacency
     pattern, the target's and the source's terms gathered and added (all heads at once).
-    The softmax is the compiler's row softmax over each CSR row's stored entries
-    (``st.ops.softmax``), the aggregation an SpMM per head; nothing is n x n dense.
+    The heads' patterns are the blocks of one block-diagonal CSR matrix, so the softmax
+    (the compiler's row softmax over stored entries, ``st.ops.softmax``) and the
+    aggregation (SpMM) are one kernel call each for all heads; nothing is n x n dense.
     ``add_self_loops`` replaces existing self loops by one per node, as PyG does; duplicate
     edges count once. Weights as PyG's: ``lin.weight`` ``(heads * out, in)``, ``att_src``
     and ``att_dst`` ``(1, heads, out)``, ``bias``.
@@ -173,8 +175,10 @@ class GATConv(nn.Module):
         self._cache = AdjacencyCache()
 
     def pattern(self, adj, x):
-        """``(P, targets, sources)``: the attention pattern (CSR, values 1) and the row and
-        column of each stored entry (int64), kept like GCNConv's adjacency."""
+        """``(P, targets, sources)``: the attention pattern of all heads as one block-diagonal
+        CSR SparseTensor of shape ``(heads * n, heads * n)`` (head ``k``'s copy of the graph's
+        pattern, with self loops as configured, in block ``k``; values 1), and the target
+        and source node of each entry of one copy (int64); kept like GCNConv's adjacency."""
         n = x.shape[0]
 
         def build():
@@ -183,12 +187,14 @@ class GATConv(nn.Module):
                 keep = rows != cols
                 loops = torch.arange(n, device=rows.device)
                 rows, cols = torch.cat([rows[keep], loops]), torch.cat([cols[keep], loops])
-            P = st_tensor((torch.stack([rows, cols]), torch.ones(rows.numel(), dtype=x.dtype)),
-                          shape=(n, n), format="csr")
-            P = P.with_values(torch.ones(P.nnz, dtype=x.dtype, device=P.device))
-            pos = P.arrays["pos1"].long()
+            one = st_tensor((torch.stack([rows, cols]), torch.ones(rows.numel(), dtype=x.dtype)),
+                            shape=(n, n), format="csr")
+            # every head's attention is a softmax over its own rows and an SpMM with its own
+            # features: as one block-diagonal matrix, one kernel call each for all heads
+            P = block_diagonal(one.with_values(torch.ones_like(one.values)), self.heads)
+            pos, crd = one.arrays["pos1"].long(), one.arrays["crd1"].long()
             targets = torch.repeat_interleave(torch.arange(n, device=pos.device), pos.diff())
-            return P, targets, P.arrays["crd1"].long()
+            return P, targets, crd
 
         return self._cache.get(adj, n, x.dtype, build) if self.cached else build()
 
@@ -200,15 +206,12 @@ class GATConv(nn.Module):
         a_src = (h * self.att_src).sum(-1)
         a_dst = (h * self.att_dst).sum(-1)
         scores = F.leaky_relu(a_dst[targets] + a_src[sources], self.negative_slope)
-        heads = h.transpose(0, 1).contiguous()   # (H, n, C): each head's rows contiguous
-        outs = []
-        for k in range(H):
-            alpha = softmax(P.with_values(scores[:, k].contiguous()), 1)
-            if self.dropout and self.training:
-                alpha = F.dropout(alpha, self.dropout)
-            outs.append(alpha @ heads[k])
-        out = torch.stack(outs, 1)
-        out = out.reshape(n, H * C) if self.concat else out.mean(1)
+        # (heads in the block-diagonal's order: head 0's entries first)
+        alpha = softmax(P.with_values(scores.t().reshape(-1)), 1)
+        if self.dropout and self.training:
+            alpha = F.dropout(alpha, self.dropout)
+        out = (alpha @ h.transpose(0, 1).reshape(H * n, C)).view(H, n, C)
+        out = out.transpose(0, 1).reshape(n, H * C) if self.concat else out.mean(0)
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:

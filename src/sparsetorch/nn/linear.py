@@ -23,6 +23,13 @@ from . import _pattern
 
 _is_compiling = torch.compiler.is_compiling
 
+# A sparse input holding more than this fraction of entries is multiplied dense: a row
+# times a sparse weight row costs about their merged lengths, so denser rows lose to the
+# dense-input SpMM (256 rows x 2048 by a 10%-dense 512 x 2048 weight, 1 thread: sparse
+# input 0.44x as long as densifying it at 2% density, 2.0x at 5%, 2.9x at 10%; MNIST
+# digits, 19%: 7x; bag-of-words rows at 0.5% of 20000 words: 0.18x).
+DENSIFY_INPUT_ABOVE = 0.03
+
 
 class SparseLinear(nn.Module):
     """A linear layer whose weight is sparse: ``forward(x) = x @ W.T + b``.
@@ -41,13 +48,18 @@ class SparseLinear(nn.Module):
     ``sqrt(10)`` times wider and the output keeps ``nn.Linear``'s scale.
 
     ``x`` may be dense with any leading dimensions, ``(..., in_features)``, or a 1-D/2-D
-    SparseTensor (sparse activations such as bag-of-words rows); the result is dense.
+    SparseTensor (sparse activations such as bag-of-words rows; one holding more than
+    ``DENSIFY_INPUT_ABOVE`` = 3% of its entries is densified first, which is faster from
+    there); the result is dense.
     ``load_state_dict`` accepts a state of another pattern (another entry count) and takes
-    it over. Works with autograd, any optimizer, ``torch.compile``, ``.to(dtype)``.
+    it over. Works with autograd, any optimizer, ``torch.compile`` (CSR weights; a sparse
+    input is densified inside a compiled function, and BSR weights do not compile yet: the
+    blocked kernels' shapes are data-dependent), ``.to(dtype)``.
 
     Example:
         >>> import torch, sparsetorch as st
-        >>> layer = st.nn.SparseLinear(6, 4, density=0.5, generator=torch.Generator().manual_seed(0))
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> layer = st.nn.SparseLinear(6, 4, density=0.5, generator=gen)
         >>> layer.values.shape, layer.weight.format.name
         (torch.Size([12]), 'csr')
         >>> layer(torch.randn(3, 6)).shape
@@ -242,11 +254,15 @@ class SparseLinear(nn.Module):
         if x.dtype != self.values.dtype:
             raise TypeError(f"SparseLinear: input is {x.dtype} but the weights are "
                             f"{self.values.dtype}; cast the input or the layer (.to(dtype))")
-        weight = self.weight
         if isinstance(x, SparseTensor):
             if x.dim() > 2:
                 raise ValueError(f"SparseLinear: a sparse input must be 1-D or 2-D (batch, "
                                  f"in_features), got shape {tuple(x.shape)}")
+            # (traced, always: the sparse x sparse product does not compile yet)
+            if _is_compiling() or x.nnz > DENSIFY_INPUT_ABOVE * math.prod(x.shape):
+                x = x.to_dense()
+        weight = self.weight
+        if isinstance(x, SparseTensor):
             # (dense out_format: a sparse input times a sparse weight would otherwise be
             # assembled sparse, and nearly every output row is full)
             out = einsum("ni,oi->no" if x.dim() == 2 else "i,oi->o", x, weight,

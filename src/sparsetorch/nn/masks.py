@@ -13,6 +13,7 @@ of the entries. ``as_mask`` accepts a user's own mask in any form ``st.tensor`` 
 """
 from __future__ import annotations
 
+import random
 from typing import Sequence
 
 import torch
@@ -115,21 +116,28 @@ def bigbird(L: int, block: int = 64, window_blocks: int = 3, global_blocks: int 
                          f"query's block), got {window_blocks}; use {window_blocks + 1}")
     nb = -(-L // block)
     n_global = min(global_blocks, nb)
-    in_block = torch.arange(block)
-    # Every row of block b lists the same columns (the tokens of its column blocks, in
-    # order), so the CSR columns are each block's list tiled over its rows.
-    lists = []
-    for b in range(nb):   # O(L / block) steps, each O(L / block + its columns)
-        cs = _block_columns(b, nb, window_blocks // 2, n_global, random_blocks, generator)
-        tokens = (cs[:, None] * block + in_block).reshape(-1)
-        lists.append(tokens[tokens < L])
-    length = torch.tensor([len(c) for c in lists]).repeat_interleave(block)[:L]
+    # One Python stream seeded from the generator: Random.sample draws k of n in O(k).
+    rng = random.Random(int(torch.randint(2**62, (1,), generator=generator)))
+    per_block = [_block_columns(b, nb, window_blocks // 2, n_global, random_blocks, rng)
+                 for b in range(nb)]   # O(L / block) lists of column blocks
+    # Every row of block b lists the same columns, the tokens of its column blocks in
+    # order: build those lists, then tile each over its block's rows.
+    col_blocks = torch.tensor([c for cs in per_block for c in cs])
+    widths = (col_blocks * block + block).clamp_max(L) - col_blocks * block
+    list_len = torch.zeros(nb, dtype=torch.long).index_add_(
+        0, torch.arange(nb).repeat_interleave(torch.tensor([len(cs) for cs in per_block])),
+        widths)
+    list_start = _offsets(list_len)
+    tokens = torch.arange(int(list_start[-1])) + (
+        col_blocks * block - _offsets(widths)[:-1]).repeat_interleave(widths)
+    length = list_len.repeat_interleave(block)[:L]
     pos = _offsets(length)
     col = torch.empty(int(pos[-1]), dtype=_index_dtype(pos))
-    for b, cols in enumerate(lists):
-        rows = min(block, L - b * block)
+    for b in range(nb):
+        rows, width = min(block, L - b * block), int(list_len[b])
         start = int(pos[b * block])
-        col[start:start + rows * len(cols)].view(rows, len(cols)).copy_(cols)
+        col[start:start + rows * width].view(rows, width).copy_(
+            tokens[list_start[b]:list_start[b] + width])
     return _csr(L, pos, col, dtype)
 
 
@@ -195,17 +203,17 @@ def block_diagonal(mask: SparseTensor, copies: int) -> SparseTensor:
 
 
 # -- helpers -------------------------------------------------------------------------------
-def _block_columns(b, nb, half, n_global, n_random, generator):
-    """Column blocks of block row ``b``, ascending."""
+def _block_columns(b, nb, half, n_global, n_random, rng):
+    """Column blocks of block row ``b``, ascending, in O(window + globals + randoms)."""
     if b < n_global:
-        return torch.arange(nb)
-    taken = torch.zeros(nb, dtype=torch.bool)
-    taken[max(0, b - half):b + half + 1] = True
-    taken[:n_global] = True
-    if n_random:
-        free = (~taken).nonzero().flatten()
-        taken[free[torch.randperm(len(free), generator=generator)[:n_random]]] = True
-    return taken.nonzero().flatten()
+        return range(nb)
+    fixed = sorted(set(range(n_global)) | set(range(max(0, b - half), min(nb, b + half + 1))))
+    picked = []
+    for r in sorted(rng.sample(range(nb - len(fixed)), min(n_random, nb - len(fixed)))):
+        for f in fixed:      # the r-th block not fixed: step over the fixed ones up to it
+            r += f <= r
+        picked.append(r)
+    return sorted(fixed + picked)
 
 
 def _global_positions(global_tokens, L):

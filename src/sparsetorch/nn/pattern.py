@@ -62,12 +62,23 @@ def prune_mask(weight: torch.Tensor, density=None, sparsity=None, method: str = 
     if weight.dim() != 2:
         raise ValueError(f"prune_mask: weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
     bs = _pattern.blocks(blocksize, weight.shape, "prune_mask")
-    cells = weight.numel() // (1 if bs is None else bs[0] * bs[1])
-    # the exact count as a density: round(keep / cells * cells) == keep in floating point
-    density = kept_count(cells, density, sparsity, "prune_mask") / cells
+    density = exact_density(weight.shape, sparsity, bs, density)
     if method == "random":
         return _pattern.random_mask(tuple(weight.shape), density, bs, generator, "prune_mask")
     return _pattern.top_mask(weight.detach().abs(), density, bs, "prune_mask")
+
+
+def exact_density(shape, sparsity=None, blocksize=None, density=None) -> float:
+    """The density at which ``_pattern``'s selections (``round(density * N)`` kept) keep
+    exactly ``kept_count(N, density, sparsity)`` of the ``N`` entries (or blocks) of a weight
+    of ``shape``: ``round(k / N * N) == k`` in floating point.
+
+    Example:
+        >>> exact_density((4, 10), sparsity=0.9), exact_density((4, 10), 0.9, (2, 1))
+        (0.1, 0.1)
+    """
+    cells = shape[0] * shape[1] // (1 if blocksize is None else blocksize[0] * blocksize[1])
+    return kept_count(cells, density, sparsity, "prune_mask") / cells
 
 
 def choose_blocksize(mask: torch.Tensor):

@@ -34,7 +34,7 @@ from torch import nn
 from .conv import SparseConv2d, _check_pointwise
 from .depthwise import ChannelsFirstDepthwise, is_depthwise
 from .fold import fold_batchnorm
-from .pattern import METHODS, prune_mask
+from .pattern import METHODS, exact_density, prune_mask
 
 from .linear import SparseLinear
 
@@ -69,10 +69,11 @@ def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
             return ChannelsFirstDepthwise.from_dense(conv, act)
         weight = module.weight.detach().flatten(1)
         bs = blocksize if blocksize and weight.shape[0] % blocksize[0] == 0 else None
+        if isinstance(module, nn.Linear):   # the exact count, given as a density
+            return SparseLinear.from_dense(module, exact_density(weight.shape, sparsity, bs),
+                                           method=method, blocksize=bs, generator=generator)
         mask = prune_mask(weight, sparsity=sparsity, method=method, blocksize=bs,
                           generator=generator)
-        if isinstance(module, nn.Linear):
-            return _sparse_linear(module, mask, bs)
         return SparseConv2d._from_mask(conv, mask, act)
 
     return _rebuild(model, fold_bn, skipped, make_sparse)
@@ -121,19 +122,6 @@ def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module
             _replace(out, bn_name, nn.Identity())
         if act is not None:
             _replace(out, act_name, nn.Identity())
-    return out
-
-
-def _sparse_linear(linear: nn.Linear, mask: torch.Tensor, blocksize) -> SparseLinear:
-    """``linear`` with the weights of ``mask`` kept (SparseLinear.from_dense counts kept
-    entries as round(density * N); sparsify's exact count is round(sparsity * N) zeroed)."""
-    w = linear.weight.detach()
-    out = SparseLinear(linear.in_features, linear.out_features, linear.bias is not None,
-                       mask=mask, blocksize=blocksize, dtype=w.dtype, device=w.device)
-    out.set_pattern(mask, w)
-    if linear.bias is not None:
-        with torch.no_grad():
-            out.bias.copy_(linear.bias)
     return out
 
 

@@ -1,6 +1,7 @@
 """``st.ops.masked_attention``: SDDMM -> row softmax -> SpMM in one fused kernel.
 
-The fused path (``compiler/attention.py``) keeps scores as nnz values, never a dense
+The fused path (``compiler/attention.py``; on CUDA tensors the Triton kernel of
+``codegen/triton.py``) keeps scores as nnz values, never a dense
 matrix, and reads each row's entries while they are in cache. With gradients required, or
 off the compiled path (other devices, float16), it evaluates the same thing unfused through
 differentiable ops: ``st.einsum`` SDDMM, ``st.ops.softmax`` over stored entries, SpMM.
@@ -12,7 +13,7 @@ from functools import lru_cache
 import torch
 
 from ..formats.tensor import SparseTensor
-from .execute import backend, kernel_argtypes
+from .execute import backend, kernel_argtypes, uses_triton
 
 
 def row_kernel(kind: str, A: SparseTensor):
@@ -84,13 +85,16 @@ def masked_attention(A, Q, K, V):
     _check(A, Q, K, V)
     # Traced (torch.compile): the unfused ops, which record as custom ops; the fused kernel
     # reads data pointers, which fake tensors do not have.
-    fused = (A.device.type == "cpu" and A.dtype in (torch.float32, torch.float64)
-             and not torch.compiler.is_compiling()
-             and not (torch.is_grad_enabled() and any(t.requires_grad for t in (A, Q, K, V))))
+    fusable = not torch.compiler.is_compiling() and \
+        not (torch.is_grad_enabled() and any(t.requires_grad for t in (A, Q, K, V)))
+    if fusable and uses_triton(A.device) and A.dtype.is_floating_point:
+        from .triton_run import attention
+
+        return attention(_csr(A), Q, K, V)
+    fused = A.device.type == "cpu" and A.dtype in (torch.float32, torch.float64) and fusable
     if not fused or backend() != "c":
         return _unfused(A, Q, K, V)
-    if A.format.name != "csr":
-        A = A.asformat("csr", index_dtype=A.index_dtype)
+    A = _csr(A)
     Q, K, V = Q.contiguous(), K.contiguous(), V.contiguous()
     (n, m), d, e = A.shape, Q.shape[1], V.shape[1]
     scratch = torch.empty(A.nnz, dtype=A.dtype)
@@ -103,6 +107,10 @@ def masked_attention(A, Q, K, V):
        A.values.data_ptr(), Q.data_ptr(), K.data_ptr(), V.data_ptr(), scratch.data_ptr(),
        out.data_ptr())
     return out
+
+
+def _csr(A: SparseTensor) -> SparseTensor:
+    return A if A.format.name == "csr" else A.asformat("csr", index_dtype=A.index_dtype)
 
 
 def _unfused(A, Q, K, V):

@@ -275,6 +275,13 @@ _state: dict = {}     # "def" -> (method def, PyCFunction_NewEx), or "off" -> re
 _lock = threading.Lock()   # one build and one method def, which its functions point into
 
 
+def prefetch() -> None:
+    """Start building the dispatcher in the background while a kernel builds (a cold cache
+    needs both for the first call; building one after the other doubled the wait)."""
+    if not _state:
+        runtime.prefetch(_SOURCE)
+
+
 def dispatcher():
     """``(method def, PyCFunction_NewEx)`` of the built C dispatcher, or None where it
     cannot be had (no C API through ctypes, or no compiler: the Python shims serve)."""

@@ -171,10 +171,11 @@ def _persist(key: str, prepared) -> None:
 def _rebuild(key: str):
     """The kernel behind ``key`` from its recorded recipe, or None (none, or unreadable)."""
     from ..compiler.kernel import compile_kernel
+    from ..runtime.cache import read_private
     from .execute import _Prepared
 
-    try:
-        args, workspace, dtype = pickle.loads(_op_path(key).read_bytes())
+    try:   # (only the user's own private file: unpickling one can run code)
+        args, workspace, dtype = pickle.loads(read_private(_op_path(key)))
         kernel = compile_kernel(*args, workspace or "dense")
     except (OSError, EOFError, ValueError, TypeError, AttributeError, ImportError,
             pickle.UnpicklingError):

@@ -128,7 +128,7 @@ def _einsum_epilogue(equation, operands, out_format, bias, activation):
         raise ValueError(f"{what}: a bias or activation gives a dense result; drop "
                          f"out_format={out_format!r} or apply them after the einsum")
     grads = _is_grad_enabled() and _any_requires_grad((*operands, bias))
-    if grads or _is_compiling() or backend() != "c":
+    if grads or _is_compiling() or backend() == "torch":
         return unfused(einsum(equation, *operands), bias, activation)
     _check_tensors(operands, what)
     if has_sparse_diagonal(parse_einsum(equation, [t.dim() for t in operands]), operands):

@@ -27,7 +27,7 @@ from ..formats.validate import VALUE_DTYPES
 from .balance import ranges_per_thread
 from .relaid import relaid
 from .blocked import BlockedCall, blocked_result_format, split_blocked
-from . import custom_ops
+from . import cshim, custom_ops
 from .custom_ops import is_tracing
 from .shim import make_shim
 
@@ -59,8 +59,10 @@ _BACKEND_KEY = os.environ.encodekey("SPARSETORCH_BACKEND") if _ENV_DATA is not N
 
 
 def backend() -> str:
-    """The active backend: ``"c"`` (generated C/OpenMP, default) or ``"torch"`` (pure-PyTorch
-    fallback, correct but slow), from ``SPARSETORCH_BACKEND``."""
+    """The active backend: ``"c"`` (generated C/OpenMP on the CPU and Triton on CUDA
+    tensors, default), ``"triton"`` (Triton kernels everywhere: CPU tensors through Triton's
+    interpreter, ``TRITON_INTERPRET=1``) or ``"torch"`` (pure-PyTorch fallback, correct but
+    slow), from ``SPARSETORCH_BACKEND``."""
     name = _ENV_DATA.get(_BACKEND_KEY) if _ENV_DATA is not None else \
         os.environ.get("SPARSETORCH_BACKEND")
     if name is None:  # the common case, on every call: no string work
@@ -68,9 +70,17 @@ def backend() -> str:
     if isinstance(name, bytes):
         name = os.fsdecode(name)
     name = name.lower()
-    if name not in ("c", "torch"):
-        raise ValueError(f"SPARSETORCH_BACKEND={name!r} is not a backend; use 'c' or 'torch'")
+    if name not in ("c", "torch", "triton"):
+        raise ValueError(f"SPARSETORCH_BACKEND={name!r} is not a backend; use 'c', 'triton' "
+                         "or 'torch'")
     return name
+
+
+def uses_triton(device: torch.device) -> bool:
+    """Whether calls on ``device`` run Triton kernels: CUDA tensors unless the torch
+    backend is chosen, and every tensor under ``SPARSETORCH_BACKEND=triton``."""
+    name = backend()
+    return name == "triton" or (name == "c" and device.type == "cuda")
 
 
 def normalize_operands(operands, what: str, keep_blocked: bool = False):
@@ -142,6 +152,8 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
             _remember(alias, operands, out_format, prepared)
         return prepared(operands)
     tensors, infos, dtype, device = normalize_operands(operands, what, keep_blocked=True)
+    if uses_triton(device):
+        return _run_triton(assignment, tensors, infos, out_format, what)
     blocked = any(info.format.blocksize is not None for info in infos)
     converted = blocked or any(t is not o for t, o in zip(tensors, operands))
     if blocked:
@@ -169,6 +181,25 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
         if alias is not None:
             _remember(alias, operands, out_format, call)
     return prepared(tensors)
+
+
+def _run_triton(assignment, tensors, infos, out_format, what):
+    """A Triton kernel (``triton_run.py``) where one covers the call, else the pure-torch
+    fallback on the tensors' own device (blocked operands converted to CSR first), which
+    ``triton_run.stats`` counts as ``"fallback"``."""
+    from .fallback import run_dense
+    from .triton_run import run_triton, stats
+
+    _check_repeated(assignment, infos, what)
+    # Traced (torch.compile): the fallback's torch ops record; a Triton launch needs real
+    # tensors and no custom op wraps it yet.
+    result = None if is_tracing(tensors) else run_triton(assignment, tensors, infos, out_format)
+    if result is not None:
+        return result
+    stats["fallback"] += 1
+    tensors, infos, _, _ = normalize_operands(tensors, what)
+    extents = var_extents(assignment, [tuple(t.shape) for t in tensors])
+    return run_dense(assignment, tensors, infos, extents, out_format)
 
 
 # Below this work a call whose conversions only avoid a serial scatter runs the order as
@@ -452,6 +483,7 @@ class _Prepared:
         self.vector_index = a.all_vars.index(kernel.tile[0]) if kernel.tile else None
         self.out_index = [a.all_vars.index(v) for v in a.out_vars]
         self.ws_index = [a.all_vars.index(v) for v in kernel.workspace_vars]
+        cshim.prefetch()
         fns = runtime.load_entries(kernel.source, {fn.name: kernel_argtypes(fn)
                                                    for fn in kernel.functions})
         self.fns = [fns[fn.name] for fn in kernel.functions]

@@ -34,7 +34,8 @@ from ..formats.pack import unpack, unpack_rows
 from ..formats.tensor import SparseTensor, inherit_pattern_facts, layout
 from .attention import row_kernel
 from .einsum import einsum
-from .execute import backend
+from .execute import backend, uses_triton
+from .triton_run import TRITON_DTYPES, row_softmax as triton_row_softmax
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
@@ -48,17 +49,18 @@ _DIRECT_SLICES = 1 << 24
 def _group_max(t: SparseTensor, dim: int) -> torch.Tensor:
     """Max of the stored values in each slice along ``dim``, one per stored entry."""
     coords, vals = unpack(t.format, t.shape, t.arrays, t.values.detach())
-    key = torch.zeros(t.nnz, dtype=torch.int64)
+    key = torch.zeros(t.nnz, dtype=torch.int64, device=vals.device)
     slices = 1
     for d, size in enumerate(t.shape):
         if d != dim:
             key = key * int(size) + coords[d]
             slices *= int(size)
     if slices <= _DIRECT_SLICES:
-        top = torch.full((slices,), -torch.inf, dtype=vals.dtype)
+        top = torch.full((slices,), -torch.inf, dtype=vals.dtype, device=vals.device)
         return top.scatter_reduce(0, key, vals, "amax")[key]
     groups, inverse = torch.unique(key, return_inverse=True)
-    top = torch.full((groups.numel(),), -torch.inf, dtype=vals.dtype)
+    top = torch.full((groups.numel(),), -torch.inf, dtype=vals.dtype,
+                     device=vals.device)
     top = top.scatter_reduce(0, inverse, vals, "amax")
     return top[inverse]
 
@@ -120,15 +122,17 @@ _is_grad_enabled = torch.is_grad_enabled
 
 def _by_rows(t: SparseTensor, dim: int) -> bool:
     """Whether ``t``'s softmax over ``dim`` runs as the compiled row kernels: the rows of a
-    CSR tensor of float32 or float64 values in memory, on the C backend, with any gradient
+    CSR tensor of float32 or float64 values in memory on the C backend (or of any float
+    dtype on the Triton backend: ``triton_run.row_softmax``), with any gradient
     to record on the values (not only on the wrapper, as for an output of a
     ``torch.compile``d function: the einsum path records that one)."""
     values = t._values
-    return (dim == 1 and len(t._size) == 2 and type(values) is torch.Tensor and values.is_cpu
-            and values.dtype in _ROW_DTYPES and t._format.name == "csr"
+    return (dim == 1 and len(t._size) == 2 and type(values) is torch.Tensor
+            and t._format.name == "csr"
             and not (_is_grad_enabled() and not values.requires_grad and t._wrapper_grad
                      and t.requires_grad)
-            and backend() == "c")
+            and ((values.dtype in TRITON_DTYPES and uses_triton(values.device)) or
+                 (values.is_cpu and values.dtype in _ROW_DTYPES and backend() == "c")))
 
 
 def _row_softmax(t: SparseTensor) -> SparseTensor:
@@ -152,6 +156,8 @@ def _on_rows_of(t: SparseTensor, values: torch.Tensor) -> SparseTensor:
 def _run_rows(kind: str, t: SparseTensor, *inputs: torch.Tensor) -> torch.Tensor:
     """The values that row kernel ``kind`` computes from value arrays ``inputs`` on the rows
     of ``t``."""
+    if uses_triton(t.device):
+        return triton_row_softmax(kind, t, *inputs)
     inputs = [x.contiguous() for x in inputs]   # (held: the kernel reads their memory)
     out = torch.empty_like(inputs[0])
     nt = runtime.num_threads() if out.numel() >= _PARALLEL_ENTRIES else 1
@@ -179,5 +185,6 @@ class _RowSoftmax(torch.autograd.Function):
         if not _is_grad_enabled():
             return _run_rows("row_softmax_grad", rows, y, g.to(y.dtype)), None
         row_of = unpack_rows(rows.format, rows.shape, rows.arrays)[0]
-        s = torch.zeros(rows.shape[0], dtype=y.dtype).index_add(0, row_of, g * y)
+        s = torch.zeros(rows.shape[0], dtype=y.dtype, device=y.device).index_add(
+            0, row_of, g * y)
         return y * (g - s[row_of]), None

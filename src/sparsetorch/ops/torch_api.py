@@ -60,7 +60,11 @@ def _dropout(input, p=0.5, training=True, inplace=False):
     if inplace:
         raise NotImplementedError("F.dropout(inplace=True) on a SparseTensor is not "
                                   "supported; use inplace=False (the pattern is kept)")
-    return input.with_values(F.dropout(input.values, p, training))
+    if not 0 <= p <= 1:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    # (in evaluation the tensor itself, as torch returns a dense one: no new wrapper, and
+    # what kernels learnt about its pattern stays with it)
+    return input.with_values(F.dropout(input.values, p, training)) if training and p else input
 
 
 def _install():

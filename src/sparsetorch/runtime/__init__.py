@@ -38,22 +38,26 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import cache as _cache
 from . import entry as _entry
-from .build import (FLAGS, LIBS, CompilerNotFoundError, KernelBuildError, KernelCompileError,
-                    Toolchain, compile_library, cpu_features, toolchain)
-from .cache import cache_dir
+from . import tool as _tool
+from .build import (FLAGS, LIBS, CompilerNotFoundError, CompileTimeoutError, KernelBuildError,
+                    KernelCompileError, Toolchain, compile_library, cpu_features, toolchain)
+from .cache import UnsafeCacheError, cache_dir
 
 PTR = ctypes.c_void_p    # a tensor's data_ptr()
 I64 = ctypes.c_int64     # sizes, strides, the thread count
 F64 = ctypes.c_double    # scalars
 
-__all__ = ["load_kernel", "load_entries", "load_library", "kernel_address", "num_threads",
+__all__ = ["load_kernel", "load_entries", "load_library", "prefetch", "kernel_address",
+           "num_threads",
            "cache_dir", "clear_cache", "stats", "reset_stats", "KernelLibrary", "PTR", "I64",
-           "F64", "KernelBuildError", "CompilerNotFoundError", "KernelCompileError"]
+           "F64", "KernelBuildError", "CompilerNotFoundError", "KernelCompileError",
+           "CompileTimeoutError", "UnsafeCacheError"]
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,9 @@ _funcs: dict[tuple, object] = {}                               # memo key -> cty
 # id since ctypes functions do not hash, holding the function so the id is never reused
 _addresses: dict[int, tuple] = {}
 _libs: dict[str, tuple[ctypes.CDLL, KernelLibrary]] = {}       # cache key -> loaded library
-_lock = threading.RLock()   # serialises the slow path only; memo hits are a dict lookup
+_lock = threading.RLock()   # guards the tables; memo hits are a dict lookup
+_inflight: dict[str, Future] = {}   # cache key -> the build one thread is running
+NOTICE_SECONDS = 1.0   # builds slower than this say so on stderr
 _STATS0 = {"memo_hits": 0, "disk_hits": 0, "builds": 0, "build_seconds": 0.0, "rebuilt_corrupt": 0}
 _stats = dict(_STATS0)
 
@@ -104,12 +110,11 @@ def load_kernel(source: str, symbol: str, argtypes) -> ctypes._CFuncPtr:
     if fn is not None:
         _stats["memo_hits"] += 1
         return fn
+    lib, info = _library(source)
     with _lock:
         fn = _funcs.get(mkey)
         if fn is not None:
-            _stats["memo_hits"] += 1
             return fn
-        lib, info = _library(source)
         try:
             fn = lib[symbol]  # a fresh function object: argtypes may differ per caller
         except AttributeError:
@@ -156,8 +161,11 @@ def load_entries(source: str, signatures: dict) -> dict:
         return fns
     full = "\n".join([source, _entry.PRELUDE,
                       *(_entry.wrapper(s, k) for s, k in kinds.items())]) + "\n"
+    lib, _ = _library(full)
     with _lock:
-        lib, _ = _library(full)
+        fns = _funcs.get(mkey)
+        if fns is not None:
+            return fns
         fns = _entry.entries(lib, kinds)
         if fns is None:
             fns = {s: load_kernel(full, s, signatures[s]) for s in kinds}
@@ -193,19 +201,61 @@ def load_library(source: str) -> ctypes.CDLL:
         >>> lib.seven()
         7
     """
-    with _lock:
-        return _library(source)[0]
+    return _library(source)[0]
+
+
+def prefetch(source: str) -> Future:
+    """Start compiling (or loading) ``source`` in the background and return its future;
+    a later :func:`load_kernel`, :func:`load_entries` or :func:`load_library` of the same
+    source waits for that build instead of starting another. For kernels a call is sure to
+    need next: the compiler runs in a subprocess, so builds overlap each other and Python.
+    A failed prefetch is retried (and its error raised) by the load that needs it.
+
+    Example:
+        >>> from sparsetorch import runtime
+        >>> src = "int eight(void) { return 8; }\\n"
+        >>> future = runtime.prefetch(src)
+        >>> runtime.load_library(src).eight(), future.result()[0].eight()
+        (8, 8)
+    """
+    return _tool.submit(_library, source)
 
 
 def _library(source: str) -> tuple[ctypes.CDLL, KernelLibrary]:
+    """The loaded library of ``source``: memo, else disk, else a build; one thread builds
+    a key while others needing it wait, and different keys build at once."""
     tc = toolchain()
     # Key over everything that changes the bytes of the .so or whether it runs here.
     key = _cache.cache_key(source, tc.identity(), " ".join(FLAGS + LIBS), cpu_features(),
                            _version())
-    hit = _libs.get(key)
-    if hit is not None:  # same source, another symbol or argtypes
-        _stats["memo_hits"] += 1
-        return hit
+    with _lock:
+        hit = _libs.get(key)
+        if hit is not None:  # same source, another symbol or argtypes
+            _stats["memo_hits"] += 1
+            return hit
+        pending = _inflight.get(key)
+        if pending is None:
+            mine = _inflight[key] = Future()
+    if pending is not None:
+        try:
+            return pending.result()
+        except Exception:   # (a failed prefetch: build it here, raising its error)
+            return _library(source)
+    try:
+        loaded = _find_or_build(source, key, tc)
+        with _lock:
+            _libs[key] = loaded
+        mine.set_result(loaded)
+        return loaded
+    except BaseException as e:
+        mine.set_exception(e)
+        raise
+    finally:
+        with _lock:
+            _inflight.pop(key, None)
+
+
+def _find_or_build(source: str, key: str, tc: Toolchain):
     d = _cache.ensure_dir()
     p = _cache.paths(d, key)
     loaded = _load_entry(p, key, tc)
@@ -215,12 +265,16 @@ def _library(source: str) -> tuple[ctypes.CDLL, KernelLibrary]:
             loaded = _load_entry(p, key, tc)
             if loaded is None:
                 if p["so"].exists() or p["json"].exists():
-                    _stats["rebuilt_corrupt"] += 1
+                    _count("rebuilt_corrupt", 1)
                 loaded = _build_entry(source, p, key, tc, d)
     if loaded[1].origin == "disk":
-        _stats["disk_hits"] += 1
-    _libs[key] = loaded
+        _count("disk_hits", 1)
     return loaded
+
+
+def _count(name: str, amount) -> None:
+    with _lock:   # builds run on several threads
+        _stats[name] += amount
 
 
 def _load_entry(p, key: str, tc: Toolchain):
@@ -248,14 +302,15 @@ def _build_entry(source: str, p, key: str, tc: Toolchain, d: Path):
         t0 = time.perf_counter()
         flags = compile_library(tc, str(p["c"]), tmp)
         dt = time.perf_counter() - t0
-        os.replace(tmp, p["so"])
+        _cache.install(tmp, p["so"])
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     _cache.write_marker(p, {"flags": list(flags), "compiler": " ".join(tc.argv),
                             "build_seconds": dt})
-    _stats["builds"] += 1
-    _stats["build_seconds"] += dt
+    _count("builds", 1)
+    _count("build_seconds", dt)
+    _notice(source, dt, p["so"])
     try:
         lib = ctypes.CDLL(str(p["so"]))
     except OSError as e:
@@ -263,6 +318,18 @@ def _build_entry(source: str, p, key: str, tc: Toolchain, d: Path):
                                f"Source: {p['c']}; compiler: {' '.join(tc.argv)}") from e
     return lib, KernelLibrary(key, str(p["so"]), str(p["c"]), tuple(flags),
                               " ".join(tc.argv), "build", dt)
+
+
+def _notice(source: str, seconds: float, path: Path) -> None:
+    """One line on stderr for a build slow enough to notice (``SPARSETORCH_QUIET=1``
+    hides it), so a pause on a first call is explained."""
+    if seconds < NOTICE_SECONDS or os.environ.get("SPARSETORCH_QUIET", "") not in ("", "0"):
+        return
+    # the source's first comment names it: "sparsetorch kernel: out[i] = ..." or a module's
+    what = source.split("\n", 1)[0].strip().removeprefix("/*").removesuffix("*/").strip()
+    what = what.split(". ")[0].replace("sparsetorch kernel: ", "kernel ")
+    print(f"sparsetorch: compiled {what[:100]} in {seconds:.1f} s; cached in {path.parent}, "
+          "so later runs load it (SPARSETORCH_QUIET=1 hides this)", file=sys.stderr)
 
 
 def _version() -> str:

@@ -15,7 +15,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 
-from . import pch
+from . import pch, tool
 
 # -std=c99: generated code is plain C99 (restrict, int64_t, declarations in for).
 # -march=native is why CPU features are part of the cache key.
@@ -33,6 +33,10 @@ class KernelBuildError(RuntimeError):
 
 class CompilerNotFoundError(KernelBuildError):
     """No working C compiler: ``CC`` (default ``cc``) is missing or fails to run."""
+
+
+class CompileTimeoutError(KernelBuildError):
+    """The compiler ran past ``SPARSETORCH_COMPILE_TIMEOUT`` seconds and was killed."""
 
 
 class KernelCompileError(KernelBuildError):
@@ -96,8 +100,7 @@ def _find_toolchain(cc: str) -> Toolchain:
     # argv[0]. The resolved binary goes into the key, so flipping cc -> clang rebuilds.
     argv[0] = os.path.abspath(exe)
     try:
-        proc = subprocess.run([*argv, "--version"], capture_output=True, text=True,
-                              timeout=60)
+        proc = tool.run([*argv, "--version"])
     except (OSError, subprocess.SubprocessError) as e:
         raise CompilerNotFoundError(
             f"sparsetorch could not run the C compiler {how} "
@@ -193,14 +196,22 @@ def _without_openmp(flags: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _command(tc: Toolchain, flags, source_path: str, out_path: str, extra=()) -> list[str]:
-    return [*tc.argv, *flags, *extra, source_path, "-o", out_path, *LIBS]
+    # absolute paths: a cache folder named "-x" must not reach the compiler as an option
+    return [*tc.argv, *flags, *extra, os.path.abspath(source_path), "-o",
+            os.path.abspath(out_path), *LIBS]
 
 
 def _run(tc: Toolchain, flags, source_path: str, out_path: str, extra=()):
     cmd = _command(tc, flags, source_path, out_path, extra)
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.SubprocessError) as e:
+        return tool.run(cmd)
+    except subprocess.TimeoutExpired as e:
+        raise CompileTimeoutError(
+            f"the C compiler CC={tc.cc!r} ran past {e.timeout:g} s compiling {source_path} "
+            f"and was stopped (with everything it started). On a busy machine allow it more "
+            f"with {tool.TIMEOUT_ENV}=300; if it hangs, check the compiler on its own: "
+            f"{' '.join(cmd)}") from None
+    except OSError as e:
         raise CompilerNotFoundError(
             f"sparsetorch could not run the C compiler CC={tc.cc!r} "
             f"(tried `{' '.join(cmd)}`: {e}). Point CC at a working compiler, "

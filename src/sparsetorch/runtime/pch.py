@@ -5,29 +5,38 @@ kernel: 0.30 s, 0.21 s with the header precompiled). GCC can load a header preco
 instead (a ``.gch`` file next to it), so ``include_flags`` answers ``-include <header>`` for
 a source that includes ``<immintrin.h>``: a header of the standard includes the kernels start
 with plus the intrinsics, precompiled once per compiler, flags and CPU and kept in the
-kernel cache (``<key>.h`` and ``<key>.h.gch``, written atomically like the kernels).
+kernel cache (``<key>.h`` and ``<key>.h.gch``, written atomically like the kernels, and
+checked like them before use: the header's text, the ``.gch``'s size and hash against its
+``<key>.json`` marker, both private files of the user).
 
 GCC checks a ``.gch`` against each compilation and parses the header as text when it does
 not fit, so a stale one costs only time; a build that fails with these flags is retried
 without them and the header is dropped (``discard``). Other compilers (clang reads another
 format) and kernels without intrinsics get no flags: loading the 26 MB ``.gch`` costs an
 elementwise kernel more (0.17 s against 0.12 s) than the few headers it parses.
+
+The header is built in the background (``tool.submit``): building it costs more than the one
+kernel waiting for it would save, so kernels built meanwhile parse the headers themselves.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
+import threading
+from concurrent.futures import Future, wait as _wait_all
 
 from . import cache as _cache
+from . import tool
 
 TRIGGER = "#include <immintrin.h>"
 TEXT = "".join(f"#include <{h}>\n" for h in
                ("stdint.h", "stdlib.h", "string.h", "math.h", "omp.h", "immintrin.h"))
 
-# (cache dir, compiler identity, flags, cpu) -> the header's path, or None where it could
-# not be built or was discarded
-_headers: dict[tuple, str | None] = {}
+# (cache dir, compiler identity, flags, cpu) -> the header's path, None where it could not
+# be built or was discarded, or the Future of its build in the background
+_headers: dict[tuple, str | None | Future] = {}
+_memo_lock = threading.Lock()
 
 
 def include_flags(tc, flags, source: str, cpu: str) -> tuple[str, ...]:
@@ -41,19 +50,44 @@ def include_flags(tc, flags, source: str, cpu: str) -> tuple[str, ...]:
     if TRIGGER not in source or not _is_gcc(tc.version):
         return ()
     memo = _memo_key(tc, flags, cpu)
-    header = _headers.get(memo, "")
-    # (built again where the cache was cleared since)
-    if header == "" or (header is not None and not os.path.exists(header + ".gch")):
-        header = _headers[memo] = _build(tc, flags, cpu)
+    with _memo_lock:
+        header = _headers.get(memo, "")
+        if isinstance(header, Future):
+            if not header.done():
+                return ()
+            header = _headers[memo] = None if header.exception() else header.result()
+        # (built again where the cache was cleared since)
+        if header == "" or (header is not None and not os.path.exists(header + ".gch")):
+            header = _headers[memo] = _intact(tc, flags, cpu)
+            if header is None:
+                # Building it takes longer than the one kernel it would speed up: that
+                # kernel parses the headers itself while it builds for the ones after.
+                pending = tool.submit(_build, tc, flags, cpu)
+                if not pending.done():
+                    _headers[memo] = pending
+                    return ()
+                header = _headers[memo] = None if pending.exception() else pending.result()
     return () if header is None else ("-include", header)
+
+
+def wait() -> None:
+    """Wait for precompiled headers being built in the background.
+
+    Example:
+        >>> wait()
+    """
+    with _memo_lock:
+        pending = [h for h in _headers.values() if isinstance(h, Future)]
+    _wait_all(pending)
 
 
 def discard(tc, flags, cpu: str) -> None:
     """Stop using this precompiled header in this process (a kernel failed to build with
     it) and delete it, so that later processes build a fresh one."""
     memo = _memo_key(tc, flags, cpu)
-    header, _headers[memo] = _headers.get(memo), None
-    if header:
+    with _memo_lock:
+        header, _headers[memo] = _headers.get(memo), None
+    if isinstance(header, str):
         with contextlib.suppress(OSError):
             os.unlink(header + ".gch")
 
@@ -67,31 +101,54 @@ def _is_gcc(version: str) -> bool:
     return "Free Software Foundation" in version and "clang" not in version.lower()
 
 
-def _build(tc, flags, cpu: str) -> str | None:
-    """The header's path once it and its ``.gch`` are in the cache, or None."""
+def _header_intact(path) -> bool:
+    """Whether ``path`` is the user's own private file holding exactly ``TEXT`` (anything
+    else there would be compiled into every kernel)."""
+    try:
+        return _cache.read_private(path) == TEXT.encode()
+    except OSError:
+        return False
+
+
+def _paths(tc, flags, cpu: str) -> dict | None:
     try:
         d = _cache.ensure_dir()
     except OSError:
         return None
     key = _cache.cache_key(TEXT, tc.identity(), " ".join(flags), cpu, "pch")
-    header = d / f"{key}.h"
-    gch = d / f"{key}.h.gch"
-    if header.is_file() and gch.is_file() and gch.stat().st_size > 0:
-        return str(header)
+    # GCC finds the .gch as the header's name + ".gch"; the marker holds its size and hash
+    return {"h": d / f"{key}.h", "gch": d / f"{key}.h.gch", "json": d / f"{key}.json"}
+
+
+def _intact(tc, flags, cpu: str) -> str | None:
+    """The header's path if it and its ``.gch`` are in the cache and pass the checks."""
+    p = _paths(tc, flags, cpu)
+    if p is not None and _header_intact(p["h"]) and _cache.read_marker(p, "gch") is not None:
+        return str(p["h"])
+    return None
+
+
+def _build(tc, flags, cpu: str) -> str | None:
+    """The header's path once it and its ``.gch`` are in the cache, or None."""
+    p = _paths(tc, flags, cpu)
+    if p is None:
+        return None
+    d = p["h"].parent
     # The precompiled unit is compiled like a kernel, minus linking (-shared).
     cflags = [f for f in flags if f != "-shared"]
     try:
-        _cache.write_atomic(header, TEXT.encode())
+        _cache.write_atomic(p["h"], TEXT.encode())
         tmp = _cache.temp_path(d, ".gch")
     except OSError:
         return None
     try:
-        proc = subprocess.run([*tc.argv, *cflags, "-x", "c-header", str(header), "-o", tmp],
-                              capture_output=True, timeout=600)
+        proc = tool.run([*tc.argv, *cflags, "-x", "c-header", str(p["h"]), "-o", tmp],
+                        text=False)
         if proc.returncode != 0:
             return None
-        os.replace(tmp, gch)
-        return str(header)
+        _cache.install(tmp, p["gch"])
+        _cache.write_marker(p, {"compiler": " ".join(tc.argv)}, "gch")
+        return str(p["h"])
     except (OSError, subprocess.SubprocessError):
         return None
     finally:

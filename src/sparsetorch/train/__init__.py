@@ -4,7 +4,8 @@ layers, DDP support and atomic, exactly resumable checkpoints.
 
 Example:
     >>> import torch, sparsetorch as st
-    >>> model = torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 10))
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(20, 30), nn.ReLU(), nn.Linear(30, 10))
     >>> opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     >>> rigl = st.train.RigL(model, opt, density=0.2, total_steps=1000)
     >>> {k: round(v, 3) for k, v in rigl.densities.items()}

@@ -33,7 +33,8 @@ class RigL(SparseTrainer):
     Example:
         >>> import torch, sparsetorch as st
         >>> _ = torch.manual_seed(0)
-        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         >>> rigl = st.train.RigL(model, opt, density=0.25, distribution="uniform", delta_t=2,
         ...                      total_steps=8)

@@ -3,7 +3,7 @@ initial masks with exact per-layer counts, stepping the optimizer on masked grad
 updates on schedule, and ``state_dict`` / ``load_state_dict``.
 
 In: a model (``Linear``/``Conv2d`` layers trained as dense weights with masks, and/or
-``st.nn.SparseLinear`` layers trained truly sparse) and its optimizer. Out: a trainer whose
+``st.nn.SparseLinear``/``SparseConv2d`` layers trained truly sparse) and its optimizer. Out: a trainer whose
 ``step()`` replaces ``optimizer.step()``. Algorithms (``algorithms.py``) subclass
 ``SparseTrainer`` and say how many weights to drop and how to score growth.
 """
@@ -103,12 +103,13 @@ class SparseTrainer:
                                      "growth with dense gradients at every step, which a truly "
                                      "sparse layer never holds. Use RigL/SET/Static/"
                                      "MagnitudePruning, or nn.Linear layers (masked mode)")
-                if module.blocksize:
+                if module.blocksize and not _is_sparse_conv(module):
                     raise ValueError(f"{cls}: layer {mname!r} stores blocks "
                                      f"(blocksize={module.blocksize}); sparse training updates "
                                      "single entries, so build it without blocksize")
                 found.append((mname, SparseLayer(prefix + "values", module,
-                                                 _dist.mean_over_ranks, self._capturing)))
+                                                 _dist.mean_over_ranks, self._capturing,
+                                                 conv=_is_sparse_conv(module))))
             elif isinstance(module, (nn.Linear, nn.Conv2d)):
                 found.append((mname, MaskedLayer(prefix + "weight", module.weight, reduce)))
         if dense is None:   # the official ImageNet/CIFAR code keeps a first conv dense
@@ -152,6 +153,13 @@ class SparseTrainer:
             count = self._initial_count(name)
             if isinstance(layer, SparseLayer) and layer.active().numel() == count:
                 continue   # a SparseLinear built at this density keeps its pattern and values
+            if isinstance(layer, SparseLayer) and _dist.grads_already_averaged(self.model):
+                raise ValueError(f"{type(self).__name__}: {name} stores "
+                                 f"{layer.active().numel()} weights but its density needs "
+                                 f"{count}; a new values Parameter would escape DDP's gradient "
+                                 "hooks. Build the layer with that many entries (densities: "
+                                 "st.train.layer_densities) or create the trainer before "
+                                 "wrapping the model in DistributedDataParallel")
             active = torch.sort(torch.randperm(layer.size, generator=generator)[:count]).values
             if isinstance(layer, SparseLayer):
                 # SparseLinear's own init: nn.Linear's range with the stored entries per row
@@ -272,6 +280,16 @@ class SparseTrainer:
 
     def _load_extra_state(self, extra: dict) -> None:
         pass
+
+
+def _is_sparse_conv(module) -> bool:
+    """SparseConv2d (a SparseLinear subclass: a 1x1 convolution whose storage may switch to
+    blocks of output channels by itself when a pattern is blocky)."""
+    try:
+        from ..nn import SparseConv2d
+    except ImportError:
+        return False
+    return isinstance(module, SparseConv2d)
 
 
 def _identity(t):

@@ -82,13 +82,20 @@ class MaskedLayer:
 
 
 class SparseLayer:
-    """An ``st.nn.SparseLinear`` whose pattern is the mask. The dense gradient of its weight
-    exists only while ``grad_rows`` streams it: rows ``r0:r1`` of ``dY^T X`` from the layer's
-    input and output gradient, captured by hooks on the steps that need them."""
+    """An ``st.nn.SparseLinear`` (or ``SparseConv2d``, a 1x1 convolution on the same
+    interface) whose pattern is the mask. The dense gradient of its weight exists only while
+    ``grad_rows`` streams it: rows ``r0:r1`` of ``dY X^T`` with ``X`` (in, positions) and
+    ``dY`` (out, positions) the layer's input and output gradient as matrices, captured by
+    hooks before the steps that need them.
+
+    ``active()`` and ``values()`` are in row-major order; the layer's storage order differs
+    where it stores blocks (SparseConv2d picks BSR for a blocky pattern), and ``apply``
+    translates between the two."""
 
     def __init__(self, name: str, module, reduce: Callable[[torch.Tensor], torch.Tensor],
-                 capturing: Callable[[], bool]):
+                 capturing: Callable[[], bool], conv: bool):
         self.name, self.module, self.reduce, self.capturing = name, module, reduce, capturing
+        self.conv = conv
         out_f, in_f = module.out_features, module.in_features
         self.shape = self.shape2d = (out_f, in_f)
         self.size = out_f * in_f
@@ -102,10 +109,17 @@ class SparseLayer:
     def _hook(self, module, inputs, output):
         if not (output.requires_grad and torch.is_grad_enabled() and self.capturing()):
             return
-        self._x = inputs[0].detach().reshape(-1, self.shape[1])
+        x = inputs[0].detach()
+        if self.conv:    # (N, C, H, W) -> (C, N*H*W), after the stride the layer applies
+            x = x[:, :, ::module.stride, ::module.stride]
+            self._x = x.transpose(0, 1).reshape(self.shape[1], -1)
+        else:
+            self._x = x.reshape(-1, self.shape[1]).t()
 
         def keep_grad(g):
-            self._dy = g.detach().reshape(-1, self.shape[0])
+            g = g.detach()
+            self._dy = (g.transpose(0, 1).reshape(self.shape[0], -1) if self.conv
+                        else g.reshape(-1, self.shape[0]).t())
         output.register_hook(keep_grad)
 
     def mask(self) -> torch.Tensor:
@@ -113,14 +127,38 @@ class SparseLayer:
         m[self.active()] = True
         return m.view(self.shape)
 
+    def _stored_positions(self) -> torch.Tensor:
+        """Flat row-major position of each stored entry, in storage order."""
+        weight = self.module.weight.detach()
+        if self.module.blocksize is None:   # CSR: rows from the row pointers
+            arrays = weight.arrays
+            pos, crd = arrays["pos1"].long().cpu(), arrays["crd1"].long().cpu()
+            rows = torch.repeat_interleave(torch.arange(self.shape[0]), pos.diff())
+            return rows * self.shape[1] + crd
+        numbered = weight.with_values(torch.arange(1, weight.nnz + 1, dtype=torch.float64,
+                                                   device=weight.device))
+        flat = numbered.to_dense().flatten().cpu()
+        where = flat.nonzero().squeeze(1)
+        out = torch.empty(weight.nnz, dtype=torch.int64)
+        out[flat[where].long() - 1] = where
+        return out
+
+    def _storage(self):
+        """(row-major active set, storage position of each of its entries or None for
+        row-major storage)."""
+        stored = self._stored_positions()
+        if self.module.blocksize is None:
+            return stored, None
+        order = torch.argsort(stored)
+        return stored[order], order
+
     def active(self) -> torch.Tensor:
-        arrays = self.module.weight.arrays
-        pos, crd = arrays["pos1"].long().cpu(), arrays["crd1"].long().cpu()
-        rows = torch.repeat_interleave(torch.arange(self.shape[0]), pos.diff())
-        return rows * self.shape[1] + crd
+        return self._storage()[0]
 
     def values(self) -> torch.Tensor:
-        return self.module.values.detach()
+        _, order = self._storage()
+        v = self.module.values.detach()
+        return v if order is None else v[order.to(v.device)]
 
     def has_grad(self) -> bool:
         return self._x is not None and self._dy is not None
@@ -129,7 +167,7 @@ class SparseLayer:
         if not self.has_grad():
             raise RuntimeError(f"{self.name}: no input/output gradient was captured for this "
                                "update step; call loss.backward() before step()")
-        return self.reduce(self._dy[:, r0:r1].t() @ self._x)
+        return self.reduce(self._dy[r0:r1] @ self._x.t())
 
     def release(self) -> None:
         self._x = self._dy = None
@@ -138,35 +176,52 @@ class SparseLayer:
         self.release()
         self._handle.remove()
 
-    def set_active(self, active: torch.Tensor, optimizer, values=None) -> None:
-        """Rebuild the pattern as ``active`` with ``values`` (zeros if None); a new ``values``
-        Parameter replaces the old one in ``optimizer``."""
+    def set_active(self, active: torch.Tensor, optimizer, values=None) -> dict | None:
+        """Rebuild the pattern as ``active`` (row-major flat indices, sorted) with ``values``
+        (in that order; zeros if None); a new ``values`` Parameter replaces the old one in
+        ``optimizer``. Returns the storage position of each entry of ``active`` when the
+        layer stores them in another order (blocks), else None."""
         old = self.module.values
+        dev = old.device
         active = active.to(torch.int64).cpu()
-        rows, cols = active // self.shape[1], active % self.shape[1]
-        pos = torch.zeros(self.shape[0] + 1, dtype=torch.int64)
-        pos[1:] = torch.cumsum(torch.bincount(rows, minlength=self.shape[0]), 0)
         if values is None:
             values = torch.zeros(active.numel(), dtype=old.dtype)
-        dev = old.device
-        pattern = _csr(self.shape, pos.to(dev), cols.to(dev), values.to(dev))
-        self.module.set_pattern(pattern, values=values.to(dev))
+        if self.conv:   # SparseConv2d takes a dense mask and may choose blocks
+            mask = torch.zeros(self.size, dtype=torch.bool)
+            mask[active] = True
+            dense = torch.zeros(self.size, dtype=old.dtype, device=dev)
+            dense[active.to(dev)] = values.to(dev)
+            self.module.set_pattern(mask.view(self.shape).to(dev), dense.view(self.shape))
+        else:
+            rows, cols = active // self.shape[1], active % self.shape[1]
+            pos = torch.zeros(self.shape[0] + 1, dtype=torch.int64)
+            pos[1:] = torch.cumsum(torch.bincount(rows, minlength=self.shape[0]), 0)
+            pattern = _csr(self.shape, pos.to(dev), cols.to(dev), values.to(dev))
+            self.module.set_pattern(pattern, values=values.to(dev))
         new = self.module.values
         if new is not old:
             _swap_param(optimizer, old, new)
+        return self._storage()[1]
 
     def apply(self, change: Change, optimizer) -> None:
-        src = change.source.to(self.param.device)
-        take = src.clamp_min(0)
-        grown = src < 0
+        _, old_order = self._storage()
         old_param = self.module.values
+        src = change.source.to(old_param.device)
+        take = src.clamp_min(0)
+        if old_order is not None:            # row-major position -> old storage position
+            take = old_order.to(take.device)[take]
+        grown = src < 0
         with torch.no_grad():
             values = torch.where(grown, 0, old_param.detach()[take])
             moved = {k: torch.where(grown, 0, t[take])
                      for k, t in _state_tensors(optimizer, old_param)}
-        self.set_active(change.active, optimizer, values)
+        new_order = self.set_active(change.active, optimizer, values)
         state = optimizer.state.get(self.module.values)
         if state is not None:
+            if new_order is not None:        # row-major order -> new storage order
+                inverse = torch.empty_like(new_order)
+                inverse[new_order] = torch.arange(new_order.numel())
+                moved = {k: t[inverse.to(t.device)] for k, t in moved.items()}
             state.update(moved)
 
 

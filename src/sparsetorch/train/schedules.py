@@ -38,8 +38,8 @@ def cubic_sparsity(t: int, final_sparsity: float, t_begin: int, t_end: int,
     t_begin)) ** 3`` between ``t_begin`` and ``t_end``; ``s_i`` before, ``s_f`` after.
 
     Example:
-        >>> cubic_sparsity(0, 0.9, 0, 100), cubic_sparsity(50, 0.9, 0, 100), cubic_sparsity(200, 0.9, 0, 100)
-        (0.0, 0.7875, 0.9)
+        >>> [cubic_sparsity(t, 0.9, 0, 100) for t in (0, 50, 200)]
+        [0.0, 0.7875, 0.9]
     """
     if t <= t_begin:
         return initial_sparsity

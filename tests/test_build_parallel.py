@@ -1,0 +1,131 @@
+"""Builds a user can see and that overlap (issue 31, item 13): a build over a second says so
+on one stderr line (SPARSETORCH_QUIET=1 hides it); prefetched kernels build at once on
+background threads, one build per kernel however many threads want it; the first st.einsum
+call on a cold cache builds the C call dispatcher beside its kernel; and
+SPARSETORCH_BUILD_THREADS=1 builds one at a time."""
+from __future__ import annotations
+
+import textwrap
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+
+import sparsetorch as st
+from dense_check import forget_call_memo
+from sparsetorch import runtime as rt
+from sparsetorch.runtime import build as rt_build
+from sparsetorch.runtime import tool
+
+ARGS = [rt.I64]
+
+
+def source():
+    return f"/* test kernel {uuid.uuid4().hex} */\n#include <stdint.h>\n" \
+           "void k(int64_t n) { (void)n; }\n"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("SPARSETORCH_CACHE", str(d))
+    monkeypatch.delenv("SPARSETORCH_QUIET", raising=False)
+    rt.clear_cache(disk=False)
+    rt.reset_stats()
+    yield d
+    rt.clear_cache(disk=False)
+
+
+@pytest.fixture
+def slow_cc(tmp_path, monkeypatch):
+    """CC that takes 0.6 s longer per compile than the real one."""
+    cc = tmp_path / "slow-cc"
+    cc.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        [ "$1" = --version ] && exec {rt_build.toolchain().argv[0]} --version
+        sleep 0.6
+        exec {rt_build.toolchain().argv[0]} "$@"
+        """))
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    return cc
+
+
+def test_slow_build_says_what_and_where_on_one_line(cache, monkeypatch, capfd):
+    monkeypatch.setattr(rt, "NOTICE_SECONDS", 0.0)
+    src = source()
+    rt.load_kernel(src, "k", ARGS)
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("sparsetorch: compiled test kernel ") and \
+        f"cached in {cache}, so later runs load it" in lines[0] and "SPARSETORCH_QUIET" in lines[0]
+    rt.clear_cache(disk=False)
+    rt.load_kernel(src, "k", ARGS)                 # from disk: nothing to say
+    monkeypatch.setenv("SPARSETORCH_QUIET", "1")
+    rt.load_kernel(source(), "k", ARGS)            # built, but quiet
+    monkeypatch.setattr(rt, "NOTICE_SECONDS", 1e9)
+    monkeypatch.delenv("SPARSETORCH_QUIET")
+    rt.load_kernel(source(), "k", ARGS)            # built fast: nothing to say
+    assert capfd.readouterr().err == ""
+
+
+def test_prefetched_kernels_build_at_once(cache, slow_cc, monkeypatch):
+    monkeypatch.setenv("SPARSETORCH_BUILD_THREADS", "4")
+    sources = [source() for _ in range(4)]
+    t0 = time.perf_counter()
+    futures = [rt.prefetch(s) for s in sources]
+    fns = [rt.load_kernel(s, "k", ARGS) for s in sources]
+    wall = time.perf_counter() - t0
+    assert all(f.result()[1].path == fn.library.path for f, fn in zip(futures, fns))
+    s = rt.stats()
+    assert s["builds"] == 4
+    assert wall < s["build_seconds"] * 0.75, (wall, s)   # serial would be the sum
+
+
+def test_one_build_per_kernel_however_many_threads_want_it(cache, slow_cc):
+    src, got = source(), []
+    threads = [threading.Thread(target=lambda: got.append(rt.load_kernel(src, "k", ARGS)))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 4 and len({f.library.path for f in got}) == 1
+    assert rt.stats()["builds"] == 1
+
+
+def test_one_build_thread_builds_in_the_caller(cache, monkeypatch):
+    monkeypatch.setenv("SPARSETORCH_BUILD_THREADS", "1")
+    future = rt.prefetch(source())
+    assert future.done() and future.result()[1].origin == "build"
+    for bad in ("0", "x", "-2"):
+        monkeypatch.setenv("SPARSETORCH_BUILD_THREADS", bad)
+        with pytest.raises(ValueError, match=f"SPARSETORCH_BUILD_THREADS='{bad}'"):
+            tool.build_threads()
+
+
+def test_first_call_builds_the_dispatcher_beside_its_kernel(cache, slow_cc, monkeypatch):
+    spans, real = [], rt._build_entry
+
+    def traced(src, *args):
+        t0 = time.perf_counter()
+        try:
+            return real(src, *args)
+        finally:
+            spans.append((t0, time.perf_counter(), "st_fast_call" in src))
+    monkeypatch.setattr(rt, "_build_entry", traced)
+    monkeypatch.setenv("SPARSETORCH_BUILD_THREADS", "4")
+    from sparsetorch.ops import cshim
+    monkeypatch.setattr(cshim, "_state", {})
+    forget_call_memo()
+    A = st.tensor(torch.tensor([[1.0, 0], [2, 3]]))
+    y = st.einsum("ij,j->i", A, torch.ones(2))
+    assert y.tolist() == [1.0, 5.0]
+    dispatcher = [s for s in spans if s[2]]
+    kernels = [s for s in spans if not s[2]]
+    assert len(dispatcher) == 1 and kernels
+    (d0, d1, _), (k0, k1, _) = dispatcher[0], kernels[0]
+    assert d0 < k1 and k0 < d1, spans                  # the two builds overlapped
+    forget_call_memo()
