@@ -75,7 +75,9 @@ def run_case(workload: Workload, mode: str, ctx: Context | None, *, rounds: int 
         try:
             problem = mismatch(reference, _detached(impl.check()), prep.rtol, prep.atol)
         except Exception as exc:
-            row["skipped"].setdefault(impl.family, f"{impl.name} raised {type(exc).__name__}: {exc}")
+            said = row["skipped"].get(impl.family)   # keep a note already there (GAT's CSR)
+            raised = f"{impl.name} raised {type(exc).__name__}: {exc}"
+            row["skipped"][impl.family] = f"{said}; {raised}" if said else raised
             continue
         if problem:
             failures.append(f"{impl.name}: {problem}")
