@@ -93,7 +93,7 @@ def test_dense_gradient_is_captured_only_for_update_steps():
         trainer.step()
         assert not layer.has_grad()        # released after the update
         assert model[0].values.numel() == trainer.counts["0.values"]
-    assert held == [False, False, False, True, False, False, True]
+    assert held == [True, False, False, True, False, False, True]   # t = 0, 3, 6
 
 
 def test_streamed_growth_matches_the_full_dense_gradient(monkeypatch):
@@ -176,6 +176,9 @@ def test_sparse_conv2d_follows_masked_conv_including_a_blocked_start():
                                        dense[i].weight.view(m.shape), rtol=1e-10, atol=1e-12)
             stored = sparse[i].weight.detach()
             for key in ("exp_avg", "exp_avg_sq"):
+                if key not in opt_d.state[dense[i].weight]:   # no optimizer step yet (t=0)
+                    assert key not in opt_s.state[sparse[i].values]
+                    continue
                 # the state in storage order is the dense state read at the stored entries
                 t_dense = opt_d.state[dense[i].weight][key].view(m.shape)
                 torch.testing.assert_close(
@@ -186,3 +189,67 @@ def test_sparse_conv2d_follows_masked_conv_including_a_blocked_start():
 
 def conv_shape(conv):
     return (conv.out_channels, conv.in_channels)
+
+
+def test_a_pruned_sparse_linear_keeps_its_pattern_and_trained_values():
+    """from_dense at 0.25 on 10x5 stores 12 entries; the trainer's count is 13 (official
+    floor rule): the 12 keep their values and one zero is grown; at 0.2 (10) the two
+    smallest are dropped. Nothing is re-initialised."""
+    torch.manual_seed(0)
+    lin = nn.Linear(10, 5)
+    for density, count in ((0.25, 13), (0.2, 10)):
+        sl = st.nn.SparseLinear.from_dense(lin, density=0.25)
+        w0, m0 = sl.weight.to_dense().detach().clone(), sl.mask()
+        assert int(m0.sum()) == 12
+        opt = torch.optim.SGD(sl.parameters(), lr=0.1)
+        tr = st.train.RigL(sl, opt, density=density, distribution="uniform", total_steps=8)
+        m = tr.masks["values"]
+        assert int(m.sum()) == count == sl.values.numel()
+        assert any(p is sl.values for g in opt.param_groups for p in g["params"])
+        w = sl.weight.to_dense().detach()
+        assert torch.equal(w[m & m0], w0[m & m0])          # trained values kept
+        assert bool((w[m & ~m0] == 0).all())                # grown entries start at zero
+        if count < 12:                                      # the smallest |w| were dropped
+            assert bool(m0[m].all())
+            assert w0[m0 & ~m].abs().max() <= w0[m].abs().min()
+        else:
+            assert bool(m[m0].all())
+
+
+def test_grow_scores_sum_micro_batches_and_repeated_calls():
+    """Two accumulated micro-batches through a layer called twice per forward: the streamed
+    gradient is the dense gradient of the weight (as masked mode sees it), not the last
+    call's; a zero_grad() before them discards what an earlier backward left."""
+    torch.manual_seed(0)
+    sl = st.nn.SparseLinear(6, 6, density=0.5, dtype=torch.float64)
+    opt = torch.optim.SGD(sl.parameters(), lr=0.1)
+    tr = st.train.RigL(sl, opt, density=0.5, distribution="uniform", delta_t=2,
+                       total_steps=8)
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(3, 6, generator=g, dtype=torch.float64) for _ in range(3)]
+    while not tr.is_update_step():                          # the next step scores growth
+        opt.zero_grad(); sl(xs[0]).sum().backward(); tr.step()
+    w = sl.weight.to_dense().detach().clone().requires_grad_()
+    sl(sl(xs[0]).tanh()).sum().backward()                   # stale: zero_grad drops it
+    opt.zero_grad()
+    for x in xs[1:]:
+        sl(sl(x).tanh()).square().sum().backward()
+        f = lambda z: nn.functional.linear(z, w, sl.bias.detach())
+        f(f(x).tanh()).square().sum().backward()
+    torch.testing.assert_close(tr.layers["values"].grad_rows(0, 6), w.grad,
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_sparse_layer_mask_lives_on_the_parameter_device():
+    """The mask of a truly sparse layer is built where its values live (as MaskedLayer's);
+    a meta-device parameter stands in for an accelerator here."""
+    from sparsetorch.train.layers import SparseLayer
+
+    class OnMeta(SparseLayer):
+        param = property(lambda self: torch.empty(0, device="meta"))
+
+    sl = st.nn.SparseLinear(4, 3, density=0.5)
+    layer = OnMeta("values", sl, lambda t: t, lambda: False, conv=False)
+    assert layer.mask().device.type == "meta"
+    assert SparseLayer("values", sl, lambda t: t, lambda: False, conv=False).mask().device \
+        == sl.values.device
