@@ -27,7 +27,8 @@ def run(model, opt, trainer, steps):
         trainer.step()
 
 
-@pytest.mark.parametrize("algo", ["RigL", "SET", "SNFS", "MagnitudePruning"])
+@pytest.mark.parametrize("algo", ["RigL"] + [pytest.param(a, marks=pytest.mark.slow)
+                                             for a in ("SET", "SNFS", "MagnitudePruning")])
 def test_resume_follows_the_same_trajectory_bit_for_bit(algo, tmp_path):
     model, opt, trainer = make(algo, 0)
     torch.manual_seed(123)
