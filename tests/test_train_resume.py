@@ -92,3 +92,10 @@ def test_model_then_trainer_load_order_resumes_truly_sparse_bit_for_bit():
     run(model2, opt2, trainer2, 9)
     for k, v in model2.state_dict().items():
         assert torch.equal(v, reference[k]), k
+    # the model alone (no trainer state): the optimizer trains the loaded values, afresh
+    model3, opt3, trainer3 = make_sparse(7)
+    model3.load_state_dict(saved["model"])
+    run(model3, opt3, trainer3, 1)
+    held = {id(p) for g in opt3.param_groups for p in g["params"]}
+    assert id(model3[0].values) in held and id(model3[2].values) in held
+    assert opt3.state[model3[0].values]["exp_avg"].shape == model3[0].values.shape

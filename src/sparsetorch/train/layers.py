@@ -181,9 +181,14 @@ class SparseLayer:
     def sync(self, optimizer) -> None:
         """Give ``optimizer`` the layer's current ``values`` Parameter (with the state it held
         for the old one) when something else replaced it, e.g. ``model.load_state_dict``."""
-        if self.module.values is not self._known:
-            _swap_param(optimizer, self._known, self.module.values)
-            self._known = self.module.values
+        new = self.module.values
+        if new is not self._known:
+            _swap_param(optimizer, self._known, new)
+            self._known = new
+            state = optimizer.state.get(new, {})
+            if any(isinstance(v, torch.Tensor) and v.dim() and v.shape != new.shape
+                   for v in state.values()):
+                del optimizer.state[new]   # sized for another entry count: nothing matches
 
     def close(self) -> None:
         self.release()
