@@ -189,7 +189,7 @@ def test_rigl_capture_gives_the_dense_weight_gradient_of_a_sparse_conv():
 
     conv = _conv(6, 4, stride=2)
     layer = SparseConv2d.from_dense(conv, sparsity=0.5)
-    capture = SparseLayer("c", layer, reduce=lambda t: t, capturing=lambda: True)
+    capture = SparseLayer("c", layer, reduce=lambda t: t, capturing=lambda: True, conv=True)
     x = torch.randn(2, 6, 5, 5)
     layer(x).square().sum().backward()
     w = (conv.weight.detach()[:, :, 0, 0] * layer.mask()).requires_grad_()
