@@ -1,7 +1,7 @@
 """st.train in truly sparse mode (st.nn.SparseLinear): the same trajectory as masked mode on
 the same seed and data (float32 by default; float64, Adam and SparseConv2d variants are
-slow: each new dtype/format compiles its kernels), values and optimizer state remapped with the pattern,
-exact counts, and the dense gradient streamed only on update steps."""
+slow: each new dtype/format compiles its kernels), values and optimizer state remapped with
+the pattern, exact counts, and the dense gradient streamed only on update steps."""
 import pytest
 import torch
 from torch import nn

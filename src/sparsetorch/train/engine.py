@@ -3,8 +3,8 @@ initial masks with exact per-layer counts, stepping the optimizer on masked grad
 updates on schedule, and ``state_dict`` / ``load_state_dict``.
 
 In: a model (``Linear``/``Conv2d`` layers trained as dense weights with masks, and/or
-``st.nn.SparseLinear``/``SparseConv2d`` layers trained truly sparse) and its optimizer. Out: a trainer whose
-``step()`` replaces ``optimizer.step()``. Algorithms (``algorithms.py``) subclass
+``st.nn.SparseLinear``/``SparseConv2d`` layers trained truly sparse) and its optimizer.
+Out: a trainer whose ``step()`` replaces ``optimizer.step()``. Algorithms (``algorithms.py``) subclass
 ``SparseTrainer`` and say how many weights to drop and how to score growth.
 """
 from __future__ import annotations
@@ -193,7 +193,8 @@ class SparseTrainer:
     def step(self, closure=None):
         """Replace ``optimizer.step()``: on update steps change the masks (and, for RigL, SET
         and SNFS, skip the optimizer step); otherwise step the optimizer on the masked
-        gradients and zero the weights outside the masks."""
+        gradients and zero the weights outside the masks. ``closure`` (re-evaluates the
+        loss with its gradient) is called on every step; its loss is returned."""
         t = self.step_count
         update = self.is_update_step(t)
         loss = None
