@@ -102,3 +102,18 @@ def test_mismatch_reports_shape_and_key_differences():
     assert "shape (3, 2)" in mismatch(a, {"out": torch.ones(3, 2)}, 1e-4, 1e-5)
     assert "do not match" in mismatch(a, {"y": torch.ones(2, 3)}, 1e-4, 1e-5)
     assert mismatch(a, {"out": torch.ones(2, 3) + 1e-7}, 1e-4, 1e-5) is None
+
+
+def test_gcn_workload_on_a_generated_stand_in(monkeypatch):
+    """The real GCN workload (st.models.GCN against torch.sparse CSR/COO and dense) on a
+    small generated graph: no data folder, so the row must say stand-in."""
+    from sparsetorch.bench import gnn, gnn_convs, graph_data
+
+    monkeypatch.setitem(graph_data.GRAPHS, "tiny", (60, 240, 50, 0.05, 3, 8))
+    monkeypatch.setattr(gnn_convs, "pyg_available", lambda: "PyG left out of this test")
+    work = wl.Workload("gcn-tiny", "gcn", lambda ctx, mode: gnn.prepare("gcn", "tiny", ctx, mode))
+    row = run_case(work, "train", wl.Context(data_root=None), rounds=2)
+    assert row["check"] == "ok", row
+    assert row["source"].startswith("generated stand-in")
+    assert {"torch.sparse", "dense"} <= set(row["vs"]) and row["skipped"]["PyG"]
+    assert row["vs"]["torch.sparse"]["impl"] in ("torch.sparse CSR", "torch.sparse COO")

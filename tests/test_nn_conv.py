@@ -86,7 +86,7 @@ def test_set_pattern_keeps_overlapping_values_and_checks_shapes():
     layer.set_pattern(new)
     assert torch.equal(layer.weight.to_dense(), before)       # new entries start at 0
     assert layer.values.numel() == 16 and layer.values.requires_grad
-    with pytest.raises(ValueError, match="mask must be a bool tensor of shape"):
+    with pytest.raises(ValueError, match="mask has shape"):
         layer.set_pattern(torch.ones(4, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="must have shape"):
         layer.set_pattern(new, torch.ones(3))
@@ -171,3 +171,28 @@ def test_fold_batchnorm_equals_conv_then_bn():
         torch.testing.assert_close(fold_batchnorm(conv, bn)(x), bn(conv(x)), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="features"):
         fold_batchnorm(nn.Conv2d(4, 6, 1), nn.BatchNorm2d(5))
+
+
+def test_state_dict_of_another_pattern_loads():
+    a = SparseConv2d.from_dense(_conv(6, 5, seed=1), sparsity=0.3, activation="relu")
+    b = SparseConv2d.from_dense(_conv(6, 5, seed=2), sparsity=0.8, activation="relu")
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 6, 3, 3)
+    assert torch.equal(b.mask(), a.mask())
+    torch.testing.assert_close(b(x), a(x))
+
+
+def test_rigl_capture_gives_the_dense_weight_gradient_of_a_sparse_conv():
+    """RigL's truly sparse mode scores growth with dY^T X captured by hooks on SparseLinear
+    layers; a SparseConv2d is one, and its NCHW input and output must be read per pixel."""
+    from sparsetorch.train.layers import SparseLayer
+
+    conv = _conv(6, 4, stride=2)
+    layer = SparseConv2d.from_dense(conv, sparsity=0.5)
+    capture = SparseLayer("c", layer, reduce=lambda t: t, capturing=lambda: True)
+    x = torch.randn(2, 6, 5, 5)
+    layer(x).square().sum().backward()
+    w = (conv.weight.detach()[:, :, 0, 0] * layer.mask()).requires_grad_()
+    F.conv2d(x, w[:, :, None, None], conv.bias, stride=2).square().sum().backward()
+    torch.testing.assert_close(capture.grad_rows(0, 4), w.grad, rtol=1e-4, atol=1e-4)
+    capture.close()

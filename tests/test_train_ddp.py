@@ -66,3 +66,20 @@ def test_two_ranks_hold_identical_masks_and_weights(algo, tmp_path):
     for n in r0["weights"]:
         assert torch.equal(r0["weights"][n], r1["weights"][n]), n
     assert sum(d for d, _ in r0["changed"].values()) > 0   # the last update changed masks
+
+
+def test_ddp_refuses_a_sparse_layer_whose_entry_count_would_change():
+    """Resampling a SparseLinear to another entry count makes a new values Parameter that
+    DDP's gradient hooks never see (ranks would hang or error): refused, with the fix."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = nn.Sequential(st.nn.SparseLinear(12, 32, density=0.5), nn.ReLU(),
+                              st.nn.SparseLinear(32, 5, density=0.5))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match="before wrapping the model"):
+            st.train.RigL(ddp, opt, density=0.1, total_steps=10)
+        st.train.RigL(ddp, opt, density=0.5, distribution="uniform", total_steps=10)  # fits
+    finally:
+        dist.destroy_process_group()

@@ -10,3 +10,4 @@ Example:
 from . import gnn  # noqa: F401
 from . import autoencoder  # noqa: F401
 from . import transformer  # noqa: F401
+from . import convnets  # noqa: F401

@@ -14,6 +14,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from ..datasets._graph import symmetric_adjacency
+
 # name -> (nodes, stored adjacency entries, feature width, feature density, classes, hidden)
 # hidden: 16 for the Planetoid graphs as Kipf & Welling; 64 for the larger co-purchase and
 # co-authorship graphs (Shchur et al.).
@@ -95,12 +97,7 @@ def stand_in(name: str, seed: int = 0) -> GraphData:
     weights = 1.0 / np.arange(1, n + 1) ** 0.5  # skewed degrees, as real graphs have
     src = rng.choice(n, m, p=weights / weights.sum())
     dst = rng.integers(0, n, m)
-    keep = src != dst
-    r = np.concatenate([src[keep], dst[keep]])
-    c = np.concatenate([dst[keep], src[keep]])
-    adj = sp.csr_array((np.ones(r.size, np.float32), (r, c)), shape=(n, n))
-    adj.sum_duplicates()
-    adj.data[:] = 1
+    adj = symmetric_adjacency(src, dst, n, f"stand_in({name!r})").to_scipy()
     feats = sp.random(n, width, density=density, format="csr", dtype=np.float32, rng=rng)
     labels = torch.from_numpy(rng.integers(0, classes, n).astype(np.int64))
     return GraphData(name, _csr32(adj), sp.csr_array(feats), labels, _random_train(n, seed),

@@ -4,7 +4,7 @@ and the PNG chart of the ratios.
 Example:
     >>> row = {"workload": "gcn-cora", "mode": "train", "source": "real", "ours_s": 0.002,
     ...        "first_s": 0.5, "check": "ok", "skipped": {"dense": "too large"},
-    ...        "vs": {"torch.sparse": {"ratio": 2.5, "config": "CSR"}}}
+    ...        "vs": {"torch.sparse": {"ratio": 2.5, "impl": "torch.sparse CSR"}}}
     >>> print(results_table([row]))  # doctest: +NORMALIZE_WHITESPACE
     workload  mode   data  sparsetorch  first call  vs torch.sparse  vs dense  vs PyG  check
     gcn-cora  train  real       2.00ms    500.00ms       2.50x CSR   skipped       -  ok
@@ -29,11 +29,11 @@ OVERHEAD_TARGET = 0.20
 
 
 def ratio_cell(row: dict, family: str) -> str:
-    """``2.31x CSR`` (ratio against the family's fastest configuration, and which),
+    """``2.31x CSR`` (ratio against the family's fastest implementation, and which),
     ``skipped`` when the family could not run, ``-`` when the workload has no such baseline."""
     vs = row.get("vs", {}).get(family)
     if vs and vs.get("ratio") is not None:
-        tag = vs.get("config") or ""
+        tag = vs.get("impl", "").removeprefix(family).strip()   # "torch.sparse COO" -> "COO"
         return f"{vs['ratio']:.2f}x {tag}".rstrip()
     if family in row.get("skipped", {}):
         return "skipped"
@@ -48,13 +48,20 @@ def results_table(rows: list[dict]) -> str:
     for r in rows:
         table.append({
             "workload": r["workload"], "mode": r["mode"],
-            "data": "real" if r.get("source", "real") == "real" else "stand-in",
+            "data": _data_kind(r.get("source", "real")),
             "sparsetorch": format_time(r["ours_s"]) if r.get("ours_s") else "error",
             "first call": format_time(r["first_s"]) if r.get("first_s") else "-",
             **{f"vs {f}": ratio_cell(r, f) for f in FAMILIES},
             "check": r.get("check", ""),
         })
     return format_table(table, list(table[0])) if table else "(no workloads ran)"
+
+
+def _data_kind(source: str) -> str:
+    """``real``, ``synthetic`` (workloads without a dataset: random tokens or images) or
+    ``stand-in`` (a dataset was missing and generated data of its size replaced it)."""
+    return "real" if source == "real" else "synthetic" if source.startswith("generated (") \
+        else "stand-in"
 
 
 def summary(rows: list[dict], overhead: dict | None = None) -> list[str]:

@@ -68,6 +68,8 @@ def main(args) -> int:
     with pinned_threads(args.threads) as threads:
         for w, mode in _progress(steps):
             rows.append(run_case(w, mode, ctx, threads=threads, **budget))
+            if args.json:   # rows so far, so a long run interrupted still leaves its numbers
+                write_json_atomic(args.json, _document(args, ctx, threads, rows, None))
         overhead = None
         if any(w.group == "gcn" for w in workloads):
             overhead = gcn_overhead(ctx, rounds=budget["rounds"], threads=threads)
@@ -83,10 +85,8 @@ def main(args) -> int:
     print(f"\n{threads} threads; ratios are medians of per-round time(baseline) / "
           f"time(sparsetorch), > 1 means sparsetorch is faster; done in "
           f"{time.perf_counter() - start:.0f}s")
-    doc = {"machine": machine_info(threads), "quick": args.quick, "rows": rows,
-           "overhead": overhead, "summary": summary(rows, overhead),
-           "data_root": str(ctx.data_root) if ctx.data_root else None}
     if args.json:
+        doc = _document(args, ctx, threads, rows, overhead)
         print(f"JSON: {write_json_atomic(args.json, doc)}")
     if args.plot:
         why = plot(rows, args.plot)
@@ -96,6 +96,12 @@ def main(args) -> int:
         print(f"ERROR: {r['workload']} {r['mode']}: {r['check']}"
               + (f" ({r['error']})" if r.get("error") else ""), file=sys.stderr)
     return 1 if failed else 0
+
+
+def _document(args, ctx, threads, rows, overhead) -> dict:
+    return {"machine": machine_info(threads), "quick": args.quick, "only": args.only,
+            "rows": rows, "overhead": overhead, "summary": summary(rows, overhead),
+            "data_root": str(ctx.data_root) if ctx.data_root else None}
 
 
 def _data_root(path):
@@ -130,17 +136,20 @@ def _progress(steps):
 
 
 def _row_notes(rows):
-    seen = []
+    """Where data came from, what was skipped and why (per workload), and each
+    implementation's configurations (once)."""
+    seen, configs = [], {}
     for r in rows:
         if r.get("source", "real") != "real":
             seen.append(f"{r['workload']}: {r['source']}")
         for n in r.get("notes", []):
             seen.append(f"{r['workload']}: {n}")
         for fam, why in r.get("skipped", {}).items():
-            seen.append(f"{r['workload']} {r['mode']}: {fam} skipped: {why}")
+            seen.append(f"{r['workload']}: {fam} skipped: {why}")
         for name, i in r.get("impls", {}).items():
             if i.get("config"):
-                seen.append(f"{r['workload']} {r['mode']}: {name} = {i['config']}")
+                configs.setdefault(name, []).append(i["config"])
         if r.get("error"):
             seen.append(f"{r['workload']} {r['mode']}: {r['error']}")
+    seen += [f"{name} ran as: {'; '.join(dict.fromkeys(c))}" for name, c in configs.items()]
     return list(dict.fromkeys(seen))

@@ -117,8 +117,9 @@ class SparseConv2d(SparseLinear):
         return layer
 
     def set_pattern(self, mask, values=None) -> None:
-        """``SparseLinear.set_pattern``, storing the weight as BSR with blocks of 4 or 2 output
-        channels when ``mask`` is made of them, else CSR.
+        """``SparseLinear.set_pattern``; a bool ``mask`` given with ``values`` None or dense
+        (out, in) chooses the format again: BSR with blocks of 4 or 2 output channels when the
+        mask is made of them, else CSR. (1-D values are in the current format's order.)
 
         Example:
             >>> import torch, sparsetorch as st
@@ -127,20 +128,20 @@ class SparseConv2d(SparseLinear):
             >>> layer.blocksize, layer.weight.to_dense().diagonal().tolist()
             (None, [2.0, 2.0, 2.0, 2.0])
         """
+        # Blocks are chosen afresh only from a bool mask with values absent or dense: values in
+        # storage order (and a SparseTensor mask, which has its own) mean the current format.
         shape = (self.out_features, self.in_features)
-        if not isinstance(mask, torch.Tensor) or isinstance(mask, SparseTensor) \
-                or tuple(mask.shape) != shape:
-            raise ValueError(f"SparseConv2d.set_pattern: mask must be a bool tensor of shape "
-                             f"{shape} (out_channels, in_channels); got "
-                             f"{tuple(getattr(mask, 'shape', ())) or type(mask).__name__}")
-        blocksize = choose_blocksize(mask.bool())
-        if blocksize != self.blocksize:
-            if values is None:   # the old weights, read before the format changes
-                values = self.weight.detach().to_dense()
-            self.blocksize = blocksize
-            self._format = _pattern.weight_format(blocksize)
-            self._array_names = array_names(self._format)
-        super().set_pattern(mask.bool(), values)
+        if (isinstance(mask, torch.Tensor) and not isinstance(mask, SparseTensor)
+                and mask.dtype == torch.bool and tuple(mask.shape) == shape
+                and (values is None or isinstance(values, torch.Tensor) and values.dim() == 2)):
+            blocksize = choose_blocksize(mask)
+            if blocksize != self.blocksize:
+                if values is None:   # the old weights, read before the format changes
+                    values = self.weight.detach().to_dense()
+                self.blocksize = blocksize
+                self._format = _pattern.weight_format(blocksize)
+                self._array_names = array_names(self._format)
+        super().set_pattern(mask, values)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] != self.in_features:
