@@ -13,7 +13,8 @@ from functools import lru_cache
 import torch
 
 from ..formats.tensor import SparseTensor
-from .execute import backend, kernel_argtypes, uses_triton
+from .execute import kernel_argtypes
+from .policy import backend, uses_triton
 
 
 def row_kernel(kind: str, A: SparseTensor):

@@ -21,9 +21,9 @@ from ..compiler.sblock import describe as describe_column_blocks
 from ..formats.tensor import SparseTensor
 from .broadcast import squeeze_broadcast
 from .diagonal import has_sparse_diagonal, take_diagonals
-from .execute import (_BACKEND_KEY, _ENV_DATA as _ENV, _FAST, _FAST_DENSE, asks_dense,
-                      backend, kernel_for, lookup, run)
-from .expr import EXPR_MARK, recorded_eval
+from .execute import _FAST, _FAST_DENSE, kernel_for, lookup, run
+from .expr import EXPR_MARK, FORMAT_MARK, LazyExpr, mark_format, recorded_eval
+from .policy import _BACKEND_KEY, _ENV_DATA as _ENV, asks_dense, backend
 from .promote import promoted
 from .relayout import relayout, run_relaid
 
@@ -164,9 +164,6 @@ def _fused_assignment(equation, shapes, bias_shape, activation, what):
 
 _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
-# Separates an ``out_format`` name from the equation in the ``torch.einsum`` call recorded
-# while compiling; no einsum equation contains it.
-FORMAT_MARK = "|"
 
 
 def _traced_einsum(equation, operands, out_format):
@@ -185,20 +182,6 @@ def _traced_einsum(equation, operands, out_format):
         return torch.einsum(equation, *operands)
     return torch.einsum(mark_format(equation, out_format, f"einsum({equation!r})"),
                         *operands)
-
-
-def mark_format(equation: str, out_format, what: str) -> str:
-    """``equation`` with a named ``out_format`` appended after ``FORMAT_MARK``, for a
-    ``torch.einsum`` call recorded under torch.compile (a graph holds strings, not Format
-    objects)."""
-    if out_format is None:
-        return equation
-    if not isinstance(out_format, str):
-        raise NotImplementedError(
-            f"{what} under torch.compile takes out_format as a format name (e.g. 'csr'), "
-            f"got {out_format!r}; pass its name, or convert the result outside the compiled "
-            "function")
-    return f"{equation}{FORMAT_MARK}{out_format}"
 
 
 def torch_einsum(equation, *operands):
@@ -311,8 +294,6 @@ def explain(equation, *operands, out_format=None) -> Explanation:
         >>> st.explain("ij,jk->ik", A, torch.ones(3, 2)).loop_order
         ('i', 'j', 'k')
     """
-    from .expr import LazyExpr
-
     if isinstance(equation, LazyExpr):
         assignment, operands = equation.assignment(), equation.operands
     else:

@@ -16,6 +16,9 @@ _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 # Starts the ``torch.einsum`` equation that records ``LazyExpr.eval`` under torch.compile
 # (``_traced_eval``); no einsum equation contains it.
 EXPR_MARK = "="
+# Separates an ``out_format`` name from the equation in the ``torch.einsum`` call recorded
+# while compiling; no einsum equation contains it.
+FORMAT_MARK = "|"
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _FLOAT_MAPS = ("sqrt", "exp")   # floats of integers, as torch.sqrt and torch.exp give
 
@@ -177,7 +180,6 @@ def _traced_eval(expr: LazyExpr, out_format):
     ``recorded_eval`` while the graph is traced, below dynamo (the same way ``st.einsum``
     records itself). Dense operands only: torch ops, which dynamo records as they are."""
     from ..formats.tensor import SparseTensor
-    from .einsum import mark_format
 
     if not any(isinstance(t, SparseTensor) for t in expr.operands):
         if out_format not in (None, "dense"):
@@ -190,6 +192,20 @@ def _traced_eval(expr: LazyExpr, out_format):
     return torch.einsum(equation, *expr.operands)
 
 
+def mark_format(equation: str, out_format, what: str) -> str:
+    """``equation`` with a named ``out_format`` appended after ``FORMAT_MARK``, for a
+    ``torch.einsum`` call recorded under torch.compile (a graph holds strings, not Format
+    objects)."""
+    if out_format is None:
+        return equation
+    if not isinstance(out_format, str):
+        raise NotImplementedError(
+            f"{what} under torch.compile takes out_format as a format name (e.g. 'csr'), "
+            f"got {out_format!r}; pass its name, or convert the result outside the compiled "
+            "function")
+    return f"{equation}{FORMAT_MARK}{out_format}"
+
+
 def recorded_eval(equation: str, operands):
     """Evaluate the lazy expression that ``_traced_eval`` recorded as ``equation``.
 
@@ -200,7 +216,6 @@ def recorded_eval(equation: str, operands):
         tensor([[1., 0.]])
     """
     from ..autograd.function import evaluate
-    from .einsum import FORMAT_MARK
 
     head, _, out_format = equation[len(EXPR_MARK):].partition(FORMAT_MARK)
     rank, *tokens = head.split()

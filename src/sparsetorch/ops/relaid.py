@@ -42,6 +42,7 @@ from .. import runtime
 from ..formats.format import Format
 from ..formats.pack import choose_index_dtype, pack, unpack_rows
 from ..formats.tensor import SparseTensor, inherit_pattern_facts, layout
+from .policy import backend
 
 # first level array -> {(source format, format, index dtype): _Kept}
 _KEPT = WeakIdKeyDictionary()
@@ -185,8 +186,6 @@ def gather(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 
 
 def _c_backend() -> bool:
-    from .execute import backend   # (execute.py imports this module)
-
     return backend() == "c"
 
 

@@ -36,7 +36,9 @@ from ..compiler.lower import MAX_WORKSPACE
 from ..formats.tensor import SparseTensor, layout
 from . import cshim
 from .balance import chunked_work, ranges_per_thread
+from .policy import _SCATTER_WORK
 from .result_size import check_result_fits, dense_fits
+from .transpose import contiguous
 
 
 def raw(t) -> tuple:
@@ -92,7 +94,6 @@ def make_shim(prepared, tensors, parallel_work: int):
         # Conversions that only avoid a serial scatter: calls too small for threads run
         # the order as written here, larger ones the re-laid operand (``generic``). The
         # written kernel counts work in vector steps of its own width (often untiled: 1).
-        from .execute import _SCATTER_WORK
         written = prepared.written()
         return _make(written, tensors, parallel_work, prepared,
                      _SCATTER_WORK * prepared.lanes // written.lanes)
@@ -201,8 +202,6 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
                         *(["def guarded(ops):", "    try:", "    " + unpack,
                            "    except (TypeError, ValueError): return None",
                            *guard, *lines] if guard else [])])
-    from .transpose import contiguous   # (here: transpose imports execute, execute this)
-
     scope = {"contiguous": contiguous, "empty_strided": torch.empty_strided,
              "zeros": torch.zeros, "dtype": prepared.dtype,
              "from_parts": SparseTensor._from_parts,

@@ -34,7 +34,7 @@ from ..formats.pack import unpack, unpack_rows
 from ..formats.tensor import SparseTensor, inherit_pattern_facts, layout
 from .attention import row_kernel
 from .einsum import einsum
-from .execute import backend, uses_triton
+from .policy import backend, uses_triton
 from .triton_run import TRITON_DTYPES, row_softmax as triton_row_softmax
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
