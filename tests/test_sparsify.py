@@ -122,7 +122,7 @@ def test_random_and_block_pruning_counts():
     sp = st.sparsify(dense, sparsity=0.75, method="random",
                      generator=torch.Generator().manual_seed(0))
     _check_counts(dense, sp, 0.75)
-    blocked = st.sparsify(dense, sparsity=0.5, block=4)
+    blocked = st.sparsify(dense, sparsity=0.5, blocksize=4)
     for name in ("reduce", "expand", "short"):
         layer = blocked.get_submodule(name)
         blocks = layer.weight.shape[0] // 4 * layer.weight.shape[1]
@@ -148,9 +148,65 @@ def test_bad_arguments_are_clear():
         st.sparsify(net, sparsity=1.5)
     with pytest.raises(ValueError, match="method"):
         st.sparsify(net, method="l1")
-    with pytest.raises(ValueError, match="block must be"):
-        st.sparsify(net, block=(2, 2))
+    with pytest.raises(ValueError, match="blocksize must be"):
+        st.sparsify(net, blocksize=(2, 2))
+    with pytest.raises(TypeError, match="block"):    # the old name, as everywhere: blocksize=
+        st.sparsify(net, block=4)
     with pytest.raises(TypeError, match="skip=\\['short'\\]"):
         st.sparsify(net, skip="short")
     with pytest.raises(ValueError, match="width_mult"):
         st.models.mobilenet_v1(width_mult=0)
+
+
+class AttentionNet(nn.Module):
+    """A model holding an nn.MultiheadAttention (whose out_proj is an nn.Linear subclass that
+    MHA reads by .weight, never calls) and a Linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.attn(x, x, x, need_weights=False)[0])
+
+
+class UntraceableAttentionNet(AttentionNet):
+    def forward(self, x):
+        if x.sum() > 0:     # data-dependent: the fx trace fails, Sequential reading is used
+            x = -x
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("model_cls", [AttentionNet, UntraceableAttentionNet])
+def test_multihead_attention_keeps_its_out_proj_dense(model_cls):
+    torch.manual_seed(0)
+    dense = model_cls().eval()
+    sparse = st.sparsify(dense, sparsity=0.5)
+    assert type(sparse.attn.out_proj) is type(dense.attn.out_proj)
+    assert isinstance(sparse.head, st.nn.SparseLinear) and sparse.head.values.numel() == 16
+    x = torch.randn(3, 2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(sparse(x), _masked_dense(dense, sparse)(x),
+                                   rtol=1e-5, atol=1e-5)
+
+
+class ReadsChildWeight(nn.Module):
+    """A parent that reads its child layer's weight instead of calling it."""
+
+    def __init__(self):
+        super().__init__()
+        self.tied = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(F.linear(x, self.tied.weight.t()))
+
+
+def test_layers_the_traced_parent_does_not_call_stay_dense():
+    dense = ReadsChildWeight()
+    sparse = st.sparsify(dense, sparsity=0.5)
+    assert type(sparse.tied) is nn.Linear and isinstance(sparse.head, st.nn.SparseLinear)
+    x = torch.randn(2, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(sparse(x), _masked_dense(dense, sparse)(x))
