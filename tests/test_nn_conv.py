@@ -24,9 +24,16 @@ def _conv(cin, cout, stride=1, bias=True, seed=0):
     return nn.Conv2d(cin, cout, 1, stride=stride, bias=bias)
 
 
-@pytest.mark.parametrize("blocksize", [None, (2, 1), (4, 1)])
-@pytest.mark.parametrize("batch,stride,bias,act", [(1, 1, True, "relu"), (3, 1, False, None),
-                                                   (1, 2, True, "relu6"), (2, 2, True, "relu")])
+_CASES = [(1, 1, True, "relu"), (3, 1, False, None), (1, 2, True, "relu6"), (2, 2, True, "relu")]
+
+
+# Every distinct kernel (format, block size, dtype) compiles once per run, seconds each: the
+# default run keeps one CSR and one BSR case, the full grid is slow.
+@pytest.mark.parametrize("blocksize,batch,stride,bias,act", [
+    (None, 3, 1, False, None), ((4, 1), 2, 2, True, "relu6"),
+    *(pytest.param(b, *case, marks=pytest.mark.slow)
+      for b in (None, (2, 1), (4, 1)) for case in _CASES
+      if (b, *case) not in ((None, 3, 1, False, None), ((4, 1), 2, 2, True, "relu6")))])
 def test_matches_masked_dense_conv(blocksize, batch, stride, bias, act):
     conv = _conv(12, 8, stride, bias)
     layer = SparseConv2d.from_dense(conv, sparsity=0.5, blocksize=blocksize, activation=act)
@@ -98,7 +105,8 @@ def test_empty_pattern_gives_bias_only():
     torch.testing.assert_close(layer(x), torch.relu(layer.bias).view(1, 3, 1, 1).expand(2, 3, 3, 3))
 
 
-@pytest.mark.parametrize("blocksize,act", [(None, None), ((2, 1), "relu")])
+@pytest.mark.parametrize("blocksize,act", [(None, None),
+                                          pytest.param((2, 1), "relu", marks=pytest.mark.slow)])
 def test_gradcheck(blocksize, act):
     conv = _conv(6, 4, bias=True).double()
     layer = SparseConv2d.from_dense(conv, sparsity=0.5, blocksize=blocksize, activation=act)

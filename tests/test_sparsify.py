@@ -77,26 +77,40 @@ def _check_counts(dense, sparse, sparsity):
     return n
 
 
-@pytest.mark.parametrize("build", [st.models.mobilenet_v1, st.models.mobilenet_v2])
-def test_mobilenets_sparsified_equal_masked_dense(build):
+MOBILENETS = [st.models.mobilenet_v1, st.models.mobilenet_v2]
+
+
+def _sparse_mobilenet(build):
+    """(dense model, its state before sparsify, the sparse copy at sparsity 0.8)."""
     torch.manual_seed(0)
     dense = _randomise_bn(build(width_mult=0.25, num_classes=10))
     before = copy.deepcopy(dense.state_dict())
-    sparse = st.sparsify(dense, sparsity=0.8)
+    return dense, before, st.sparsify(dense, sparsity=0.8)
+
+
+@pytest.mark.parametrize("build", MOBILENETS)
+def test_mobilenets_convert_layer_by_layer(build):
+    dense, before, sparse = _sparse_mobilenet(build)
     assert _check_counts(dense, sparse, 0.8) == (14 if build is st.models.mobilenet_v1 else 35)
     # first conv dense, depthwise kept dense in the layout-keeping wrapper, BN folded away
     assert type(sparse.features[0][0]) is nn.Conv2d
     assert sum(isinstance(m, ChannelsFirstDepthwise) for m in sparse.modules()) == \
         sum(isinstance(m, nn.Conv2d) and m.groups > 1 for m in dense.modules())
     assert not any(isinstance(m, nn.BatchNorm2d) for m in sparse.modules())
+    after = dense.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)     # dense model unchanged
+    assert all(type(m) is not SparseConv2d for m in dense.modules())
+
+
+@pytest.mark.slow   # runs every fused kernel variant of both models: seconds of compiling each
+@pytest.mark.parametrize("build", MOBILENETS)
+def test_mobilenets_sparsified_equal_masked_dense(build):
+    dense, _, sparse = _sparse_mobilenet(build)
     masked = _masked_dense(dense, sparse)
     for batch in (1, 2):
         x = torch.randn(batch, 3, 32, 32)
         with torch.no_grad():
             torch.testing.assert_close(sparse(x), masked(x), rtol=1e-4, atol=1e-4)
-    after = dense.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before)     # dense model unchanged
-    assert all(type(m) is not SparseConv2d for m in dense.modules())
 
 
 @pytest.mark.parametrize("model_cls", [TinyResNet, Branchy])
