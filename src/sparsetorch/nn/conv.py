@@ -190,11 +190,7 @@ def _dense_mask(mask, shape):
     ``SparseLinear``)."""
     if not isinstance(mask, SparseTensor):
         return mask
-    if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"SparseConv2d: mask has shape {tuple(mask.shape)} but the weight is "
-                         f"{tuple(shape)} (out_channels, in_channels)")
-    ones = torch.ones(mask.nnz, dtype=torch.float32, device=mask.device)
-    return mask.with_values(ones).to_dense() != 0
+    return _pattern.from_mask(mask, shape, None, "SparseConv2d").to_dense() != 0
 
 
 def _check_pointwise(conv) -> None:
