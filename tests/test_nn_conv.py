@@ -178,3 +178,57 @@ def test_sparse_tensor_mask_keeps_its_stored_entries():
     assert layer.blocksize == (4, 1) and torch.equal(layer.mask(), column != 0)  # blocks again
     with pytest.raises(ValueError, match=r"mask has shape \(6, 8\)"):
         layer.set_pattern(st.tensor(torch.ones(6, 8), "csr"))
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_keeps_layout_and_matches_conv2d(stride):
+    torch.manual_seed(0)
+    dw = nn.Conv2d(5, 5, 3, stride, 1, groups=5)
+    layer = ChannelsFirstDepthwise.from_dense(dw, activation="relu6")
+    for x in (torch.randn(1, 5, 6, 6), torch.randn(3, 5, 6, 6),
+              torch.randn(5, 3, 6, 6).permute(1, 0, 2, 3)):
+        with torch.no_grad():
+            y = layer(x)
+        torch.testing.assert_close(y, F.relu6(dw(x)), rtol=1e-5, atol=1e-6)
+    assert y.permute(1, 0, 2, 3).is_contiguous()
+    with pytest.raises(ValueError, match="depthwise"):
+        ChannelsFirstDepthwise.from_dense(nn.Conv2d(4, 4, 3))
+
+
+def test_fold_batchnorm_equals_conv_then_bn():
+    torch.manual_seed(0)
+    for conv in (nn.Conv2d(4, 6, 1, bias=False), nn.Conv2d(4, 4, 3, padding=1, groups=4)):
+        bn = nn.BatchNorm2d(conv.out_channels).eval()
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.data.uniform_(0.5, 2)
+        bn.bias.data.uniform_(-1, 1)
+        x = torch.randn(2, 4, 5, 5)
+        torch.testing.assert_close(fold_batchnorm(conv, bn)(x), bn(conv(x)), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="features"):
+        fold_batchnorm(nn.Conv2d(4, 6, 1), nn.BatchNorm2d(5))
+
+
+def test_state_dict_of_another_pattern_loads():
+    a = SparseConv2d.from_dense(_conv(6, 5, seed=1), sparsity=0.3, activation="relu")
+    b = SparseConv2d.from_dense(_conv(6, 5, seed=2), sparsity=0.8, activation="relu")
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 6, 3, 3)
+    assert torch.equal(b.mask(), a.mask())
+    torch.testing.assert_close(b(x), a(x))
+
+
+def test_rigl_capture_gives_the_dense_weight_gradient_of_a_sparse_conv():
+    """RigL's truly sparse mode scores growth with dY^T X captured by hooks on SparseLinear
+    layers; a SparseConv2d is one, and its NCHW input and output must be read per pixel."""
+    from sparsetorch.train.layers import SparseLayer
+
+    conv = _conv(6, 4, stride=2)
+    layer = SparseConv2d.from_dense(conv, sparsity=0.5)
+    capture = SparseLayer("c", layer, reduce=lambda t: t, capturing=lambda: True, conv=True)
+    x = torch.randn(2, 6, 5, 5)
+    layer(x).square().sum().backward()
+    w = (conv.weight.detach()[:, :, 0, 0] * layer.mask()).requires_grad_()
+    F.conv2d(x, w[:, :, None, None], conv.bias, stride=2).square().sum().backward()
+    torch.testing.assert_close(capture.grad_rows(0, 4), w.grad, rtol=1e-4, atol=1e-4)
+    capture.close()
