@@ -49,8 +49,8 @@ _READS_CHILD_WEIGHTS = (nn.MultiheadAttention,)
 
 
 def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
-             blocksize=None, skip: Iterable[str] | Callable[[str, nn.Module], bool] = (), fold_bn: bool = True,
-             generator: torch.Generator | None = None) -> nn.Module:
+             blocksize=None, skip: Iterable[str] | Callable[[str, nn.Module], bool] = (),
+             fold_bn: bool = True, generator: torch.Generator | None = None) -> nn.Module:
     """A sparse copy of ``model`` (see the module docstring). ``skip``: qualified module
     names (``"features.0.0"``) to keep dense, or a predicate ``(name, module) -> bool``.
     ``generator`` seeds ``method="random"``.
