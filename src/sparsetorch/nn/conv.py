@@ -31,7 +31,8 @@ from ..formats import SparseTensor
 from ..formats.pack import array_names
 from ..ops import einsum
 from . import _pattern
-from .linear import SparseLinear, _keep_facts
+from ._common import check_pointwise as _check_pointwise, keep_facts as _keep_facts
+from .linear import SparseLinear
 from .pattern import choose_blocksize, prune_mask
 
 ACTIVATIONS = (None, "relu", "relu6")
@@ -103,9 +104,9 @@ class SparseConv2d(SparseLinear):
         """
         _check_pointwise(conv)
         w = conv.weight.detach().reshape(conv.out_channels, conv.in_channels)
-        return cls._from_mask(conv, prune_mask(w, density=density, sparsity=sparsity,
-                                               method=method, blocksize=blocksize,
-                                               generator=generator), activation)
+        mask = prune_mask(w, density=density, sparsity=sparsity, method=method,
+                          blocksize=blocksize, generator=generator)
+        return cls._from_mask(conv, mask, activation)
 
     @classmethod
     def _from_mask(cls, conv: nn.Conv2d, mask: torch.Tensor, activation) -> "SparseConv2d":
@@ -192,21 +193,3 @@ def _dense_mask(mask, shape):
         return mask
     return _pattern.from_mask(mask, shape, None, "SparseConv2d").to_dense() != 0
 
-
-def _check_pointwise(conv) -> None:
-    if not isinstance(conv, nn.Conv2d):
-        raise TypeError(f"SparseConv2d.from_dense: expected an nn.Conv2d, got {type(conv).__name__}")
-    problems = []
-    if tuple(conv.kernel_size) != (1, 1):
-        problems.append(f"kernel_size={tuple(conv.kernel_size)} (need 1x1)")
-    if conv.groups != 1:
-        problems.append(f"groups={conv.groups} (need 1)")
-    if conv.stride[0] != conv.stride[1] or conv.stride[0] not in (1, 2):
-        problems.append(f"stride={tuple(conv.stride)} (need 1 or 2)")
-    if tuple(conv.padding) != (0, 0) if not isinstance(conv.padding, str) else conv.padding != "valid":
-        problems.append(f"padding={conv.padding} (need 0)")
-    if tuple(conv.dilation) != (1, 1):
-        problems.append(f"dilation={tuple(conv.dilation)} (need 1)")
-    if problems:
-        raise ValueError("SparseConv2d.from_dense: only 1x1 convolutions convert; this one has "
-                         + ", ".join(problems) + ". Keep it dense (st.sparsify skips it).")

@@ -36,7 +36,8 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from .conv import SparseConv2d, _check_pointwise
+from ._common import check_pointwise as _check_pointwise
+from .conv import SparseConv2d
 from .depthwise import ChannelsFirstDepthwise, is_depthwise
 from .fold import fold_batchnorm
 from .pattern import METHODS, exact_density, prune_mask
@@ -77,7 +78,8 @@ def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
         weight = module.weight.detach().flatten(1)
         bs = blocksize if blocksize and weight.shape[0] % blocksize[0] == 0 else None
         if isinstance(module, nn.Linear):   # the exact count, given as a density
-            return SparseLinear.from_dense(module, exact_density(weight.shape, sparsity, bs),
+            return SparseLinear.from_dense(module,
+                                           density=exact_density(weight.shape, sparsity, bs),
                                            method=method, blocksize=bs, generator=generator)
         mask = prune_mask(weight, sparsity=sparsity, method=method, blocksize=bs,
                           generator=generator)

@@ -237,7 +237,7 @@ def call(prepared, tensors):
     if entry.kind == "sampled":
         source = tensors[entry.output.sampled_operand]
         values = torch.ops.sparsetorch.sampled_kernel(key, flat, extents)
-        return SparseTensor(shape, fmt, source.arrays, values)
+        return SparseTensor(shape, fmt, source._level_arrays, values)
     out = torch.ops.sparsetorch.emit_kernel(key, flat, extents)
     return SparseTensor(shape, fmt, dict(zip(array_names(fmt), out[:-1])), out[-1])
 
@@ -335,7 +335,7 @@ def emit_kernel(kernel: str, inputs: list[torch.Tensor],
     index = entry.index_dtype(extents)
     flat_in = {t.data_ptr() for t in inputs if t.numel()}
     result = []
-    for t in [*(out.arrays[n] for n in array_names(out.format)), out.values]:
+    for t in [*(out._level_arrays[n] for n in array_names(out.format)), out.values]:
         t = t.to(index) if t is not out.values and t.dtype != index else t
         # custom ops must not return their inputs' memory (a sampled pattern re-laid out
         # may keep an unchanged array)

@@ -24,6 +24,7 @@ from .diagonal import has_sparse_diagonal, take_diagonals
 from .execute import (_BACKEND_KEY, _ENV_DATA as _ENV, _FAST, _FAST_DENSE, asks_dense,
                       backend, kernel_for, lookup, run)
 from .expr import EXPR_MARK, recorded_eval
+from .promote import promoted
 from .relayout import relayout, run_relaid
 
 
@@ -91,6 +92,9 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
 
 
 def _einsum(equation, operands, out_format, memo=True):
+    if len({getattr(t, "dtype", None) for t in operands}) > 1 and all(
+            isinstance(t, torch.Tensor) for t in operands):
+        operands = promoted(operands)   # mixed dtypes: torch's result type (a memo miss)
     if _is_grad_enabled() and _any_requires_grad(operands):
         return _einsum_recorded(equation, operands, out_format)
     prepared = lookup(equation, operands, out_format) if memo else None   # (no autograd)

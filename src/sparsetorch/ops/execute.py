@@ -26,10 +26,11 @@ from ..formats.tensor import SparseTensor
 from ..formats.validate import VALUE_DTYPES
 from .balance import ranges_per_thread
 from .relaid import relaid
+from .result_size import check_result_fits
 from .blocked import BlockedCall, blocked_result_format, split_blocked
 from . import cshim, custom_ops
 from .custom_ops import is_tracing
-from .shim import make_shim
+from .shim import make_shim, pointers
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.int32: "int32",
                 torch.int64: "int64"}
@@ -551,14 +552,14 @@ class _Prepared:
         sparse_work = dense_work = 0
         for t in tensors:
             if type(t) is SparseTensor:   # level arrays and values are always contiguous
-                args += [getattr(t, "_" + name).data_ptr() for name in t._array_names]
-                vals = t._values
-                sparse_work += vals.numel()
+                count, ptrs, _ = pointers(t)   # (values checked against the pattern)
+                args += ptrs
+                sparse_work += count
             else:
                 vals = t if t.is_contiguous() else _contiguous(t)
                 dense_work += vals.numel()
                 keep.append(vals)
-            args.append(vals.data_ptr())
+                args.append(vals.data_ptr())
         out_shape = tuple([ext[d] for d in self.out_index])
         kind = kernel.output.kind
         work = self.work(dense_work, sparse_work, ext)
@@ -575,7 +576,7 @@ class _Prepared:
             out_vals = (torch.empty if kernel.fills_output else torch.zeros)(
                 source.nnz, dtype=self.dtype)
             self.fns[0](*args, out_vals.data_ptr(), *ws)
-            return SparseTensor(out_shape, kernel.output.format, source.arrays, out_vals)
+            return SparseTensor(out_shape, kernel.output.format, source._level_arrays, out_vals)
         return self.emit(tensors, args, ws, ext, out_shape)
 
     def emit(self, tensors, args, ws, ext, out_shape):
@@ -585,6 +586,7 @@ class _Prepared:
         kernel = self.kernel
         extents = dict(zip(self.var_order, ext))
         slices = _outer_extent(kernel, tensors, extents)
+        check_result_fits(kernel, tensors, out_shape, self.dtype)
         pos = torch.zeros(slices + 1, dtype=torch.int64)
         self.fns[0](*args, pos.data_ptr() + 8, *ws)
         total = int(pos[slices])
@@ -634,7 +636,7 @@ def _outer_extent(kernel, tensors, extents) -> int:
     if kind[0] == "dim":
         return max(1, extents[kind[1]])
     if kind[0] == "level":
-        pos0 = tensors[kind[1]].arrays["pos0"]
+        pos0 = tensors[kind[1]]._level_arrays["pos0"]
         return max(1, int(pos0[1]) - int(pos0[0]))
     return 1
 

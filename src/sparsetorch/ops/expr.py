@@ -10,12 +10,14 @@ from __future__ import annotations
 import torch
 
 from ..compiler.notation import UNARY, Access, Add, Assignment, Expr, Mul, Scale, Unary
+from .promote import promoted
 
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 # Starts the ``torch.einsum`` equation that records ``LazyExpr.eval`` under torch.compile
 # (``_traced_eval``); no einsum equation contains it.
 EXPR_MARK = "="
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+_FLOAT_MAPS = ("sqrt", "exp")   # floats of integers, as torch.sqrt and torch.exp give
 
 
 def _remap(e: Expr, offset: int) -> Expr:
@@ -44,8 +46,11 @@ class LazyExpr:
                 [1., 6.]])
     """
 
-    def __init__(self, tree: Expr, operands: tuple, shape: tuple):
+    def __init__(self, tree: Expr, operands: tuple, shape: tuple, floats: bool = False):
         self.tree, self.operands, self.shape = tree, tuple(operands), tuple(shape)
+        # whether the tree makes floats of integers (a Python float factor, true division,
+        # sqrt, exp): ``eval`` promotes as torch would (``ops/promote.py``)
+        self.floats = floats
 
     @property
     def vars(self) -> tuple[str, ...]:
@@ -60,7 +65,8 @@ class LazyExpr:
             raise ValueError(f"elementwise operands must have equal shapes, got "
                              f"{self.shape} and {other.shape} (broadcasting is not supported)")
         tree = make(self.tree, _remap(other.tree, len(self.operands)))
-        return LazyExpr(tree, self.operands + other.operands, self.shape)
+        return LazyExpr(tree, self.operands + other.operands, self.shape,
+                        self.floats or other.floats)
 
     def __add__(self, other):
         if isinstance(other, (int, float)) and other == 0:
@@ -79,7 +85,8 @@ class LazyExpr:
 
     def __mul__(self, other):
         if isinstance(other, (int, float)):
-            return LazyExpr(Scale(float(other), self.tree), self.operands, self.shape)
+            return LazyExpr(Scale(float(other), self.tree), self.operands, self.shape,
+                            self.floats or isinstance(other, float))
         return self._combine(other, Mul)
 
     __rmul__ = __mul__
@@ -87,13 +94,16 @@ class LazyExpr:
     def __truediv__(self, other):
         if not isinstance(other, (int, float)):
             raise TypeError("only division by a scalar is supported")
-        return self * (1.0 / other)
+        out = self * (1.0 / other)
+        out.floats = True   # true division, as torch's: floats even for an int divisor
+        return out
 
     def __neg__(self):
-        return self * -1.0
+        return self * -1
 
     def _unary(self, fn):
-        return LazyExpr(Unary(fn, self.tree), self.operands, self.shape)
+        return LazyExpr(Unary(fn, self.tree), self.operands, self.shape,
+                        self.floats or fn in _FLOAT_MAPS)
 
     def relu(self):
         return self._unary("relu")
@@ -114,7 +124,8 @@ class LazyExpr:
 
         if _is_dynamo_compiling():   # one graph node (_traced_eval)
             return _traced_eval(self, out_format)
-        return evaluate(self.assignment(), self.operands, out_format, what="expression")
+        return evaluate(self.assignment(), promoted(self.operands, self.floats), out_format,
+                        what="expression")
 
     def __repr__(self):
         return f"LazyExpr({self.assignment()}, shape={self.shape})"
