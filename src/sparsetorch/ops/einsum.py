@@ -267,9 +267,9 @@ class Explanation:
                  f"parallel:     {self.parallel}",
                  f"tiles:        {self.tiles}"]
         lines += [f"note:         {n}" for n in self.notes]
-        return "\n".join(lines + [f"(loop IR: {len(self.loops.splitlines())} lines in .loops; "
-                                   f"C source: {len(self.source.splitlines())} lines in .source; "
-                                   "all of it: .full())"])
+        return "\n".join(lines + [f"(the loop IR, {len(self.loops.splitlines())} lines, is in "
+                                   f".loops; the generated C, {len(self.source.splitlines())} "
+                                   "lines, in .source; all of it: .full())"])
 
     def full(self) -> str:
         """The summary followed by the loop IR and the generated C source.
