@@ -307,8 +307,8 @@ def test_fast_path_answers_only_its_own_signature(monkeypatch):
     st.einsum("ij,j->i", A, xg).sum().backward()
     assert torch.allclose(xg.grad, dense.sum(0))
     # Other dtype, rank or layout: the same errors and results as a cold call.
-    with pytest.raises(TypeError):
-        st.einsum("ij,j->i", A, x.float())
+    mixed = st.einsum("ij,j->i", A, x.float())    # promoted as torch does (issue 31)
+    assert mixed.dtype == F64 and torch.allclose(mixed, dense @ x.float().double())
     with pytest.raises(ValueError):
         st.einsum("ij,j->i", A, x[:, None])
     with pytest.raises(TypeError):   # a torch sparse layout is refused, with the fix
