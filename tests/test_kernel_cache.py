@@ -157,6 +157,7 @@ def _spawn(cache, barrier, n, seed):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_two_processes_build_the_same_new_kernels_at_once(tmp_path):
     cache, barrier = tmp_path / "shared-cache", tmp_path / "barrier"
     barrier.mkdir()
@@ -174,6 +175,7 @@ def test_two_processes_build_the_same_new_kernels_at_once(tmp_path):
     assert len(_kernel_libraries(cache)) == 2
 
 
+@pytest.mark.slow
 def test_truncated_cached_library_is_rebuilt(tmp_path):
     cache = tmp_path / "cache"
     code = textwrap.dedent("""\
