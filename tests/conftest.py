@@ -16,7 +16,7 @@ import pytest
 
 LONG = os.environ.get("SPARSETORCH_LONG_TESTS", "") not in ("", "0")
 FULL = LONG or os.environ.get("SPARSETORCH_FULL_TESTS", "") not in ("", "0")
-MATRIX_CASES = 4
+MATRIX_CASES = 2
 
 
 def pytest_collection_modifyitems(config, items):

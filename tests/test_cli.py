@@ -48,6 +48,7 @@ def test_version_and_bad_usage(capsys):
     assert main(["demo", "--graph", "nope"]) == 2
 
 
+@pytest.mark.slow
 def test_python_dash_m_demo_is_fast():
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "sparsetorch", "demo", "--rounds", "2"],

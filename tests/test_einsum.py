@@ -549,6 +549,7 @@ def test_operands_with_unordered_rows(fmt):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_less_common_but_valid_einsums():
     gen = torch.Generator().manual_seed(60)
     A = st.tensor(random_dense((5, 4), 0.5, F64, gen), "csr")

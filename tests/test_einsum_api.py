@@ -105,8 +105,9 @@ def test_explain_spmm():
     assert "void kernel" in e.source and "#pragma omp" in e.source
     assert "for" in e.loops
     text = str(e)
-    for word in ("loop order", "operands", "conversions", "output", "C source", "loop IR"):
+    for word in ("loop order", "operands", "conversions", "output", "generated C", "loop IR"):
         assert word in text
+    assert "C source:" in e.full() and e.source in e.full()
 
 
 def test_explain_concordant_orders():

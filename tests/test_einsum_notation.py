@@ -205,6 +205,7 @@ def _check_random_einsum(spec):
         raise AssertionError(f"{note}: {e}") from e
 
 
+@pytest.mark.slow
 @settings(max_examples=examples(30), deadline=None, derandomize=not LONG,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(random_einsums())

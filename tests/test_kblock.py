@@ -105,6 +105,7 @@ def test_blocked_nest_follows_the_index_order(equation, x_shape):
         check_against_dense(equation, ops)
 
 
+@pytest.mark.slow
 @needs_intrinsics
 @settings(max_examples=examples(10), deadline=None, derandomize=not LONG,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -212,6 +212,7 @@ def test_truncated_cached_library_is_rebuilt(tmp_path):
 
 
 # -- the per-call memo must key on everything that shapes the kernel ------------------------------
+@pytest.mark.slow
 def test_csf_mode_orders_do_not_share_a_memo_entry():
     """Regression: the call memo keyed sparse operands by Format.name, 'csf' for every mode
     order, so another mode order reused the first kernel (wrong results, heap corruption,
@@ -230,6 +231,7 @@ def test_csf_mode_orders_do_not_share_a_memo_entry():
         """)
 
 
+@pytest.mark.slow
 def test_repeated_call_with_bsr_operand():
     """Regression: a repeated call with a BSR operand hit the call memo, which skipped the
     BSR->CSR conversion and ran the CSR kernel on BSR arrays (segfault on the second call)."""

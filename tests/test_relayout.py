@@ -239,6 +239,7 @@ def test_permuted_keeps_bits_and_falls_back_where_it_must():
     assert got.is_cpu and torch.equal(got, y.T.contiguous())
 
 
+@pytest.mark.slow
 def test_a_source_that_needs_a_gradient_is_copied_and_recorded(monkeypatch):
     w = torch.randn(64, 48, dtype=F64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda w: transpose.permuted(w, (1, 0)), (w,))

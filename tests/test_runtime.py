@@ -128,6 +128,7 @@ def test_fresh_process_finds_kernel_on_disk(cache, tmp_path):
     assert s["builds"] == 0 and s["disk_hits"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nolock", ["", "1"], ids=["flock", "no-lock"])
 def test_two_processes_build_same_kernel_at_once(cache, tmp_path, nolock):
     src = saxpy_source()

@@ -71,6 +71,7 @@ def run_cases():
                                                  _dense((40, 70), dtype, 4)])
 
 
+@pytest.mark.slow
 def test_vector_paths_match_dense():
     run_cases()
 
