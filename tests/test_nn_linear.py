@@ -165,6 +165,8 @@ def test_optimizer_steps_and_dtype_and_compile():
     torch.testing.assert_close(compiled(xd), double(xd))
     compiled(xd).sum().backward()
     assert double.values.grad is not None
+    xs = st.tensor(x.double() * (x > 1), "csr")   # a sparse input: densified when traced
+    torch.testing.assert_close(compiled(xs), double(xs))
 
 
 def test_from_dense_magnitude_and_random():

@@ -16,7 +16,7 @@ FORMATS = [("csr", None), ("csc", None), ("coo", None), ("dcsr", None), ("bsr", 
 
 # -- st.eye, st.random ------------------------------------------------------------------------
 @pytest.mark.parametrize("fmt,bs", FORMATS)
-@pytest.mark.parametrize("n,m", [(4, None), (4, 6), (6, 4), (1, 1)])
+@pytest.mark.parametrize("n,m", [(4, None), (6, 4)])
 def test_eye_matches_torch_eye(fmt, bs, n, m):
     if bs and (n % 2 or (m or n) % 2):
         pytest.skip("blocks must tile the shape")
@@ -27,8 +27,8 @@ def test_eye_matches_torch_eye(fmt, bs, n, m):
 
 
 @pytest.mark.parametrize("fmt,bs", FORMATS)
-@pytest.mark.parametrize("shape,density", [((7, 5), 0.3), ((8, 6), 0.0), ((4, 4), 1.0),
-                                           ((1, 9), 0.5), ((3, 4, 5), 0.2), ((6, 4), 0.75)])
+@pytest.mark.parametrize("shape,density", [((8, 6), 0.0), ((4, 4), 1.0), ((6, 4), 0.3),
+                                           ((3, 4, 5), 0.2)])
 def test_random_has_the_exact_count_of_distinct_entries(fmt, bs, shape, density):
     if bs and (len(shape) != 2 or shape[0] % 2 or shape[1] % 2):
         pytest.skip("blocks must tile a matrix")
@@ -118,9 +118,12 @@ def test_explain_prints_a_summary_and_keeps_the_source():
     assert "#include" in e.source and e.source in e.full() and e.loops in e.full()
 
 
-def test_bench_is_an_attribute_without_its_own_import():
-    """Regression: ``st.bench`` raised AttributeError until ``import sparsetorch.bench``."""
-    code = "import sparsetorch as st; print(callable(st.bench.compare))"
+def test_import_is_light_and_complete():
+    """Regressions: ``st.bench`` raised AttributeError until ``import sparsetorch.bench``;
+    a decorator in ``nn/attention.py`` imported ``torch._dynamo`` (and triton) on every
+    ``import sparsetorch``, seconds of a user's start-up."""
+    code = ("import sys, sparsetorch as st; print(callable(st.bench.compare), "
+            "'torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
-    assert out.stdout.strip() == "True", out.stderr
+    assert out.stdout.split() == ["True", "False"], out.stderr

@@ -13,6 +13,7 @@ same weights is one ``load_state_dict`` away.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -26,6 +27,20 @@ from ..ops.attention import masked_attention
 from .masks import as_mask, block_diagonal
 
 MaskArg = SparseTensor | torch.Tensor | Callable[[int], SparseTensor] | None
+
+
+def _outside_graph(fn):
+    """``torch.compiler.disable(fn)`` (run eagerly, a graph break under ``torch.compile``),
+    applied at the first call: decorating at import would import ``torch._dynamo`` for every
+    user of sparsetorch, seconds on a busy machine."""
+    disabled = []
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not disabled:
+            disabled.append(torch.compiler.disable(fn))
+        return disabled[0](*args, **kwargs)
+    return call
 
 
 class SparseAttention(nn.Module):
@@ -109,7 +124,7 @@ class SparseAttention(nn.Module):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"dropout={self.dropout}, batch_first={self.batch_first}")
 
-    @torch.compiler.disable
+    @_outside_graph
     def mask_for(self, Lq: int, Lk: int | None = None, mask: MaskArg = None) -> SparseTensor:
         """The CSR mask a call with these lengths uses: ``mask``, else the layer's own
         (a function of L is called, and its result kept for the next call)."""
@@ -147,7 +162,7 @@ class SparseAttention(nn.Module):
 
     # Not traced by torch.compile: the mask is built and cached outside the graph (a graph
     # break), which then receives it as an input whose format dynamo can read.
-    @torch.compiler.disable
+    @_outside_graph
     def _folded_mask(self, mask, copies, dtype):
         """``copies`` copies of ``mask`` on a block diagonal, valued 1/sqrt(head_dim) (the
         score scale rides on the mask's values); kept while the same mask is used."""

@@ -52,7 +52,9 @@ class SparseLinear(nn.Module):
     ``DENSIFY_INPUT_ABOVE`` = 3% of its entries is densified first, which is faster from
     there); the result is dense.
     ``load_state_dict`` accepts a state of another pattern (another entry count) and takes
-    it over. Works with autograd, any optimizer, ``torch.compile``, ``.to(dtype)``.
+    it over. Works with autograd, any optimizer, ``torch.compile`` (CSR weights; a sparse
+    input is densified inside a compiled function, and BSR weights do not compile yet: the
+    blocked kernels' shapes are data-dependent), ``.to(dtype)``.
 
     Example:
         >>> import torch, sparsetorch as st
@@ -256,7 +258,8 @@ class SparseLinear(nn.Module):
             if x.dim() > 2:
                 raise ValueError(f"SparseLinear: a sparse input must be 1-D or 2-D (batch, "
                                  f"in_features), got shape {tuple(x.shape)}")
-            if x.nnz > DENSIFY_INPUT_ABOVE * math.prod(x.shape):
+            # (traced, always: the sparse x sparse product does not compile yet)
+            if _is_compiling() or x.nnz > DENSIFY_INPUT_ABOVE * math.prod(x.shape):
                 x = x.to_dense()
         weight = self.weight
         if isinstance(x, SparseTensor):
