@@ -10,7 +10,7 @@ and dense torch.matmul.
     python benchmarks/compiler.py --skip-kernels   # compile cost / build / overhead only
 
 Sections
-  compile    ``compiler.kernel.compile_kernel`` (schedule + lower + render C) with its memo
+  compile    ``codegen.kernel.compile_kernel`` (schedule + lower + render C) with its memo
              cleared, median over repeats, for SpMV, SpMM, SDDMM, SpGEMM, MTTKRP, A*B+C,
              relu(A-B) (goal: < 5 ms each). Also the memo-hit cost.
   build      cold first call in a fresh ``SPARSETORCH_CACHE`` with every in-process memo
@@ -368,7 +368,7 @@ def compile_args(assignment, operands):
 
 def forget_everything():
     """Drop every in-process memo so the next call schedules, builds and loads again."""
-    from sparsetorch.compiler.kernel import compile_kernel
+    from sparsetorch.codegen.kernel import compile_kernel
     from sparsetorch.ops import execute
 
     compile_kernel.cache_clear()
@@ -379,7 +379,7 @@ def forget_everything():
 
 
 def run_compile(args, exprs) -> list:
-    from sparsetorch.compiler.kernel import compile_kernel
+    from sparsetorch.codegen.kernel import compile_kernel
 
     reps = 10 if args.quick else 30
     rows = []

@@ -99,6 +99,7 @@ def _check(sparse, dense, x) -> None:
     torch.testing.assert_close(sparse(x), masked(x), rtol=1e-3, atol=1e-3)
 
 
+@torch.no_grad()   # inference: no case records autograd (the parameters require grad)
 def _models_case(report, name, dense, sparsity, batch, threads, rounds, with_compile,
                  extra_cases=None):
     x = torch.randn(batch, 3, 224, 224)
@@ -186,6 +187,7 @@ def break_even(points: list[tuple[float, float]]) -> float | None:
     return None
 
 
+@torch.no_grad()
 def layers_section(report, threads, rounds) -> list[dict]:
     """Each SparseConv2d of v1 at 90% vs dense conv2d (+ bias, ReLU) at its input shape."""
     dense = st.models.mobilenet_v1().eval()

@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sparsetorch as st  # noqa: E402
 from sparsetorch.bench import Report, compare, find_data, geomean  # noqa: E402
 from sparsetorch.bench.harness import quiet_sparse_warnings  # noqa: E402
+from sparsetorch.codegen.kernel import compile_kernel  # noqa: E402
 from sparsetorch.compiler import kernel as _kernel  # noqa: E402
 from sparsetorch.ops import execute as _execute  # noqa: E402
 
@@ -174,7 +175,7 @@ def compiled_call(targets: list, values: tuple, equation: str, ops: tuple):
 
 
 def _forget_kernels() -> None:
-    _kernel.compile_kernel.cache_clear()
+    compile_kernel.cache_clear()
     _execute.forget_calls()
 
 

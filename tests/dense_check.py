@@ -378,8 +378,8 @@ def check_against_dense(equation_or_fn, operands, out_format=None, *, ref=None, 
         # a sampled result keeps its operand's pattern by design (README: "SDDMM -> A's
         # pattern, arrays shared"), even where an empty sum (an extent of 0) leaves zeros
         sampled = any(isinstance(t, st.SparseTensor) and t.format == out.format and
-                      t.shape == out.shape and all(out.arrays[k] is t.arrays[k]
-                                                   for k in out.arrays) for t in tensors)
+                      t.shape == out.shape and all(out._level_arrays[k] is t._level_arrays[k]
+                                                   for k in out._level_arrays) for t in tensors)
         if structure is not None and not allow_explicit_outside and not pads and not sampled:
             outside = stored_pattern(out) & ~structure.to(torch.bool)
             assert not bool(outside.any()), (

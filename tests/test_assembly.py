@@ -10,7 +10,8 @@ import torch
 
 import sparsetorch as st
 from dense_check import check_against_dense, forget_call_memo, private_kernel_cache  # noqa: F401
-from sparsetorch.compiler import assemble, kernel
+from sparsetorch.codegen.kernel import compile_kernel
+from sparsetorch.compiler import assemble
 
 F64 = torch.float64
 CSF = "csf"
@@ -23,7 +24,7 @@ def row_cells(request, monkeypatch):
     passes), so a test runs both whatever its densities; kernels and memoised calls built
     under either are forgotten afterwards."""
     def forget():
-        kernel.compile_kernel.cache_clear()
+        compile_kernel.cache_clear()
         forget_call_memo()
     forget()
     always = request.param == "bitmaps"

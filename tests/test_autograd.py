@@ -114,7 +114,7 @@ def test_sparse_grad_has_operand_pattern_and_matches_dense(fmt):
     st.einsum("ij,jk->ik", A, B).backward(G)
     assert isinstance(A.grad, st.SparseTensor)
     assert A.grad.nnz == A.nnz and A.grad.format == A.format
-    assert all(A.grad.arrays[k] is A.arrays[k] for k in A.arrays)     # shared, not copied
+    assert all(A.grad._level_arrays[k] is A._level_arrays[k] for k in A._level_arrays)     # shared, not copied
     gA, gB = dense_grads(lambda a, b: a @ b, [A, B], G)
     mask = stored_pattern(A)
     torch.testing.assert_close(A.grad.to_dense(), gA * mask)          # sampled on A
@@ -197,7 +197,7 @@ def test_with_values_shares_arrays_and_checks_input():
     A = _sparse((5, 4), 0.5, "coo", 19)
     v = torch.arange(A.nnz, dtype=F64)
     B = A.with_values(v)
-    assert all(B.arrays[k] is A.arrays[k] for k in A.arrays) and B.values is v
+    assert all(B._level_arrays[k] is A._level_arrays[k] for k in A._level_arrays) and B.values is v
     with pytest.raises(ValueError, match="stores"):
         A.with_values(torch.ones(A.nnz + 1, dtype=F64))
     with pytest.raises(ValueError, match="shape"):

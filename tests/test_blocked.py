@@ -52,7 +52,7 @@ def test_sampled_result_keeps_the_blocked_pattern():
     A = st.tensor(d, format="bsr", blocksize=(4, 4))
     S = st.einsum("ij,ik,jk->ij", A, torch.ones(16, 2, dtype=torch.float64),
                   torch.ones(16, 2, dtype=torch.float64))
-    assert S.format == A.format and S.arrays["crd1"] is A.arrays["crd1"]
+    assert S.format == A.format and S._level_arrays["crd1"] is A._level_arrays["crd1"]
     torch.testing.assert_close(S.to_dense(), 2 * d)
 
 

@@ -162,7 +162,7 @@ def _sparse_input_grads(fn, backend=None, leaf=True, calls=1):
         loss = out.to_dense().pow(2).sum() if isinstance(out, st.SparseTensor) else out
         loss.backward()
     if leaf:
-        assert isinstance(S.grad, st.SparseTensor) and S.grad.arrays["crd1"] is A.arrays["crd1"]
+        assert isinstance(S.grad, st.SparseTensor) and S.grad._level_arrays["crd1"] is A._level_arrays["crd1"]
     return loss.detach(), S.grad.values if leaf else w.grad, Y.grad
 
 
@@ -305,7 +305,7 @@ def test_fake_kernels_shapes():
         emitted = st.einsum("ij,jk->ik", A, B.with_values(mode.from_tensor(B.values)))
     assert tuple(dense.shape) == (6, 3) and dense.dtype == F64
     assert sampled.format == A.format and sampled.values.shape == A.values.shape
-    assert sampled.arrays["crd1"] is A.arrays["crd1"]        # the operand's own pattern
+    assert sampled._level_arrays["crd1"] is A._level_arrays["crd1"]        # the operand's own pattern
     assert emitted.format == eager.format and tuple(emitted.shape) == (6, 4)
     nnz = emitted.values.shape[0]
     assert isinstance(nnz, torch.SymInt)                       # data-dependent size

@@ -13,7 +13,8 @@ import torch
 import sparsetorch as st
 from dense_check import private_kernel_cache  # noqa: F401
 from sparsetorch.codegen.c import render_c
-from sparsetorch.compiler import OperandInfo, compile_kernel, parse_einsum
+from sparsetorch.codegen.kernel import compile_kernel
+from sparsetorch.compiler import OperandInfo, parse_einsum
 from sparsetorch.compiler.ir import (Assign, Bin, Block, Decl, For, Function, If, IRError, Lit,
                                      Load, Param, Sym, block, dump, verify)
 from sparsetorch.compiler.output import infer_output

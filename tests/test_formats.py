@@ -347,7 +347,7 @@ def test_detach_clone_to():
     check_against_dense(c, x)
     assert c.values.data_ptr() != a.values.data_ptr()
     for name, arr in c.arrays.items():
-        assert arr.data_ptr() != a.arrays[name].data_ptr()
+        assert arr.data_ptr() != a._level_arrays[name].data_ptr()
     for dtype in (torch.float64, torch.int64, torch.float16):
         b = a.to(dtype)
         assert isinstance(b, st.SparseTensor) and b.dtype == dtype and b.values.dtype == dtype
@@ -473,8 +473,8 @@ def test_csr_csc_swap_in_every_value_dtype(dtype):
         assert b.format.name == "csc" and b.index_dtype == index_dtype
         assert torch.equal(b.to_dense(), x) and torch.equal(b.asformat("csr").to_dense(), x)
         check_invariants(b)
-        ptrs = {t.untyped_storage().data_ptr() for t in [a.values, *a.arrays.values()]}
-        assert not ptrs & {t.untyped_storage().data_ptr() for t in [b.values, *b.arrays.values()]}
+        ptrs = {t.untyped_storage().data_ptr() for t in [a.values, *a._level_arrays.values()]}
+        assert not ptrs & {t.untyped_storage().data_ptr() for t in [b.values, *b._level_arrays.values()]}
     if dtype.is_floating_point:   # the gradient reaches each CSR entry from its CSC place
         w = a.values.detach().clone().requires_grad_()
         r = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(dtype)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
 import sparsetorch as st
+from sparsetorch.codegen.kernel import compile_kernel
 from sparsetorch.compiler import hold, kernel, sblock
 from sparsetorch.compiler.ir import Assign, Bin, Decl, For, Lit, Load, Sym, block
 from sparsetorch.compiler.sblock import column_blocked
@@ -30,7 +31,7 @@ einsum_module = importlib.import_module("sparsetorch.ops.einsum")
 
 
 def _forget():
-    kernel.compile_kernel.cache_clear()
+    compile_kernel.cache_clear()
     forget_call_memo()
 
 

@@ -33,10 +33,10 @@ def test_load_state_dict_into_a_sparse_buffer():
     d = _weight()
     src, dst = _Pruned(d), _Pruned(d)
     dst.A.values.zero_()
-    arrays = dict(dst.A.arrays)
+    arrays = dict(dst.A._level_arrays)
     dst.load_state_dict(src.state_dict())
     assert torch.equal(dst.A.to_dense(), d)
-    assert all(dst.A.arrays[k] is arrays[k] for k in arrays)   # values copied in place
+    assert all(dst.A._level_arrays[k] is arrays[k] for k in arrays)   # values copied in place
     other = _Pruned(_weight(seed=1))                              # another pattern
     with pytest.raises(RuntimeError, match="assign=True"):   # (torch wraps our ValueError)
         other.load_state_dict(src.state_dict())

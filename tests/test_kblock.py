@@ -20,7 +20,8 @@ from hypothesis import strategies as hst
 import sparsetorch as st
 from sparsetorch.compiler import kblock
 from sparsetorch.compiler.kblock import GROUP_ROWS, block_coords, blocks_pay
-from sparsetorch.compiler.kernel import compile_kernel, vector_isa
+from sparsetorch.codegen.kernel import compile_kernel
+from sparsetorch.compiler.kernel import vector_isa
 
 from dense_check import LONG, check_against_dense, examples, forget_call_memo, long_rows
 
@@ -224,7 +225,6 @@ def test_blocked_spmm_reads_in_place_without_its_buffer(monkeypatch):
     """A block's slice of the dense operand is packed into a buffer allocated per row
     group; when that allocation fails the nest reads the operand in place, same results."""
     from sparsetorch.codegen import c
-    from sparsetorch.compiler.kernel import compile_kernel
 
     def forget():
         compile_kernel.cache_clear()

@@ -24,9 +24,16 @@ def _conv(cin, cout, stride=1, bias=True, seed=0):
     return nn.Conv2d(cin, cout, 1, stride=stride, bias=bias)
 
 
-@pytest.mark.parametrize("blocksize", [None, (2, 1), (4, 1)])
-@pytest.mark.parametrize("batch,stride,bias,act", [(1, 1, True, "relu"), (3, 1, False, None),
-                                                   (1, 2, True, "relu6"), (2, 2, True, "relu")])
+_CASES = [(1, 1, True, "relu"), (3, 1, False, None), (1, 2, True, "relu6"), (2, 2, True, "relu")]
+
+
+# Every distinct kernel (format, block size, dtype) compiles once per run, seconds each: the
+# default run keeps one CSR and one BSR case, the full grid is slow.
+@pytest.mark.parametrize("blocksize,batch,stride,bias,act", [
+    (None, 3, 1, False, None), ((4, 1), 2, 2, True, "relu6"),
+    *(pytest.param(b, *case, marks=pytest.mark.slow)
+      for b in (None, (2, 1), (4, 1)) for case in _CASES
+      if (b, *case) not in ((None, 3, 1, False, None), ((4, 1), 2, 2, True, "relu6")))])
 def test_matches_masked_dense_conv(blocksize, batch, stride, bias, act):
     conv = _conv(12, 8, stride, bias)
     layer = SparseConv2d.from_dense(conv, sparsity=0.5, blocksize=blocksize, activation=act)
@@ -98,7 +105,8 @@ def test_empty_pattern_gives_bias_only():
     torch.testing.assert_close(layer(x), torch.relu(layer.bias).view(1, 3, 1, 1).expand(2, 3, 3, 3))
 
 
-@pytest.mark.parametrize("blocksize,act", [(None, None), ((2, 1), "relu")])
+@pytest.mark.parametrize("blocksize,act", [(None, None),
+                                          pytest.param((2, 1), "relu", marks=pytest.mark.slow)])
 def test_gradcheck(blocksize, act):
     conv = _conv(6, 4, bias=True).double()
     layer = SparseConv2d.from_dense(conv, sparsity=0.5, blocksize=blocksize, activation=act)
@@ -142,6 +150,34 @@ def test_bad_arguments_are_clear():
         SparseConv2d(4, 4, activation="gelu")
     with pytest.raises(ValueError, match=r"input must be \(N, 4, H, W\)"):
         SparseConv2d(4, 4, density=1.0)(torch.randn(1, 3, 2, 2))
+
+
+def test_input_of_another_dtype_is_a_clear_type_error():
+    layer = SparseConv2d(4, 4, density=0.5)
+    with pytest.raises(TypeError, match=r"SparseConv2d: input is torch.float64 but the weights "
+                                        r"are torch.float32; cast .*\.to\(dtype\)"):
+        layer(torch.randn(1, 4, 2, 2, dtype=torch.float64))
+
+
+def test_from_dense_density_and_sparsity_are_keyword_only():
+    # sparsify(model, 0.9) means sparsity: a bare 0.9 here must not silently mean density
+    with pytest.raises(TypeError, match="positional"):
+        SparseConv2d.from_dense(nn.Conv2d(4, 4, 1), 0.9)
+
+
+def test_sparse_tensor_mask_keeps_its_stored_entries():
+    pattern = torch.zeros(8, 6)
+    pattern[4:, 1] = 1.0
+    pattern[1:4, 3] = 1.0
+    mask = st.tensor(pattern, "csr")
+    mask = mask.with_values(torch.arange(mask.nnz, dtype=torch.float32))  # a stored 0 counts
+    layer = SparseConv2d(6, 8, mask=mask)
+    assert torch.equal(layer.mask(), pattern != 0) and layer.blocksize is None
+    column = torch.zeros(8, 6).index_fill_(1, torch.tensor([2]), 1.0)
+    layer.set_pattern(st.tensor(column, "csr"))
+    assert layer.blocksize == (4, 1) and torch.equal(layer.mask(), column != 0)  # blocks again
+    with pytest.raises(ValueError, match=r"mask has shape \(6, 8\)"):
+        layer.set_pattern(st.tensor(torch.ones(6, 8), "csr"))
 
 
 @pytest.mark.parametrize("stride", [1, 2])
@@ -189,7 +225,7 @@ def test_rigl_capture_gives_the_dense_weight_gradient_of_a_sparse_conv():
 
     conv = _conv(6, 4, stride=2)
     layer = SparseConv2d.from_dense(conv, sparsity=0.5)
-    capture = SparseLayer("c", layer, reduce=lambda t: t, capturing=lambda: True)
+    capture = SparseLayer("c", layer, reduce=lambda t: t, capturing=lambda: True, conv=True)
     x = torch.randn(2, 6, 5, 5)
     layer(x).square().sum().backward()
     w = (conv.weight.detach()[:, :, 0, 0] * layer.mask()).requires_grad_()

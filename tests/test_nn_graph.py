@@ -54,8 +54,9 @@ def gcn_dense(x, A, weight, bias, normalize="sym", self_loops=True):
     return out if bias is None else out + bias
 
 
-def sage_dense(x, A, conv):
-    deg = A.sum(1)
+def sage_dense(x, A, conv, deg):
+    """PyG's SAGEConv: ``deg`` the in-edge counts (an edge_index's duplicates count apiece,
+    a stored entry of a SparseTensor once, whatever its weight)."""
     mean = A / deg.masked_fill(deg == 0, 1)[:, None] if conv.aggr == "mean" else A
     out = mean @ x @ conv.lin_l.weight.T + conv.lin_l.bias
     return out + x @ conv.lin_r.weight.T
@@ -166,14 +167,46 @@ def test_gcn_bad_inputs():
         st.nn.GCNConv(5, 3, normalize="rw")
 
 
+def test_gcn_self_loops_follow_normalize_as_in_pyg():
+    # PyG's GCNConv(normalize=False) adds no self loops; ours did with normalize=None
+    e, x = graph(), features()
+    A = dense_adjacency(e)
+    for conv, loops in ((st.nn.GCNConv(5, 3, normalize=None), False),
+                        (st.nn.GCNConv(5, 3, normalize="sym"), True),
+                        (st.nn.GCNConv(5, 3, normalize=None, add_self_loops=True), True),
+                        (st.nn.GCNConv(5, 3, normalize=None, self_loops=True), True),
+                        (st.nn.GCNConv(5, 3, add_self_loops=False), False)):
+        conv = conv.double()
+        assert conv.add_self_loops is loops and conv.self_loops is loops
+        torch.testing.assert_close(conv(x, e), gcn_dense(x, A, conv.lin.weight, conv.bias,
+                                                         conv.normalize, loops))
+    with pytest.raises(ValueError, match="disagree"):
+        st.nn.GCNConv(5, 3, add_self_loops=True, self_loops=False)
+
+
 # -- SAGEConv and GATConv -------------------------------------------------------------------------
 @pytest.mark.parametrize("out_features", [3, 8])
 def test_sage_against_dense(out_features):
     conv = st.nn.SAGEConv(5, out_features).double()
     e = graph()
     A = dense_adjacency(e)
-    for adj in (e, as_sparse(e)):
-        check_grads(conv, features(), adj, lambda x: sage_dense(x, A, conv))
+    for adj, deg in ((e, A.sum(1)), (as_sparse(e), (A != 0).sum(1).to(F64))):
+        check_grads(conv, features(), adj, lambda x: sage_dense(x, A, conv, deg))
+
+
+def test_sage_mean_on_weighted_adjacency_divides_by_edge_count():
+    # PyG's mean: sum_j w_ij x_j over the in-edges, divided by their number (it divided by
+    # the sum of the weights: up to 0.53 off)
+    conv = st.nn.SAGEConv(5, 3).double()
+    A = dense_adjacency(graph()) * torch.rand(N, N, dtype=F64,
+                                              generator=torch.Generator().manual_seed(1)) * 3
+    count = (A != 0).sum(1, keepdim=True).clamp(min=1)
+    x = features()
+    want = (A / count) @ x @ conv.lin_l.weight.T + conv.lin_l.bias + x @ conv.lin_r.weight.T
+    torch.testing.assert_close(conv(x, st.tensor(A, "csr")), want)
+    total = st.nn.SAGEConv(5, 3, aggr="sum").double()
+    want = A @ x @ total.lin_l.weight.T + total.lin_l.bias + x @ total.lin_r.weight.T
+    torch.testing.assert_close(total(x, st.tensor(A, "csr")), want)
 
 
 @pytest.mark.parametrize("concat", [True, False])
@@ -224,3 +257,18 @@ def test_against_pyg(kind):
     x = features()
     torch.testing.assert_close(ours(x, e), theirs(x, e))
     torch.testing.assert_close(ours(x, as_sparse(e)), theirs(x, e))
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")   # PyG's adj_t
+def test_weighted_sage_and_unnormalized_gcn_against_pyg():
+    pyg = _pyg()
+    torch.manual_seed(0)
+    A = dense_adjacency(graph()) * torch.rand(N, N, dtype=F64) * 3
+    x = features()
+    sage, ours = pyg.SAGEConv(5, 3).double(), st.nn.SAGEConv(5, 3).double()
+    ours.load_state_dict(sage.state_dict())
+    torch.testing.assert_close(ours(x, st.tensor(A, "csr")), sage(x, A.to_sparse_csr()))
+    gcn, ours = pyg.GCNConv(5, 3, normalize=False).double(), st.nn.GCNConv(5, 3, normalize=None)
+    ours = ours.double()
+    ours.load_state_dict(gcn.state_dict())
+    torch.testing.assert_close(ours(x, graph()), gcn(x, graph()))

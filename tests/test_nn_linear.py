@@ -185,8 +185,76 @@ def test_from_dense_magnitude_and_random():
     blocked = SparseLinear.from_dense(dense, density=0.5, blocksize=2)
     scores = dense.weight.detach().abs().reshape(3, 2, 5, 2).sum((1, 3))
     keep = blocked.mask()[::2, ::2]
-    assert int(keep.sum()) == round(0.5 * 15)
+    assert int(keep.sum()) == 7   # 15 - round(0.5 * 15): kept_count's rule
     assert scores[keep].min() >= scores[~keep].max()
+
+
+def test_every_entry_point_keeps_the_same_count():
+    # One rule (nn._pattern.kept_count: N - round(sparsity * N)) for every way to ask for a
+    # density: N = 7 at 0.5 used to keep 4 in SparseLinear and 3 in prune_mask.
+    from sparsetorch.nn import _pattern, pattern
+    assert pattern.kept_count is _pattern.kept_count
+    assert _pattern.kept_count(7, density=0.5) == _pattern.kept_count(7, sparsity=0.5) == 3
+    for n in range(1, 21):
+        w = torch.randn(1, n, generator=gen(n))
+        dense = torch.nn.Linear(n, 1)
+        for d in (0.5, 0.25, 0.1, 0.75):
+            k = _pattern.kept_count(n, density=d)
+            assert k == n - round((1 - d) * n), (n, d)
+            counts = {
+                "SparseLinear": SparseLinear(n, 1, density=d, generator=gen()).values.numel(),
+                "from_dense(density)": SparseLinear.from_dense(dense, density=d).values.numel(),
+                "from_dense(sparsity)": SparseLinear.from_dense(
+                    dense, sparsity=1 - d, method="random", generator=gen()).values.numel(),
+                "prune_mask": int(st.nn.prune_mask(w, density=d).sum()),
+                "prune_mask(sparsity)": int(st.nn.prune_mask(w, sparsity=1 - d).sum()),
+                "random_mask": int(_pattern.random_mask((1, n), None, gen(), "t",
+                                                        density=d).sum()),
+            }
+            assert set(counts.values()) == {k}, (n, d, counts)
+
+
+def test_density_and_sparsity_are_keyword_only():
+    dense = torch.nn.Linear(4, 3)
+    with pytest.raises(TypeError):
+        SparseLinear.from_dense(dense, 0.9)
+    with pytest.raises(TypeError):
+        st.nn.prune_mask(dense.weight, 0.9)
+
+
+def test_cached_weight_follows_the_pattern_buffers():
+    """The kept weight wrapper holds validated copies of the pattern buffers: it is rebuilt
+    when a buffer is replaced (set_pattern) and when one is written in place (a
+    load_state_dict of another pattern with as many entries); before, an in-place write
+    left the old pattern in use."""
+    layer = SparseLinear(4, 3, density=0.5, generator=gen())
+    with torch.no_grad():
+        first = layer.weight
+        assert layer.weight is first
+        layer.crd1 = layer.crd1.clone()
+        second = layer.weight
+        assert second is not first and torch.equal(second.arrays["crd1"], layer.crd1)
+        other = SparseLinear(4, 3, density=0.5, generator=gen(9))
+        layer.load_state_dict(other.state_dict())
+        assert torch.equal(layer.weight.to_dense(), other.weight.to_dense())
+
+
+@pytest.mark.parametrize("blocksize", [None, (2, 3)])
+def test_positions_match_the_dense_layout_without_a_dense_grid(blocksize, monkeypatch):
+    from sparsetorch.nn import _pattern
+    mask = torch.rand(6, 9, generator=gen(4)) < 0.4
+    mask[1] = False   # an empty row (of blocks too)
+    mask[:, 0] = True
+    pattern = _pattern.from_mask(mask, (6, 9), blocksize, "t")
+    numbered = pattern.with_values(torch.arange(1., pattern.nnz + 1, dtype=torch.float64))
+    order = numbered.to_dense().flatten()
+    want = torch.empty(pattern.nnz, dtype=torch.int64)
+    want[(order[order != 0] - 1).long()] = (order != 0).nonzero().squeeze(1)
+    # positions must not densify the pattern (128 MB of int64 for a 4096^2 weight)
+    monkeypatch.setattr(type(pattern), "to_dense", lambda self: pytest.fail("densified"))
+    assert torch.equal(_pattern.positions(pattern), want)
+    assert _pattern.positions(_pattern.from_mask(torch.zeros(6, 9, dtype=torch.bool), (6, 9),
+                                                 blocksize, "t")).numel() == 0
 
 
 def test_set_pattern_keeps_old_values():
@@ -211,7 +279,7 @@ def test_bad_inputs_raise_clearly():
         SparseLinear(4, 3, mask=torch.ones(4, 3, dtype=torch.bool))
     with pytest.raises(TypeError, match="bool tensor"):
         SparseLinear(4, 3, mask=torch.ones(3, 4))
-    with pytest.raises(ValueError, match="density must be a number in"):
+    with pytest.raises(ValueError, match="density must lie in"):
         SparseLinear(4, 3, density=1.5)
     with pytest.raises(ValueError, match="does not divide"):
         SparseLinear(4, 3, density=0.5, blocksize=2)

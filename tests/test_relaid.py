@@ -60,7 +60,7 @@ def test_the_pattern_is_converted_once_and_the_values_gathered_each_call(monkeyp
     monkeypatch.setattr(relaid_module, "_pattern",
                         lambda *a: calls.append(1) or pytest.fail("pattern converted again"))
     second = relaid(t.with_values(t.values * 2), target)   # same arrays, other values
-    assert calls == [] and second.arrays["crd1"] is first.arrays["crd1"]
+    assert calls == [] and second._level_arrays["crd1"] is first._level_arrays["crd1"]
     assert torch.equal(second.to_dense(), 2 * x)
     # values changed behind autograd's back (``.data`` has its own version counter) are seen
     t.values.data.mul_(3)
@@ -73,7 +73,7 @@ def test_a_pattern_changed_in_place_is_converted_again():
     t = st.tensor(x, "csr")
     target = _relaid_format(t, (1, 0))
     relaid(t, target)
-    t.arrays["crd1"][0] = 3                  # row 0's entry moves to column 3 (a new version)
+    t._level_arrays["crd1"][0] = 3           # row 0's entry moves to column 3 (a new version)
     moved = x.clone()
     moved[0, 1], moved[0, 3] = 0, 5
     assert torch.equal(relaid(t, target).to_dense(), moved)
@@ -84,7 +84,7 @@ def test_the_kept_pattern_dies_with_its_arrays():
     before = len(_KEPT)
     t, _ = _sparse((5, 5), seed=7)
     relaid(t, _relaid_format(t, (1, 0)))
-    assert t.arrays["pos1"] in _KEPT and len(_KEPT) == before + 1
+    assert t._level_arrays["pos1"] in _KEPT and len(_KEPT) == before + 1
     del t
     gc.collect()
     assert len(_KEPT) == before

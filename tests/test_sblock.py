@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import sparsetorch as st
+from sparsetorch.codegen.kernel import compile_kernel
 from sparsetorch.compiler import kernel, sblock
 from sparsetorch.compiler.sblock import GROUP_ROWS, column_blocked
 from sparsetorch.ops import execute
@@ -36,7 +37,7 @@ def small_l2(monkeypatch):
     long-row SDDMM here runs blocked (the long-row test itself is unchanged); kernels and
     memoised calls built under it are forgotten afterwards."""
     def forget():
-        kernel.compile_kernel.cache_clear()
+        compile_kernel.cache_clear()
         forget_call_memo()
     forget()
     monkeypatch.setattr(sblock, "NEAR_BYTES", 0)
@@ -176,7 +177,7 @@ def test_every_remainder_of_the_side_by_side_sums(small_l2, monkeypatch, blocked
         monkeypatch.undo()
         monkeypatch.setattr(kernel, "sampled_block_bytes", lambda: 1 << 20)
         monkeypatch.setattr(einsum_module, "sampled_block_bytes", lambda: 1 << 20)
-        kernel.compile_kernel.cache_clear()
+        compile_kernel.cache_clear()
         forget_call_memo()
     g = torch.Generator().manual_seed(5)
     d = torch.zeros(41, 1000)

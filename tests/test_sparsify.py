@@ -77,26 +77,40 @@ def _check_counts(dense, sparse, sparsity):
     return n
 
 
-@pytest.mark.parametrize("build", [st.models.mobilenet_v1, st.models.mobilenet_v2])
-def test_mobilenets_sparsified_equal_masked_dense(build):
+MOBILENETS = [st.models.mobilenet_v1, st.models.mobilenet_v2]
+
+
+def _sparse_mobilenet(build):
+    """(dense model, its state before sparsify, the sparse copy at sparsity 0.8)."""
     torch.manual_seed(0)
     dense = _randomise_bn(build(width_mult=0.25, num_classes=10))
     before = copy.deepcopy(dense.state_dict())
-    sparse = st.sparsify(dense, sparsity=0.8)
+    return dense, before, st.sparsify(dense, sparsity=0.8)
+
+
+@pytest.mark.parametrize("build", MOBILENETS)
+def test_mobilenets_convert_layer_by_layer(build):
+    dense, before, sparse = _sparse_mobilenet(build)
     assert _check_counts(dense, sparse, 0.8) == (14 if build is st.models.mobilenet_v1 else 35)
     # first conv dense, depthwise kept dense in the layout-keeping wrapper, BN folded away
     assert type(sparse.features[0][0]) is nn.Conv2d
     assert sum(isinstance(m, ChannelsFirstDepthwise) for m in sparse.modules()) == \
         sum(isinstance(m, nn.Conv2d) and m.groups > 1 for m in dense.modules())
     assert not any(isinstance(m, nn.BatchNorm2d) for m in sparse.modules())
+    after = dense.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)     # dense model unchanged
+    assert all(type(m) is not SparseConv2d for m in dense.modules())
+
+
+@pytest.mark.slow   # runs every fused kernel variant of both models: seconds of compiling each
+@pytest.mark.parametrize("build", MOBILENETS)
+def test_mobilenets_sparsified_equal_masked_dense(build):
+    dense, _, sparse = _sparse_mobilenet(build)
     masked = _masked_dense(dense, sparse)
     for batch in (1, 2):
         x = torch.randn(batch, 3, 32, 32)
         with torch.no_grad():
             torch.testing.assert_close(sparse(x), masked(x), rtol=1e-4, atol=1e-4)
-    after = dense.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before)     # dense model unchanged
-    assert all(type(m) is not SparseConv2d for m in dense.modules())
 
 
 @pytest.mark.parametrize("model_cls", [TinyResNet, Branchy])
@@ -122,7 +136,7 @@ def test_random_and_block_pruning_counts():
     sp = st.sparsify(dense, sparsity=0.75, method="random",
                      generator=torch.Generator().manual_seed(0))
     _check_counts(dense, sp, 0.75)
-    blocked = st.sparsify(dense, sparsity=0.5, block=4)
+    blocked = st.sparsify(dense, sparsity=0.5, blocksize=4)
     for name in ("reduce", "expand", "short"):
         layer = blocked.get_submodule(name)
         blocks = layer.weight.shape[0] // 4 * layer.weight.shape[1]
@@ -148,9 +162,65 @@ def test_bad_arguments_are_clear():
         st.sparsify(net, sparsity=1.5)
     with pytest.raises(ValueError, match="method"):
         st.sparsify(net, method="l1")
-    with pytest.raises(ValueError, match="block must be"):
-        st.sparsify(net, block=(2, 2))
+    with pytest.raises(ValueError, match="blocksize must be"):
+        st.sparsify(net, blocksize=(2, 2))
+    with pytest.raises(TypeError, match="block"):    # the old name, as everywhere: blocksize=
+        st.sparsify(net, block=4)
     with pytest.raises(TypeError, match="skip=\\['short'\\]"):
         st.sparsify(net, skip="short")
     with pytest.raises(ValueError, match="width_mult"):
         st.models.mobilenet_v1(width_mult=0)
+
+
+class AttentionNet(nn.Module):
+    """A model holding an nn.MultiheadAttention (whose out_proj is an nn.Linear subclass that
+    MHA reads by .weight, never calls) and a Linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.attn(x, x, x, need_weights=False)[0])
+
+
+class UntraceableAttentionNet(AttentionNet):
+    def forward(self, x):
+        if x.sum() > 0:     # data-dependent: the fx trace fails, Sequential reading is used
+            x = -x
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("model_cls", [AttentionNet, UntraceableAttentionNet])
+def test_multihead_attention_keeps_its_out_proj_dense(model_cls):
+    torch.manual_seed(0)
+    dense = model_cls().eval()
+    sparse = st.sparsify(dense, sparsity=0.5)
+    assert type(sparse.attn.out_proj) is type(dense.attn.out_proj)
+    assert isinstance(sparse.head, st.nn.SparseLinear) and sparse.head.values.numel() == 16
+    x = torch.randn(3, 2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(sparse(x), _masked_dense(dense, sparse)(x),
+                                   rtol=1e-5, atol=1e-5)
+
+
+class ReadsChildWeight(nn.Module):
+    """A parent that reads its child layer's weight instead of calling it."""
+
+    def __init__(self):
+        super().__init__()
+        self.tied = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(F.linear(x, self.tied.weight.t()))
+
+
+def test_layers_the_traced_parent_does_not_call_stay_dense():
+    dense = ReadsChildWeight()
+    sparse = st.sparsify(dense, sparsity=0.5)
+    assert type(sparse.tied) is nn.Linear and isinstance(sparse.head, st.nn.SparseLinear)
+    x = torch.randn(2, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(sparse(x), _masked_dense(dense, sparse)(x))

@@ -2,9 +2,9 @@
 different seeds per rank; after several mask updates every rank holds the same masks and
 weights (dense gradients averaged before scoring, rank 0's seed for every random draw), in
 masked mode and truly sparse (SparseLinear, whose dense gradient is built from each rank's
-activations and all-reduced block by block)."""
+activations and all-reduced block by block). The ranks meet through a file store in the
+test's tmp_path (no TCP port to race for)."""
 import os
-import socket
 
 import pytest
 import torch
@@ -15,16 +15,14 @@ from torch import nn
 import sparsetorch as st
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _init(store_file, rank, world):
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank,
+                            world_size=world)
 
 
-def _worker(rank, world, port, algo, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank, world, algo, out_dir):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    _init(os.path.join(out_dir, "store"), rank, world)
     try:
         torch.manual_seed(0)
         if algo == "RigL-sparse":   # truly sparse: the streamed dense gradient is all-reduced
@@ -50,6 +48,7 @@ def _worker(rank, world, port, algo, out_dir):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow   # forks two processes
 @pytest.mark.parametrize("algo", ["RigL", "SET", "RigL-sparse"])
 def test_two_ranks_hold_identical_masks_and_weights(algo, tmp_path):
     if not dist.is_available():
@@ -57,7 +56,7 @@ def test_two_ranks_hold_identical_masks_and_weights(algo, tmp_path):
     import torch._dynamo  # noqa: F401  (optimizers import it on first step; do it once here)
     # fork: the children inherit the imported torch and sparsetorch (spawning re-imports
     # them, ~25 s per process on a loaded 2-core machine); they run single-threaded
-    mp.start_processes(_worker, args=(2, _free_port(), algo, str(tmp_path)), nprocs=2,
+    mp.start_processes(_worker, args=(2, algo, str(tmp_path)), nprocs=2,
                        join=True, start_method="fork")
     r0, r1 = (torch.load(tmp_path / f"{r}.pt") for r in (0, 1))
     assert r0["masks"].keys() == r1["masks"].keys()
@@ -66,3 +65,21 @@ def test_two_ranks_hold_identical_masks_and_weights(algo, tmp_path):
     for n in r0["weights"]:
         assert torch.equal(r0["weights"][n], r1["weights"][n]), n
     assert sum(d for d, _ in r0["changed"].values()) > 0   # the last update changed masks
+
+
+def test_ddp_refuses_a_sparse_layer_whose_entry_count_would_change(tmp_path):
+    """Resampling a SparseLinear to another entry count makes a new values Parameter that
+    DDP's gradient hooks never see (ranks would hang or error): refused, with the fix."""
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    _init(tmp_path / "store", 0, 1)
+    try:
+        model = nn.Sequential(st.nn.SparseLinear(12, 32, density=0.5), nn.ReLU(),
+                              st.nn.SparseLinear(32, 5, density=0.5))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match="before wrapping the model"):
+            st.train.RigL(ddp, opt, density=0.1, total_steps=10)
+        st.train.RigL(ddp, opt, density=0.5, distribution="uniform", total_steps=10)  # fits
+    finally:
+        dist.destroy_process_group()

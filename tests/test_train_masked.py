@@ -104,14 +104,16 @@ def test_exact_counts_and_zeros_after_many_steps(algo, make_opt):
 
 
 def hand_built(algo, opt_kind="sgd", **kw):
-    """A 4x4 layer at density 1/2 with known weights on a known mask (the trainer's own
-    initial mask, then weights set on it)."""
+    """A 4x4 layer at density 1/2 with known weights on a known mask (the trainer's mask
+    after its begin-step update t=0, then weights set on it); t=1 is an ordinary step, t=2
+    the next update."""
     torch.manual_seed(0)
     model = nn.Linear(4, 4, bias=False)
     opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9) if opt_kind == "sgd"
            else torch.optim.Adam(model.parameters(), lr=0.1))
     trainer = getattr(st.train, algo)(model, opt, density=0.5, distribution="uniform",
-                                      delta_t=1, total_steps=100, **kw)
+                                      delta_t=2, total_steps=100, **kw)
+    step_with_grad(model, trainer, torch.zeros(4, 4))   # t=0 updates (the official begin step)
     mask = trainer.masks["weight"]
     with torch.no_grad():
         model.weight.copy_(torch.arange(1.0, 17.0).view(4, 4) * mask)
@@ -125,7 +127,7 @@ def step_with_grad(model, trainer, grad):
 
 def test_rigl_drops_smallest_grows_largest_gradient_and_zeroes_state():
     model, opt, trainer, mask = hand_built("RigL", alpha=0.5)
-    # one ordinary step (t=0) builds momentum on the active weights
+    # one ordinary step (t=1) builds momentum on the active weights
     step_with_grad(model, trainer, torch.ones(4, 4))
     w0 = model.weight.detach().clone()
     mom0 = opt.state[model.weight]["momentum_buffer"].clone()
@@ -135,10 +137,10 @@ def test_rigl_drops_smallest_grows_largest_gradient_and_zeroes_state():
     big = [tuple(inactive[i].tolist()) for i in (1, 3)]
     for r, c in big:
         grad[r, c] = 100.0 + r
-    k = int(8 * st.train.cosine_drop_fraction(1, 0.5, 75))
-    assert k == 3   # int(8 * 0.4998...)
+    k = int(8 * st.train.cosine_drop_fraction(2, 0.5, 75))
+    assert k == 3   # int(8 * 0.4991...)
     grad[tuple(inactive[0].tolist())] = 50.0
-    step_with_grad(model, trainer, grad)   # t=1: update step, no optimizer step
+    step_with_grad(model, trainer, grad)   # t=2: update step, no optimizer step
     new = trainer.masks["weight"]
     order = torch.argsort(w0[mask].abs())
     dropped = mask.nonzero()[order[:k]]
@@ -229,11 +231,11 @@ def test_snfs_grows_by_gradient_momentum_not_the_last_gradient():
     g = torch.zeros(4, 4)
     for rc in steady:
         g[rc] = 1.0
-    step_with_grad(model, trainer, g)       # t=0: the average learns `steady`
+    step_with_grad(model, trainer, g)       # t=1: the average learns `steady`
     g2 = torch.zeros(4, 4)
     for rc in burst:
         g2[rc] = 0.5                         # larger now than steady's 0, smaller on average
-    step_with_grad(model, trainer, g2)      # t=1: update
+    step_with_grad(model, trainer, g2)      # t=2: update
     new = trainer.masks["weight"]
     assert all(new[rc] for rc in steady)
     assert not any(new[rc] for rc in burst)
@@ -313,3 +315,59 @@ def test_bad_arguments_give_clear_errors():
     t = st.train.Static(model, opt, density=0.5)
     with pytest.raises(ValueError, match="saved by"):
         t.load_state_dict(st.train.SET(model, opt, total_steps=5).state_dict())
+
+
+def test_kept_count_is_exact_for_large_layers():
+    # (1 - 0.33) * 1e8 is 66999999.99999999 in floats: an absolute 1e-9 misses it
+    assert kept_count(10 ** 8, 0.33) == 33_000_000
+    assert kept_count(10 ** 9, 0.458) == 458_000_000
+    assert kept_count(50, 0.25) == 13                        # floor rule: 50 - floor(37.5)
+
+
+def test_update_steps_include_the_begin_step_as_the_official_code():
+    model = nn.Linear(6, 6)
+    rigl = st.train.RigL(model, torch.optim.SGD(model.parameters(), lr=0.1), delta_t=10,
+                         total_steps=40)
+    assert [t for t in range(40) if rigl.is_update_step(t)] == [0, 10, 20, 30]
+    gmp = st.train.MagnitudePruning(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                    delta_t=10, t_begin=5, t_end=28)
+    assert [t for t in range(40) if gmp.is_update_step(t)] == [5, 15, 25, 28]
+
+
+def test_pruning_reaches_its_final_count_when_t_end_is_off_the_grid():
+    """total_steps=100, delta_t=10: t_end=75 is not on the 10-step grid; the last prune at
+    t_end still reaches exactly the final count."""
+    model = nn.Linear(10, 10, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    gmp = st.train.MagnitudePruning(model, opt, density=0.1, distribution="uniform",
+                                    delta_t=10, total_steps=100)
+    assert gmp.t_end == 75
+    for _ in range(100):
+        model.weight.grad = torch.zeros(10, 10)
+        gmp.step()
+    assert gmp.nnz()["weight"] == 10
+
+
+def test_step_calls_the_closure_on_update_steps_too():
+    torch.manual_seed(0)
+    model = nn.Linear(6, 6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rigl = st.train.RigL(model, opt, density=0.5, distribution="uniform", delta_t=2,
+                         total_steps=8)
+    x, calls = torch.randn(4, 6), []
+
+    def closure():
+        calls.append(rigl.step_count)
+        opt.zero_grad()
+        loss = model(x).square().sum()
+        loss.backward()
+        return loss
+
+    for t in range(4):
+        before = rigl.masks["weight"]
+        loss = rigl.step(closure)
+        assert isinstance(loss, torch.Tensor) and loss.requires_grad is True
+        if rigl.is_update_step(t):                           # t=0, 2: grown by its gradient
+            assert rigl.last_update["weight"][1] > 0
+            assert not torch.equal(before, rigl.masks["weight"])
+    assert calls == [0, 1, 2, 3]

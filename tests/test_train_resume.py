@@ -27,7 +27,8 @@ def run(model, opt, trainer, steps):
         trainer.step()
 
 
-@pytest.mark.parametrize("algo", ["RigL", "SET", "SNFS", "MagnitudePruning"])
+@pytest.mark.parametrize("algo", ["RigL"] + [pytest.param(a, marks=pytest.mark.slow)
+                                             for a in ("SET", "SNFS", "MagnitudePruning")])
 def test_resume_follows_the_same_trajectory_bit_for_bit(algo, tmp_path):
     model, opt, trainer = make(algo, 0)
     torch.manual_seed(123)
@@ -58,3 +59,43 @@ def test_load_checkpoint_errors(tmp_path):
     torch.save({"x": 1}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="not written"):
         st.train.load_checkpoint(tmp_path / "other.pt", model=model, trainer=trainer)
+
+
+def test_model_then_trainer_load_order_resumes_truly_sparse_bit_for_bit():
+    """Pruning changes each SparseLinear's entry count, so model.load_state_dict into a fresh
+    model replaces its values Parameter; loading the trainer afterwards must hand the
+    optimizer the new ones (with their Adam state)."""
+    import io
+
+    def make_sparse(init_seed):
+        torch.manual_seed(init_seed)
+        model = nn.Sequential(st.nn.SparseLinear(10, 16, density=0.3), nn.ReLU(),
+                              st.nn.SparseLinear(16, 4, density=0.3))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        return model, opt, st.train.MagnitudePruning(model, opt, density=0.3, delta_t=3,
+                                                     total_steps=16, seed=5)
+
+    model, opt, trainer = make_sparse(0)
+    run(model, opt, trainer, 16)
+    reference = {k: v.clone() for k, v in model.state_dict().items()}
+
+    model, opt, trainer = make_sparse(0)
+    run(model, opt, trainer, 7)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "trainer": trainer.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf)
+    model2, opt2, trainer2 = make_sparse(7)
+    model2.load_state_dict(saved["model"])
+    trainer2.load_state_dict(saved["trainer"])
+    assert model2[0].values.numel() < 160                  # pruned: a new Parameter
+    run(model2, opt2, trainer2, 9)
+    for k, v in model2.state_dict().items():
+        assert torch.equal(v, reference[k]), k
+    # the model alone (no trainer state): the optimizer trains the loaded values, afresh
+    model3, opt3, trainer3 = make_sparse(7)
+    model3.load_state_dict(saved["model"])
+    run(model3, opt3, trainer3, 1)
+    held = {id(p) for g in opt3.param_groups for p in g["params"]}
+    assert id(model3[0].values) in held and id(model3[2].values) in held
+    assert opt3.state[model3[0].values]["exp_avg"].shape == model3[0].values.shape

@@ -124,7 +124,8 @@ def test_avx2_spmm_tiles_and_spmv_gathers_by_scalar_loads():
         assert "< 8) {" in spmv.source                   # rows under 8 entries stay scalar
     # Every value and index width gathers (the hardware-gather rendering took int32 floats
     # only): rendered as AVX2 whatever this CPU, so the text is checked on any machine.
-    from sparsetorch.compiler.kernel import OperandInfo, compile_kernel
+    from sparsetorch.codegen.kernel import compile_kernel
+    from sparsetorch.compiler.kernel import OperandInfo
     from sparsetorch.compiler.notation import parse_einsum
     from sparsetorch.formats.format import as_format
 
@@ -181,10 +182,11 @@ def test_long_gathered_sums_take_full_registers_past_a_threshold(monkeypatch, wi
     entries loop over 256-bit steps, longer ones over 512-bit steps with two accumulators;
     without it, 256-bit steps throughout. Both renderings, forced on this CPU, match dense
     on rows of every length up to 110 (float64 sums take 8-lane steps either way)."""
+    from sparsetorch.codegen.kernel import compile_kernel
     from sparsetorch.compiler import kernel
 
     monkeypatch.setattr(kernel, "wide_gathers_from", lambda: wide_from)
-    kernel.compile_kernel.cache_clear()
+    compile_kernel.cache_clear()
     forget_call_memo()
     try:
         d = _rows_of_every_length(cols=110, dtype=torch.float32)
@@ -197,7 +199,7 @@ def test_long_gathered_sums_take_full_registers_past_a_threshold(monkeypatch, wi
                 A = st.tensor(d.to(dtype), format="csr", index_dtype=index)
                 check_against_dense("ij,j->i", [A, _dense((110,), dtype, 2)])
     finally:
-        kernel.compile_kernel.cache_clear()
+        compile_kernel.cache_clear()
         forget_call_memo()
 
 

@@ -143,7 +143,7 @@ def demo(args) -> int:
         src = A if name != "bsr" or _divisible(A.shape, _BSR_BLOCK) else tensor(
             _pad_to(adj, _BSR_BLOCK), format="csr")
         B = src.asformat(name, **kw)
-        nbytes = sum(a.numel() * a.element_size() for a in B.arrays.values()) + \
+        nbytes = sum(a.numel() * a.element_size() for a in B._level_arrays.values()) + \
             B.values.numel() * B.values.element_size()
         rows.append({"format": B.format.name + (f" {_BSR_BLOCK[0]}x{_BSR_BLOCK[1]}" if kw
                                                  else ""),

@@ -153,7 +153,7 @@ def _on_pattern(grad_out, target, indices, out_vars) -> bool:
         return False
     if grad_out.format != target.format:
         return False
-    mine, theirs = grad_out.arrays, target.arrays
+    mine, theirs = grad_out._level_arrays, target._level_arrays
     return all(mine[k] is theirs[k] for k in mine)
 
 

@@ -41,7 +41,7 @@ def ones_pattern(t: SparseTensor) -> SparseTensor:
 def _same_storage(a: SparseTensor, b: SparseTensor) -> bool:
     if a.format != b.format:
         return False
-    xa, xb = a.arrays, b.arrays
+    xa, xb = a._level_arrays, b._level_arrays
     if all(xa[k] is xb[k] for k in xa):   # shared arrays (also the only test while tracing:
         return True                       # fake arrays have no data, sizes may be symbolic)
     if is_tracing((a, b)) or a.nnz != b.nnz:
@@ -56,7 +56,7 @@ def _linear_keys(t: SparseTensor) -> torch.Tensor:
         raise NotImplementedError(
             f"gradient of a sparse operand of shape {tuple(t.shape)}: its linear index does "
             "not fit in int64; split the tensor into smaller blocks")
-    coords, _ = unpack(t.format, t.shape, t.arrays, t.values)
+    coords, _ = unpack(t.format, t.shape, t._level_arrays, t.values)
     key = torch.zeros(coords.shape[1], dtype=torch.int64, device=coords.device)
     for d, size in enumerate(t.shape):
         key = key * int(size) + coords[d]
@@ -74,7 +74,7 @@ def values_on_pattern(pattern: SparseTensor, result) -> torch.Tensor:
         [8.0, 7.0]
     """
     if not isinstance(result, SparseTensor):
-        coords, _ = unpack(pattern.format, pattern.shape, pattern.arrays, pattern.values)
+        coords, _ = unpack(pattern.format, pattern.shape, pattern._level_arrays, pattern.values)
         return result[tuple(coords)]
     if _same_storage(pattern, result):
         return result.values

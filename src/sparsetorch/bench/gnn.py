@@ -77,8 +77,8 @@ def prepare(kind: str, name: str, ctx, mode: str) -> Prepared:
         return F.cross_entropy(out[train], y[train])
 
     def add(impl_name, family, model, config):
-        if mode == "infer":
-            prep.impls.append(inference(impl_name, family, model, config))
+        if mode == "infer":   # eval: a dropout layer, even at p=0, must not run
+            prep.impls.append(inference(impl_name, family, model.eval(), config))
         else:
             prep.impls.append(training(impl_name, family, model, model.parameters(), loss,
                                        model.grads, config))

@@ -11,11 +11,13 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-from .harness import machine_info, pinned_threads, quiet_sparse_warnings, write_json_atomic
+from .harness import (BUSY_LOAD_PER_CORE, machine_info, pinned_threads, quiet_sparse_warnings,
+                      write_json_atomic)
 from .report import plot, results_table, summary
 from .runner import run_case
 from .workloads import REGISTRY, Context, select
@@ -61,6 +63,9 @@ def main(args) -> int:
         return 0
     budget = QUICK if args.quick else FULL
     start = time.perf_counter()
+    busy = _busy()
+    if busy:
+        print(f"note: {busy}", file=sys.stderr)
     print(f"sparsetorch bench: {len(workloads)} workloads x (inference, training step); "
           f"data {ctx.data_root or 'NOT FOUND: generated stand-ins'}")
     rows = []
@@ -82,6 +87,8 @@ def main(args) -> int:
         print(line)
     if overhead:
         print(f"overhead: {overhead['detail']}")
+    if busy:
+        print(f"note: {busy}")
     print(f"\n{threads} threads; ratios are medians of per-round time(baseline) / "
           f"time(sparsetorch), > 1 means sparsetorch is faster; done in "
           f"{time.perf_counter() - start:.0f}s")
@@ -96,6 +103,15 @@ def main(args) -> int:
         print(f"ERROR: {r['workload']} {r['mode']}: {r['check']}"
               + (f" ({r['error']})" if r.get("error") else ""), file=sys.stderr)
     return 1 if failed else 0
+
+
+def _busy() -> str | None:
+    """Why this run's timings are void (the machine was loaded as it began), or None."""
+    load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    if load > BUSY_LOAD_PER_CORE * cores:
+        return (f"machine busy at start: 1-min load average {load:.1f} on {cores} cores; "
+                "treat these timings as void and rerun on an idle machine")
+    return None
 
 
 def _document(args, ctx, threads, rows, overhead) -> dict:

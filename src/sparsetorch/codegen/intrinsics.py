@@ -10,9 +10,6 @@ Example:
 """
 from __future__ import annotations
 
-# Bytes per vector register of each ISA the renderer writes intrinsics for.
-ISA_BYTES = {"avx512": 64, "avx2": 32}
-
 # Helpers of every ISA, then of each (``prelude``).
 PRELUDE = """\
 #include <immintrin.h>

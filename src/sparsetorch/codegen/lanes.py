@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .intrinsics import ISA_BYTES
+from ..compiler.kernel import ISA_BYTES
 
 
 class Unsupported(Exception):

@@ -1,7 +1,9 @@
-"""The compiler pipeline in one call: notation -> schedule -> output spec -> loop IR -> C.
+"""The compiler stage in one call: notation -> schedule -> output spec -> loop IR, plus the
+machine facts (vector ISA, register and cache sizes) its choices follow.
 
-``compile_kernel`` is pure (no tensors): its inputs are the assignment, the operand formats and
-the dtypes, so its result is memoised on exactly those and a repeated call with
+``lower_kernel`` is pure (no tensors): its inputs are the assignment, the operand formats and
+the value dtype. The C source is the next stage's: ``codegen.kernel.compile_kernel`` renders
+a lowered kernel and memoises both on exactly those inputs, so a repeated call with
 same-structured operands does no scheduling at all.
 """
 from __future__ import annotations
@@ -11,8 +13,6 @@ import time
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from ..codegen.c import INDEX_CTYPES, VALUE_CTYPES, render_c
-from ..codegen.intrinsics import ISA_BYTES
 from ..formats.levels import Compressed, Dense
 from . import hold
 from .ir import Function, dump, verify
@@ -26,13 +26,13 @@ from .schedule import OperandInfo, Schedule, schedule
 
 @dataclass(frozen=True)
 class CompiledKernel:
-    """A scheduled, lowered and rendered kernel (not yet built: see ``ops``)."""
+    """A scheduled and lowered kernel; ``source``, its C, is set by the stage that renders
+    it (``codegen.kernel.compile_kernel``). Not yet built: see ``ops``."""
 
     assignment: Assignment
     schedule: Schedule
     output: OutputSpec
     functions: tuple[Function, ...]   # one for dense/sampled; count + fill for emit
-    source: str
     outer_extent: tuple               # ('dim', v) | ('level', n) | ('one',): emit slices
     emit_sorted: bool                 # emitted entries already sorted and unique
     emit_rows: bool                   # ...and one row per outer iteration of a CSR-like
@@ -52,6 +52,7 @@ class CompiledKernel:
                                        # (sblock.py)
     held: hold.Held | None = None     # SDDMM's nest with the row's operand held in
                                       # registers (hold.py)
+    source: str | None = None         # the rendered C (None until codegen renders it)
 
     def describe_loops(self) -> str:
         return "\n".join(dump(fn) for fn in self.functions)
@@ -167,6 +168,8 @@ def block_cap(value_dtype: str, tile: int) -> int | None:
     return max(16, l2_bytes() // 4 // panel_bytes)
 
 
+# Bytes per vector register of each ISA generated kernels use intrinsics of.
+ISA_BYTES = {"avx512": 64, "avx2": 32}
 _ISA_FLAGS = {"avx512": {"avx512f", "avx512dq", "avx512vl"}, "avx2": {"avx2", "fma"}}
 
 
@@ -265,11 +268,11 @@ def tile_width(value_dtype: str, rows: int = 1) -> int:
     return vector_lanes(value_dtype)
 
 
-@lru_cache(maxsize=4096)
-def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_dtype: str,
-                   index_dtypes: tuple[str, ...], out_format=None, static: tuple = (),
-                   workspace: str = "dense", allow_scatter: bool = False) -> CompiledKernel:
-    """Schedule, lower and render ``assignment`` for operands described by ``infos``.
+def lower_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_dtype: str,
+                 out_format=None, static: tuple = (), workspace: str = "dense",
+                 allow_scatter: bool = False) -> CompiledKernel:
+    """Schedule and lower ``assignment`` for operands described by ``infos`` (no source:
+    ``codegen.kernel.compile_kernel`` renders it, and memoises both).
     ``static``: (variable, extent) pairs the operands fix (block sizes); loops over them
     around a register tile are unrolled into it (``jam.py``). ``workspace`` picks the row
     accumulator of sparse results: a 'dense' array per thread, or a 'hash' table for
@@ -280,10 +283,9 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
     Example:
         >>> from sparsetorch.compiler.notation import parse_einsum
         >>> from sparsetorch.formats.format import as_format
-        >>> k = compile_kernel(parse_einsum("ij,j->i", [2, 1]),
-        ...                    (OperandInfo(as_format("csr", 2), False),
-        ...                     OperandInfo(as_format("dense", 1), True)),
-        ...                    "float32", ("int32", "int64"))
+        >>> k = lower_kernel(parse_einsum("ij,j->i", [2, 1]),
+        ...                  (OperandInfo(as_format("csr", 2), False),
+        ...                   OperandInfo(as_format("dense", 1), True)), "float32")
         >>> k.schedule.order, k.output.kind
         (('i', 'j'), 'dense')
     """
@@ -329,11 +331,7 @@ def compile_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value
         functions.append(fn)
         lowerers.append(lw)
     lw = lowerers[-1]
-    header = f"sparsetorch kernel: {assignment}\nloop order: {', '.join(sched.order)}"
-    source = render_c(functions, VALUE_CTYPES[value_dtype],
-                      {n: INDEX_CTYPES[d] for n, d in enumerate(index_dtypes)}, header,
-                      vector_isa(), wide_gathers_from())
-    return CompiledKernel(assignment, sched, out, tuple(functions), source, lw.outer_extent,
+    return CompiledKernel(assignment, sched, out, tuple(functions), lw.outer_extent,
                           emit_sorted, emit_rows, lw.ws_vars, lw.ws_kind,
                           (lw.tile_var, lw.plan.tile) if lw.tile_var else None,
                           lw.balanced, jammed, tuple(dict.fromkeys(notes)),

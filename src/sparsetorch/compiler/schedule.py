@@ -64,15 +64,15 @@ def level_vars(fmt: Format, indices) -> tuple[str, ...]:
     return outer if fmt.blocksize is None else outer + outer
 
 
-def _constraints(assignment: Assignment, formats, infos):
+def _constraints(assignment: Assignment, formats, infos, skip=None):
     """Pairs (a, b): variable a must be iterated before b. A dense level below another one
     is located, not iterated (its position is parent * extent + coordinate), so its
     variable may also come earlier: BSR then runs each row of a block row across all its
-    blocks, keeping the output row in registers."""
+    blocks, keeping the output row in registers. Operand ``skip`` adds none."""
     pairs = set()
     for acc in assignment.expr.accesses():
         fmt = formats[acc.operand]
-        if infos[acc.operand].strided or fmt.is_dense:
+        if infos[acc.operand].strided or fmt.is_dense or acc.operand == skip:
             continue
         vs = level_vars(fmt, acc.indices)
         pairs.update((a, b) for k, (a, b) in enumerate(zip(vs, vs[1:]))
@@ -80,9 +80,10 @@ def _constraints(assignment: Assignment, formats, infos):
     return pairs
 
 
-def _rule_order(assignment: Assignment, formats, infos):
-    """Greedy topological order by the rules above; None if the constraints have a cycle."""
-    pairs = _constraints(assignment, formats, infos)
+def _rule_order(assignment: Assignment, formats, infos, skip=None):
+    """Greedy topological order by the rules above; None if the constraints have a cycle.
+    ``skip``: an operand whose storage order does not constrain the order."""
+    pairs = _constraints(assignment, formats, infos, skip)
     remaining = list(assignment.all_vars)
     sparse_vars, last_dense = set(), {}
     for acc in assignment.expr.accesses():
@@ -170,6 +171,33 @@ def _relaid(fmt: Format, order) -> Format:
     return Format(fmt.levels, tuple(order), fmt.blocksize)
 
 
+# Up to this order every other mode order of an operand is a candidate (23 at order 4);
+# beyond it n! explodes (362880 at order 9, and each is costed), so only the orders the
+# loop nest asks for are tried.
+_EVERY_MODE_ORDER_UP_TO = 4
+
+
+def _mode_order_options(assignment: Assignment, base, infos, n) -> list[tuple[int, ...]]:
+    """Mode orders to try re-laying operand ``n`` in: all of them for small orders, else
+    the order the rules pick when ``n`` constrains nothing, the assignment's variable order
+    (output first) and plain row-major -- at most three, so scheduling stays linear in the
+    tensor order."""
+    fmt = base[n]
+    if fmt.ndim <= _EVERY_MODE_ORDER_UP_TO:
+        return [p for p in itertools.permutations(range(fmt.ndim)) if p != fmt.mode_order]
+    found = {tuple(range(fmt.ndim)): None}
+    for order in (_rule_order(assignment, base, infos, skip=n), assignment.all_vars):
+        if order is None:
+            continue
+        position = {v: k for k, v in enumerate(order)}
+        for acc in assignment.expr.accesses():
+            if acc.operand == n:
+                found[tuple(sorted(range(fmt.ndim),
+                                   key=lambda m: position[acc.indices[m]]))] = None
+    found.pop(fmt.mode_order, None)
+    return list(found)
+
+
 def schedule(assignment: Assignment, infos, allow_scatter: bool = False) -> Schedule:
     """Choose the loop order and any operand conversions; ``allow_scatter`` drops rule 4.
 
@@ -186,8 +214,7 @@ def schedule(assignment: Assignment, infos, allow_scatter: bool = False) -> Sche
     candidates = [((), base)]
     sparse_ops = [n for n, info in enumerate(infos)
                   if info.is_sparse and info.format.ndim >= 2 and info.format.blocksize is None]
-    options = {n: [p for p in itertools.permutations(range(infos[n].format.ndim))
-                   if p != infos[n].format.mode_order] for n in sparse_ops}
+    options = {n: _mode_order_options(assignment, base, infos, n) for n in sparse_ops}
     for r in (1, 2):
         for ops in itertools.combinations(sparse_ops, r):
             for orders in itertools.product(*(options[n] for n in ops)):

@@ -207,7 +207,7 @@ def _from_torch_compressed(x, format, blocksize, index_dtype) -> SparseTensor:
         vals = vals.reshape(-1)
     else:
         fmt = Format((dense, compressed), order)
-    source = SparseTensor.from_levels(x.shape, fmt, arrays, vals)
+    source = SparseTensor(*SparseTensor._checked_levels(x.shape, fmt, arrays, vals))
     return _convert_owned(source, format, blocksize, index_dtype)
 
 
@@ -226,7 +226,8 @@ def _from_scipy(m, format, blocksize, index_dtype) -> SparseTensor:
                 blocksize = m.blocksize
         else:
             fmt = as_format(kind, 2)
-        source = SparseTensor.from_levels(m.shape, fmt, arrays, data.reshape(-1))
+        source = SparseTensor(*SparseTensor._checked_levels(m.shape, fmt, arrays,
+                                                            data.reshape(-1)))
         return _convert_owned(source, format, blocksize, index_dtype)
     if kind == "bsr" and blocksize is None and _is_bsr_name(format):
         blocksize = m.blocksize
@@ -251,9 +252,9 @@ def _convert_owned(source: SparseTensor, format, blocksize, index_dtype) -> Spar
 
 
 def _shares_memory(a: SparseTensor, b: SparseTensor) -> bool:
-    ptrs = {t.untyped_storage().data_ptr() for t in [b.values, *b.arrays.values()] if t.numel()}
+    ptrs = {t.untyped_storage().data_ptr() for t in [b.values, *b._level_arrays.values()] if t.numel()}
     return any(t.numel() and t.untyped_storage().data_ptr() in ptrs
-               for t in [a.values, *a.arrays.values()])
+               for t in [a.values, *a._level_arrays.values()])
 
 
 def _is_scipy(x) -> bool:
@@ -289,18 +290,18 @@ def convert(t: SparseTensor, format, *, blocksize=None, index_dtype=None) -> Spa
     fmt = as_format(format, t.dim(), blocksize)
     check_blocks(fmt, t.shape, "asformat")
     if fmt == t.format:
-        if index_dtype is None or index_dtype == t.index_dtype or not t.arrays:
+        if index_dtype is None or index_dtype == t.index_dtype or not t._level_arrays:
             return t
         choose_index_dtype(fmt.storage_dims(t.shape), t.nnz, index_dtype)
         return map_arrays(t, lambda a: a.to(index_dtype), lambda v: v)
-    if index_dtype is None and t.arrays and t.index_dtype == torch.int64:
+    if index_dtype is None and t._level_arrays and t.index_dtype == torch.int64:
         index_dtype = torch.int64            # keep the caller's wider indices
     if t.format.is_dense or fmt.is_dense:
         return _from_dense(to_dense(t), fmt, None, None, index_dtype)
     swapped = _swap_compressed(t, fmt, index_dtype)
     if swapped is not None:
         return swapped
-    rows = unpack_rows(t.format, t.shape, t.arrays, t.device)
+    rows = unpack_rows(t.format, t.shape, t._level_arrays, t.device)
     ordered = all(lv.ordered for lv in t.format.levels)
     return _pack(fmt, t.shape, rows, t.values, index_dtype,
                  source=t.format if ordered else None)
@@ -331,7 +332,7 @@ def _scipy_takes_arrays(t: SparseTensor) -> bool:
     CPU, outside a tracer (whose arrays have no data)."""
     return t.format.name in ("csr", "csc") and t.device.type == "cpu" and \
         not torch.compiler.is_compiling() and \
-        not any(isinstance(a, (FakeTensor, FunctionalTensor)) for a in t.arrays.values())
+        not any(isinstance(a, (FakeTensor, FunctionalTensor)) for a in t._level_arrays.values())
 
 
 def _scipy_takes_dense(x: torch.Tensor) -> bool:
@@ -355,7 +356,7 @@ def _as_scipy(t: SparseTensor, data: np.ndarray):
     import scipy.sparse as sp
 
     kind = sp.csr_array if t.format.name == "csr" else sp.csc_array
-    return kind((data, t.arrays["crd1"].numpy(), t.arrays["pos1"].numpy()),
+    return kind((data, t._level_arrays["crd1"].numpy(), t._level_arrays["pos1"].numpy()),
                 shape=tuple(t.shape))
 
 
@@ -375,7 +376,7 @@ def to_dense(t: SparseTensor) -> torch.Tensor:
     nnz = t.nnz
     if out.numel() == 0 or (type(nnz) is int and nnz == 0):
         return out
-    rows = unpack_rows(fmt, t.shape, t.arrays, t.device)
+    rows = unpack_rows(fmt, t.shape, t._level_arrays, t.device)
     linear = rows[0].to(torch.int64)
     for row, size in zip(rows[1:], t.shape[1:]):
         linear = linear * size + row
@@ -397,7 +398,7 @@ def to_scipy(t: SparseTensor):
         raise TypeError("to_scipy: numpy has no bfloat16; convert first with "
                         ".to(torch.float32)")
     vals = t.values.detach().numpy().copy()
-    name, a = t.format.name, {k: v.numpy().copy() for k, v in t.arrays.items()}
+    name, a = t.format.name, {k: v.numpy().copy() for k, v in t._level_arrays.items()}
     if name in ("csr", "csc"):
         cls = sp.csr_array if name == "csr" else sp.csc_array
         return cls((vals, a["crd1"], a["pos1"]), shape=t.shape)
@@ -406,19 +407,22 @@ def to_scipy(t: SparseTensor):
         return sp.bsr_array((vals.reshape(-1, r, c), a["crd1"], a["pos1"]), shape=t.shape)
     if t.format.is_dense:
         return sp.coo_array(to_dense(t).numpy())
-    rows = unpack_rows(t.format, t.shape, t.arrays, t.device)
+    rows = unpack_rows(t.format, t.shape, t._level_arrays, t.device)
     return sp.coo_array((vals, (rows[0].numpy(), rows[1].numpy())), shape=t.shape)
 
 
 def to_torch(t: SparseTensor) -> torch.Tensor:
-    """A ``torch.sparse`` tensor sharing ``t``'s arrays where layouts allow: csr, csc and bsr
-    map to their layouts, dense formats to a strided tensor, everything else to a coalesced
-    ``sparse_coo`` tensor (int64 indices, as torch requires)."""
-    name, a, vals = t.format.name, t.arrays, t.values
+    """A ``torch.sparse`` tensor sharing ``t``'s values where layouts allow: csr, csc and bsr
+    map to their layouts (with copies of the index arrays, which kernels trust and the
+    caller could write through ``crow_indices()``), dense formats to a strided tensor,
+    everything else to a coalesced ``sparse_coo`` tensor (int64 indices, as torch
+    requires)."""
+    name, vals = t.format.name, t.values
     if t.format.is_dense:
         return to_dense(t)
     with warnings.catch_warnings():  # "... support is in beta": nothing a user can act on
         warnings.filterwarnings("ignore", message=".*is in beta", category=UserWarning)
+        a = t.arrays if name in ("csr", "csc", "bsr") else None   # (copies)
         if name in ("csr", "csc"):
             make = torch.sparse_csr_tensor if name == "csr" else torch.sparse_csc_tensor
             return make(a["pos1"], a["crd1"], vals, t.shape, check_invariants=False)
@@ -427,7 +431,7 @@ def to_torch(t: SparseTensor) -> torch.Tensor:
             return torch.sparse_bsr_tensor(a["pos1"], a["crd1"], vals.reshape(-1, r, c),
                                            t.shape, check_invariants=False)
     coo = t if t.format == as_format("coo", t.dim()) else convert(t, "coo")
-    rows = unpack_rows(coo.format, coo.shape, coo.arrays, coo.device)
+    rows = unpack_rows(coo.format, coo.shape, coo._level_arrays, coo.device)
     indices = torch.stack([r.to(torch.int64) for r in rows])
     return torch.sparse_coo_tensor(indices, coo.values, t.shape, is_coalesced=True,
                                    check_invariants=False)

@@ -26,7 +26,7 @@ def _add_same_pattern(a, b, alpha=1):
     from .tensor import SparseTensor
 
     if (isinstance(a, SparseTensor) and isinstance(b, SparseTensor) and a.format == b.format
-            and all(x is y for x, y in zip(a.arrays.values(), b.arrays.values()))):
+            and all(x is y for x, y in zip(a._level_arrays.values(), b._level_arrays.values()))):
         return a.with_values(aten.add(a._values, b._values, alpha=alpha))
     return None
 

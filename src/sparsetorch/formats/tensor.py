@@ -168,10 +168,14 @@ class SparseTensor(torch.Tensor):
     @classmethod
     def from_levels(cls, shape, format, arrays: dict, values: torch.Tensor, *, blocksize=None,
                     check: bool = True) -> "SparseTensor":
-        """Wrap raw level arrays (``{"pos1": ..., "crd1": ...}``) and values.
+        """Wrap raw level arrays (``{"pos1": ..., "crd1": ...}``) and values. The arrays are
+        copied (kernels must not read memory the caller can still write); the values are
+        kept as given (``.values`` is that tensor).
 
         ``check=True`` validates everything (ranges, order, duplicates, sizes, dtypes,
-        devices); ``check=False`` is for trusted internal callers that built the arrays.
+        devices); ``check=False`` skips only the order and duplicate checks, for callers
+        whose arrays are sorted by construction: what keeps kernels in bounds (array names,
+        dtypes, sizes, ``pos`` monotone, coordinates in range) is always checked.
 
         Example:
             >>> import torch, sparsetorch as st
@@ -181,21 +185,31 @@ class SparseTensor(torch.Tensor):
             >>> A.to_dense()[0, 2].item()
             5.0
         """
+        shape, fmt, arrays, values = cls._checked_levels(shape, format, arrays, values,
+                                                         blocksize, check)
+        # the caller keeps its tensors: kernels must read copies it cannot write into
+        arrays = {k: a.clone(memory_format=torch.contiguous_format) for k, a in arrays.items()}
+        return cls(shape, fmt, arrays, values)
+
+    @staticmethod
+    def _checked_levels(shape, format, arrays, values, blocksize=None, check=True):
+        """``from_levels``'s checks: ``(shape, format, arrays, values)`` to wrap, the
+        arrays not copied, for callers that copy the result anyway when it shares the
+        caller's memory (``convert._convert_owned``)."""
         from .format import as_format
         from .validate import check_levels, check_shape
 
         shape = check_shape(shape, "SparseTensor.from_levels")
         fmt = as_format(format, len(shape), blocksize)
         arrays = dict(arrays)
-        if check:
-            missing = set(array_names(fmt)) - set(arrays)
-            extra = set(arrays) - set(array_names(fmt))
-            if missing or extra:
-                raise ValueError(f"SparseTensor.from_levels: format {fmt.name!r} stores arrays "
-                                 f"{list(array_names(fmt))}; missing {sorted(missing)}, "
-                                 f"unexpected {sorted(extra)}")
-            check_levels(fmt, shape, arrays, values, "SparseTensor.from_levels")
-        return cls(shape, fmt, arrays, values)
+        missing = set(array_names(fmt)) - set(arrays)
+        extra = set(arrays) - set(array_names(fmt))
+        if missing or extra:
+            raise ValueError(f"SparseTensor.from_levels: format {fmt.name!r} stores arrays "
+                             f"{list(array_names(fmt))}; missing {sorted(missing)}, "
+                             f"unexpected {sorted(extra)}")
+        check_levels(fmt, shape, arrays, values, "SparseTensor.from_levels", full=check)
+        return shape, fmt, arrays, values
 
     def __setstate__(self, state):
         # torch.load (weights_only=True included, the mode for files one does not trust),
@@ -371,7 +385,7 @@ class SparseTensor(torch.Tensor):
         from .validate import check_value_dtype
 
         check_value_dtype(values, "with_values")
-        out = SparseTensor(self._size, self._format, self.arrays, values)
+        out = SparseTensor(self._size, self._format, self._level_arrays, values)
         inherit_pattern_facts(self, out)
         return out
 
@@ -419,13 +433,56 @@ class SparseTensor(torch.Tensor):
 
     @property
     def arrays(self) -> dict:
-        """The level arrays by name (``pos{k}``, ``crd{k}``); level ``k`` stores the mode
-        ``format.mode_order[k]`` (or its block/in-block part for blocked formats)."""
+        """Copies of the level arrays by name (``pos{k}``, ``crd{k}``); level ``k`` stores
+        the mode ``format.mode_order[k]`` (or its block/in-block part for blocked formats).
+        Copies, because kernels trust the arrays validated at construction: writing into
+        them would send a kernel out of bounds.
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> A = st.tensor(torch.eye(2), "csr")
+            >>> A.arrays["crd1"][0] = 99      # a copy: A is unchanged
+            >>> A.arrays["crd1"].tolist()
+            [0, 1]
+        """
         if type(self._values) is not torch.Tensor:   # eager tensors skip the check
             _check_recordable(self, "arrays", "a dict of tensors", "return it and read "
                               ".arrays outside, or keep to C.values and torch ops inside "
                               "(the level arrays of an input SparseTensor can be read)")
+            return self._level_arrays   # (traced: no memory a kernel reads)
+        return {n: getattr(self, "_" + n).clone() for n in self._array_names}
+
+    @property
+    def _level_arrays(self) -> dict:
+        """The level arrays themselves (not copies), for the library's own use: never hand
+        them to users, who could write into them."""
         return {n: getattr(self, "_" + n) for n in self._array_names}
+
+    def _stored_count(self) -> int:
+        """The entries the pattern stores, from the level arrays' sizes alone."""
+        count = 1
+        for k, (level, size) in enumerate(zip(self._format.levels,
+                                              self._format.storage_dims(self._size))):
+            count = getattr(self, f"_crd{k}").numel() if level.has_crd else count * size
+        return count
+
+    def _checked_values(self) -> torch.Tensor:
+        """The values tensor, after checking it still fits the pattern: ``.values`` is the
+        stored tensor itself, whose storage a user may replace (``.data =``, ``set_``,
+        ``resize_``). Kernels read as many entries as the pattern stores, contiguously, in
+        the wrapper's dtype; anything else raises ValueError."""
+        values, count = self._values, self._stored_count()
+        with _DisableTorchFunction():
+            dtype = torch.Tensor.dtype.__get__(self)
+        if (values.dim() != 1 or values.numel() != count or values.dtype != dtype
+                or not values.is_contiguous()):
+            layout = "contiguous" if values.is_contiguous() else "strided"
+            raise ValueError(
+                f"SparseTensor: its values were replaced by a {layout} tensor of shape "
+                f"{tuple(values.shape)} and dtype {values.dtype}, but its {self._format.name} "
+                f"pattern stores {count} contiguous entries of {dtype}; give other values with "
+                "A.with_values(v), or change them in place (A.values.copy_(v))")
+        return values
 
     def __repr__(self, *, tensor_contents=None) -> str:
         return (f"SparseTensor(shape={tuple(self.shape)}, format={self._format.name!r}, "
@@ -590,5 +647,5 @@ class _ValuesOf(torch.autograd.Function):
 def map_arrays(t: SparseTensor, on_index, on_values) -> SparseTensor:
     """A SparseTensor with ``on_index`` applied to every level array and ``on_values`` to the
     values (same shape and format); the one helper behind clone, detach, .to and index casts."""
-    arrays = {k: on_index(v) for k, v in t.arrays.items()}
+    arrays = {k: on_index(v) for k, v in t._level_arrays.items()}
     return SparseTensor(t.shape, t.format, arrays, on_values(t.values))

@@ -16,10 +16,14 @@ from __future__ import annotations
 import operator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 from .format import Format
-from .levels import _Problem
+from .levels import _Problem, check_bounds
 from .pack import INDEX_DTYPES, array_names, level_arrays, unpack_rows
+
+_TRACED = (FakeTensor, FunctionalTensor)
 
 VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32,
                 torch.int64)
@@ -109,8 +113,12 @@ def check_blocks(fmt: Format, shape, name: str) -> None:
                              f"size {b}; pad the tensor or pick a block size that divides it")
 
 
-def check_levels(fmt: Format, shape, arrays: dict, values: torch.Tensor, name: str) -> None:
-    """Full structural check of user-supplied level arrays against ``fmt`` and ``shape``."""
+def check_levels(fmt: Format, shape, arrays: dict, values: torch.Tensor, name: str,
+                 full: bool = True) -> None:
+    """Structural check of user-supplied level arrays against ``fmt`` and ``shape``: always
+    dtypes, shapes and bounds (``levels.check_bounds``: what keeps kernels in bounds); with
+    ``full`` also what each level kind promises (order, uniqueness). Arrays being traced
+    (fake or functional tensors) have no data to check: only their metadata is."""
     check_value_dtype(values, name)
     if values.dim() != 1:
         raise ValueError(f"{name}: values must be 1-D, got shape {list(values.shape)}")
@@ -126,16 +134,21 @@ def check_levels(fmt: Format, shape, arrays: dict, values: torch.Tensor, name: s
     check_blocks(fmt, shape, name)
     dims = fmt.storage_dims(shape)
     count = 1
+    if torch.compiler.is_compiling() or any(isinstance(t, _TRACED)
+                                            for t in (values, *arrays.values())):
+        return   # traced: no data here (torch.compile), only the metadata checked above
     for k, level in enumerate(fmt.levels):
         try:
-            level.validate(count, dims[k], level_arrays(arrays, k))
+            check_bounds(level, count, dims[k], level_arrays(arrays, k))
+            if full:
+                level.validate(count, dims[k], level_arrays(arrays, k))
         except _Problem as e:
             raise ValueError(f"{name}: level {k} ({level}): {e}") from None
         count = level.count(count, dims[k], level_arrays(arrays, k))
     if values.numel() != count:
         raise ValueError(f"{name}: values has {values.numel()} entries but the levels store "
                          f"{count}; they must match")
-    if any(not lv.unique for lv in fmt.levels):
+    if full and any(not lv.unique for lv in fmt.levels):
         _check_entries_sorted_unique(fmt, shape, arrays, values, name)
 
 

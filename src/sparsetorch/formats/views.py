@@ -72,7 +72,7 @@ def _permuted(t: SparseTensor, dims: tuple) -> SparseTensor:
     blocks = None if fmt.blocksize is None else tuple(fmt.blocksize[d] for d in dims)
     new_fmt = Format(fmt.levels, tuple(inverse[m] for m in fmt.mode_order), blocks)
     shape = tuple(t.shape[d] for d in dims)
-    return SparseTensor(shape, new_fmt, t.arrays, t.values)
+    return SparseTensor(shape, new_fmt, t._level_arrays, t.values)
 
 
 def transpose(t: SparseTensor, dim0: int, dim1: int) -> SparseTensor:

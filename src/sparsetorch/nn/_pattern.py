@@ -4,7 +4,9 @@ and read back as dense positions.
 A pattern is a 2-D SparseTensor in CSR (or BSR with a block size) whose values do not
 matter; layers keep its level arrays as buffers and their weights as one value per stored
 entry, in the pattern's storage order. Everything here runs once per pattern (construction,
-``set_pattern``, loading), vectorised over the dense positions: no Python loops over entries.
+``set_pattern``, loading), vectorised over the entries (no Python loops over them, and no
+dense ``out x in`` index grid). ``kept_count`` is the one rule for how many entries a density
+or a sparsity keeps.
 """
 from __future__ import annotations
 
@@ -68,39 +70,63 @@ def from_mask(mask, shape, blocksize, what: str) -> SparseTensor:
                      blocksize=blocksize)
 
 
-def random_mask(shape, density, blocksize, generator, what: str) -> torch.Tensor:
-    """A bool mask with exactly ``round(density * entries)`` entries chosen uniformly (or
-    that many whole blocks, counted in blocks, with a block size).
+def kept_count(total: int, density=None, sparsity=None, what: str = "layer") -> int:
+    """How many of ``total`` entries (or blocks) a sparse layer keeps, from exactly one of
+    ``density`` and ``sparsity`` (``= 1 - density``) in [0, 1]: the one rule every entry
+    point of ``st.nn`` counts by (``SparseLinear(density=)``, ``SparseLinear.from_dense``,
+    ``prune_mask``, ``random_mask``, ``top_mask``).
+
+    The rule is ``total - round(sparsity * total)``: magnitude pruning zeroes the
+    ``round(sparsity * N)`` smallest entries and keeps the rest, so a density and its
+    sparsity keep the same count (``round`` is Python's, halves to even: for ``N = 7`` at
+    density 0.5, 3.5 zeroed rounds to 4, so 3 are kept).
 
     Example:
-        >>> int(random_mask((4, 5), 0.5, None, torch.Generator().manual_seed(0), "f").sum())
+        >>> kept_count(10, sparsity=0.9), kept_count(10, density=0.3), kept_count(7, density=0.5)
+        (1, 3, 3)
+    """
+    if (density is None) == (sparsity is None):
+        raise ValueError(f"{what}: give exactly one of density= and sparsity= "
+                         f"(got density={density!r}, sparsity={sparsity!r})")
+    name, given = ("density", density) if sparsity is None else ("sparsity", sparsity)
+    if isinstance(given, bool) or not isinstance(given, (int, float)) or not 0 <= given <= 1:
+        raise ValueError(f"{what}: {name} must lie in [0, 1] (a number), got {given!r}")
+    s = 1.0 - float(density) if sparsity is None else float(sparsity)
+    return total - round(s * total)
+
+
+def random_mask(shape, blocksize, generator, what: str, *, density=None,
+                sparsity=None) -> torch.Tensor:
+    """A bool mask with exactly ``kept_count(entries, density, sparsity)`` entries chosen
+    uniformly
+    (or that many whole blocks, counted in blocks, with a block size).
+
+    Example:
+        >>> int(random_mask((4, 5), None, torch.Generator().manual_seed(0), "f", density=0.5).sum())
         10
     """
-    if isinstance(density, bool) or not isinstance(density, (int, float)) or \
-            not 0 <= density <= 1:
-        raise ValueError(f"{what}: density must be a number in [0, 1], got {density!r}")
     grid = shape if blocksize is None else (shape[0] // blocksize[0], shape[1] // blocksize[1])
     cells = grid[0] * grid[1]
-    keep = torch.randperm(cells, generator=generator)[:round(density * cells)]
+    keep = torch.randperm(cells, generator=generator)[:kept_count(cells, density, sparsity, what)]
     return expand_blocks(_flat_mask(grid, keep), blocksize)
 
 
-def top_mask(scores: torch.Tensor, density, blocksize, what: str) -> torch.Tensor:
-    """A bool mask of the ``round(density * entries)`` largest ``scores`` (exactly that many;
-    ties broken by ``torch.topk``); with a block size, of whole blocks by their summed score.
+def top_mask(scores: torch.Tensor, blocksize, what: str, *, density=None,
+             sparsity=None) -> torch.Tensor:
+    """A bool mask of the ``kept_count(entries, density, sparsity)`` largest ``scores``
+    (exactly that many; ties broken by ``torch.topk``); with a block size, of whole blocks by
+    their summed score.
 
     Example:
-        >>> top_mask(torch.tensor([[3., 1.], [2., 4.]]), 0.5, None, "f")
+        >>> top_mask(torch.tensor([[3., 1.], [2., 4.]]), None, "f", density=0.5)
         tensor([[ True, False],
                 [False,  True]])
     """
-    if isinstance(density, bool) or not isinstance(density, (int, float)) or \
-            not 0 <= density <= 1:
-        raise ValueError(f"{what}: density must be a number in [0, 1], got {density!r}")
     if blocksize is not None:
         r, c = blocksize
         scores = scores.reshape(scores.shape[0] // r, r, scores.shape[1] // c, c).sum((1, 3))
-    keep = torch.topk(scores.flatten(), round(density * scores.numel())).indices
+    count = kept_count(scores.numel(), density, sparsity, what)
+    keep = torch.topk(scores.flatten(), count).indices
     return expand_blocks(_flat_mask(scores.shape, keep), blocksize)
 
 
@@ -126,11 +152,14 @@ def positions(pattern: SparseTensor) -> torch.Tensor:
         >>> positions(st.tensor(torch.tensor([[0., 1.], [1., 1.]]), "csr")).tolist()
         [1, 2, 3]
     """
-    # Numbering the entries and densifying places each number at its entry's position: one
-    # format-agnostic pass (CSR and BSR alike), and the dense order sorts them back.
-    numbered = pattern.with_values(torch.arange(1, pattern.nnz + 1, device=pattern.device))
-    flat = numbered.to_dense().flatten()
-    where = flat.nonzero().squeeze(1)
-    out = torch.empty(pattern.nnz, dtype=torch.int64, device=pattern.device)
-    out[flat[where] - 1] = where
-    return out
+    # From the level arrays (CSR, or BSR's block rows and columns), in entries of memory:
+    # each stored block's row and column, then its r x c entries in row-major order.
+    arrays = pattern.arrays
+    pos, crd = arrays["pos1"].long(), arrays["crd1"].long()
+    r, c = pattern.format.blocksize or (1, 1)
+    rows = torch.repeat_interleave(torch.arange(pos.numel() - 1, device=pos.device), pos.diff())
+    within_r = torch.arange(r, device=pos.device).view(1, r, 1)
+    within_c = torch.arange(c, device=pos.device).view(1, 1, c)
+    flat = (rows.view(-1, 1, 1) * r + within_r) * pattern.shape[1] + crd.view(-1, 1, 1) * c \
+        + within_c
+    return flat.reshape(-1)

@@ -20,10 +20,12 @@ from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
 
 NORMALIZATIONS = ("sym", "mean", None)
+DEGREES = ("weights", "edges")
 
 
 def normalized_adjacency(adj, num_nodes: int, normalize="sym", self_loops: bool = True, *,
-                         dtype=torch.float32, what: str = "normalized_adjacency") -> SparseTensor:
+                         degree: str = "weights", dtype=torch.float32,
+                         what: str = "normalized_adjacency") -> SparseTensor:
     """The propagation matrix of ``adj`` as a CSR SparseTensor of shape ``(n, n)``:
 
     - ``self_loops``: add an entry of 1 on the diagonal of every node that has none
@@ -31,6 +33,10 @@ def normalized_adjacency(adj, num_nodes: int, normalize="sym", self_loops: bool 
     - ``normalize="sym"``: ``D^-1/2 A D^-1/2`` with ``D`` the row sums (in-degrees), PyG's
       ``gcn_norm``; ``"mean"``: ``D^-1 A`` (each row averages its neighbours); ``None``: as is.
       Rows of degree 0 stay empty.
+    - ``degree``: what ``D`` counts: ``"weights"``, the sum of a node's in-edge weights (PyG's
+      ``gcn_norm``), or ``"edges"``, the number of its in-edges whatever their weights (PyG's
+      mean aggregation: ``"mean"`` then averages the weighted messages ``w_ij x_j``). The two
+      agree on an unweighted graph.
 
     Example:
         >>> import torch
@@ -41,6 +47,8 @@ def normalized_adjacency(adj, num_nodes: int, normalize="sym", self_loops: bool 
     """
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"{what}: normalize must be 'sym', 'mean' or None, got {normalize!r}")
+    if degree not in DEGREES:
+        raise ValueError(f"{what}: degree must be one of {DEGREES}, got {degree!r}")
     rows, cols, vals = coordinates(adj, num_nodes, dtype, what)
     if self_loops:
         has_loop = torch.zeros(num_nodes, dtype=torch.bool, device=rows.device)
@@ -49,7 +57,9 @@ def normalized_adjacency(adj, num_nodes: int, normalize="sym", self_loops: bool 
         rows, cols = torch.cat([rows, missing]), torch.cat([cols, missing])
         vals = torch.cat([vals, torch.ones(missing.numel(), dtype=dtype, device=vals.device)])
     if normalize is not None:
-        deg = torch.zeros(num_nodes, dtype=dtype, device=vals.device).index_add_(0, rows, vals)
+        counted = vals if degree == "weights" else torch.ones_like(vals)
+        deg = torch.zeros(num_nodes, dtype=dtype, device=vals.device).index_add_(0, rows,
+                                                                                 counted)
         inv = deg.pow(-0.5 if normalize == "sym" else -1.0)
         inv.masked_fill_(torch.isinf(inv), 0)
         vals = inv[rows] * vals * (inv[cols] if normalize == "sym" else 1)
@@ -122,5 +132,7 @@ class AdjacencyCache:
 
 
 def _state(adj) -> tuple:
-    parts = [*adj.arrays.values(), adj.values] if isinstance(adj, SparseTensor) else [adj]
+    # (a SparseTensor's level arrays never change -- ``.arrays`` gives copies -- so the
+    # same object with the same values is the same matrix)
+    parts = [adj.values] if isinstance(adj, SparseTensor) else [adj]
     return tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in parts)

@@ -31,7 +31,8 @@ from ..formats import SparseTensor
 from ..formats.pack import array_names
 from ..ops import einsum
 from . import _pattern
-from .linear import SparseLinear, _keep_facts
+from ._common import check_pointwise as _check_pointwise, keep_facts as _keep_facts
+from .linear import SparseLinear
 from .pattern import choose_blocksize, prune_mask
 
 ACTIVATIONS = (None, "relu", "relu6")
@@ -68,6 +69,7 @@ class SparseConv2d(SparseLinear):
         if activation not in ACTIVATIONS:
             raise ValueError(f"SparseConv2d: activation must be one of {ACTIVATIONS}, got "
                              f"{activation!r}")
+        mask = _dense_mask(mask, (out_channels, in_channels))
         if blocksize is None and isinstance(mask, torch.Tensor):
             blocksize = choose_blocksize(mask.bool())
         super().__init__(in_channels, out_channels, bias, density=density, mask=mask,
@@ -83,13 +85,15 @@ class SparseConv2d(SparseLinear):
         return self.out_features
 
     @classmethod
-    def from_dense(cls, conv: nn.Conv2d, density=None, *, sparsity=None,
+    def from_dense(cls, conv: nn.Conv2d, *, density=None, sparsity=None,
                    method: str = "magnitude", blocksize=None, activation: str | None = None,
                    generator=None) -> "SparseConv2d":
         """A SparseConv2d computing ``conv`` with its weight pruned (``prune_mask``: exactly
         the ``round(sparsity * N)`` smallest ``|w|`` zeroed, or a random subset) and
         ``activation`` fused. ``conv`` must be a 1x1 ``nn.Conv2d`` with ``groups=1``, no
-        padding or dilation, stride 1 or 2; it is not modified.
+        padding or dilation, stride 1 or 2; it is not modified. ``density`` and ``sparsity``
+        are keyword-only: a bare 0.9 would read as density here but as sparsity in
+        ``st.sparsify(model, 0.9)``.
 
         Example:
             >>> import torch, sparsetorch as st
@@ -100,8 +104,9 @@ class SparseConv2d(SparseLinear):
         """
         _check_pointwise(conv)
         w = conv.weight.detach().reshape(conv.out_channels, conv.in_channels)
-        return cls._from_mask(conv, prune_mask(w, density, sparsity, method, blocksize, generator),
-                              activation)
+        mask = prune_mask(w, density=density, sparsity=sparsity, method=method,
+                          blocksize=blocksize, generator=generator)
+        return cls._from_mask(conv, mask, activation)
 
     @classmethod
     def _from_mask(cls, conv: nn.Conv2d, mask: torch.Tensor, activation) -> "SparseConv2d":
@@ -117,9 +122,10 @@ class SparseConv2d(SparseLinear):
         return layer
 
     def set_pattern(self, mask, values=None) -> None:
-        """``SparseLinear.set_pattern``; a bool ``mask`` given with ``values`` None or dense
-        (out, in) chooses the format again: BSR with blocks of 4 or 2 output channels when the
-        mask is made of them, else CSR. (1-D values are in the current format's order.)
+        """``SparseLinear.set_pattern``; a ``mask`` (bool, or a SparseTensor whose stored
+        entries are kept) given with ``values`` None or dense (out, in) chooses the format
+        again: BSR with blocks of 4 or 2 output channels when the mask is made of them, else
+        CSR. (1-D values are in the current format's order.)
 
         Example:
             >>> import torch, sparsetorch as st
@@ -128,11 +134,11 @@ class SparseConv2d(SparseLinear):
             >>> layer.blocksize, layer.weight.to_dense().diagonal().tolist()
             (None, [2.0, 2.0, 2.0, 2.0])
         """
-        # Blocks are chosen afresh only from a bool mask with values absent or dense: values in
-        # storage order (and a SparseTensor mask, which has its own) mean the current format.
+        # Blocks are chosen afresh only with values absent or dense: values in storage order
+        # mean the current format.
         shape = (self.out_features, self.in_features)
-        if (isinstance(mask, torch.Tensor) and not isinstance(mask, SparseTensor)
-                and mask.dtype == torch.bool and tuple(mask.shape) == shape
+        mask = _dense_mask(mask, shape)
+        if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and tuple(mask.shape) == shape
                 and (values is None or isinstance(values, torch.Tensor) and values.dim() == 2)):
             blocksize = choose_blocksize(mask)
             if blocksize != self.blocksize:
@@ -147,6 +153,9 @@ class SparseConv2d(SparseLinear):
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] != self.in_features:
             raise ValueError(f"SparseConv2d: input must be (N, {self.in_features}, H, W); got "
                              f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
+        if x.dtype != self.values.dtype:
+            raise TypeError(f"SparseConv2d: input is {x.dtype} but the weights are "
+                            f"{self.values.dtype}; cast the input or the layer (.to(dtype))")
         if self.stride == 2:
             x = x[:, :, ::2, ::2]
         n, _, h, w = x.shape
@@ -176,20 +185,11 @@ def channels_first(x: torch.Tensor) -> torch.Tensor:
     return x.permute(1, 0, 2, 3).reshape(c, n * h * w)
 
 
-def _check_pointwise(conv) -> None:
-    if not isinstance(conv, nn.Conv2d):
-        raise TypeError(f"SparseConv2d.from_dense: expected an nn.Conv2d, got {type(conv).__name__}")
-    problems = []
-    if tuple(conv.kernel_size) != (1, 1):
-        problems.append(f"kernel_size={tuple(conv.kernel_size)} (need 1x1)")
-    if conv.groups != 1:
-        problems.append(f"groups={conv.groups} (need 1)")
-    if conv.stride[0] != conv.stride[1] or conv.stride[0] not in (1, 2):
-        problems.append(f"stride={tuple(conv.stride)} (need 1 or 2)")
-    if tuple(conv.padding) != (0, 0) if not isinstance(conv.padding, str) else conv.padding != "valid":
-        problems.append(f"padding={conv.padding} (need 0)")
-    if tuple(conv.dilation) != (1, 1):
-        problems.append(f"dilation={tuple(conv.dilation)} (need 1)")
-    if problems:
-        raise ValueError("SparseConv2d.from_dense: only 1x1 convolutions convert; this one has "
-                         + ", ".join(problems) + ". Keep it dense (st.sparsify skips it).")
+def _dense_mask(mask, shape):
+    """A SparseTensor ``mask`` as the bool ``shape`` tensor of its stored entries (whatever
+    their values), so the blocks can be chosen from it; anything else unchanged (checked by
+    ``SparseLinear``)."""
+    if not isinstance(mask, SparseTensor):
+        return mask
+    return _pattern.from_mask(mask, shape, None, "SparseConv2d").to_dense() != 0
+

@@ -38,10 +38,16 @@ def _propagate(A: SparseTensor, h: torch.Tensor, bias) -> torch.Tensor:
 class _Propagation(nn.Module):
     """What GCNConv and SAGEConv share: the kept normalised adjacency."""
 
-    def __init__(self, normalize, self_loops: bool, cached: bool):
+    def __init__(self, normalize, add_self_loops: bool, cached: bool, degree: str = "weights"):
         super().__init__()
-        self.normalize, self.self_loops, self.cached = normalize, self_loops, cached
+        self.normalize, self.add_self_loops, self.cached = normalize, add_self_loops, cached
+        self._degree = degree
         self._cache = AdjacencyCache()
+
+    @property
+    def self_loops(self) -> bool:
+        """``add_self_loops`` under its older name."""
+        return self.add_self_loops
 
     def adjacency(self, adj, x) -> SparseTensor:
         """The normalised propagation matrix for ``adj`` and ``x``'s node count and dtype."""
@@ -49,16 +55,19 @@ class _Propagation(nn.Module):
         what = type(self).__name__
 
         def build():
-            return normalized_adjacency(adj, n, self.normalize, self.self_loops, dtype=dtype,
-                                        what=what)
+            return normalized_adjacency(adj, n, self.normalize, self.add_self_loops,
+                                        degree=self._degree, dtype=dtype, what=what)
 
         return self._cache.get(adj, n, dtype, build) if self.cached else build()
 
 
 class GCNConv(_Propagation):
     """Kipf & Welling's graph convolution: ``D^-1/2 (A + I) D^-1/2 (x W^T) + b``, as PyG's
-    ``GCNConv`` computes it (``normalize="mean"``: ``D^-1 (A + I)``; None: ``A + I``;
-    ``self_loops=False`` leaves out ``I``; nodes that already have a self loop keep it).
+    ``GCNConv`` computes it (``normalize="mean"``: ``D^-1 (A + I)``; None: ``A`` as is).
+    ``add_self_loops`` (``I``; nodes that already have a self loop keep it) follows
+    ``normalize`` unless given, as in PyG: added when normalising, not with
+    ``normalize=None`` (PyG's ``normalize=False``). ``self_loops=`` is an alias of
+    ``add_self_loops=`` (the name GATConv and PyG use).
 
     The normalised adjacency is computed once and kept while the same adjacency object (or
     ``edge_index``, unmodified) comes back; ``cached=False`` recomputes it every call. The
@@ -76,11 +85,18 @@ class GCNConv(_Propagation):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 normalize="sym", self_loops: bool = True, cached: bool = True):
-        super().__init__(normalize, self_loops, cached)
+                 normalize="sym", add_self_loops: bool | None = None, cached: bool = True,
+                 *, self_loops: bool | None = None):
         if normalize not in ("sym", "mean", None):
             raise ValueError(f"GCNConv: normalize must be 'sym', 'mean' or None, got "
                              f"{normalize!r}")
+        if add_self_loops is not None and self_loops is not None and \
+                bool(add_self_loops) != bool(self_loops):
+            raise ValueError(f"GCNConv: add_self_loops={add_self_loops!r} and its alias "
+                             f"self_loops={self_loops!r} disagree; give one of them")
+        loops = add_self_loops if add_self_loops is not None else self_loops
+        super().__init__(normalize, normalize is not None if loops is None else bool(loops),
+                         cached)
         self.in_features, self.out_features = in_features, out_features
         self.lin = nn.Linear(in_features, out_features, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
@@ -95,13 +111,15 @@ class GCNConv(_Propagation):
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, normalize={self.normalize!r}, "
-                f"self_loops={self.self_loops}, cached={self.cached}")
+                f"add_self_loops={self.add_self_loops}, cached={self.cached}")
 
 
 class SAGEConv(_Propagation):
     """GraphSAGE (PyG's ``SAGEConv``): ``lin_l(aggr_{j -> i} x_j) + lin_r(x_i)`` with
     ``aggr="mean"`` (nodes without in-edges aggregate 0) or ``"sum"``; ``root_weight=False``
-    drops ``lin_r``. ``lin_l`` holds the bias. The aggregation matrix (``D^-1 A``) is kept as
+    drops ``lin_r``. ``lin_l`` holds the bias. On a weighted adjacency (a SparseTensor) the
+    mean is PyG's: the weighted messages ``w_ij x_j`` summed and divided by the number of
+    in-edges (stored entries), not by the sum of the weights. The aggregation matrix (``D^-1 A``) is kept as
     GCNConv keeps its own (``cached``); the product runs in the cheaper order.
 
     Example:
@@ -115,7 +133,7 @@ class SAGEConv(_Propagation):
                  root_weight: bool = True, bias: bool = True, cached: bool = True):
         if aggr not in ("mean", "sum"):
             raise ValueError(f"SAGEConv: aggr must be 'mean' or 'sum', got {aggr!r}")
-        super().__init__("mean" if aggr == "mean" else None, False, cached)
+        super().__init__("mean" if aggr == "mean" else None, False, cached, degree="edges")
         self.in_features, self.out_features, self.aggr = in_features, out_features, aggr
         self.lin_l = nn.Linear(in_features, out_features, bias=bias)
         self.lin_r = nn.Linear(in_features, out_features, bias=False) if root_weight else None

@@ -17,9 +17,9 @@ from torch import nn
 
 from ..formats import SparseTensor
 from ..formats.pack import array_names
-from ..formats.tensor import inherit_pattern_facts
 from ..ops import einsum
 from . import _pattern
+from ._common import keep_facts
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -34,8 +34,9 @@ DENSIFY_INPUT_ABOVE = 0.03
 class SparseLinear(nn.Module):
     """A linear layer whose weight is sparse: ``forward(x) = x @ W.T + b``.
 
-    Give exactly one of ``density`` (a random pattern of ``round(density * out * in)``
-    entries, or as many whole ``blocksize`` blocks counted in blocks) or ``mask`` (a bool
+    Give exactly one of ``density`` (a random pattern of ``kept_count(out * in, density)``
+    = ``N - round((1 - density) * N)`` entries, the count ``prune_mask`` and ``from_dense``
+    keep too, or as many whole ``blocksize`` blocks counted in blocks) or ``mask`` (a bool
     ``(out_features, in_features)`` tensor or a SparseTensor whose stored entries are kept;
     with ``blocksize``, every block holding an entry is stored whole). ``blocksize`` (an int
     or a pair dividing the shape) stores the weight in BSR, else CSR.
@@ -86,8 +87,8 @@ class SparseLinear(nn.Module):
                              "and mask= (a bool (out_features, in_features) tensor or a "
                              "SparseTensor pattern)")
         if mask is None:
-            mask = _pattern.random_mask(shape, density, self.blocksize, generator,
-                                        "SparseLinear")
+            mask = _pattern.random_mask(shape, self.blocksize, generator, "SparseLinear",
+                                        density=density)
         pattern = _pattern.from_mask(mask, shape, self.blocksize, "SparseLinear")
         dtype = dtype if dtype is not None else torch.get_default_dtype()
         for name, array in pattern.arrays.items():
@@ -113,13 +114,18 @@ class SparseLinear(nn.Module):
         # Eagerly, one wrapper of the arrays (over a detached alias of the values, so
         # optimizer steps show through) is kept: what kernels work out about the pattern
         # stays with it, and a graph-recording wrapper inherits it.
+        # The wrapper holds validated copies of the pattern buffers, so it is rebuilt when a
+        # buffer is replaced (set_pattern) or written in place (load_state_dict): each
+        # buffer's identity and version counter are part of the key.
         cached = self.__dict__.get("_cached_weight")
         arrays = self._arrays()
+        stamp = tuple((a, a._version) for a in arrays.values())
         if cached is None or cached[0] is not values or cached[1] != values.data_ptr() or \
-                any(cached[2].__dict__["_" + n] is not a for n, a in arrays.items()):
+                len(cached[3]) != len(stamp) or \
+                any(a is not b or u != v for (a, u), (b, v) in zip(cached[3], stamp)):
             kept = SparseTensor.from_levels(self._shape(), self._format, arrays,
                                             values.detach(), check=False)
-            cached = self.__dict__["_cached_weight"] = (values, values.data_ptr(), kept)
+            cached = self.__dict__["_cached_weight"] = (values, values.data_ptr(), kept, stamp)
         kept = cached[2]
         if not (values.requires_grad and torch.is_grad_enabled()):
             return kept
@@ -197,12 +203,14 @@ class SparseLinear(nn.Module):
 
     # -- construction from a dense layer ------------------------------------------------------
     @classmethod
-    def from_dense(cls, linear: nn.Linear, density=None, *, sparsity=None,
+    def from_dense(cls, linear: nn.Linear, *, density=None, sparsity=None,
                    method: str = "magnitude", blocksize=None, generator=None) -> "SparseLinear":
         """Prune ``linear`` to a SparseLinear with its weights and bias on the kept entries.
 
-        Give ``density`` or ``sparsity`` (``1 - density``). ``method="magnitude"`` keeps
-        exactly the ``round(density * out * in)`` largest ``|w|`` (with ``blocksize``, that
+        Give ``density`` or ``sparsity`` (``1 - density``), by keyword: ``st.sparsify``'s
+        positional number is a sparsity, so a positional one here would be ambiguous.
+        ``method="magnitude"`` keeps exactly the ``kept_count(out * in, density, sparsity)``
+        largest ``|w|`` (with ``blocksize``, that
         many blocks by their summed ``|w|``, counted in blocks); ``"random"`` keeps as many
         chosen uniformly (``generator`` seeds it).
 
@@ -217,21 +225,15 @@ class SparseLinear(nn.Module):
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"SparseLinear.from_dense: expected an nn.Linear, got "
                             f"{type(linear).__name__}")
-        if (density is None) == (sparsity is None):
-            raise ValueError("SparseLinear.from_dense: give exactly one of density= and "
-                             "sparsity= (= 1 - density)")
-        if density is None:
-            if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)):
-                raise ValueError(f"SparseLinear.from_dense: sparsity must be a number in "
-                                 f"[0, 1], got {sparsity!r}")
-            density = 1 - sparsity
         w = linear.weight.detach()
         bs = _pattern.blocks(blocksize, w.shape, "SparseLinear.from_dense")
         if method == "magnitude":
-            mask = _pattern.top_mask(w.abs(), density, bs, "SparseLinear.from_dense")
+            mask = _pattern.top_mask(w.abs(), bs, "SparseLinear.from_dense", density=density,
+                                     sparsity=sparsity)
         elif method == "random":
-            mask = _pattern.random_mask(tuple(w.shape), density, bs, generator,
-                                        "SparseLinear.from_dense").to(w.device)
+            mask = _pattern.random_mask(tuple(w.shape), bs, generator,
+                                        "SparseLinear.from_dense", density=density,
+                                        sparsity=sparsity).to(w.device)
         else:
             raise ValueError(f"SparseLinear.from_dense: method must be 'magnitude' or "
                              f"'random', got {method!r}")
@@ -271,7 +273,7 @@ class SparseLinear(nn.Module):
         else:
             out = F.linear(x, weight, self.bias)
         if not _is_compiling():
-            _keep_facts(weight, self.__dict__.get("_cached_weight"))
+            keep_facts(weight, self.__dict__.get("_cached_weight"))
         return out
 
     # -- state_dict of another pattern --------------------------------------------------------
@@ -321,9 +323,3 @@ def _uniform(n: int, bound: float, dtype, device, generator) -> torch.Tensor:
     u = torch.rand(n, dtype=dtype, generator=generator)
     return ((2 * u - 1) * bound).to(device)
 
-
-def _keep_facts(weight: SparseTensor, cached) -> None:
-    """Hand what the kernels worked out about the pattern back to the kept wrapper, so the
-    next forward's wrapper starts with it."""
-    if cached is not None and weight is not cached[2]:
-        inherit_pattern_facts(weight, cached[2])

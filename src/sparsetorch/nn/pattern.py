@@ -18,34 +18,21 @@ from __future__ import annotations
 import torch
 
 from . import _pattern
+from ._pattern import kept_count  # noqa: F401  (the one counting rule, re-exported here)
 
 METHODS = ("magnitude", "random")
 BLOCK_ROWS = (4, 2)   # output-channel blocks tried, largest first (Fast Sparse ConvNets' 1x4/1x2)
 
 
-def kept_count(total: int, density=None, sparsity=None, what: str = "layer") -> int:
-    """How many of ``total`` entries a layer keeps: ``total - round(sparsity * total)``
-    (exact, as the issue asks), from exactly one of ``density`` and ``sparsity`` in [0, 1].
-
-    Example:
-        >>> kept_count(10, sparsity=0.9), kept_count(10, density=0.3)
-        (1, 3)
-    """
-    if (density is None) == (sparsity is None):
-        raise ValueError(f"{what}: give exactly one of density= and sparsity= "
-                         f"(got density={density!r}, sparsity={sparsity!r})")
-    s = 1.0 - float(density) if sparsity is None else float(sparsity)
-    if not 0.0 <= s <= 1.0:
-        raise ValueError(f"{what}: sparsity must lie in [0, 1] (density in [0, 1]); got {s!r}")
-    return total - round(s * total)
-
-
-def prune_mask(weight: torch.Tensor, density=None, sparsity=None, method: str = "magnitude",
-               blocksize=None, generator: torch.Generator | None = None) -> torch.Tensor:
+def prune_mask(weight: torch.Tensor, *, density=None, sparsity=None,
+               method: str = "magnitude", blocksize=None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
     """Boolean mask (same shape as the 2-D ``weight``) of the entries a pruned layer keeps.
 
-    ``method="magnitude"`` zeroes the ``round(sparsity * N)`` smallest ``|w|`` (exactly that
-    many, ties broken by ``torch.topk``); ``"random"`` keeps a uniformly random subset of the
+    Give ``density`` or ``sparsity`` by keyword (as ``st.sparsify``'s positional number is a
+    sparsity, a positional one here would be ambiguous). ``method="magnitude"`` zeroes the
+    ``round(sparsity * N)`` smallest ``|w|`` (``kept_count``; exactly that many, ties broken
+    by ``torch.topk``); ``"random"`` keeps a uniformly random subset of the
     same size. With ``blocksize=(r, c)`` (e.g. ``(4, 1)``, four output channels) the unit is a
     block, scored by its summed ``|w|``, and ``N`` counts blocks.
 
@@ -62,16 +49,17 @@ def prune_mask(weight: torch.Tensor, density=None, sparsity=None, method: str = 
     if weight.dim() != 2:
         raise ValueError(f"prune_mask: weight must be 2-D (out, in), got shape {tuple(weight.shape)}")
     bs = _pattern.blocks(blocksize, weight.shape, "prune_mask")
-    density = exact_density(weight.shape, sparsity, bs, density)
     if method == "random":
-        return _pattern.random_mask(tuple(weight.shape), density, bs, generator, "prune_mask")
-    return _pattern.top_mask(weight.detach().abs(), density, bs, "prune_mask")
+        return _pattern.random_mask(tuple(weight.shape), bs, generator, "prune_mask",
+                                    density=density, sparsity=sparsity)
+    return _pattern.top_mask(weight.detach().abs(), bs, "prune_mask", density=density,
+                             sparsity=sparsity)
 
 
 def exact_density(shape, sparsity=None, blocksize=None, density=None) -> float:
-    """The density at which ``_pattern``'s selections (``round(density * N)`` kept) keep
-    exactly ``kept_count(N, density, sparsity)`` of the ``N`` entries (or blocks) of a weight
-    of ``shape``: ``round(k / N * N) == k`` in floating point.
+    """The density ``k / N`` with ``k = kept_count(N, density, sparsity)`` of the ``N``
+    entries (or blocks) of a weight of ``shape``: a density that keeps exactly ``k`` again
+    under ``kept_count`` (``N - round((1 - k / N) * N) == k`` in floating point).
 
     Example:
         >>> exact_density((4, 10), sparsity=0.9), exact_density((4, 10), 0.9, (2, 1))

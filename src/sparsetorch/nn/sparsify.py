@@ -3,11 +3,16 @@
 Every ``nn.Conv2d`` with a 1x1 kernel and ``groups=1`` (stride 1 or 2, no padding) becomes a
 ``SparseConv2d`` and every ``nn.Linear`` a ``SparseLinear``, each pruned on its own weights:
 ``method="magnitude"`` zeroes the ``round(sparsity * N)`` smallest ``|w|`` of the layer,
-``"random"`` a random subset of that size; ``block=(r, 1)`` (or ``r``) prunes whole blocks of
-``r`` output channels (in layers whose output channels it divides; others are pruned entry by
-entry). Other convolutions stay dense, as in Fast Sparse ConvNets: the first
+``"random"`` a random subset of that size; ``blocksize=(r, 1)`` (or ``r``) prunes whole blocks
+of ``r`` output channels (in layers whose output channels it divides; others are pruned entry
+by entry). Other convolutions stay dense, as in Fast Sparse ConvNets: the first
 (3-channel) convolution and the depthwise ones, which become ``ChannelsFirstDepthwise`` so
 a batch keeps the sparse layers' (C, N, H, W) layout through them.
+
+Only layers their parent calls as modules are replaced: when ``torch.fx`` traces the model,
+those reached by a module call (directly, or inside a called ``torch.nn`` module); a layer
+whose parent reads its ``.weight`` itself stays dense. Layers inside an
+``nn.MultiheadAttention`` always stay dense: it reads ``out_proj.weight`` directly.
 
 With ``fold_bn=True`` each ``BatchNorm2d`` applied right after a convolution (and nowhere
 else) is folded into it, with its running statistics (the model as in ``eval()``), and a
@@ -31,7 +36,8 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
-from .conv import SparseConv2d, _check_pointwise
+from ._common import check_pointwise as _check_pointwise
+from .conv import SparseConv2d
 from .depthwise import ChannelsFirstDepthwise, is_depthwise
 from .fold import fold_batchnorm
 from .pattern import METHODS, exact_density, prune_mask
@@ -39,11 +45,13 @@ from .pattern import METHODS, exact_density, prune_mask
 from .linear import SparseLinear
 
 _ACTIVATION_OF = {nn.ReLU: "relu", nn.ReLU6: "relu6"}
+# torch modules that read their child layers' weights themselves instead of calling them
+_READS_CHILD_WEIGHTS = (nn.MultiheadAttention,)
 
 
-def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude", block=None,
-             skip: Iterable[str] | Callable[[str, nn.Module], bool] = (), fold_bn: bool = True,
-             generator: torch.Generator | None = None) -> nn.Module:
+def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
+             blocksize=None, skip: Iterable[str] | Callable[[str, nn.Module], bool] = (),
+             fold_bn: bool = True, generator: torch.Generator | None = None) -> nn.Module:
     """A sparse copy of ``model`` (see the module docstring). ``skip``: qualified module
     names (``"features.0.0"``) to keep dense, or a predicate ``(name, module) -> bool``.
     ``generator`` seeds ``method="random"``.
@@ -61,7 +69,7 @@ def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
         raise ValueError(f"sparsify: sparsity must be a number in [0, 1], got {sparsity!r}")
     if method not in METHODS:
         raise ValueError(f"sparsify: method={method!r} is not one of {METHODS}")
-    blocksize = _blocksize(block)
+    blocksize = _blocksize(blocksize)
     skipped = _skip_predicate(skip)
 
     def make_sparse(module, conv, act):
@@ -70,7 +78,8 @@ def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
         weight = module.weight.detach().flatten(1)
         bs = blocksize if blocksize and weight.shape[0] % blocksize[0] == 0 else None
         if isinstance(module, nn.Linear):   # the exact count, given as a density
-            return SparseLinear.from_dense(module, exact_density(weight.shape, sparsity, bs),
+            return SparseLinear.from_dense(module,
+                                           density=exact_density(weight.shape, sparsity, bs),
                                            method=method, blocksize=bs, generator=generator)
         mask = prune_mask(weight, sparsity=sparsity, method=method, blocksize=bs,
                           generator=generator)
@@ -100,10 +109,11 @@ def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module
     is None, each 1x1 or depthwise convolution and linear layer not ``skipped`` replaced by
     ``make_sparse(module, module with its batch norm folded, fused activation name)``."""
     out = copy.deepcopy(model)
-    chains = _chains(out, fold_bn)
+    links, called = _data_flow(out)
+    chains = _chains(out, links, fold_bn)
     modules = dict(out.named_modules())
     for name, module in modules.items():
-        if not name or skipped(name, module):
+        if not name or skipped(name, module) or not called(name):
             continue
         bn_name, act_name = chains.get(name, (None, None))
         act = _ACTIVATION_OF.get(type(modules[act_name])) if act_name else None
@@ -135,15 +145,16 @@ def _is_pointwise(conv: nn.Module) -> bool:
     return True
 
 
-def _blocksize(block):
-    if block is None:
+def _blocksize(blocksize):
+    if blocksize is None:
         return None
-    if isinstance(block, int) and not isinstance(block, bool):
-        block = (block, 1)
-    if not isinstance(block, (tuple, list)) or len(block) != 2 or block[1] != 1 or block[0] < 1:
-        raise ValueError(f"sparsify: block must be None, r or (r, 1) (blocks of r output "
-                         f"channels, e.g. 4); got {block!r}")
-    return tuple(block)
+    if isinstance(blocksize, int) and not isinstance(blocksize, bool):
+        blocksize = (blocksize, 1)
+    if (not isinstance(blocksize, (tuple, list)) or len(blocksize) != 2 or blocksize[1] != 1
+            or blocksize[0] < 1):
+        raise ValueError(f"sparsify: blocksize must be None, r or (r, 1) (blocks of r output "
+                         f"channels, e.g. 4); got {blocksize!r}")
+    return tuple(blocksize)
 
 
 def _skip_predicate(skip):
@@ -162,14 +173,33 @@ def _replace(root: nn.Module, name: str, new: nn.Module) -> None:
 
 
 # -- which batch norm and activation follow each convolution ----------------------------------
-def _chains(model: nn.Module, fold_bn: bool) -> dict:
+def _data_flow(model: nn.Module):
+    """``(links, called)``: ``{module name: the module that alone consumes its output}`` and
+    a predicate ``called(name)``, true for the modules their parent calls as modules (so a
+    replacement module is used): outside every ``_READS_CHILD_WEIGHTS`` module and, when
+    ``torch.fx`` traces the model, a ``call_module`` target or inside one (a called
+    ``torch.nn`` module, which fx does not trace into, calls its children). Untraceable models
+    are read as ``nn.Sequential`` chains, with every layer called."""
+    opaque = [n for n, m in model.named_modules() if isinstance(m, _READS_CHILD_WEIGHTS)]
+    try:
+        graph = torch.fx.symbolic_trace(model).graph
+    except Exception:   # any tracing failure (control flow, unsupported ops): read Sequentials
+        return _sequential_links(model), lambda name: not _below(name, opaque)
+    targets = {node.target for node in graph.nodes if node.op == "call_module"}
+    return _fx_links(graph), lambda name: (not _below(name, opaque)
+                                           and (name in targets or _below(name, targets)))
+
+
+def _below(name: str, ancestors) -> bool:
+    """Whether module ``name`` lies strictly inside one of the modules ``ancestors``."""
+    return any(a == "" or name.startswith(a + ".") for a in ancestors)
+
+
+def _chains(model: nn.Module, links: dict, fold_bn: bool) -> dict:
     """``{conv name: (batch norm name or None, activation name or None)}`` for convolutions
     whose output feeds only that batch norm (folded when ``fold_bn``), whose output in turn
-    (or the convolution's) feeds only a ReLU/ReLU6 module. Each module must be called once."""
-    try:
-        links = _fx_links(model)
-    except Exception:   # any tracing failure (control flow, unsupported ops): read Sequentials
-        links = _sequential_links(model)
+    (or the convolution's) feeds only a ReLU/ReLU6 module (``links``, from ``_data_flow``).
+    Each module must be called once."""
     modules = dict(model.named_modules())
     chains = {}
     for name, module in modules.items():
@@ -186,9 +216,8 @@ def _chains(model: nn.Module, fold_bn: bool) -> dict:
     return chains
 
 
-def _fx_links(model: nn.Module) -> dict:
-    """``{module name: the module that alone consumes its output}``, from an fx trace."""
-    graph = torch.fx.symbolic_trace(model).graph
+def _fx_links(graph: torch.fx.Graph) -> dict:
+    """``{module name: the module that alone consumes its output}``, from an fx graph."""
     calls: dict = {}
     for node in graph.nodes:
         if node.op == "call_module":

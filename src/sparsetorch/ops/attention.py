@@ -13,7 +13,8 @@ from functools import lru_cache
 import torch
 
 from ..formats.tensor import SparseTensor
-from .execute import backend, kernel_argtypes, uses_triton
+from .execute import kernel_argtypes
+from .policy import backend, uses_triton
 
 
 def row_kernel(kind: str, A: SparseTensor):
@@ -103,8 +104,8 @@ def masked_attention(A, Q, K, V):
     from ..runtime import num_threads
 
     nt = num_threads() if A.nnz * (d + e) >= (1 << 14) else 1
-    fn(nt, n, m, d, e, A.arrays["pos1"].data_ptr(), A.arrays["crd1"].data_ptr(),
-       A.values.data_ptr(), Q.data_ptr(), K.data_ptr(), V.data_ptr(), scratch.data_ptr(),
+    fn(nt, n, m, d, e, A._pos1.data_ptr(), A._crd1.data_ptr(), A._checked_values().data_ptr(),
+       Q.data_ptr(), K.data_ptr(), V.data_ptr(), scratch.data_ptr(),
        out.data_ptr())
     return out
 

@@ -123,7 +123,7 @@ def _put_back(result, out_shape, sampled, operands):
     ``sampled[0]``'s arrays, or the dense result reshaped."""
     n, fmt = sampled
     if n is not None:
-        return SparseTensor(out_shape, fmt, operands[n].arrays, result._values)
+        return SparseTensor(out_shape, fmt, operands[n]._level_arrays, result._values)
     return result.reshape(out_shape)
 
 
@@ -142,7 +142,7 @@ def unblocked(t: SparseTensor) -> SparseTensor:
     if found is None:
         fmt = t.format
         shape = tuple(s // b for s, b in zip(t.shape, fmt.blocksize)) + tuple(fmt.blocksize)
-        found = SparseTensor(shape, unblocked_format(fmt), t.arrays, t._values)
+        found = SparseTensor(shape, unblocked_format(fmt), t._level_arrays, t._values)
         if not t._values.requires_grad:
             t.__dict__["_unblocked"] = found
     return found

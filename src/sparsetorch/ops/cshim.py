@@ -75,7 +75,7 @@ _API = (("PyObject_GetAttr", "GetAttr", "O (*)(O, O)"),
 # Attribute and key names the dispatcher reads, interned; ``s_<name>`` in the C source.
 _NAMES = ("__dict__", "_call_key", "_raw", "_size", "_values", "layout", "dtype", "is_cpu",
           "shape", "requires_grad", "_wrapper_grad", "is_contiguous", "data_ptr",
-          "new_empty")
+          "new_empty", "numel")
 # Plan header fields (int64 each; upper case in C), then the sections ``make`` writes.
 _HEADER = ("n_ops", "n_ext", "n_agree", "n_out", "parallel_work", "balanced", "kernel",
            "lanes", "vector_index", "entry_work", "n_dense_only", "like", "chunked_work",
@@ -200,8 +200,13 @@ O st_fast_call(O self, O const* a, ptrdiff_t nargs) {
     if (op[3 * n] == 1) {
       raw[n] = DictGet(dict[n], s_raw);
       shape[n] = DictGet(dict[n], s_size);
-      if (!raw[n] || !shape[n]) return python_shim(&o, self, ops);
+      O values = DictGet(dict[n], s_values);
+      if (!raw[n] || !shape[n] || !values) return python_shim(&o, self, ops);
       stored[n] = AsI64(TupleItem(raw[n], 0));
+      /* values given other storage since ``raw`` kept its pointers: Python reads them
+         again, checked (shim.py) */
+      if (AsI64(method0(&o, values, s_data_ptr)) != AsI64(TupleItem(raw[n], 2)) ||
+          AsI64(method0(&o, values, s_numel)) != stored[n]) return python_shim(&o, self, ops);
     } else if (method0(&o, t[n], s_is_contiguous) != py_true) {
       return python_shim(&o, self, ops);
     }

@@ -53,9 +53,27 @@ _KERNELS: dict = {}
 # Counts real (non-fake) executions of each op: tests use it to show eager calls skip them.
 CALLS = {"dense": 0, "sampled": 0, "emit": 0}
 
+# (kernel, dtype, compile args) -> prepared kernel: ``execute._Prepared``, which ``execute``
+# hands over when it is imported (``set_preparer``). The call path imports this module, not
+# the reverse.
+_prepare = None
+
 _TRACED_TYPES = (FakeTensor, FunctionalTensor)
 _PROXY = torch._C._TorchDispatchModeKey.PROXY
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
+
+
+def set_preparer(prepare) -> None:
+    """Set how a kernel rebuilt from its recorded recipe (``_rebuild``) is prepared for
+    calls: ``prepare(kernel, dtype, compile_args)``, ``execute._Prepared``.
+
+    Example:
+        >>> from sparsetorch.ops import execute
+        >>> _prepare is execute._Prepared
+        True
+    """
+    global _prepare
+    _prepare = prepare
 
 
 def is_tracing(tensors) -> bool:
@@ -170,9 +188,8 @@ def _persist(key: str, prepared) -> None:
 
 def _rebuild(key: str):
     """The kernel behind ``key`` from its recorded recipe, or None (none, or unreadable)."""
-    from ..compiler.kernel import compile_kernel
+    from ..codegen.kernel import compile_kernel
     from ..runtime.cache import read_private
-    from .execute import _Prepared
 
     try:   # (only the user's own private file: unpickling one can run code)
         args, workspace, dtype = pickle.loads(read_private(_op_path(key)))
@@ -180,21 +197,23 @@ def _rebuild(key: str):
     except (OSError, EOFError, ValueError, TypeError, AttributeError, ImportError,
             pickle.UnpicklingError):
         return None
-    prepared = _Prepared(kernel, dtype, args)
+    prepared = _prepare(kernel, dtype, args)
     return prepared if kernel_id(prepared) == key else None
 
 
 def _prepared_args(A):
-    """(kernel, dtype, compile args) of SpMV on ``A``: the doctest helper of ``kernel_id``."""
+    """(kernel, dtype, compile args) of SpMV on CSR ``A`` with short rows, as
+    ``execute.run`` compiles it: the doctest helper of ``kernel_id``."""
+    from ..codegen.kernel import compile_kernel
     from ..compiler.notation import parse_einsum
-    from . import execute
+    from ..compiler.schedule import OperandInfo
+    from ..formats.format import as_format
 
-    ops = [A, torch.ones(A.shape[1], dtype=A.dtype)]
-    tensors, infos, dtype, _ = execute.normalize_operands(ops, "doctest")
-    a = parse_einsum("ij,j->i", [2, 1])
-    extents = {"i": A.shape[0], "j": A.shape[1]}
-    kernel = execute.get_kernel(a, tensors, infos, dtype, None, extents)
-    return kernel, dtype, execute._compile_args(a, tensors, infos, dtype, None)
+    infos = (OperandInfo(A.format, False), OperandInfo(as_format("dense", 1), True))
+    index = ("int32" if A.index_dtype == torch.int32 else "int64", "int64")
+    args = (parse_einsum("ij,j->i", [2, 1]), infos, str(A.dtype).removeprefix("torch."),
+            index, None, ())
+    return compile_kernel(*args), A.dtype, args
 
 
 def flatten(tensors) -> list:
@@ -237,7 +256,7 @@ def call(prepared, tensors):
     if entry.kind == "sampled":
         source = tensors[entry.output.sampled_operand]
         values = torch.ops.sparsetorch.sampled_kernel(key, flat, extents)
-        return SparseTensor(shape, fmt, source.arrays, values)
+        return SparseTensor(shape, fmt, source._level_arrays, values)
     out = torch.ops.sparsetorch.emit_kernel(key, flat, extents)
     return SparseTensor(shape, fmt, dict(zip(array_names(fmt), out[:-1])), out[-1])
 
@@ -335,7 +354,7 @@ def emit_kernel(kernel: str, inputs: list[torch.Tensor],
     index = entry.index_dtype(extents)
     flat_in = {t.data_ptr() for t in inputs if t.numel()}
     result = []
-    for t in [*(out.arrays[n] for n in array_names(out.format)), out.values]:
+    for t in [*(out._level_arrays[n] for n in array_names(out.format)), out.values]:
         t = t.to(index) if t is not out.values and t.dtype != index else t
         # custom ops must not return their inputs' memory (a sampled pattern re-laid out
         # may keep an unchanged array)

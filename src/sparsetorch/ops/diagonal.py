@@ -76,7 +76,7 @@ def diagonal(t: SparseTensor, indices, what: str = "diagonal") -> SparseTensor:
                              f"of sizes {t.shape[first[v]]} and {t.shape[d]}; a diagonal needs "
                              "one size")
         first.setdefault(v, d)
-    coords, values = unpack(t.format, t.shape, t.arrays, t.values)
+    coords, values = unpack(t.format, t.shape, t._level_arrays, t.values)
     on_diagonal = None
     for d, v in enumerate(indices):
         if first[v] != d:
@@ -98,7 +98,7 @@ def regroup(t: SparseTensor, kept, coords=None, values=None) -> SparseTensor:
         [1.0, 1.0, 1.0]
     """
     if coords is None:
-        coords, values = unpack(t.format, t.shape, t.arrays, t.values)
+        coords, values = unpack(t.format, t.shape, t._level_arrays, t.values)
     shape = tuple(t.shape[d] for d in kept)
     fmt = Format((compressed,) * len(kept))
     arrays, stored = pack(fmt, shape, coords[kept], values, t.index_dtype)

@@ -21,9 +21,10 @@ from ..compiler.sblock import describe as describe_column_blocks
 from ..formats.tensor import SparseTensor
 from .broadcast import squeeze_broadcast
 from .diagonal import has_sparse_diagonal, take_diagonals
-from .execute import (_BACKEND_KEY, _ENV_DATA as _ENV, _FAST, _FAST_DENSE, asks_dense,
-                      backend, kernel_for, lookup, run)
-from .expr import EXPR_MARK, recorded_eval
+from .execute import _FAST, _FAST_DENSE, kernel_for, lookup, run
+from .expr import EXPR_MARK, FORMAT_MARK, LazyExpr, mark_format, recorded_eval
+from .policy import _BACKEND_KEY, _ENV_DATA as _ENV, asks_dense, backend
+from .promote import promoted
 from .relayout import relayout, run_relaid
 
 
@@ -91,6 +92,9 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
 
 
 def _einsum(equation, operands, out_format, memo=True):
+    if len({getattr(t, "dtype", None) for t in operands}) > 1 and all(
+            isinstance(t, torch.Tensor) for t in operands):
+        operands = promoted(operands)   # mixed dtypes: torch's result type (a memo miss)
     if _is_grad_enabled() and _any_requires_grad(operands):
         return _einsum_recorded(equation, operands, out_format)
     prepared = lookup(equation, operands, out_format) if memo else None   # (no autograd)
@@ -160,9 +164,6 @@ def _fused_assignment(equation, shapes, bias_shape, activation, what):
 
 _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
-# Separates an ``out_format`` name from the equation in the ``torch.einsum`` call recorded
-# while compiling; no einsum equation contains it.
-FORMAT_MARK = "|"
 
 
 def _traced_einsum(equation, operands, out_format):
@@ -181,20 +182,6 @@ def _traced_einsum(equation, operands, out_format):
         return torch.einsum(equation, *operands)
     return torch.einsum(mark_format(equation, out_format, f"einsum({equation!r})"),
                         *operands)
-
-
-def mark_format(equation: str, out_format, what: str) -> str:
-    """``equation`` with a named ``out_format`` appended after ``FORMAT_MARK``, for a
-    ``torch.einsum`` call recorded under torch.compile (a graph holds strings, not Format
-    objects)."""
-    if out_format is None:
-        return equation
-    if not isinstance(out_format, str):
-        raise NotImplementedError(
-            f"{what} under torch.compile takes out_format as a format name (e.g. 'csr'), "
-            f"got {out_format!r}; pass its name, or convert the result outside the compiled "
-            "function")
-    return f"{equation}{FORMAT_MARK}{out_format}"
 
 
 def torch_einsum(equation, *operands):
@@ -280,9 +267,9 @@ class Explanation:
                  f"parallel:     {self.parallel}",
                  f"tiles:        {self.tiles}"]
         lines += [f"note:         {n}" for n in self.notes]
-        return "\n".join(lines + [f"(loop IR: {len(self.loops.splitlines())} lines in .loops; "
-                                   f"C source: {len(self.source.splitlines())} lines in .source; "
-                                   "all of it: .full())"])
+        return "\n".join(lines + [f"(the loop IR, {len(self.loops.splitlines())} lines, is in "
+                                   f".loops; the generated C, {len(self.source.splitlines())} "
+                                   "lines, in .source; all of it: .full())"])
 
     def full(self) -> str:
         """The summary followed by the loop IR and the generated C source.
@@ -307,8 +294,6 @@ def explain(equation, *operands, out_format=None) -> Explanation:
         >>> st.explain("ij,jk->ik", A, torch.ones(3, 2)).loop_order
         ('i', 'j', 'k')
     """
-    from .expr import LazyExpr
-
     if isinstance(equation, LazyExpr):
         assignment, operands = equation.assignment(), equation.operands
     else:

@@ -27,11 +27,17 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def _is_scalar(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+    return isinstance(x, numbers.Real)   # (a bool too: an int to torch's promotion)
 
 
 def _fmt(*xs) -> str:
     return ", ".join(sorted({x.format.name for x in xs if isinstance(x, SparseTensor)}))
+
+
+def _scalar(x):
+    """A Python int or float of real scalar ``x`` (numpy's too): ints keep an integer
+    result integral, floats make it float (``ops/promote.py``)."""
+    return int(x) if isinstance(x, numbers.Integral) else float(x)
 
 
 def _check_operand(x, op: str):
@@ -68,9 +74,9 @@ def mul(a, b):
     _check_operand(a, "mul")
     _check_operand(b, "mul")
     if _is_scalar(b):
-        return (lazy(a) * float(b)).eval()
+        return (lazy(a) * _scalar(b)).eval()
     if _is_scalar(a):
-        return (lazy(b) * float(a)).eval()
+        return (lazy(b) * _scalar(a)).eval()
     if a.shape == b.shape:
         return (lazy(a) * lazy(b)).eval()
     sparse, dense = (a, b) if isinstance(a, SparseTensor) else (b, a)
@@ -108,7 +114,7 @@ def add(a, b, *, alpha=1):
         return _copy(a)
     if _is_scalar(a):
         return mul(b, alpha)
-    rhs = lazy(b) if alpha == 1 else lazy(b) * float(alpha)
+    rhs = lazy(b) if alpha == 1 else lazy(b) * _scalar(alpha)
     if a.shape != b.shape:
         sparse_a = isinstance(a, SparseTensor)
         dense = b if sparse_a else a
@@ -120,7 +126,7 @@ def add(a, b, *, alpha=1):
         _broadcast_dense(sparse, dense, "add")   # the shape check only
         dense = dense.expand(sparse.shape)        # the sum is dense: its size anyway
         if sparse_a:
-            rhs = lazy(dense) if alpha == 1 else lazy(dense) * float(alpha)
+            rhs = lazy(dense) if alpha == 1 else lazy(dense) * _scalar(alpha)
         else:
             a = dense
     return (lazy(a) + rhs).eval()
@@ -166,7 +172,7 @@ def div(a, b, *, rounding_mode=None):
             f"div: dividing by a SparseTensor (format {_fmt(a, b)}) divides by its missing "
             "zeros; divide the values instead: B.with_values(x / B.values)")
     if _is_scalar(b):
-        return (lazy(a) * (1.0 / b)).eval()
+        return (lazy(a) / _scalar(b)).eval()
     return mul(a, torch.reciprocal(b))
 
 

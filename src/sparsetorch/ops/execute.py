@@ -7,14 +7,14 @@ conversions the schedule asked for, and one or two ctypes calls.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from functools import lru_cache
 
 import torch
 
 from ..compiler.kblock import long_rows
-from ..compiler.kernel import (CompiledKernel, block_cap, compile_kernel, first_sparse,
+from ..codegen.kernel import compile_kernel
+from ..compiler.kernel import (CompiledKernel, block_cap, first_sparse,
                                tile_width, vector_lanes)
 from ..compiler.notation import Assignment, size_mismatch, var_extents
 from ..compiler.output import infer_output
@@ -26,10 +26,14 @@ from ..formats.tensor import SparseTensor
 from ..formats.validate import VALUE_DTYPES
 from .balance import ranges_per_thread
 from .relaid import relaid
+from .result_size import check_result_fits
 from .blocked import BlockedCall, blocked_result_format, split_blocked
 from . import cshim, custom_ops
 from .custom_ops import is_tracing
-from .shim import make_shim
+from .policy import _SCATTER_WORK, asks_dense, backend, uses_triton
+from .relayout import relayout
+from .shim import make_shim, pointers
+from .transpose import contiguous as _contiguous
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.int32: "int32",
                 torch.int64: "int64"}
@@ -49,38 +53,6 @@ _GATHER_ENTRY_WORK = 4
 # SuiteSparse matrices (1.6-2k entries, 6-8k products) ran 1.3-1.7x faster on two threads
 # (count + fill kernels), and 34-100-row ones (0.2-0.8k entries) no faster.
 _ASSEMBLY_ENTRY_WORK = 8
-
-
-# ``os.environ.get`` encodes its key on every call (about 1 us, a tenth of a small call);
-# the mapping it wraps is read directly where CPython exposes it, which sees every change
-# made through ``os.environ`` (pytest's monkeypatch included).
-_ENV_DATA = getattr(os.environ, "_data", None)
-_BACKEND_KEY = os.environ.encodekey("SPARSETORCH_BACKEND") if _ENV_DATA is not None else None
-
-
-def backend() -> str:
-    """The active backend: ``"c"`` (generated C/OpenMP on the CPU and Triton on CUDA
-    tensors, default), ``"triton"`` (Triton kernels everywhere: CPU tensors through Triton's
-    interpreter, ``TRITON_INTERPRET=1``) or ``"torch"`` (pure-PyTorch fallback, correct but
-    slow), from ``SPARSETORCH_BACKEND``."""
-    name = _ENV_DATA.get(_BACKEND_KEY) if _ENV_DATA is not None else \
-        os.environ.get("SPARSETORCH_BACKEND")
-    if name is None:  # the common case, on every call: no string work
-        return "c"
-    if isinstance(name, bytes):
-        name = os.fsdecode(name)
-    name = name.lower()
-    if name not in ("c", "torch", "triton"):
-        raise ValueError(f"SPARSETORCH_BACKEND={name!r} is not a backend; use 'c', 'triton' "
-                         "or 'torch'")
-    return name
-
-
-def uses_triton(device: torch.device) -> bool:
-    """Whether calls on ``device`` run Triton kernels: CUDA tensors unless the torch
-    backend is chosen, and every tensor under ``SPARSETORCH_BACKEND=triton``."""
-    name = backend()
-    return name == "triton" or (name == "c" and device.type == "cuda")
 
 
 def normalize_operands(operands, what: str, keep_blocked: bool = False):
@@ -202,20 +174,9 @@ def _run_triton(assignment, tensors, infos, out_format, what):
     return run_dense(assignment, tensors, infos, extents, out_format)
 
 
-# Below this work a call whose conversions only avoid a serial scatter runs the order as
-# written (``_Prepared.written``): re-laying costs a fixed 30-80 us here (the kept pattern's
-# lookup, the values gathered, a wrapper, the generic call path) and the scatter of a small
-# result stays in cache. ``A.T @ X`` (CSR, uniform rows) ran as fast either way at 64-80K
-# (1000 x 1000 with 8000 entries and 2000 x 2000 with 10000, 64 columns: 103 vs 103 us and
-# 152 vs 152 us), the re-laid operand 1.7x faster at 320K, the scatter 2-3x faster at 12K.
-_SCATTER_WORK = 1 << 16
-
-
 def _remember(alias: str, operands, out_format, call) -> None:
     """Key ``call`` by einsum string ``alias`` too, and offer its guarded shim to
     ``fast_calls``."""
-    from .relayout import relayout   # (here: relayout.py imports this module)
-
     key = _signature(alias, operands, out_format)
     if key is None or _PREPARED.get(key) is call:   # (autograd's forward: every call)
         return
@@ -231,11 +192,6 @@ def _remember(alias: str, operands, out_format, call) -> None:
     # ask for it: torch's products with a dense operand are dense)
     if (out_format is None and getattr(call, "dense", False)) or asks_dense(out_format):
         _offer(_FAST_DENSE, alias, guarded)
-
-
-def asks_dense(out_format) -> bool:
-    """Whether ``out_format`` names the dense result (``"dense"``)."""
-    return type(out_format) is str and out_format == "dense"
 
 
 def _offer(table: dict, alias: str, guarded) -> None:
@@ -551,14 +507,14 @@ class _Prepared:
         sparse_work = dense_work = 0
         for t in tensors:
             if type(t) is SparseTensor:   # level arrays and values are always contiguous
-                args += [getattr(t, "_" + name).data_ptr() for name in t._array_names]
-                vals = t._values
-                sparse_work += vals.numel()
+                count, ptrs, _ = pointers(t)   # (values checked against the pattern)
+                args += ptrs
+                sparse_work += count
             else:
                 vals = t if t.is_contiguous() else _contiguous(t)
                 dense_work += vals.numel()
                 keep.append(vals)
-            args.append(vals.data_ptr())
+                args.append(vals.data_ptr())
         out_shape = tuple([ext[d] for d in self.out_index])
         kind = kernel.output.kind
         work = self.work(dense_work, sparse_work, ext)
@@ -575,7 +531,7 @@ class _Prepared:
             out_vals = (torch.empty if kernel.fills_output else torch.zeros)(
                 source.nnz, dtype=self.dtype)
             self.fns[0](*args, out_vals.data_ptr(), *ws)
-            return SparseTensor(out_shape, kernel.output.format, source.arrays, out_vals)
+            return SparseTensor(out_shape, kernel.output.format, source._level_arrays, out_vals)
         return self.emit(tensors, args, ws, ext, out_shape)
 
     def emit(self, tensors, args, ws, ext, out_shape):
@@ -585,6 +541,7 @@ class _Prepared:
         kernel = self.kernel
         extents = dict(zip(self.var_order, ext))
         slices = _outer_extent(kernel, tensors, extents)
+        check_result_fits(kernel, tensors, out_shape, self.dtype)
         pos = torch.zeros(slices + 1, dtype=torch.int64)
         self.fns[0](*args, pos.data_ptr() + 8, *ws)
         total = int(pos[slices])
@@ -615,12 +572,6 @@ def kernel_argtypes(fn) -> list:
     return [runtime.PTR if p.ctype.endswith("*") else runtime.I64 for p in fn.params]
 
 
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    from .transpose import contiguous   # (transpose.py imports this module)
-
-    return contiguous(t)
-
-
 def prepare_operands(kernel: CompiledKernel, tensors):
     """Apply the schedule's conversions (re-laying sparse operands in another mode order)."""
     out = list(tensors)
@@ -634,7 +585,7 @@ def _outer_extent(kernel, tensors, extents) -> int:
     if kind[0] == "dim":
         return max(1, extents[kind[1]])
     if kind[0] == "level":
-        pos0 = tensors[kind[1]].arrays["pos0"]
+        pos0 = tensors[kind[1]]._level_arrays["pos0"]
         return max(1, int(pos0[1]) - int(pos0[0]))
     return 1
 
@@ -644,3 +595,6 @@ def _prod(xs) -> int:
     for x in xs:
         out *= int(x)
     return out
+
+
+custom_ops.set_preparer(_Prepared)

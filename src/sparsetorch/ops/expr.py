@@ -10,12 +10,17 @@ from __future__ import annotations
 import torch
 
 from ..compiler.notation import UNARY, Access, Add, Assignment, Expr, Mul, Scale, Unary
+from .promote import promoted
 
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 # Starts the ``torch.einsum`` equation that records ``LazyExpr.eval`` under torch.compile
 # (``_traced_eval``); no einsum equation contains it.
 EXPR_MARK = "="
+# Separates an ``out_format`` name from the equation in the ``torch.einsum`` call recorded
+# while compiling; no einsum equation contains it.
+FORMAT_MARK = "|"
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+_FLOAT_MAPS = ("sqrt", "exp")   # floats of integers, as torch.sqrt and torch.exp give
 
 
 def _remap(e: Expr, offset: int) -> Expr:
@@ -44,8 +49,11 @@ class LazyExpr:
                 [1., 6.]])
     """
 
-    def __init__(self, tree: Expr, operands: tuple, shape: tuple):
+    def __init__(self, tree: Expr, operands: tuple, shape: tuple, floats: bool = False):
         self.tree, self.operands, self.shape = tree, tuple(operands), tuple(shape)
+        # whether the tree makes floats of integers (a Python float factor, true division,
+        # sqrt, exp): ``eval`` promotes as torch would (``ops/promote.py``)
+        self.floats = floats
 
     @property
     def vars(self) -> tuple[str, ...]:
@@ -60,7 +68,8 @@ class LazyExpr:
             raise ValueError(f"elementwise operands must have equal shapes, got "
                              f"{self.shape} and {other.shape} (broadcasting is not supported)")
         tree = make(self.tree, _remap(other.tree, len(self.operands)))
-        return LazyExpr(tree, self.operands + other.operands, self.shape)
+        return LazyExpr(tree, self.operands + other.operands, self.shape,
+                        self.floats or other.floats)
 
     def __add__(self, other):
         if isinstance(other, (int, float)) and other == 0:
@@ -79,7 +88,8 @@ class LazyExpr:
 
     def __mul__(self, other):
         if isinstance(other, (int, float)):
-            return LazyExpr(Scale(float(other), self.tree), self.operands, self.shape)
+            return LazyExpr(Scale(float(other), self.tree), self.operands, self.shape,
+                            self.floats or isinstance(other, float))
         return self._combine(other, Mul)
 
     __rmul__ = __mul__
@@ -87,13 +97,16 @@ class LazyExpr:
     def __truediv__(self, other):
         if not isinstance(other, (int, float)):
             raise TypeError("only division by a scalar is supported")
-        return self * (1.0 / other)
+        out = self * (1.0 / other)
+        out.floats = True   # true division, as torch's: floats even for an int divisor
+        return out
 
     def __neg__(self):
-        return self * -1.0
+        return self * -1
 
     def _unary(self, fn):
-        return LazyExpr(Unary(fn, self.tree), self.operands, self.shape)
+        return LazyExpr(Unary(fn, self.tree), self.operands, self.shape,
+                        self.floats or fn in _FLOAT_MAPS)
 
     def relu(self):
         return self._unary("relu")
@@ -114,7 +127,8 @@ class LazyExpr:
 
         if _is_dynamo_compiling():   # one graph node (_traced_eval)
             return _traced_eval(self, out_format)
-        return evaluate(self.assignment(), self.operands, out_format, what="expression")
+        return evaluate(self.assignment(), promoted(self.operands, self.floats), out_format,
+                        what="expression")
 
     def __repr__(self):
         return f"LazyExpr({self.assignment()}, shape={self.shape})"
@@ -166,7 +180,6 @@ def _traced_eval(expr: LazyExpr, out_format):
     ``recorded_eval`` while the graph is traced, below dynamo (the same way ``st.einsum``
     records itself). Dense operands only: torch ops, which dynamo records as they are."""
     from ..formats.tensor import SparseTensor
-    from .einsum import mark_format
 
     if not any(isinstance(t, SparseTensor) for t in expr.operands):
         if out_format not in (None, "dense"):
@@ -179,6 +192,20 @@ def _traced_eval(expr: LazyExpr, out_format):
     return torch.einsum(equation, *expr.operands)
 
 
+def mark_format(equation: str, out_format, what: str) -> str:
+    """``equation`` with a named ``out_format`` appended after ``FORMAT_MARK``, for a
+    ``torch.einsum`` call recorded under torch.compile (a graph holds strings, not Format
+    objects)."""
+    if out_format is None:
+        return equation
+    if not isinstance(out_format, str):
+        raise NotImplementedError(
+            f"{what} under torch.compile takes out_format as a format name (e.g. 'csr'), "
+            f"got {out_format!r}; pass its name, or convert the result outside the compiled "
+            "function")
+    return f"{equation}{FORMAT_MARK}{out_format}"
+
+
 def recorded_eval(equation: str, operands):
     """Evaluate the lazy expression that ``_traced_eval`` recorded as ``equation``.
 
@@ -189,7 +216,6 @@ def recorded_eval(equation: str, operands):
         tensor([[1., 0.]])
     """
     from ..autograd.function import evaluate
-    from .einsum import FORMAT_MARK
 
     head, _, out_format = equation[len(EXPR_MARK):].partition(FORMAT_MARK)
     rank, *tokens = head.split()

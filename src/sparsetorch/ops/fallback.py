@@ -71,10 +71,10 @@ def run_dense(assignment, tensors, infos, extents, out_format):
         source = tensors[spec.sampled_operand]
         if sched.formats[spec.sampled_operand] != source.format:
             source = source.asformat(sched.formats[spec.sampled_operand])
-        coords, _ = unpack(source.format, source.shape, source.arrays, source.values)
+        coords, _ = unpack(source.format, source.shape, source._level_arrays, source.values)
         # The sampled operand's modes, reordered to the output's.
         acc = next(a for a in assignment.expr.accesses() if a.operand == spec.sampled_operand)
         perm = [acc.indices.index(v) for v in assignment.out_vars]
         values = result[tuple(coords[perm])]
-        return SparseTensor(result.shape, spec.format, source.arrays, values)
+        return SparseTensor(result.shape, spec.format, source._level_arrays, values)
     return _from_dense(result, spec.format, None, None, None)

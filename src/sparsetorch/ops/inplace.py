@@ -37,7 +37,7 @@ def same_pattern(a: SparseTensor, b) -> bool:
         return True
     return a._format == b._format and all(   # equal ones (a clone, a loaded copy)
         x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
-        for x, y in zip(a.arrays.values(), b.arrays.values()))
+        for x, y in zip(a._level_arrays.values(), b._level_arrays.values()))
 
 
 def _values(t: SparseTensor, x, op: str, scale: bool = False):

@@ -11,6 +11,7 @@ import torch
 
 from ..formats.tensor import SparseTensor
 from .einsum import einsum
+from .promote import sum_dtype
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -65,7 +66,9 @@ def sparse_sum(t: SparseTensor, dim=None, dtype=None) -> SparseTensor | torch.Te
 def _summed(t: SparseTensor, dim, dtype, kept_format: str):
     """``(reduced dims, sum)``: ``t`` (values in ``dtype`` if given) summed over ``dim`` by
     one einsum, the kept dimensions in ``kept_format`` (none kept: a 0-d dense tensor)."""
-    if dtype is not None:
+    # integers sum in int64, as torch.sum's (an int32 sum overflowed)
+    dtype = sum_dtype(t.dtype) if dtype is None else dtype
+    if dtype != t.dtype:
         t = t.with_values(t.values.to(dtype))
     dims = _reduced_dims(t, dim)
     letters = _LETTERS[: t.dim()]

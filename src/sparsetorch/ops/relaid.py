@@ -42,6 +42,7 @@ from .. import runtime
 from ..formats.format import Format
 from ..formats.pack import choose_index_dtype, pack, unpack_rows
 from ..formats.tensor import SparseTensor, inherit_pattern_facts, layout
+from .policy import backend
 
 # first level array -> {(source format, format, index dtype): _Kept}
 _KEPT = WeakIdKeyDictionary()
@@ -135,7 +136,7 @@ def _pattern(t: SparseTensor, fmt: Format):
     the permutation is None when ``fmt`` stores padding (entries ``t`` does not have)."""
     nnz = t._values.numel()
     numbers = torch.arange(nnz, dtype=torch.int64, device=t._values.device)
-    rows = unpack_rows(t._format, t._size, t.arrays, t._values.device)
+    rows = unpack_rows(t._format, t._size, t._level_arrays, t._values.device)
     ordered = all(level.ordered for level in t._format.levels)
     arrays, perm = pack(fmt, t._size, rows, numbers, t.index_dtype,
                         source=t._format if ordered else None)
@@ -177,7 +178,7 @@ def gather(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     fn = _kernel(values.element_size(), perm.dtype) \
         if n >= _PARALLEL_ENTRIES and _c_backend() else None
     if fn is None or not values.is_cpu or not values.is_contiguous() or \
-            (values.requires_grad and torch.is_grad_enabled()):
+            values.numel() != n or (values.requires_grad and torch.is_grad_enabled()):
         return values.index_select(0, perm)
     out = torch.empty_like(values)
     fn(n, values.data_ptr(), perm.data_ptr(), out.data_ptr(), runtime.num_threads())
@@ -185,8 +186,6 @@ def gather(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 
 
 def _c_backend() -> bool:
-    from .execute import backend   # (execute.py imports this module)
-
     return backend() == "c"
 
 

@@ -32,7 +32,7 @@ import torch
 
 from ..formats.levels import Dense
 from ..formats.tensor import SparseTensor
-from .execute import asks_dense
+from .policy import asks_dense
 from .transpose import permuted
 
 

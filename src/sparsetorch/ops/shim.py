@@ -13,7 +13,8 @@ signature the shim is memoised under), and ``exec``\\s it once, the way
         t0, t1 = ops
         s1 = t1.shape; d0 = t0.__dict__
         t1 = t1 if t1.is_contiguous() else contiguous(t1)
-        n0, p0 = d0.get('_raw') or raw(t0)
+        n0, p0, q0 = d0.get('_raw') or raw(t0); v0 = t0._values
+        if v0.data_ptr() != q0 or v0.numel() != n0: n0, p0, q0 = raw(t0)
         s0 = t0._size
         e0 = s0[0]; e1 = s0[1]
         if s1[0] != e1: mismatch(ops)
@@ -35,23 +36,40 @@ from ..compiler.lower import MAX_WORKSPACE
 from ..formats.tensor import SparseTensor, layout
 from . import cshim
 from .balance import chunked_work, ranges_per_thread
+from .policy import _SCATTER_WORK
+from .result_size import check_result_fits, dense_fits
+from .transpose import contiguous
 
 
 def raw(t) -> tuple:
-    """``(entry count, data pointers of the level arrays and values)`` of SparseTensor ``t``
-    in the order kernels take them, kept with ``t``: its arrays are never replaced (values
-    change in place only), so the pointers stay valid while ``t`` lives.
+    """``(entry count, data pointers of the level arrays and values, the values' pointer)``
+    of SparseTensor ``t`` in the order kernels take them, kept with ``t``. Its level arrays
+    never change (no user holds them: ``SparseTensor.arrays`` gives copies); its values
+    tensor may be given other storage (``.data =``, ``set_``, ``resize_``), so callers
+    compare the values' pointer and size with the kept ones on every call
+    (``pointers``) and read them again, checked, when they differ.
 
     Example:
         >>> import torch, sparsetorch as st
         >>> A = st.tensor(torch.eye(2), format="csr")
-        >>> n, ptrs = raw(A)
-        >>> n, len(ptrs), ptrs[-1] == A.values.data_ptr()
+        >>> n, ptrs, values = raw(A)
+        >>> n, len(ptrs), ptrs[-1] == values == A.values.data_ptr()
         (2, 3, True)
     """
-    found = (t._values.numel(), tuple([getattr(t, "_" + a).data_ptr() for a in t._array_names]
-                                      + [t._values.data_ptr()]))
+    values = t._checked_values()
+    at = values.data_ptr()
+    found = (values.numel(), tuple([getattr(t, "_" + a).data_ptr() for a in t._array_names]
+                                   + [at]), at)
     t.__dict__["_raw"] = found
+    return found
+
+
+def pointers(t) -> tuple:
+    """``raw(t)``, read again when the values' storage changed since it was kept."""
+    found = t.__dict__.get("_raw")
+    values = t._values
+    if found is None or values.data_ptr() != found[2] or values.numel() != found[0]:
+        found = raw(t)
     return found
 
 
@@ -76,7 +94,6 @@ def make_shim(prepared, tensors, parallel_work: int):
         # Conversions that only avoid a serial scatter: calls too small for threads run
         # the order as written here, larger ones the re-laid operand (``generic``). The
         # written kernel counts work in vector steps of its own width (often untiled: 1).
-        from .execute import _SCATTER_WORK
         written = prepared.written()
         return _make(written, tensors, parallel_work, prepared,
                      _SCATTER_WORK * prepared.lanes // written.lanes)
@@ -97,8 +114,12 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
     sparse = [n for n, t in enumerate(tensors) if isinstance(t, SparseTensor)]
     lines = [f"    t{n} = t{n} if t{n}.is_contiguous() else contiguous(t{n})"
              for n in range(n_ops) if n not in sparse]
-    # A SparseTensor's entry count and raw pointers never change: read once (``raw``).
-    lines += [f"    n{n}, p{n} = d{n}.get('_raw') or raw(t{n})" for n in sparse]
+    # A SparseTensor's entry count and raw pointers are read once (``raw``); only its values
+    # can be given other storage since, which one pointer and size compare notices.
+    for n in sparse:
+        lines += [f"    n{n}, p{n}, q{n} = d{n}.get('_raw') or raw(t{n}); v{n} = t{n}._values",
+                  f"    if v{n}.data_ptr() != q{n} or v{n}.numel() != n{n}: "
+                  f"n{n}, p{n}, q{n} = raw(t{n})"]
     # Dense shapes are read by the caller of these lines: ``call`` below, or the guard,
     # which needs the rank anyway (``len(shape)`` is cheaper than ``dim()`` then ``shape``).
     if sparse:
@@ -161,6 +182,9 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
         else:
             args.append(f"t{n}.data_ptr()")
     if kind == "emit":
+        # (a result too large for memory is refused before its count pass walks it)
+        lines.append(f"    if {' * '.join(dims) or '1'} > {dense_fits(prepared.dtype)}: "
+                     f"fits(kernel, ops, ({shape}), dtype)")
         lines += _emit_rows(kernel, args, dims, first, tensors)
     else:
         args.append("out.data_ptr()")
@@ -178,8 +202,6 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
                         *(["def guarded(ops):", "    try:", "    " + unpack,
                            "    except (TypeError, ValueError): return None",
                            *guard, *lines] if guard else [])])
-    from .transpose import contiguous   # (here: transpose imports execute, execute this)
-
     scope = {"contiguous": contiguous, "empty_strided": torch.empty_strided,
              "zeros": torch.zeros, "dtype": prepared.dtype,
              "from_parts": SparseTensor._from_parts,
@@ -189,7 +211,7 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
              "f0": prepared.fns[0], "f1": prepared.fns[-1], "generic": generic,
              "max_dense_ws": MAX_WORKSPACE, "int64": torch.int64, "int32": torch.int32,
              "i64_at": ctypes.c_int64.from_address,
-             "mismatch": prepared.extents, "SparseTensor": SparseTensor,
+             "mismatch": prepared.extents, "fits": check_result_fits, "kernel": kernel, "SparseTensor": SparseTensor,
              "Tensor": torch.Tensor, "strided": torch.strided, "grad": torch.is_grad_enabled}
     exec(compile(source, f"<sparsetorch call shim: {kernel.assignment}>", "exec"), scope)
     call = scope["call"]

@@ -34,7 +34,7 @@ from ..formats.pack import unpack, unpack_rows
 from ..formats.tensor import SparseTensor, inherit_pattern_facts, layout
 from .attention import row_kernel
 from .einsum import einsum
-from .execute import backend, uses_triton
+from .policy import backend, uses_triton
 from .triton_run import TRITON_DTYPES, row_softmax as triton_row_softmax
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -48,7 +48,7 @@ _DIRECT_SLICES = 1 << 24
 
 def _group_max(t: SparseTensor, dim: int) -> torch.Tensor:
     """Max of the stored values in each slice along ``dim``, one per stored entry."""
-    coords, vals = unpack(t.format, t.shape, t.arrays, t.values.detach())
+    coords, vals = unpack(t.format, t.shape, t._level_arrays, t.values.detach())
     key = torch.zeros(t.nnz, dtype=torch.int64, device=vals.device)
     slices = 1
     for d, size in enumerate(t.shape):
@@ -159,6 +159,12 @@ def _run_rows(kind: str, t: SparseTensor, *inputs: torch.Tensor) -> torch.Tensor
     if uses_triton(t.device):
         return triton_row_softmax(kind, t, *inputs)
     inputs = [x.contiguous() for x in inputs]   # (held: the kernel reads their memory)
+    if t._values.numel():   # (an empty one: a pattern-only wrapper, ``_on_rows_of``)
+        t._checked_values()
+    count = t._stored_count()                   # (every input has one value per entry)
+    if any(x.numel() != count for x in inputs):
+        raise ValueError(f"{kind}: value arrays of {[x.numel() for x in inputs]} entries "
+                         f"for a pattern of {count}")
     out = torch.empty_like(inputs[0])
     nt = runtime.num_threads() if out.numel() >= _PARALLEL_ENTRIES else 1
     row_kernel(kind, t)(nt, t._size[0], t._pos1.data_ptr(),
@@ -184,7 +190,7 @@ class _RowSoftmax(torch.autograd.Function):
         (y,), rows = ctx.saved_tensors, ctx.rows
         if not _is_grad_enabled():
             return _run_rows("row_softmax_grad", rows, y, g.to(y.dtype)), None
-        row_of = unpack_rows(rows.format, rows.shape, rows.arrays)[0]
+        row_of = unpack_rows(rows.format, rows.shape, rows._level_arrays)[0]
         s = torch.zeros(rows.shape[0], dtype=y.dtype, device=y.device).index_add(
             0, row_of, g * y)
         return y * (g - s[row_of]), None

@@ -41,7 +41,7 @@ from functools import lru_cache
 import torch
 
 from .. import runtime
-from .execute import backend
+from .policy import backend
 
 _MIN_ELEMENTS = 1024       # below: torch's copy costs the same (16 x 30: 7.7 vs 7.1 us)
 _PARALLEL_ELEMENTS = 1 << 16

@@ -120,7 +120,7 @@ def _same_arrays(a, b) -> bool:
     """Two SparseTensors of one format whose level arrays are the same tensors."""
     return isinstance(a, SparseTensor) and isinstance(b, SparseTensor) and \
         a.format == b.format and a.shape == b.shape and \
-        all(a.arrays[k] is b.arrays[k] for k in a.arrays)
+        all(a._level_arrays[k] is b._level_arrays[k] for k in a._level_arrays)
 
 
 def _strides(t: torch.Tensor, dims, roles) -> list:
@@ -158,13 +158,13 @@ def _launch_rows(p, tensors, assignment):
     stats["rows"] += 1
     if out.numel() == 0:
         return out
-    perm = row_order(A.arrays["pos1"])
+    perm = row_order(A._level_arrays["pos1"])
     eptrs, estrides = _epilogue_args(p, tensors)
     block_k = min(_pow2(n_k), _MAX_BLOCK_K) if p.has_k else 1
     rows = 1 if p.has_k else _SPMV_ROWS
     grid = (triton.cdiv(n_rows, rows), triton.cdiv(n_k, block_k))
     load(render(p))[grid](
-        A.arrays["pos1"], A.arrays["crd1"], A.values, perm, X, out, *eptrs, n_rows, n_k,
+        A._level_arrays["pos1"], A._level_arrays["crd1"], A.values, perm, X, out, *eptrs, n_rows, n_k,
         *_strides(X, p.x.dims, ("c", "k")), *_strides(out, p.out_dims, ("r", "k")),
         *estrides, ROWS=rows, BLOCK_NZ=_BLOCK_NZ if p.has_k else _SPMV_BLOCK_NZ,
         BLOCK_K=block_k, ACC=_acc(tl, A.dtype))
@@ -198,13 +198,13 @@ def _launch_bsr(p, tensors, assignment):
     if out.numel() == 0:
         return out
     n_brows = n_rows // r
-    perm = row_order(A.arrays["pos1"])
+    perm = row_order(A._level_arrays["pos1"])
     eptrs, estrides = _epilogue_args(p, tensors)
     block_k = min(_pow2(n_k), _MAX_BLOCK_K) if p.has_k else 1
     use_dot, widen, precision = _dot_choice(A.dtype, A.device, r, c, block_k)
     grid = (n_brows, triton.cdiv(n_k, block_k))
     load(render(p, use_dot, widen, precision))[grid](
-        A.arrays["pos1"], A.arrays["crd1"], A.values, perm, X, out, *eptrs, n_brows, n_rows,
+        A._level_arrays["pos1"], A._level_arrays["crd1"], A.values, perm, X, out, *eptrs, n_brows, n_rows,
         n_k, *_strides(X, p.x.dims, ("c", "k")), *_strides(out, p.out_dims, ("r", "k")),
         *estrides, R=r, C=c, RP=_pow2(r), CP=_pow2(c), BLOCK_K=block_k,
         ACC=_acc(tl, A.dtype))
@@ -224,11 +224,11 @@ def _launch_sampled(p, tensors, assignment, spec):
     if A.nnz and n_k:
         block_k = min(_pow2(n_k), _MAX_BLOCK_K)
         load(render(p))[(n_rows,)](
-            A.arrays["pos1"], A.arrays["crd1"], A.values, row_order(A.arrays["pos1"]), X, Y,
+            A._level_arrays["pos1"], A._level_arrays["crd1"], A.values, row_order(A._level_arrays["pos1"]), X, Y,
             vals, n_rows, n_k, *_strides(X, p.x.dims, ("r", "k")),
             *_strides(Y, p.y.dims, ("c", "k")), ROWS=1, BLOCK_NZ=_BLOCK_NZ, BLOCK_K=block_k,
             ACC=_acc(tl, A.dtype))
-    return SparseTensor(out_shape, spec.format, A.arrays, vals)
+    return SparseTensor(out_shape, spec.format, A._level_arrays, vals)
 
 
 def attention(A: SparseTensor, Q, K, V) -> torch.Tensor:
@@ -244,7 +244,7 @@ def attention(A: SparseTensor, Q, K, V) -> torch.Tensor:
         return out
     block_e = min(_pow2(e), _MAX_BLOCK_K)
     load(render_attention())[(n, triton.cdiv(e, block_e))](
-        A.arrays["pos1"], A.arrays["crd1"], A.values, row_order(A.arrays["pos1"]), Q, K, V,
+        A._level_arrays["pos1"], A._level_arrays["crd1"], A.values, row_order(A._level_arrays["pos1"]), Q, K, V,
         out, n, d, e, *Q.stride(), *K.stride(), *V.stride(), *out.stride(),
         BLOCK_NZ=_BLOCK_NZ, BLOCK_D=_pow2(d), BLOCK_E=block_e, ACC=_acc(tl, A.dtype))
     return out
@@ -262,7 +262,7 @@ def row_softmax(kind: str, t: SparseTensor, *inputs: torch.Tensor) -> torch.Tens
     stats[kind] += 1
     n = t.shape[0]
     if n and out.numel():
-        pos = t.arrays["pos1"]
+        pos = t._level_arrays["pos1"]
         load(render_row_softmax(kind))[(n,)](
             pos, row_order(pos), inputs[0], inputs[-1], out, BLOCK_NZ=_SPMV_BLOCK_NZ,
             ACC=_acc(tl, out.dtype))

@@ -172,7 +172,8 @@ class MagnitudePruning(SparseTrainer):
 
     def is_update_step(self, t=None):
         t = self.step_count if t is None else t
-        return is_update_step(t, self.delta_t, self.t_end, self.t_begin)
+        # t_end always prunes, on the grid or not: that is where the final density is reached
+        return t == self.t_end or is_update_step(t, self.delta_t, self.t_end, self.t_begin)
 
     def _drop_count(self, layer, t):
         sparsity = cubic_sparsity(t, 1 - self.densities[layer.name], self.t_begin, self.t_end)

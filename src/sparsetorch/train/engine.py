@@ -3,13 +3,11 @@ initial masks with exact per-layer counts, stepping the optimizer on masked grad
 updates on schedule, and ``state_dict`` / ``load_state_dict``.
 
 In: a model (``Linear``/``Conv2d`` layers trained as dense weights with masks, and/or
-``st.nn.SparseLinear``/``SparseConv2d`` layers trained truly sparse) and its optimizer. Out: a trainer whose
-``step()`` replaces ``optimizer.step()``. Algorithms (``algorithms.py``) subclass
+``st.nn.SparseLinear``/``SparseConv2d`` layers trained truly sparse) and its optimizer.
+Out: a trainer whose ``step()`` replaces ``optimizer.step()``. Algorithms (``algorithms.py``) subclass
 ``SparseTrainer`` and say how many weights to drop and how to score growth.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
@@ -18,7 +16,7 @@ from . import distributed as _dist
 from .densities import DISTRIBUTIONS, kept_count, layer_densities
 from .layers import MaskedLayer, SparseLayer
 from .schedules import is_update_step
-from .update import drop_and_grow
+from .update import change, drop_and_grow, drop_smallest, grow_largest
 
 GROW_INITS = ("zeros",)
 
@@ -151,23 +149,27 @@ class SparseTrainer:
     def _initial_masks(self, generator):
         for name, layer in self.layers.items():
             count = self._initial_count(name)
-            if isinstance(layer, SparseLayer) and layer.active().numel() == count:
+            if isinstance(layer, MaskedLayer):
+                layer.set_active(torch.sort(torch.randperm(layer.size, generator=generator)
+                                            [:count]).values, self.optimizer)
+                continue
+            n = layer.active().numel()
+            if n == count:
                 continue   # a SparseLinear built at this density keeps its pattern and values
-            if isinstance(layer, SparseLayer) and _dist.grads_already_averaged(self.model):
-                raise ValueError(f"{type(self).__name__}: {name} stores "
-                                 f"{layer.active().numel()} weights but its density needs "
-                                 f"{count}; a new values Parameter would escape DDP's gradient "
-                                 "hooks. Build the layer with that many entries (densities: "
-                                 "st.train.layer_densities) or create the trainer before "
-                                 "wrapping the model in DistributedDataParallel")
-            active = torch.sort(torch.randperm(layer.size, generator=generator)[:count]).values
-            if isinstance(layer, SparseLayer):
-                # SparseLinear's own init: nn.Linear's range with the stored entries per row
-                bound = 1 / math.sqrt(max(1.0, count / layer.shape[0]))
-                values = (torch.rand(count, generator=generator) * 2 - 1) * bound
-                layer.set_active(active, self.optimizer, values.to(layer.param.dtype))
-            else:
-                layer.set_active(active, self.optimizer)
+            if _dist.grads_already_averaged(self.model):
+                raise ValueError(f"{type(self).__name__}: {name} stores {n} weights but its "
+                                 f"density needs {count}; a new values Parameter would escape "
+                                 "DDP's gradient hooks. Build the layer with that many entries "
+                                 "(densities: st.train.layer_densities) or create the trainer "
+                                 "before wrapping the model in DistributedDataParallel")
+            # keep the user's pattern and trained values: drop the smallest or grow zeros at
+            # random (seeded) until the layer holds its target count
+            active, values = layer.active(), layer.values()
+            keep = drop_smallest(values, max(0, n - count), generator, self.noise_std)
+            cols = layer.shape2d[1]
+            grown = grow_largest(active, max(0, count - n), layer.shape2d,
+                                 lambda r0, r1: torch.rand((r1 - r0, cols), generator=generator))
+            layer.apply(change(active, keep, grown), self.optimizer)
 
     def _initial_count(self, name: str) -> int:
         return self.counts[name]
@@ -191,10 +193,15 @@ class SparseTrainer:
     def step(self, closure=None):
         """Replace ``optimizer.step()``: on update steps change the masks (and, for RigL, SET
         and SNFS, skip the optimizer step); otherwise step the optimizer on the masked
-        gradients and zero the weights outside the masks."""
+        gradients and zero the weights outside the masks. ``closure`` (re-evaluates the
+        loss with its gradient) is called on every step; its loss is returned."""
         t = self.step_count
         update = self.is_update_step(t)
         loss = None
+        self._sync_parameters()
+        if update and self.skips_optimizer_on_update and closure is not None:
+            with torch.enable_grad():   # the update scores the gradient the closure computes
+                loss = closure()
         self._before_optimizer_step()
         if not (update and self.skips_optimizer_on_update):
             for layer in self.layers.values():
@@ -209,6 +216,13 @@ class SparseTrainer:
             self._update_masks(t)
         self.step_count += 1
         return loss
+
+    def _sync_parameters(self):
+        """Hand the optimizer any SparseLinear ``values`` Parameter replaced behind the
+        trainer's back (``model.load_state_dict`` makes new ones)."""
+        for layer in self.layers.values():
+            if isinstance(layer, SparseLayer):
+                layer.sync(self.optimizer)
 
     def _before_optimizer_step(self):
         """Hook for algorithms that track gradients every step (SNFS)."""
@@ -256,8 +270,8 @@ class SparseTrainer:
                 "optimizer": self.optimizer.state_dict(), "extra": self._extra_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore from ``state_dict()``. Load the trainer before the model's weights: a
-        SparseLinear whose pattern changes here gets zero values until they are loaded."""
+        """Restore from ``state_dict()``, before or after the model's weights (a SparseLinear
+        whose pattern changes here gets zero values until its weights are loaded)."""
         cls = type(self).__name__
         if state.get("algorithm") != cls:
             raise ValueError(f"{cls}.load_state_dict: the state was saved by "
@@ -266,6 +280,7 @@ class SparseTrainer:
             raise ValueError(f"{cls}.load_state_dict: the state's layers "
                              f"{sorted(state['active'])} differ from this model's "
                              f"{sorted(self.layers)}")
+        self._sync_parameters()
         for name, layer in self.layers.items():
             active = state["active"][name].to(torch.int64)
             if not torch.equal(active, layer.active()):

@@ -99,7 +99,8 @@ class SparseLayer:
         out_f, in_f = module.out_features, module.in_features
         self.shape = self.shape2d = (out_f, in_f)
         self.size = out_f * in_f
-        self._x = self._dy = None
+        self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []   # (X, dY) per backward
+        self._known = module.values   # the Parameter the optimizer was last given
         self._handle = module.register_forward_hook(self._hook)
 
     @property
@@ -109,22 +110,27 @@ class SparseLayer:
     def _hook(self, module, inputs, output):
         if not (output.requires_grad and torch.is_grad_enabled() and self.capturing()):
             return
+        if module.values.grad is None:   # zero_grad() since the pairs were kept: start over
+            self._pairs = []
         x = inputs[0].detach()
         if self.conv:    # (N, C, H, W) -> (C, N*H*W), after the stride the layer applies
             x = x[:, :, ::module.stride, ::module.stride]
-            self._x = x.transpose(0, 1).reshape(self.shape[1], -1)
+            x = x.transpose(0, 1).reshape(self.shape[1], -1)
         else:
-            self._x = x.reshape(-1, self.shape[1]).t()
+            x = x.reshape(-1, self.shape[1]).t()
 
         def keep_grad(g):
+            # this call's own input with its own output gradient: a layer called twice in a
+            # forward, or several micro-batches, add up as the weight's gradient does
             g = g.detach()
-            self._dy = (g.transpose(0, 1).reshape(self.shape[0], -1) if self.conv
-                        else g.reshape(-1, self.shape[0]).t())
+            dy = (g.transpose(0, 1).reshape(self.shape[0], -1) if self.conv
+                  else g.reshape(-1, self.shape[0]).t())
+            self._pairs.append((x, dy))
         output.register_hook(keep_grad)
 
     def mask(self) -> torch.Tensor:
-        m = torch.zeros(self.size, dtype=torch.bool)
-        m[self.active()] = True
+        m = torch.zeros(self.size, dtype=torch.bool, device=self.param.device)
+        m[self.active().to(m.device)] = True
         return m.view(self.shape)
 
     def _stored_positions(self) -> torch.Tensor:
@@ -161,16 +167,28 @@ class SparseLayer:
         return v if order is None else v[order.to(v.device)]
 
     def has_grad(self) -> bool:
-        return self._x is not None and self._dy is not None
+        return bool(self._pairs)
 
     def grad_rows(self, r0: int, r1: int) -> torch.Tensor:
         if not self.has_grad():
             raise RuntimeError(f"{self.name}: no input/output gradient was captured for this "
                                "update step; call loss.backward() before step()")
-        return self.reduce(self._dy[r0:r1] @ self._x.t())
+        return self.reduce(sum(dy[r0:r1] @ x.t() for x, dy in self._pairs))
 
     def release(self) -> None:
-        self._x = self._dy = None
+        self._pairs = []
+
+    def sync(self, optimizer) -> None:
+        """Give ``optimizer`` the layer's current ``values`` Parameter (with the state it held
+        for the old one) when something else replaced it, e.g. ``model.load_state_dict``."""
+        new = self.module.values
+        if new is not self._known:
+            _swap_param(optimizer, self._known, new)
+            self._known = new
+            state = optimizer.state.get(new, {})
+            if any(isinstance(v, torch.Tensor) and v.dim() and v.shape != new.shape
+                   for v in state.values()):
+                del optimizer.state[new]   # sized for another entry count: nothing matches
 
     def close(self) -> None:
         self.release()
@@ -181,6 +199,7 @@ class SparseLayer:
         (in that order; zeros if None); a new ``values`` Parameter replaces the old one in
         ``optimizer``. Returns the storage position of each entry of ``active`` when the
         layer stores them in another order (blocks), else None."""
+        self.sync(optimizer)
         old = self.module.values
         dev = old.device
         active = active.to(torch.int64).cpu()
@@ -198,9 +217,7 @@ class SparseLayer:
             pos[1:] = torch.cumsum(torch.bincount(rows, minlength=self.shape[0]), 0)
             pattern = _csr(self.shape, pos.to(dev), cols.to(dev), values.to(dev))
             self.module.set_pattern(pattern, values=values.to(dev))
-        new = self.module.values
-        if new is not old:
-            _swap_param(optimizer, old, new)
+        self.sync(optimizer)
         return self._storage()[1]
 
     def apply(self, change: Change, optimizer) -> None:

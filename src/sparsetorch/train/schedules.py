@@ -10,14 +10,14 @@ import math
 
 
 def is_update_step(t: int, delta_t: int, t_end: int, t_begin: int = 0) -> bool:
-    """True when step ``t`` updates masks: ``t_begin < t <= t_end`` and ``t - t_begin`` a
-    multiple of ``delta_t`` (the first update follows ``delta_t`` training steps).
+    """True when step ``t`` updates masks: ``t_begin <= t <= t_end`` and ``t - t_begin`` a
+    multiple of ``delta_t`` (the begin step included, as in the official code).
 
     Example:
         >>> [t for t in range(0, 400) if is_update_step(t, 100, 300)]
-        [100, 200, 300]
+        [0, 100, 200, 300]
     """
-    return t_begin < t <= t_end and (t - t_begin) % delta_t == 0
+    return t_begin <= t <= t_end and (t - t_begin) % delta_t == 0
 
 
 def cosine_drop_fraction(t: int, alpha: float, t_end: int) -> float:

@@ -1,0 +1,50 @@
+"""Helpers shared by several ``st.nn`` layer modules (kept here so no module imports another
+module's private names).
+
+Example:
+    >>> import torch
+    >>> check_pointwise(torch.nn.Conv2d(4, 8, 1))   # a 1x1 convolution passes
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from ..formats import SparseTensor
+from ..formats.tensor import inherit_pattern_facts
+
+
+def keep_facts(weight: SparseTensor, cached) -> None:
+    """Hand what the kernels worked out about the pattern back to the kept wrapper
+    (``cached[2]``, a layer's ``_cached_weight``), so the next forward's wrapper starts
+    with it."""
+    if cached is not None and weight is not cached[2]:
+        inherit_pattern_facts(weight, cached[2])
+
+
+def check_pointwise(conv) -> None:
+    """Raise unless ``conv`` is an ``nn.Conv2d`` that ``SparseConv2d.from_dense`` converts:
+    1x1 kernel, one group, stride 1 or 2, no padding or dilation.
+
+    Example:
+        >>> import torch
+        >>> check_pointwise(torch.nn.Conv2d(4, 8, 3))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: ...only 1x1 convolutions convert; this one has kernel_size=(3, 3) (need 1x1)...
+    """
+    if not isinstance(conv, nn.Conv2d):
+        raise TypeError(f"SparseConv2d.from_dense: expected an nn.Conv2d, got {type(conv).__name__}")
+    problems = []
+    if tuple(conv.kernel_size) != (1, 1):
+        problems.append(f"kernel_size={tuple(conv.kernel_size)} (need 1x1)")
+    if conv.groups != 1:
+        problems.append(f"groups={conv.groups} (need 1)")
+    if conv.stride[0] != conv.stride[1] or conv.stride[0] not in (1, 2):
+        problems.append(f"stride={tuple(conv.stride)} (need 1 or 2)")
+    if tuple(conv.padding) != (0, 0) if not isinstance(conv.padding, str) else conv.padding != "valid":
+        problems.append(f"padding={conv.padding} (need 0)")
+    if tuple(conv.dilation) != (1, 1):
+        problems.append(f"dilation={tuple(conv.dilation)} (need 1)")
+    if problems:
+        raise ValueError("SparseConv2d.from_dense: only 1x1 convolutions convert; this one has "
+                         + ", ".join(problems) + ". Keep it dense (st.sparsify skips it).")

@@ -1,0 +1,68 @@
+"""Type promotion as torch does it, applied to operands before they reach a kernel.
+
+Kernels compute in one value type, and generated C casts a scalar to it: ``A * 0.5`` on
+int64 values multiplied by 0. So every op first finds torch's result type and casts the
+operands that differ (the values of a SparseTensor, its pattern kept):
+
+* tensors promote pairwise (``torch.promote_types``): float32 with float64 is float64, an
+  integer with a float is the float;
+* a Python float (a factor, or true division) makes an integer result the default float
+  dtype (``torch.get_default_dtype()``), as ``int_tensor * 0.5`` does; a Python int keeps
+  the tensors' type;
+* ``sqrt`` and ``exp`` of integers are floats; sums of integers are int64.
+
+Example:
+    >>> import torch
+    >>> result_dtype([torch.ones(2, dtype=torch.int64)], floats=True)
+    torch.float32
+    >>> result_dtype([torch.ones(2), torch.ones(2, dtype=torch.float64)])
+    torch.float64
+"""
+from __future__ import annotations
+
+import torch
+
+from ..formats.tensor import SparseTensor
+
+
+def result_dtype(operands, floats: bool = False):
+    """torch's result dtype of an elementwise op over the tensors ``operands``; ``floats``:
+    a Python float scalar takes part, or the op itself makes floats (true division,
+    ``sqrt``, ``exp``). None without operands."""
+    dtype = None
+    for t in operands:
+        dtype = t.dtype if dtype is None or t.dtype is dtype else \
+            torch.promote_types(dtype, t.dtype)
+    if floats and dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+        dtype = torch.get_default_dtype()
+    return dtype
+
+
+def cast(t, dtype):
+    """``t`` with values of ``dtype`` (a SparseTensor keeps its pattern; differentiable)."""
+    if t.dtype == dtype:
+        return t
+    if isinstance(t, SparseTensor):
+        return t.with_values(t.values.to(dtype))
+    return t.to(dtype)
+
+
+def promoted(operands, floats: bool = False) -> tuple:
+    """``operands`` (tensors) cast to their ``result_dtype``; the same tuple when they
+    already share it.
+
+    Example:
+        >>> import torch
+        >>> [t.dtype for t in promoted((torch.ones(1), torch.ones(1, dtype=torch.int32)))]
+        [torch.float32, torch.float32]
+    """
+    operands = tuple(operands)
+    dtype = result_dtype(operands, floats)
+    if all(t.dtype == dtype for t in operands):
+        return operands
+    return tuple(cast(t, dtype) for t in operands)
+
+
+def sum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype ``torch.sum`` gives a tensor of ``dtype``: integers (and bool) sum in int64."""
+    return dtype if dtype.is_floating_point or dtype.is_complex else torch.int64

@@ -1,0 +1,240 @@
+"""Regression tests of issue 31's core items: stale pointers after values are replaced (2),
+unchecked levels reaching kernels (4), the factorial scheduler (6) and the SpGEMM that
+counts for a minute before failing (7). Each names the item it guards; crash tests run in a
+fresh interpreter (``run_isolated``)."""
+from __future__ import annotations
+
+import signal
+import string
+import time
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+import sparsetorch as st
+from dense_check import private_kernel_cache, run_isolated  # noqa: F401 (fixture)
+from helpers import one_thread  # noqa: F401 (autouse fixture)
+from sparsetorch.compiler.notation import parse_einsum
+from sparsetorch.compiler.schedule import OperandInfo, schedule
+from sparsetorch.formats.format import as_format
+
+
+@contextmanager
+def deadline(seconds: int):
+    """Fail (rather than hang the run) when the block takes longer than ``seconds``."""
+    def expired(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# -- item 6: an op on a tensor of order >= 9 enumerated n! mode orders -----------------------
+@pytest.mark.parametrize("order", [9, 12])
+def test_issue31_6_high_order_schedules_in_milliseconds(order):
+    modes = string.ascii_lowercase[:order]
+    coo = OperandInfo(as_format("coo", order), False)
+    shuffled = OperandInfo(st.Format(coo.format.levels, tuple(reversed(range(order)))), False)
+    for eq, infos in [(f"{modes},{modes}->{modes}", (coo, coo)),
+                      (f"{modes},{modes}->{modes}", (coo, shuffled)),
+                      (f"{modes},{modes[::-1]}->{modes}", (coo, coo)),
+                      (f"{modes}->{modes[0]}", (coo,))]:
+        a = parse_einsum(eq, [order] * len(infos))
+        with deadline(20):
+            t0 = time.perf_counter()
+            s = schedule(a, infos)
+            took = time.perf_counter() - t0
+        assert took < 0.05, (eq, took)
+        assert sorted(s.order) == sorted(a.all_vars)
+
+
+def test_issue31_6_nine_dimensional_coo_op_matches_dense():
+    g = torch.Generator().manual_seed(6)
+    d = torch.zeros([2] * 9, dtype=torch.float64)
+    d.view(-1)[torch.randperm(d.numel(), generator=g)[:40]] = torch.arange(1., 41.,
+                                                                           dtype=torch.float64)
+    A = st.tensor(d, format="coo")
+    with deadline(120):   # (a cold kernel build included)
+        out = A * 3
+    torch.testing.assert_close(out.to_dense(), d * 3)
+
+
+# -- item 7: an SpGEMM too large for memory counted for a minute before failing -------------
+def _column_times_row(n: int):
+    i32 = torch.int32
+    column = st.SparseTensor.from_levels(
+        (n, 1), "csr", {"pos1": torch.arange(n + 1, dtype=i32), "crd1": torch.zeros(n, dtype=i32)},
+        torch.ones(n))
+    row = st.SparseTensor.from_levels(
+        (1, n), "csr", {"pos1": torch.tensor([0, n], dtype=i32), "crd1": torch.arange(n, dtype=i32)},
+        torch.ones(n))
+    return column, row
+
+
+def test_issue31_7_spgemm_too_large_is_refused_fast():
+    from sparsetorch.ops.result_size import ResultTooLarge
+
+    small = _column_times_row(3)
+    torch.testing.assert_close((small[0] @ small[1]).to_dense(), torch.ones(3, 3))  # builds
+    column, row = _column_times_row(200_000)
+    for attempt in range(2):   # the generic call path, then the memoised shim
+        t0 = time.perf_counter()
+        with pytest.raises(MemoryError, match="at least 40,000,000,000 entries") as err:
+            st.einsum("ij,jk->ik", column, row)
+        assert time.perf_counter() - t0 < 1.0
+        assert isinstance(err.value, ValueError) and isinstance(err.value, ResultTooLarge)
+        assert "(200000, 200000)" in str(err.value) and "GiB" in str(err.value)
+
+
+def test_issue31_7_entry_bounds_hold_on_random_products():
+    from sparsetorch.ops.result_size import entry_bounds
+
+    g = torch.Generator().manual_seed(7)
+    for density in (0.05, 0.3, 0.9):
+        a = (torch.rand(30, 20, generator=g) < density).double()
+        b = (torch.rand(20, 25, generator=g) < density).double()
+        a[3] = 0   # an empty row
+        lower, upper = entry_bounds(st.tensor(a, "csr"), st.tensor(b, "csr"))
+        exact = int(((a @ b) != 0).sum())
+        assert lower <= exact <= upper
+
+
+# -- item 4: unchecked levels reached kernels -------------------------------------------------
+BAD_CSR = {"pos1": torch.tensor([0, 1, 2, 3]), "crd1": torch.tensor([0, 10**8, 1])}
+
+
+def test_issue31_4_unchecked_from_levels_still_checks_bounds():
+    for arrays, match in [(BAD_CSR, "coordinate 100000000 at position 1 is out of range"),
+                          ({"pos1": torch.tensor([0, 2, 1, 3]), "crd1": torch.tensor([0, 1, 2])},
+                           "pos decreases"),
+                          ({"pos1": torch.tensor([0, 1, 2, 9]), "crd1": torch.tensor([0, 1, 2])},
+                           "pos\\[-1\\] is 9 but crd has 3"),
+                          ({"pos1": torch.tensor([0, 1, 2, 3])}, "missing \\['crd1'\\]")]:
+        with pytest.raises(ValueError, match=match):
+            st.SparseTensor.from_levels((3, 3), "csr", arrays, torch.ones(3), check=False)
+    with pytest.raises(ValueError, match="values has 2 entries but the levels store 3"):
+        st.SparseTensor.from_levels((3, 3), "csr", {"pos1": torch.tensor([0, 1, 2, 3]),
+                                                    "crd1": torch.tensor([0, 2, 1])},
+                                    torch.ones(2), check=False)
+    # what check=False still skips: order within a row (sorted-by-construction callers)
+    unsorted = {"pos1": torch.tensor([0, 2, 2, 3]), "crd1": torch.tensor([2, 0, 1])}
+    with pytest.raises(ValueError, match="unsorted"):
+        st.SparseTensor.from_levels((3, 3), "csr", unsorted, torch.ones(3))
+    st.SparseTensor.from_levels((3, 3), "csr", unsorted, torch.ones(3), check=False)
+
+
+def test_issue31_4_custom_level_kind_cannot_skip_bounds():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Lenient(st.Compressed):   # a custom kind whose own validator checks nothing
+        name = "lenient"
+
+        def validate(self, parent_count, size, arrays):
+            pass
+
+    fmt = st.Format((st.dense, Lenient()))
+    with pytest.raises(ValueError, match="level 1 \\(lenient\\): coordinate 100000000"):
+        st.SparseTensor.from_levels((3, 3), fmt, BAD_CSR, torch.ones(3))
+    good = st.SparseTensor.from_levels((3, 3), fmt, {"pos1": torch.tensor([0, 1, 2, 3]),
+                                                      "crd1": torch.tensor([0, 2, 1])},
+                                       torch.ones(3))
+    torch.testing.assert_close(good.to_dense(), torch.tensor([[1., 0, 0], [0, 0, 1], [0, 1, 0]]))
+
+
+def test_issue31_4_bad_levels_never_reach_a_kernel():
+    run_isolated("""
+        import torch, pytest, sparsetorch as st
+        bad = {"pos1": torch.tensor([0, 1, 2, 3]), "crd1": torch.tensor([0, 10**8, 1])}
+        with pytest.raises(ValueError):
+            A = st.SparseTensor.from_levels((3, 3), "csr", bad, torch.ones(3), check=False)
+            A @ torch.ones(3, 4)
+    """, timeout=240)
+
+
+# -- item 2: kernels read freed memory after values were given other storage ------------------
+def _spmm_operands():
+    g = torch.Generator().manual_seed(2)
+    d = torch.randn(30, 20, generator=g) * (torch.rand(30, 20, generator=g) < 0.3)
+    A = st.tensor(d, "csr")   # values of torch's own (resizable) storage:
+    A = st.SparseTensor.from_levels(A.shape, "csr", A.arrays, A.values.clone())
+    return d, A, torch.randn(20, 5, generator=g)
+
+
+def _warm(A, X):
+    for _ in range(4):   # past the memo: the shims with the pointers they keep
+        st.einsum("ij,jk->ik", A, X)
+        A @ X
+
+
+def test_issue31_2_values_given_new_storage_are_read_again():
+    d, A, X = _spmm_operands()
+    _warm(A, X)
+    A.values.data = torch.randn(A.nnz, dtype=A.dtype)   # same size: the new values count
+    ref = A.to_dense() @ X
+    for _ in range(2):
+        torch.testing.assert_close(st.einsum("ij,jk->ik", A, X), ref)
+        torch.testing.assert_close(A @ X, ref)
+    A.values.mul_(2)                                    # in place: still fine
+    torch.testing.assert_close(A @ X, ref * 2)
+
+
+@pytest.mark.parametrize("how", ["set_", "resize_", "data", "dtype"])
+def test_issue31_2_values_that_no_longer_fit_are_refused(how):
+    d, A, X = _spmm_operands()
+    _warm(A, X)
+    if how == "set_":
+        A.values.set_(torch.randn(3))
+    elif how == "resize_":
+        A.values.resize_(A.nnz + 10**6)
+    elif how == "data":
+        A.values.data = torch.randn(A.nnz - 1)
+    else:
+        A.values.data = torch.randn(A.nnz, dtype=torch.float64)
+    eye = st.tensor(torch.eye(20, dtype=A.dtype), "csr")
+    for call in (lambda: st.einsum("ij,jk->ik", A, X), lambda: A @ X,
+                 lambda: st.einsum("ij,jk->ik", A, eye), lambda: torch.sparse.softmax(A, 1)):
+        with pytest.raises(ValueError, match="values were replaced"):
+            call()
+
+
+def test_issue31_2_level_arrays_cannot_be_written():
+    d, A, X = _spmm_operands()
+    _warm(A, X)
+    A.arrays["crd1"][:] = 10**8          # copies: the pattern is untouched
+    A.arrays["pos1"][1:] = 0
+    torch.testing.assert_close(A @ X, d @ X)
+    pos, crd = torch.tensor([0, 1, 2]), torch.tensor([1, 0])
+    B = st.SparseTensor.from_levels((2, 2), "csr", {"pos1": pos, "crd1": crd}, torch.ones(2))
+    _warm(B, X[:2])
+    crd[:] = 10**8                        # the caller's own tensors: B keeps copies
+    torch.testing.assert_close(B @ X[:2], torch.tensor([[0., 1], [1, 0]]) @ X[:2])
+
+
+def test_issue31_2_no_crash_after_values_storage_is_freed():
+    run_isolated("""
+        import torch, pytest, sparsetorch as st
+        n = 2_000_000
+        A = st.SparseTensor.from_levels((n, 4), "csr", {"pos1": torch.arange(n + 1),
+                                        "crd1": torch.zeros(n, dtype=torch.int64)}, torch.ones(n))
+        x = torch.ones(4)
+        for _ in range(4):
+            A @ x
+        A.values.set_(torch.ones(10))       # the old 8 MB freed (unmapped)
+        with pytest.raises(ValueError):
+            A @ x
+        A.values.data = torch.full((n,), 2.)
+        assert float((A @ x).sum()) == 2 * n
+    """, timeout=240)
+
+
+def test_issue31_2_torch_sparse_export_does_not_alias_the_pattern():
+    d, A, X = _spmm_operands()
+    T = A.to_torch()
+    T.col_indices()[:] = 10**8
+    torch.testing.assert_close(A @ X, d @ X)

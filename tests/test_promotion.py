@@ -1,0 +1,86 @@
+"""Issue 31 item 1: integer values and mixed dtypes follow torch's type promotion. Every
+case runs the op on SparseTensors and the same op on dense torch tensors, and compares
+dtype and values (``A * 0.5`` on int64 values returned zeros; ``A / 2``, ``st.sqrt`` and
+``st.exp`` truncated; an int32 ``.sum()`` overflowed; float32 with float64 raised)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+
+import sparsetorch as st
+from dense_check import private_kernel_cache  # noqa: F401 (fixture)
+from helpers import examples, one_thread  # noqa: F401 (autouse fixture)
+
+DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64)
+# each kind of pair once (a kernel per result dtype: cold builds dominate this file's time)
+PAIRS = [(torch.int32, torch.int64), (torch.int64, torch.float32), (torch.float32, torch.float64),
+         (torch.float64, torch.int32), (torch.int32, torch.int32)]
+BASE = torch.tensor([[1, 0, 3, 0], [0, -5, 0, 2], [4, 0, 0, 7]])
+OTHER = torch.tensor([[2, 1, 0, 0], [0, 3, 0, -1], [1, 0, 6, 7]])
+
+
+def dense(t):
+    return t.to_dense() if isinstance(t, st.SparseTensor) else t
+
+
+def same(out, ref):
+    """Same dtype and values as the dense torch result."""
+    out = dense(out)
+    assert out.dtype == ref.dtype, (out.dtype, ref.dtype)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_issue31_1_scalars_and_maps_promote_as_torch(dtype):
+    d = BASE.to(dtype)
+    A = st.tensor(d, "csr")
+    for op in (lambda x: x * 0.5, lambda x: 0.5 * x, lambda x: x / 2, lambda x: x * 2,
+               lambda x: x * True, lambda x: -x, lambda x: x - x * 3, lambda x: x ** 2):
+        same(op(A), op(d))
+    for sparse_map, torch_map in ((st.sqrt, torch.sqrt), (st.exp, torch.exp),
+                                  (st.relu, torch.relu), (st.abs, torch.abs)):
+        a = st.tensor(d.abs(), "csr") if sparse_map is st.sqrt else A
+        same(sparse_map(a), torch_map(d.abs() if sparse_map is st.sqrt else d))
+    lazy = (st.lazy(A) * 3 + st.lazy(A) / 4).relu().eval()
+    same(lazy, torch.relu(d * 3 + d / 4))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_issue31_1_integer_sums_are_int64(dtype):
+    d = torch.full((3, 4), 2**30).to(dtype) if not dtype.is_floating_point else BASE.to(dtype)
+    A = st.tensor(d, "coo")
+    same(A.sum(), d.sum())
+    same(A.sum(1), d.sum(1))
+    same(torch.sparse.sum(A, 0).to_dense(), d.sum(0))
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype", PAIRS, ids=str)
+def test_issue31_1_mixed_operands_promote_as_torch(a_dtype, b_dtype):
+    da, db = BASE.to(a_dtype), OTHER.to(b_dtype)
+    A, B = st.tensor(da, "csr"), st.tensor(db, "csr")
+    same(A * B, da * db)
+    same(A + B, da + db)
+    same(A - B, da - db)
+    same(A * db, da * db)            # sparse times dense: A's pattern
+    same(A + db, da + db)            # dense result
+    same(A * db[1], da * db[1])      # a broadcast row
+    # torch's products refuse mixed dtypes; these promote to torch.result_type
+    common = torch.result_type(da, db)
+    ref = da.to(common) @ db.T.to(common)
+    same(A @ db.T, ref)
+    same(st.einsum("ij,kj->ik", A, B), ref)
+    same(st.einsum("ij,kj->ik", A, db), ref)
+
+
+@settings(max_examples=examples(8), deadline=None)
+@given(dtype=hst.sampled_from(DTYPES),
+       scalar=hst.one_of(hst.integers(-4, 4), hst.floats(-4, 4, allow_nan=False).filter(
+           lambda x: abs(x) > 1e-3)))
+def test_issue31_1_any_scalar_scales_as_torch(dtype, scalar):
+    d = BASE.to(dtype)
+    A = st.tensor(d, "csr")
+    same(A * scalar, d * scalar)
+    if scalar != 0:
+        same(A / scalar, d / scalar)
