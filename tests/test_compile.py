@@ -216,6 +216,7 @@ def test_eager_values_are_the_stored_tensor():
     assert A.with_values(w).values is w
 
 
+@pytest.mark.slow
 def test_graph_cached_by_another_process_finds_its_kernels(tmp_path, monkeypatch):
     """Regression: inductor's on-disk graph cache replays a graph in a new process, whose
     kernel registry is empty; the kernel is rebuilt from the recipe in the kernel cache."""
@@ -234,6 +235,7 @@ def test_graph_cached_by_another_process_finds_its_kernels(tmp_path, monkeypatch
     run_isolated(code)      # the second process hits inductor's cache
 
 
+@pytest.mark.slow
 def test_cache_key_of_a_sparse_input(tmp_path, monkeypatch):
     """``_stable_hash_for_caching`` (the AOT-autograd cache key): the same for tensors of one
     structure, whatever their values; different for another format, shape, value or index

@@ -49,6 +49,7 @@ def run_cases():
                         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_layer_epilogues_match_dense():
     run_cases()
 

@@ -74,12 +74,13 @@ def test_torch_load_weights_only_restores_a_sparse_tensor(fmt, bs):
 
 
 @pytest.mark.parametrize("tamper,match", [
-    (lambda A: A.arrays["crd1"].__setitem__(0, 9), "out of range"),
-    (lambda A: A.arrays["pos1"].__setitem__(1, 5), "pos"),
+    (lambda A: A._level_arrays["crd1"].__setitem__(0, 9), "out of range"),
+    (lambda A: A._level_arrays["pos1"].__setitem__(1, 5), "pos"),
 ])
 def test_a_tampered_file_is_refused_not_run(tamper, match):
     """Regression: a loaded SparseTensor skipped validation, so an out-of-range coordinate in
-    a file reached the kernels (which trust their arrays)."""
+    a file reached the kernels (which trust their arrays). The stored arrays are written
+    here as a tampered file would hold them (``.arrays`` hands out copies)."""
     A = st.tensor(torch.tensor([[0., 2.], [3., 0.]]), format="csr")
     tamper(A)
     buf = io.BytesIO()

@@ -75,6 +75,7 @@ def test_vector_paths_match_dense():
     run_cases()
 
 
+@pytest.mark.slow
 def test_pragma_only_rendering_matches_dense():
     run_isolated("""
         import os
@@ -92,6 +93,7 @@ def test_pragma_only_rendering_matches_dense():
     """)
 
 
+@pytest.mark.slow
 @needs_avx2
 def test_avx2_rendering_matches_dense():
     """On an AVX2-only CPU this is ``test_vector_paths_match_dense`` again; on an AVX-512
