@@ -5,14 +5,19 @@ stays within a new user's five minutes on two cores while CI still runs everythi
   slowest compile-cache tests) are skipped, and each parametrized test runs on
   ``MATRIX_CASES`` of its parameter sets, spread evenly over the list (formats x dtypes x
   shapes), the others deselected;
-- ``SPARSETORCH_FULL_TESTS=1``: every test and every parameter set (what CI runs after the
-  default run);
+- ``SPARSETORCH_FULL_TESTS=1``: every test and every parameter set;
 - ``SPARSETORCH_LONG_TESTS=1``: the full run with hypothesis budgets multiplied as well.
 """
 import os
+import tempfile
 from collections import defaultdict
 
 import pytest
+
+# torch.compile's on-disk graph cache outlives a test run, but each run builds its kernels
+# into a private cache (dense_check.private_kernel_cache): a graph cached by an earlier run
+# names kernels this run never registered. Each run gets its own inductor cache too.
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="sparsetorch-inductor-")
 
 LONG = os.environ.get("SPARSETORCH_LONG_TESTS", "") not in ("", "0")
 FULL = LONG or os.environ.get("SPARSETORCH_FULL_TESTS", "") not in ("", "0")
