@@ -139,3 +139,31 @@ def test_einsum_epilogue_errors():
         st.einsum("ij,jk->ik", A, A, bias=torch.ones(3), out_format="csr")
     with pytest.raises(TypeError, match="bias must be a dense"):
         st.einsum("ij,jk->ik", A, torch.ones(3, 2), bias=A)
+
+
+def test_repeated_fused_calls_take_the_fast_path_and_stay_correct():
+    """A repeated ``st.einsum(..., bias=)`` runs its memoised shim (no Python epilogue
+    path): new values in the same operands, a Parameter bias, a bias of another extent
+    (refused as before) and autograd (recorded, not fused) all behave as the first call."""
+    from sparsetorch.ops import execute
+
+    g = torch.Generator().manual_seed(9)
+    d = torch.randn(30, 20, generator=g) * (torch.rand(30, 20, generator=g) < 0.3)
+    A = st.tensor(d, format="csr")
+    for n in (7, 16):
+        x = torch.randn(20, n, generator=g)
+        b = torch.nn.Parameter(torch.randn(n, generator=g))
+        with torch.no_grad():
+            st.einsum("ij,jk->ik", A, x, bias=b, activation="relu")
+            assert execute._FAST_EPILOGUE.get(("ij,jk->ik", "relu"))
+            for _ in range(2):
+                x.normal_(generator=g)
+                b.normal_(generator=g)
+                torch.testing.assert_close(st.einsum("ij,jk->ik", A, x, bias=b,
+                                                     activation="relu"),
+                                           (d @ x + b).clamp_min(0))
+            with pytest.raises(ValueError, match="does not broadcast"):
+                st.einsum("ij,jk->ik", A, x, bias=torch.ones(n + 1), activation="relu")
+    out = st.einsum("ij,jk->ik", A, x, bias=b, activation="relu")
+    out.sum().backward()
+    torch.testing.assert_close(b.grad, ((d @ x + b) > 0).float().sum(0))

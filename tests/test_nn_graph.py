@@ -272,3 +272,25 @@ def test_weighted_sage_and_unnormalized_gcn_against_pyg():
     ours = ours.double()
     ours.load_state_dict(gcn.state_dict())
     torch.testing.assert_close(ours(x, graph()), gcn(x, graph()))
+
+
+@pytest.mark.parametrize("make", [lambda: st.nn.GCNConv(5, 3), lambda: st.nn.SAGEConv(5, 3),
+                                  lambda: st.nn.SAGEConv(5, 3, root_weight=False),
+                                  lambda: st.nn.GATConv(5, 2, heads=2)])
+def test_sparse_features_match_dense_features_as_weights_change(make):
+    """A sparse x multiplies a kept transposed copy of the weights: it must follow in-place
+    updates (an optimizer step, load_state_dict) and carry gradients when recording."""
+    conv = make().double()
+    e = graph()
+    xd = features() * (torch.rand(N, 5, generator=torch.Generator().manual_seed(1)) < 0.4)
+    xs = st.tensor(xd, "csr")
+    for _ in range(2):
+        with torch.no_grad():
+            torch.testing.assert_close(conv(xs, e), conv(xd, e))
+            for p in conv.parameters():
+                p.add_(0.5)
+    params = list(conv.parameters())
+    got = torch.autograd.grad(conv(xs, e).square().sum(), params)
+    want = torch.autograd.grad(conv(xd, e).square().sum(), params)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

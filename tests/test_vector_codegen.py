@@ -114,6 +114,19 @@ def test_avx2_rendering_matches_dense():
 
 
 @needs_avx2
+@pytest.mark.parametrize("n", [7, 16, 20])
+def test_partial_tiles_run_whole_registers_unmasked(n):
+    """A partial register tile (fewer columns than the tile) takes plain loads and stores
+    for its registers that are wholly inside it and masks only the last one."""
+    d = _rows_of_every_length(cols=12, dtype=torch.float32)
+    A = st.tensor(d, format="csr")
+    src = st.explain("ij,jk->ik", A, torch.ones(12, n)).source
+    lanes = 16 if vector_isa() == "avx512" else 8
+    assert f"_n >= {lanes}) {{" in src and f"_n > {lanes}) {{" in src, src
+    check_against_dense("ij,jk->ik", [A, _dense((12, n), torch.float32, n)])
+
+
+@needs_avx2
 def test_avx2_spmm_tiles_and_spmv_gathers_by_scalar_loads():
     from sparsetorch.codegen.c import render_c
 

@@ -115,28 +115,34 @@ class VectorLoops:
         # Every register's code is the same text but for its first lane, register and mask:
         # render it once with placeholders (rendering 16-register tiles register by register
         # took most of SpMM's compile time); a copy that declares values gets its own block.
-        body = Body(self, lanes, None if full else MASK, s.var, {s.var: V("lin", LANE0)},
-                     tile_reg=(tile, REG))
-        text = body.stmts(s.body, pad + "  ")
-        scoped = _declares(text)
-        for r in range(regs):
-            mask = None
-            if not full:
-                mask = self.fresh("m")
-                out.append(f"{pad}  " + lanes.mask_decl(mask, f"{s.var}_n - {r * lanes.n}"))
-            copy = [line.replace(LANE0, str(r * lanes.n)).replace(REG, str(r))
+        texts = [Body(self, lanes, mask, s.var, {s.var: V("lin", LANE0)},
+                      tile_reg=(tile, REG)).stmts(s.body, pad + "  ")
+                 for mask in ((None,) if full else (None, MASK))]
+        scoped = _declares(texts[0])
+
+        def copy(text, r):
+            return [line.replace(LANE0, str(r * lanes.n)).replace(REG, str(r))
                     for line in text]
-            if mask is not None:
-                copy = [line.replace(MASK, mask) for line in copy]
-            if mask is not None and r > 0:
-                # a register with no lane in the tile is skipped, not run under an empty
-                # mask: a result of 1-8 columns (a vector as a matrix, a GCN's class scores)
-                # costs one register per entry instead of the tile's four
-                out += [f"{pad}  if ({s.var}_n > {r * lanes.n}) {{",
-                        *("  " + line for line in copy), f"{pad}  }}"]
-            else:
-                out += [f"{pad}  {{", *("  " + line for line in copy), f"{pad}  }}"] \
-                    if scoped else copy
+
+        for r in range(regs):
+            if full:
+                lines = copy(texts[0], r)
+                out += [f"{pad}  {{", *("  " + line for line in lines), f"{pad}  }}"] \
+                    if scoped else lines
+                continue
+            # A partial tile's registers that lie wholly inside it run unmasked: AVX2's
+            # maskload, blendv and maskstore cost several times a plain load, FMA and store
+            # on AMD Zen (an SpMM with 16 columns, half a 32-wide tile: 189 -> 100 us on
+            # Cora). A register with no lane in the tile is skipped, not run under an empty
+            # mask: a result of 1-8 columns (a vector as a matrix, a GCN's class scores)
+            # costs one register per entry instead of the tile's four.
+            mask = self.fresh("m")
+            masked = [line.replace(MASK, mask) for line in copy(texts[1], r)]
+            out += [f"{pad}  if ({s.var}_n >= {(r + 1) * lanes.n}) {{",
+                    *("  " + line for line in copy(texts[0], r)),
+                    f"{pad}  }} else if ({s.var}_n > {r * lanes.n}) {{",
+                    f"{pad}    " + lanes.mask_decl(mask, f"{s.var}_n - {r * lanes.n}"),
+                    *("  " + line for line in masked), f"{pad}  }}"]
         return out + [f"{pad}}}"]
 
     # -- sums ----------------------------------------------------------------------------

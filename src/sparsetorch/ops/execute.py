@@ -222,7 +222,7 @@ def forget_calls() -> None:
         >>> fast_calls("ij,j->i")
         ()
     """
-    for memo in (_PREPARED, _BLOCKED, _FAST, _FAST_DENSE):
+    for memo in (_PREPARED, _BLOCKED, _FAST, _FAST_DENSE, _FAST_EPILOGUE):
         memo.clear()
 
 
@@ -324,6 +324,9 @@ _BLOCKED: dict = {}    # compile arguments -> _Prepared, for blocked operands
 # code that alternates operand kinds (float32 and float64, CSR and COO).
 _FAST: dict = {}
 _FAST_DENSE: dict = {}   # the same for ``out_format="dense"``: shims with a dense result
+# (einsum string, activation) -> guarded shims of fused bias/activation calls, taking the
+# operands and then the bias (``einsum._offer_epilogue``)
+_FAST_EPILOGUE: dict = {}
 _FAST_PER_EQUATION = 4
 _is_grad_enabled = torch.is_grad_enabled
 
