@@ -29,7 +29,7 @@ from .steps import inference, training
 from .workloads import OURS, Prepared, Workload, register
 
 GAT_HEADS, GAT_HIDDEN = 8, 8   # Velickovic et al.'s Cora configuration
-SPARSE_FEATURES_BELOW = 0.1    # feature density under which products take them sparse
+SPARSE_FEATURES_BELOW = 0.2    # feature density under which products take them sparse
 QUICK_GRAPHS = ("cora",)
 
 
