@@ -117,12 +117,15 @@ def test_avx2_rendering_matches_dense():
 @pytest.mark.parametrize("n", [7, 16, 20])
 def test_partial_tiles_run_whole_registers_unmasked(n):
     """A partial register tile (fewer columns than the tile) takes plain loads and stores
-    for its registers that are wholly inside it and masks only the last one."""
+    for its registers that are wholly inside it and masks only the last one. The rows read
+    include the dense operand's first (an AVX2 tail load there falls back to maskload)."""
     d = _rows_of_every_length(cols=12, dtype=torch.float32)
     A = st.tensor(d, format="csr")
     src = st.explain("ij,jk->ik", A, torch.ones(12, n)).source
     lanes = 16 if vector_isa() == "avx512" else 8
     assert f"_n >= {lanes}) {{" in src and f"_n > {lanes}) {{" in src, src
+    # AVX2: the partial register's loads end at the run's end, shifted (no maskload)
+    assert (vector_isa() == "avx2") == ("st_tail_load_ps256(t1_vals" in src)
     check_against_dense("ij,jk->ik", [A, _dense((12, n), torch.float32, n)])
 
 

@@ -115,8 +115,8 @@ class VectorLoops:
         # Every register's code is the same text but for its first lane, register and mask:
         # render it once with placeholders (rendering 16-register tiles register by register
         # took most of SpMM's compile time); a copy that declares values gets its own block.
-        texts = [Body(self, lanes, mask, s.var, {s.var: V("lin", LANE0)},
-                      tile_reg=(tile, REG)).stmts(s.body, pad + "  ")
+        texts = [Body(self, lanes, mask, s.var, {s.var: V("lin", LANE0)}, tile_reg=(tile, REG),
+                      tail=mask and f"({s.var}_n - {LANE0})").stmts(s.body, pad + "  ")
                  for mask in ((None,) if full else (None, MASK))]
         scoped = _declares(texts[0])
 

@@ -38,7 +38,7 @@ class Body:
     ``vector.VectorLoops``: fresh names, tile arrays, the scalar renderer)."""
 
     def __init__(self, loops, lanes: Lanes, mask, lane_var, env, acc=None, tile_reg=None,
-                 i32=False, combine="+", first=False, shift=""):
+                 i32=False, combine="+", first=False, shift="", tail=None):
         self.loops, self.lanes, self.mask, self.lane_var = loops, lanes, mask, lane_var
         self.env = dict(env)
         self.acc = acc or {}        # scalar accumulator -> its vector accumulator
@@ -49,6 +49,7 @@ class Body:
         self.gathers = False        # set once a gather is rendered
         self.first = first          # sums' first step: accumulators start at its terms
         self.shift = shift          # added to contiguous runs' pointers (see ``tile_sum``)
+        self.tail = tail            # a masked step's lane count (AVX2 tiles: ``tail_load``)
 
     # -- statements ------------------------------------------------------------------------
     def stmts(self, node, pad) -> list[str]:
@@ -160,6 +161,8 @@ class Body:
             raise Unsupported("value used as an index")
         if index_type is None:      # a value array
             if idx.kind == "lin":
+                if self.tail is not None and self.lanes.isa == "avx2" and not self.shift:
+                    return V("vv", self.lanes.tail_load(arr, idx.text, self.tail, self.mask))
                 return V("vv", self.load(self.at(arr, idx)))
             self.gathers = True
             if idx.kind == "vi32":
