@@ -294,3 +294,21 @@ def test_sparse_features_match_dense_features_as_weights_change(make):
     want = torch.autograd.grad(conv(xd, e).square().sum(), params)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("out_features", [3, 8])   # fused into the propagation, and after it
+def test_gcn_activation_relu_matches_relu_of_the_output(out_features):
+    plain = st.nn.GCNConv(5, out_features).double()
+    fused = st.nn.GCNConv(5, out_features, activation="relu").double()
+    fused.load_state_dict(plain.state_dict())
+    e, x = graph(), features()
+    with torch.no_grad():
+        plain.bias.normal_()
+        fused.bias.copy_(plain.bias)
+        torch.testing.assert_close(fused(x, e), torch.relu(plain(x, e)))
+    got = torch.autograd.grad(fused(x, e).sum(), list(fused.parameters()))
+    want = torch.autograd.grad(torch.relu(plain(x, e)).sum(), list(plain.parameters()))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="activation must be None or 'relu'"):
+        st.nn.GCNConv(5, 3, activation="gelu")

@@ -29,9 +29,10 @@ def _check_x(x, in_features: int, what: str) -> None:
                          f"shape {tuple(x.shape)}")
 
 
-def _propagate(A: SparseTensor, h: torch.Tensor, bias) -> torch.Tensor:
-    """``A @ h + bias`` in one kernel (the bias added as each output row is written)."""
-    return einsum("ij,jk->ik", A, h, bias=bias)
+def _propagate(A: SparseTensor, h: torch.Tensor, bias, activation=None) -> torch.Tensor:
+    """``activation(A @ h + bias)`` in one kernel (bias and activation applied as each
+    output row is written; unfused while autograd records)."""
+    return einsum("ij,jk->ik", A, h, bias=bias, activation=activation)
 
 
 class _SparseInputWeights:
@@ -105,7 +106,9 @@ class GCNConv(_Propagation):
     The normalised adjacency is computed once and kept while the same adjacency object (or
     ``edge_index``, unmodified) comes back; ``cached=False`` recomputes it every call. The
     product runs in the cheaper order: ``x W^T`` first when ``out_features <= in_features``
-    or ``x`` is sparse, else ``(A x) W^T``. Weights: ``lin.weight`` ``(out, in)`` (Glorot
+    or ``x`` is sparse, else ``(A x) W^T``. ``activation="relu"`` (not in PyG's layer)
+    applies ReLU to the output in the propagation's kernel, as each row is written (Kipf &
+    Welling's first layer: ``st.models.GCN`` uses it). Weights: ``lin.weight`` ``(out, in)`` (Glorot
     init, like PyG) and ``bias`` ``(out,)`` (zeros): from PyG, ``conv.lin.weight.copy_(
     pyg.lin.weight); conv.bias.copy_(pyg.bias)``, or ``load_state_dict(pyg.state_dict())``.
 
@@ -119,10 +122,12 @@ class GCNConv(_Propagation):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  normalize="sym", add_self_loops: bool | None = None, cached: bool = True,
-                 *, self_loops: bool | None = None):
+                 *, self_loops: bool | None = None, activation: str | None = None):
         if normalize not in ("sym", "mean", None):
             raise ValueError(f"GCNConv: normalize must be 'sym', 'mean' or None, got "
                              f"{normalize!r}")
+        if activation not in (None, "relu"):
+            raise ValueError(f"GCNConv: activation must be None or 'relu', got {activation!r}")
         if add_self_loops is not None and self_loops is not None and \
                 bool(add_self_loops) != bool(self_loops):
             raise ValueError(f"GCNConv: add_self_loops={add_self_loops!r} and its alias "
@@ -131,6 +136,7 @@ class GCNConv(_Propagation):
         super().__init__(normalize, normalize is not None if loops is None else bool(loops),
                          cached)
         self.in_features, self.out_features = in_features, out_features
+        self.activation = activation
         self.lin = nn.Linear(in_features, out_features, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         nn.init.xavier_uniform_(self.lin.weight)
@@ -140,14 +146,16 @@ class GCNConv(_Propagation):
         A = self.adjacency(adj, x)
         if isinstance(x, SparseTensor):
             return _propagate(A, _sparse_product(x, self._sparse_weights(self.lin.weight)),
-                              self.bias)
+                              self.bias, self.activation)
         if self.out_features <= self.in_features:
-            return _propagate(A, F.linear(x, self.lin.weight), self.bias)
-        return F.linear(A @ x, self.lin.weight, self.bias)
+            return _propagate(A, F.linear(x, self.lin.weight), self.bias, self.activation)
+        out = F.linear(A @ x, self.lin.weight, self.bias)
+        return out if self.activation is None else F.relu(out)
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, normalize={self.normalize!r}, "
-                f"add_self_loops={self.add_self_loops}, cached={self.cached}")
+                f"add_self_loops={self.add_self_loops}, cached={self.cached}"
+                + (f", activation={self.activation!r}" if self.activation else ""))
 
 
 class SAGEConv(_Propagation):
