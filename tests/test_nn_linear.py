@@ -294,3 +294,34 @@ def test_bad_inputs_raise_clearly():
         SparseLinear.from_dense(torch.nn.Linear(4, 3), density=0.5, sparsity=0.5)
     with pytest.raises(ValueError, match="method"):
         SparseLinear.from_dense(torch.nn.Linear(4, 3), density=0.5, method="l2")
+
+
+@pytest.mark.parametrize("activation", ["relu", "sigmoid"])
+def test_activation_runs_on_every_input_kind_and_carries_gradients(activation):
+    """``activation`` is applied whatever the input (2-D dense: in the product's kernel;
+    sparse, one row, 3-D, no bias: after it) and gradients flow through it."""
+    g = torch.Generator().manual_seed(4)
+    for bias in (True, False):
+        layer = st.nn.SparseLinear(12, 6, bias=bias, density=0.4, generator=g,
+                                   activation=activation)
+        w = layer.weight.to_dense()
+        fn = torch.relu if activation == "relu" else torch.sigmoid
+        for x in (torch.randn(5, 12, generator=g), torch.randn(1, 12, generator=g),
+                  torch.randn(2, 3, 12, generator=g)):
+            want = fn(x @ w.T + (layer.bias if bias else 0))
+            torch.testing.assert_close(layer(x), want)
+        xs = torch.randn(5, 12, generator=g) * (torch.rand(5, 12, generator=g) < 0.02)
+        torch.testing.assert_close(layer(st.tensor(xs, "csr")),
+                                   fn(xs @ w.T + (layer.bias if bias else 0)))
+        x = torch.randn(5, 12, generator=g)
+        layer(x).sum().backward()
+        ref = torch.nn.Linear(12, 6, bias=bias)
+        with torch.no_grad():
+            ref.weight.copy_(w)
+            if bias:
+                ref.bias.copy_(layer.bias)
+        fn(ref(x)).sum().backward()
+        dense_grad = layer.weight.with_values(layer.values.grad).to_dense()
+        torch.testing.assert_close(dense_grad, ref.weight.grad * (w != 0))
+    with pytest.raises(ValueError, match="activation must be None or one of"):
+        st.nn.SparseLinear(4, 2, density=0.5, activation="gelu")

@@ -36,14 +36,15 @@ def _csr(shape, dtype=F64, seed=0, fmt="csr"):
 def test_plans():
     W, x = _csr((5, 4)), torch.randn(3, 4, dtype=F64)
     assert relayout("ni,oi->no", (x, W), None, None) == \
-        Relayout("in,oi->on", ((1, 0), None), (1, 0), "i,oi->o", (0, None), 0)
+        Relayout("in,oi->on", ((1, 0), None), (1, 0), "i,oi->o", (0, None), 0, 2)
     assert relayout("ij,kj->ik", (W, x), None, None) == \
-        Relayout("ij,jk->ik", (None, (1, 0)), None, "ij,j->i", (None, 0), 1)
+        Relayout("ij,jk->ik", (None, (1, 0)), None, "ij,j->i", (None, 0), 1, 2)
     assert relayout("ij,jk->ki", (W, x.T), None, None) == \
-        Relayout("ij,jk->ik", (None, None), (1, 0), "ij,j->i", (None, 1), 0)
+        Relayout("ij,jk->ik", (None, None), (1, 0), "ij,j->i", (None, 1), 0, 2)
     # SDDMM reading X by columns: the reduction index moves; size 1: no reduction left
     assert relayout("ij,ki,jk->ij", (W, x.T, x), None, None) == \
-        Relayout("ij,ik,jk->ij", (None, (1, 0), None), None, "ij,i,j->ij", (None, 0, 1), None)
+        Relayout("ij,ik,jk->ij", (None, (1, 0), None), None, "ij,i,j->ij", (None, 0, 1), None,
+                 2)
     # already in order, or nothing to move: as written
     for eq, ops in [("ij,jk->ik", (W, x.T)), ("ij,j->i", (W, x[0])), ("ij,ij->i", (W, W))]:
         assert relayout(eq, ops, None, None) is None
@@ -61,9 +62,9 @@ def test_the_result_is_permuted_only_where_it_is_dense():
     assert relayout("ni,oi->no", (x, A), "dense", None).out_perm == (1, 0)
     W = _csr((5, 4))
     assert relayout("ni,oi->no", (x, W), "coo", None).out_perm is None
-    # a bias broadcasts against the result as written: only operands move, none squeezed
-    plan = relayout("ni,oi->no", (x, W), None, torch.zeros(5, dtype=F64))
-    assert plan.out_perm is None and plan.perms == ((1, 0), None) and plan.squeezed is None
+    # a bias makes the result dense (an epilogue's): it moves too, the bias with it
+    plan = relayout("ni,oi->no", (x, A), None, torch.zeros(5, dtype=F64))
+    assert plan.out_perm == (1, 0) and plan.perms == ((1, 0), None)
     assert relayout("ni,oi->no", (x, A), None, None).squeezed is None   # o may be sparse
 
 
@@ -279,3 +280,20 @@ def test_the_kernels_copy_a_transposed_dense_operand_by_block_transposes(monkeyp
         copies.clear()
         assert torch.allclose(st.einsum("ij,jk->ik", A, X.T), want, rtol=1e-5, atol=1e-5)
         assert copies, "a transposed dense operand was copied by torch"
+
+
+@pytest.mark.parametrize("rows", [1, 40])          # squeezed (one row) and permuted
+@pytest.mark.parametrize("bias_shape", [(30,), (1, 30), "rows", "rows1", ()])
+@pytest.mark.parametrize("act", [None, "relu", "sigmoid"])
+def test_a_bias_and_activation_follow_the_relaid_result(rows, bias_shape, act):
+    """``F.linear``'s equation with a bias (and activation) is relaid like one without:
+    the bias is permuted (or squeezed) with the result, whatever its broadcast shape."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(30, 80, generator=g) * (torch.rand(30, 80, generator=g) < 0.2)
+    W, x = st.tensor(w, "csr"), torch.randn(rows, 80, generator=g)
+    shape = {"rows": (rows, 30), "rows1": (rows, 1)}.get(bias_shape, bias_shape)
+    b = torch.randn(shape, generator=g)
+    assert relayout("ni,oi->no", (x, W), None, b) is not None
+    ref = x @ w.T + b
+    ref = {None: ref, "relu": ref.clamp_min(0), "sigmoid": ref.sigmoid()}[act]
+    torch.testing.assert_close(st.einsum("ni,oi->no", x, W, bias=b, activation=act), ref)

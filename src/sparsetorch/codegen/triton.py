@@ -40,6 +40,7 @@ _UNARY = {
     "exp": "tl.exp({x})",
     "sqrt": "tl.sqrt({x})",
     "relu6": "tl.minimum(tl.maximum({x}, 0.0), 6.0)",
+    "sigmoid": "tl.sigmoid({x})",
 }
 
 _PRELUDE = "import triton\nimport triton.language as tl\n\n"

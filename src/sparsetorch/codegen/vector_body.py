@@ -235,8 +235,13 @@ class Body:
             return V("vv", lanes.op("sqrt", x))
         if fn == "relu6":
             return V("vv", lanes.op("max", lanes.op("min", x, lanes.set1("6")), lanes.zero()))
-        if fn == "exp":   # (``intrinsics.py``: one helper per register type)
-            return V("vv", f"st_exp_{lanes.suf}{lanes.n * lanes.width * 8}({x})")
+        if fn in ("exp", "sigmoid"):   # (``intrinsics.py``: one exp per register type)
+            exp = f"st_exp_{lanes.suf}{lanes.n * lanes.width * 8}"
+            if fn == "exp":
+                return V("vv", f"{exp}({x})")
+            one = lanes.set1("1")   # 1 / (1 + e^-x): e^-x saturates to inf and 0, so 0 and 1
+            return V("vv", lanes.op("div", one, lanes.op(
+                "add", one, f"{exp}({lanes.op('sub', lanes.zero(), x)})")))
         raise Unsupported(f"vector {fn or e.template}")
 
     # -- conversions -----------------------------------------------------------------------

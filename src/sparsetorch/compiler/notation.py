@@ -21,6 +21,7 @@ UNARY = {
     "exp": ("{exp}({x})", lambda t: t.exp(), False),
     "sqrt": ("{sqrt}({x})", lambda t: t.sqrt(), True),
     "relu6": ("(({x}) < 0 ? 0 : (({x}) > 6 ? 6 : ({x})))", lambda t: t.clamp(0, 6), True),
+    "sigmoid": ("(1 / (1 + {exp}(-({x}))))", lambda t: t.sigmoid(), False),
 }
 
 

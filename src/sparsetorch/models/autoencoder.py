@@ -27,13 +27,14 @@ class SparseAutoencoder(nn.Module):
     def __init__(self, in_features: int = 784, hidden: int = 256, density: float = 0.1, *,
                  blocksize=None, generator=None):
         super().__init__()
+        # the activations run in the layers' kernels, as each output is written
         self.encoder = SparseLinear(in_features, hidden, density=density, blocksize=blocksize,
-                                    generator=generator)
+                                    generator=generator, activation="relu")
         self.decoder = SparseLinear(hidden, in_features, density=density, blocksize=blocksize,
-                                    generator=generator)
+                                    generator=generator, activation="sigmoid")
 
     def encode(self, x) -> torch.Tensor:
-        return torch.relu(self.encoder(x))
+        return self.encoder(x)
 
     def forward(self, x) -> torch.Tensor:
-        return torch.sigmoid(self.decoder(self.encode(x)))
+        return self.decoder(self.encoder(x))

@@ -37,8 +37,9 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
     repeated within one subscript takes a diagonal. The loop order, output format and kernel
     are chosen automatically (see ``st.explain``). ``bias`` (a dense tensor that
     broadcasts against the result) and ``activation`` (``"relu"``, ``"relu6"``, ``"abs"``,
-    ``"neg"``, ``"exp"``, ``"sqrt"``) are fused into the same kernel, applied where each
-    output element is written: ``activation(einsum + bias)``, a dense result.
+    ``"neg"``, ``"exp"``, ``"sqrt"``, ``"sigmoid"``) are fused into the same kernel,
+    applied where each output element is written: ``activation(einsum + bias)``, a dense
+    result.
 
     Example:
         >>> import torch, sparsetorch as st
@@ -91,8 +92,8 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
     # the vectorised index moved last in dense operands and result (while compiling:
     # ``torch_einsum``, below dynamo)
     if not _is_compiling():
-        out = run_relaid(lambda eq, ops: einsum(eq, *ops, out_format=out_format, bias=bias,
-                                                activation=activation),
+        out = run_relaid(lambda eq, ops, b: einsum(eq, *ops, out_format=out_format, bias=b,
+                                                   activation=activation),
                          equation, operands, out_format, bias)
         if out is not None:
             return out
@@ -238,7 +239,7 @@ def torch_einsum(equation, *operands):
                         "(the sublist form is not supported)")
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    out = run_relaid(lambda eq, ops: _einsum(eq, ops, out_format), equation, operands,
+    out = run_relaid(lambda eq, ops, _: _einsum(eq, ops, out_format), equation, operands,
                      out_format, None)
     return out if out is not None else _einsum(equation, operands, out_format)
 

@@ -17,7 +17,7 @@ from ..compiler.notation import UNARY, Access, Add, Assignment, Epilogue, Result
 ACTIVATIONS = tuple(UNARY)
 
 _TORCH = {"neg": torch.neg, "abs": torch.abs, "relu": torch.relu, "exp": torch.exp,
-          "sqrt": torch.sqrt, "relu6": torch.nn.functional.relu6}
+          "sqrt": torch.sqrt, "relu6": torch.nn.functional.relu6, "sigmoid": torch.sigmoid}
 
 
 def with_epilogue(assignment: Assignment, operands, out_shape, bias, activation, what):

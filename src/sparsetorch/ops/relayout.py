@@ -17,8 +17,8 @@ runs without it, as SpMV instead of an SpMM of one column: 1 x 1024 by the same 
 
 Only plain equations are rewritten (explicit ``->``, letters, no index repeated within a
 term, no ``...``), with one index that no sparse operand has; the result only where it is
-known dense (``out_format="dense"``, or no stored index of a sparse operand in it) and no
-bias is added. Errors are reported for the equation as written: a call that fails is run
+known dense (``out_format="dense"``, or no stored index of a sparse operand in it, or a
+bias added: the epilogue's result is dense), the bias then permuted with it (a view). Errors are reported for the equation as written: a call that fails is run
 again unrewritten. A product too small to pay for the copies (``MIN_PERMUTED_WORK``) runs
 as written too; the call shim it leaves is not offered to ``st.einsum``'s fast path
 (``execute._remember``), which would answer later, larger calls of the string with it.
@@ -58,15 +58,30 @@ class Relayout:
     squeezed: str | None = None
     dims: tuple = ()
     out_dim: int | None = None
+    out_ndim: int = 0
 
-    def run(self, einsum, operands):
-        """``einsum(equation, operands)`` of the call as rewritten, or None where it runs
-        as written (``rewrite``)."""
+    def run(self, einsum, operands, bias=None):
+        """``einsum(equation, operands, bias)`` of the call as rewritten, or None where it
+        runs as written (``rewrite``)."""
         rewritten = self.rewrite(operands)
         if rewritten is None:
             return None
         equation, ops, finish = rewritten
-        return finish(einsum(equation, ops))
+        if bias is None:
+            return finish(einsum(equation, ops, None))
+        return finish(einsum(equation, ops, self._bias(equation, bias)))
+
+    def _bias(self, equation: str, bias):
+        """``bias`` (broadcasting against the result as written) for ``equation``'s result,
+        the squeezed or the permuted one: as a view with the moved index dropped or moved
+        along with the result's."""
+        b = bias.reshape((1,) * (self.out_ndim - bias.dim()) + tuple(bias.shape))
+        if equation != self.inner:
+            return b if self.out_dim is None else b.select(self.out_dim, 0)
+        if self.out_perm is None:
+            return b
+        inner_dims = sorted(range(self.out_ndim), key=lambda k: self.out_perm[k])
+        return b.permute(inner_dims)
 
     def rewrite(self, operands) -> tuple | None:
         """``(equation, operands, finish)`` this call runs as: the squeezed or the permuted
@@ -95,10 +110,10 @@ def run_relaid(einsum, equation, operands, out_format, bias):
     written: no rewrite applies, or the rewritten call raised (the call as written then
     reports the error for the equation the user wrote)."""
     plan = relayout(equation, operands, out_format, bias)
-    if plan is None:
+    if plan is None or (bias is not None and bias.dim() > plan.out_ndim):
         return None
     try:
-        return plan.run(einsum, operands)   # (None: too small, as written)
+        return plan.run(einsum, operands, bias)   # (None: too small, as written)
     except (TypeError, ValueError, IndexError, NotImplementedError):
         return None
 
@@ -125,8 +140,8 @@ def relayout(equation, operands, out_format, bias) -> Relayout | None:
             kinds.append(None)
         else:
             return None   # torch's sparse layouts, non-tensors: the call as written
-    dense_result = bias is None and (out_format is None or asks_dense(out_format))
-    return _plan(equation, tuple(kinds), dense_result, out_format is not None)
+    dense_result = out_format is None or asks_dense(out_format)
+    return _plan(equation, tuple(kinds), dense_result, out_format is not None or bias is not None)
 
 
 @lru_cache(maxsize=64)
@@ -172,10 +187,11 @@ def _plan(equation: str, kinds: tuple, dense_result: bool, forced: bool):
     # (squeezed: no operand left without dimensions; the result's kind and shape known)
     if any(len(t) < 2 for t in terms if v in t) or not (
             known_dense or (dense_result and v not in out)):
-        return Relayout(f"{inner}->{inner_out}", perms, out_perm, dims=dims)
+        return Relayout(f"{inner}->{inner_out}", perms, out_perm, dims=dims,
+                        out_ndim=len(out))
     squeezed = ",".join(t.replace(v, "") for t in terms) + "->" + out.replace(v, "")
     return Relayout(f"{inner}->{inner_out}", perms, out_perm, squeezed, dims,
-                    out.index(v) if v in out else None)
+                    out.index(v) if v in out else None, len(out))
 
 
 def _last(term: str, v: str) -> tuple:
