@@ -117,5 +117,5 @@ def test_gcn_workload_on_a_generated_stand_in(monkeypatch):
     assert row["source"].startswith("generated stand-in")
     assert {"torch.sparse", "dense"} <= set(row["vs"]) and row["skipped"]["PyG"]
     # (features 5% nonzero: torch.sparse runs with them sparse and dense, the faster kept)
-    assert row["vs"]["torch.sparse"]["impl"] in (f"torch.sparse {layout}, {x} x" for layout
-                                                 in ("CSR", "COO") for x in ("sparse", "dense"))
+    assert row["vs"]["torch.sparse"]["impl"] in [f"torch.sparse {layout}, {x} x" for layout
+                                                 in ("CSR", "COO") for x in ("sparse", "dense")]

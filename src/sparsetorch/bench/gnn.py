@@ -31,6 +31,7 @@ from .workloads import OURS, Prepared, Workload, register
 GAT_HEADS, GAT_HIDDEN = 8, 8   # Velickovic et al.'s Cora configuration
 SPARSE_FEATURES_BELOW = 0.2    # feature density under which products take them sparse: PubMed
 # (10%): a sparse x W forward and backward 2.5x the dense one (19717 x 500, W 500 x 16)
+TORCH_DENSE_FEATURES_FROM = 0.05
 QUICK_GRAPHS = ("cora",)
 
 
@@ -96,9 +97,12 @@ def prepare(kind: str, name: str, ctx, mode: str) -> Prepared:
         return prep
 
     # torch.sparse's product with sparse features loses to a dense one as they fill in
-    # (PubMed, 10%: 3-4x slower, forward and backward): both ran where both fit, the faster kept
+    # (PubMed, 10%: 3-4x slower, forward and backward; Cora, 1.3%: 25x faster): from
+    # TORCH_DENSE_FEATURES_FROM both run where both fit, the faster kept
+    density = g.features.nnz / (g.n * g.num_features)
     feature_kinds = ([("sparse", None)] if sparse_x else []) + \
-        ([("dense", dense_x)] if dense_x is not None else [])
+        ([("dense", dense_x)] if dense_x is not None and
+         (not sparse_x or density >= TORCH_DENSE_FEATURES_FROM) else [])
     for layout in ("csr", "coo"):
         if kind == "gat" and layout == "csr":
             prep.skipped.setdefault("torch.sparse", "CSR: torch.sparse.softmax has no CSR "
