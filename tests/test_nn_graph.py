@@ -312,3 +312,37 @@ def test_gcn_activation_relu_matches_relu_of_the_output(out_features):
         torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="activation must be None or 'relu'"):
         st.nn.GCNConv(5, 3, activation="gelu")
+
+
+def _compiled_matches_eager(conv, x, adj):
+    """``torch.compile`` (aot_eager: dynamo and autograd tracing, no C++ build) of ``conv``
+    gives eager's output and parameter gradients; the adjacency is built eagerly (a graph
+    break), the products traced."""
+    torch._dynamo.reset()
+    compiled = torch.compile(conv, backend="aot_eager")
+    got, want = compiled(x, adj), conv(x, adj)
+    torch.testing.assert_close(got, want)
+    params = list(conv.parameters())
+    for a, b in zip(torch.autograd.grad(got.square().sum(), params),
+                    torch.autograd.grad(want.square().sum(), params)):
+        torch.testing.assert_close(a, b)
+
+
+_LAYERS = [lambda: st.nn.GCNConv(5, 3, activation="relu"), lambda: st.nn.SAGEConv(5, 3),
+           lambda: st.nn.GATConv(5, 2, heads=2)]
+
+
+def test_gcn_compiles_and_matches_eager():
+    xd = features() * (torch.rand(N, 5, generator=torch.Generator().manual_seed(1)) < 0.4)
+    _compiled_matches_eager(_LAYERS[0]().double(), st.tensor(xd, "csr"),
+                            as_sparse(graph()).double())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", _LAYERS)
+def test_layers_compile_with_every_input_kind(make):
+    conv = make().double()
+    xd = features() * (torch.rand(N, 5, generator=torch.Generator().manual_seed(1)) < 0.4)
+    for x in (xd, st.tensor(xd, "csr")):
+        for adj in (graph(), as_sparse(graph()).double()):
+            _compiled_matches_eager(conv, x, adj)

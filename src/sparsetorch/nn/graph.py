@@ -83,6 +83,10 @@ class _Propagation(nn.Module):
         """``add_self_loops`` under its older name."""
         return self.add_self_loops
 
+    # Under torch.compile the adjacency is built (or found kept) eagerly, a graph break:
+    # its validation reads values, its entry count depends on them, and the cache compares
+    # data pointers; the products around it are traced.
+    @torch.compiler.disable
     def adjacency(self, adj, x) -> SparseTensor:
         """The normalised propagation matrix for ``adj`` and ``x``'s node count and dtype."""
         n, dtype = x.shape[0], x.dtype
@@ -248,6 +252,7 @@ class GATConv(nn.Module):
         self._cache = AdjacencyCache()
         self._sparse_weights = _SparseInputWeights()
 
+    @torch.compiler.disable   # (eager under torch.compile, as GCNConv's adjacency)
     def pattern(self, adj, x):
         """``(P, dst, src)``: the attention pattern of all heads as one CSR SparseTensor of
         shape ``(n * heads, n * heads)``, node-major: row ``i * heads + k`` holds head
