@@ -325,3 +325,19 @@ def test_activation_runs_on_every_input_kind_and_carries_gradients(activation):
         torch.testing.assert_close(dense_grad, ref.weight.grad * (w != 0))
     with pytest.raises(ValueError, match="activation must be None or one of"):
         st.nn.SparseLinear(4, 2, density=0.5, activation="gelu")
+
+
+def test_bsr_weight_under_torch_compile_runs_eagerly_and_matches():
+    """A BSR weight's product is a graph break under torch.compile (its block coordinates
+    are unpacked by value): outputs and gradients as eager."""
+    g = torch.Generator().manual_seed(5)
+    layer = st.nn.SparseLinear(16, 8, density=0.5, blocksize=4, generator=g)
+    x = torch.randn(3, 16, generator=g)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), layer(x))
+    compiled(x).sum().backward()
+    got = layer.values.grad.clone()
+    layer.values.grad = None
+    layer(x).sum().backward()
+    torch.testing.assert_close(got, layer.values.grad)

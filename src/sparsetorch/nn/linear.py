@@ -57,9 +57,10 @@ class SparseLinear(nn.Module):
     product's kernel together with the bias, as each output is written (unfused while
     autograd records).
     ``load_state_dict`` accepts a state of another pattern (another entry count) and takes
-    it over. Works with autograd, any optimizer, ``torch.compile`` (CSR weights; a sparse
-    input is densified inside a compiled function, and BSR weights do not compile yet: the
-    blocked kernels' shapes are data-dependent), ``.to(dtype)``.
+    it over. Works with autograd, any optimizer, ``torch.compile`` (CSR weights traced; a
+    sparse input is densified inside a compiled function; a BSR weight's product runs
+    eagerly, a graph break, so ``fullgraph=True`` refuses it: its coordinates are unpacked
+    by their values), ``.to(dtype)``.
 
     Example:
         >>> import torch, sparsetorch as st
@@ -271,6 +272,20 @@ class SparseLinear(nn.Module):
             # (traced, always: the sparse x sparse product does not compile yet)
             if _is_compiling() or x.nnz > DENSIFY_INPUT_ABOVE * math.prod(x.shape):
                 x = x.to_dense()
+        if self.blocksize is not None and _is_compiling():
+            return self._eager_product(x)
+        return self._product(x)
+
+    # BSR under torch.compile runs eagerly, a graph break: the blocked kernels' coordinates
+    # are unpacked from the stored block indices by their values (``formats.pack``: the
+    # largest block row picks the index width), which fake tensors do not have, and dynamo
+    # cannot wrap a blocked SparseTensor (its fake-tensor conversion fails). Autograd
+    # records across the break.
+    @torch.compiler.disable
+    def _eager_product(self, x):
+        return self._product(x)
+
+    def _product(self, x):
         weight = self.weight
         if isinstance(x, SparseTensor):
             # (dense out_format: a sparse input times a sparse weight would otherwise be
