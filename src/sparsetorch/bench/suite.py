@@ -24,6 +24,9 @@ from .workloads import REGISTRY, Context, select
 
 QUICK = {"rounds": 5, "max_time": 1.5}
 FULL = {"rounds": 15, "max_time": 6.0}
+# --quick skips dense baselines over 128 MiB: the dense GAT on Cora (8 heads of 2708 x 2708
+# scores, 235 MB) took 3.5 of --quick's 6.5 minutes (one loaded core) at ~200x our time
+QUICK_DENSE_LIMIT = 1 << 27
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,6 +57,8 @@ def main(args) -> int:
     try:
         workloads = select(REGISTRY.values(), args.only, args.quick)
         ctx = Context(data_root=_data_root(args.data), quick=args.quick)
+        if args.quick:
+            ctx.dense_limit_bytes = QUICK_DENSE_LIMIT
     except (ValueError, FileNotFoundError) as exc:
         print(f"sparsetorch bench: error: {exc}", file=sys.stderr)
         return 2
