@@ -84,3 +84,18 @@ def test_issue31_1_any_scalar_scales_as_torch(dtype, scalar):
     same(A * scalar, d * scalar)
     if scalar != 0:
         same(A / scalar, d / scalar)
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype,bias_dtype", [
+    (torch.int64, torch.float32, torch.float32), (torch.int32, torch.int32, torch.float64),
+    (torch.float32, torch.float64, torch.float32)], ids=str)
+def test_issue31_1_fused_bias_and_activation_promote_as_torch(a_dtype, b_dtype, bias_dtype):
+    """``st.einsum(..., bias=, activation=)`` (one fused kernel) gives torch's result type of
+    ``activation(einsum(...) + bias)``: the bias takes part in the promotion."""
+    A = st.tensor(BASE.to(a_dtype), "csr")
+    x = torch.tensor([1, -2, 3, 1]).to(b_dtype)
+    bias = torch.tensor([0.5, -40.0, 2.0]).to(bias_dtype)
+    common = torch.promote_types(a_dtype, b_dtype)        # (torch's matmul does not promote)
+    ref = BASE.to(common) @ x.to(common)
+    same(st.einsum("ij,j->i", A, x, bias=bias, activation="relu"), torch.relu(ref + bias))
+    same(st.einsum("ij,j->i", A, x, bias=bias), ref + bias)
