@@ -99,3 +99,18 @@ def test_issue31_1_fused_bias_and_activation_promote_as_torch(a_dtype, b_dtype, 
     ref = BASE.to(common) @ x.to(common)
     same(st.einsum("ij,j->i", A, x, bias=bias, activation="relu"), torch.relu(ref + bias))
     same(st.einsum("ij,j->i", A, x, bias=bias), ref + bias)
+
+
+@pytest.mark.slow   # a torch.compile trace (~5-10 s)
+def test_issue31_1_traced_lazy_expressions_promote_as_torch():
+    """Under torch.compile a lazy expression crosses into the graph as a string; whether a
+    float scalar or map takes part crosses with it (``A * 0.5`` on int64 values gave 0)."""
+    A = st.tensor(BASE, "csr")
+    x = torch.rand(3, 4)
+
+    def f(A, x):
+        return (st.lazy(A) * 0.5).eval(), (st.lazy(A) * 0.5 + st.lazy(x)).eval()
+
+    scaled, summed = torch.compile(f)(A, x)
+    same(scaled, BASE * 0.5)
+    same(summed, BASE * 0.5 + x)
