@@ -131,6 +131,29 @@ def coo_to_compressed(fmt: Format, shape, rows: list, values: torch.Tensor, inde
                         torch.from_numpy(data[:kept].copy()))
 
 
+def compressed_is_valid(fmt: Format, dims, arrays: dict, values: torch.Tensor) -> bool:
+    """True when CSR/CSC level arrays (plain CPU, one index dtype) are certainly valid:
+    ``pos`` starts at 0, ends at the entry count and never decreases, every coordinate is in
+    range, and each segment's coordinates strictly increase; two reductions and scipy's one
+    pass (``csr_has_canonical_format``) instead of ~10 torch ops. False means "not shown
+    here": the caller's general check then finds the problem and words it."""
+    if fmt.name not in _COMPRESSED or fmt.blocksize is not None or set(arrays) != {"pos1", "crd1"}:
+        return False
+    pos, crd = arrays["pos1"], arrays["crd1"]
+    if not (plain_cpu(pos, crd) and pos.is_contiguous() and crd.is_contiguous()):
+        return False
+    nnz = crd.numel()
+    if pos.numel() != dims[0] + 1 or values.numel() != nnz:
+        return False
+    p, c = pos.numpy(), crd.numpy()
+    # pos within [0, nnz] first: the scipy routine reads crd up to each pos without checks
+    if p[0] != 0 or p[-1] != nnz or p.min() < 0 or p.max() > nnz:
+        return False
+    if nnz and (c.min() < 0 or c.max() >= dims[1]):
+        return False
+    return bool(_sparsetools.csr_has_canonical_format(dims[0], p, c))
+
+
 def coo_tensor_to_compressed(t: SparseTensor, fmt: Format, index_dtype) -> SparseTensor | None:
     """A 2-D COO SparseTensor -> CSR or CSC by one stable counting sort."""
     if t.format.name != "coo" or t.dim() != 2:
