@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import statistics
+import warnings
 from pathlib import Path
 
 import torch
@@ -100,6 +101,10 @@ def train_one(run, args, data, rank, world, progress):
     model = nn.parallel.DistributedDataParallel(net) if world > 1 else net
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, total)
+    # a mask-update iteration makes no optimizer step (as in the paper); when the first one
+    # does not, torch takes the scheduler's step for a call-order mistake and warns
+    warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before",
+                            UserWarning)
     trainer = make_trainer(run, model, opt, total, args.delta_t)
     ckpt = Path(args.workdir) / f"{run['key']}.pt"
     order = torch.Generator().manual_seed(1000 + run["seed"])
