@@ -5,6 +5,7 @@
     python examples/rigl_mnist.py                          # full grid, paper-like budget (long)
     python examples/rigl_mnist.py --epochs 3 --seeds 0,1   # the reduced 2-core budget
     python examples/rigl_mnist.py --paper-point            # + fc1 99%, fc2 89%, fc3 dense
+    python examples/rigl_mnist.py --sparsities "" --no-dense --paper-point --epochs 20
     torchrun --nproc_per_node 2 examples/rigl_mnist.py     # DDP (gloo), data split by rank
 
 Each run (method x sparsity x distribution x seed) trains with SGD (momentum 0.9, lr 0.1,
@@ -145,7 +146,7 @@ def runs_of(args):
         out += [{"method": "dense", "sparsity": 0.0, "distribution": "-", "seed": s}
                 for s in seeds]
     # methods innermost: a partial run already compares them at the first settings
-    for sp in (float(v) for v in args.sparsities.split(",")):
+    for sp in (float(v) for v in args.sparsities.split(",") if v):   # "": no grid
         for distribution in args.distributions.split(","):
             for method in args.methods.split(","):
                 out += [{"method": method, "sparsity": sp, "distribution": distribution,
