@@ -163,9 +163,12 @@ def _run_triton(assignment, tensors, infos, out_format, what):
     from .triton_run import run_triton, stats
 
     _check_repeated(assignment, infos, what)
-    # Traced (torch.compile): the fallback's torch ops record; a Triton launch needs real
-    # tensors and no custom op wraps it yet.
-    result = None if is_tracing(tensors) else run_triton(assignment, tensors, infos, out_format)
+    if is_tracing(tensors):   # (torch.compile, export): one custom-op node per launch
+        from .triton_ops import traced_call
+
+        result = traced_call(assignment, tensors, infos, out_format)
+    else:
+        result = run_triton(assignment, tensors, infos, out_format)
     if result is not None:
         return result
     stats["fallback"] += 1
