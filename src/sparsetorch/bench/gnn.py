@@ -100,10 +100,12 @@ def prepare(kind: str, name: str, ctx, mode: str) -> Prepared:
     # torch.sparse's product with sparse features loses to a dense one as they fill in
     # (PubMed, 10%: 3-4x slower, forward and backward; Cora, 1.3%: 25x faster): from
     # TORCH_DENSE_FEATURES_FROM both run where both fit, the faster kept
+    # (GAT: one of them, dense from there: its step takes 20-27 s on Amazon-Photo either
+    # way, and the full run times each several times)
     density = g.features.nnz / (g.n * g.num_features)
-    feature_kinds = ([("sparse", None)] if sparse_x else []) + \
-        ([("dense", dense_x)] if dense_x is not None and
-         (not sparse_x or density >= TORCH_DENSE_FEATURES_FROM) else [])
+    both = dense_x is not None and density >= TORCH_DENSE_FEATURES_FROM
+    feature_kinds = ([("sparse", None)] if sparse_x and not (both and kind == "gat") else []) \
+        + ([("dense", dense_x)] if dense_x is not None and (not sparse_x or both) else [])
     for layout in ("csr", "coo"):
         if kind == "gat" and layout == "csr":
             prep.skipped.setdefault("torch.sparse", "CSR: torch.sparse.softmax has no CSR "
