@@ -48,10 +48,11 @@ class _SparseInputWeights:
         self._key = self._value = None
 
     def __call__(self, *weights) -> torch.Tensor:
-        recording = torch.is_grad_enabled() and any(w.requires_grad for w in weights)
-        if recording or torch.compiler.is_compiling():
+        recording = _is_grad_enabled() and any(w.requires_grad for w in weights)
+        if recording or _is_compiling():
             return torch.cat([w.t() for w in weights], 1).contiguous()
-        key = tuple((w.data_ptr(), w._version, tuple(w.shape)) for w in weights)
+        # (a resize or an assignment to .data changes the pointer or the version)
+        key = [(w.data_ptr(), w._version) for w in weights]
         if key != self._key:
             self._key = key
             self._value = torch.cat([w.detach().t() for w in weights], 1).contiguous()
@@ -62,6 +63,18 @@ class _SparseInputWeights:
 
     def __setstate__(self, state):
         self._key = self._value = None
+
+
+_is_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
+
+
+def _eager(method):
+    """``method`` run eagerly under torch.compile, a graph break: building an adjacency
+    reads values (validation), its entry count depends on them, and the cache compares data
+    pointers; the products around it are traced. (Outside compile no wrapper: it cost 2 us
+    a call.)"""
+    return torch.compiler.disable(method)
 
 
 def _sparse_product(x: SparseTensor, weights_t: torch.Tensor) -> torch.Tensor:
@@ -83,12 +96,11 @@ class _Propagation(nn.Module):
         """``add_self_loops`` under its older name."""
         return self.add_self_loops
 
-    # Under torch.compile the adjacency is built (or found kept) eagerly, a graph break:
-    # its validation reads values, its entry count depends on them, and the cache compares
-    # data pointers; the products around it are traced.
-    @torch.compiler.disable
     def adjacency(self, adj, x) -> SparseTensor:
         """The normalised propagation matrix for ``adj`` and ``x``'s node count and dtype."""
+        return (_eager(self._adjacency) if _is_compiling() else self._adjacency)(adj, x)
+
+    def _adjacency(self, adj, x) -> SparseTensor:
         n, dtype = x.shape[0], x.dtype
         what = type(self).__name__
 
@@ -252,7 +264,6 @@ class GATConv(nn.Module):
         self._cache = AdjacencyCache()
         self._sparse_weights = _SparseInputWeights()
 
-    @torch.compiler.disable   # (eager under torch.compile, as GCNConv's adjacency)
     def pattern(self, adj, x):
         """``(P, dst, src)``: the attention pattern of all heads as one CSR SparseTensor of
         shape ``(n * heads, n * heads)``, node-major: row ``i * heads + k`` holds head
@@ -260,7 +271,10 @@ class GATConv(nn.Module):
         columns ``j * heads + k``; values 1. ``dst`` and ``src`` give, for every stored
         entry in order, where its target's and its source's attention terms are in the
         flattened ``(n, 2 * heads)`` terms (``[a_src | a_dst]`` per node). Kept like
-        GCNConv's adjacency."""
+        GCNConv's adjacency (and built eagerly under torch.compile, as it is)."""
+        return (_eager(self._pattern) if _is_compiling() else self._pattern)(adj, x)
+
+    def _pattern(self, adj, x):
         n, H = x.shape[0], self.heads
 
         def build():
