@@ -198,14 +198,15 @@ def test_schedule_converts_rather_than_traverse_discordantly(eq, fmts):
 
 def test_scheduling_is_fast():
     """docs/design.md: 'Scheduling costs well under a millisecond' (asserted with slack:
-    5 ms)."""
+    5 ms of this thread's CPU time, which a busy machine does not inflate as it does the
+    wall clock: a loaded run measured 10 ms wall)."""
     a = parse_einsum("ikl,kj,lj->ij", [3, 2, 2])
     infos = (info(CSF201, 3), DENSE2, DENSE2)
     times = []
     for _ in range(30):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         schedule(a, infos)
-        times.append(time.perf_counter() - t0)
+        times.append(time.thread_time() - t0)
     assert statistics.median(times) < 5e-3
 
 
