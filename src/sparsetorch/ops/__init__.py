@@ -10,9 +10,11 @@ from .expr import LazyExpr, abs, exp, lazy, relu, sqrt
 from .attention import masked_attention
 from .softmax import softmax
 from .depthwise import depthwise3x3
+from .narrow import spmm_narrow
 from .torch_api import _install
 
 _install()
 
 __all__ = ["einsum", "explain", "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp",
-           "sqrt", "softmax", "masked_attention", "depthwise3x3"]
+           "sqrt", "softmax", "masked_attention", "depthwise3x3",
+           "spmm_narrow"]
