@@ -11,6 +11,7 @@ from torch import nn
 import sparsetorch as st
 from dense_check import private_kernel_cache  # noqa: F401
 from sparsetorch.nn import ChannelsFirstDepthwise
+from sparsetorch.ops.depthwise import _kernel
 
 ACT = {None: lambda y: y, "relu": F.relu, "relu6": F.relu6}
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12)}
@@ -31,6 +32,7 @@ def _reference(x, w, b, stride, act):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_matches_conv2d(dtype):
+    assert _kernel(dtype) is not None   # built here (a failed build would fall back to torch)
     gen = torch.Generator().manual_seed(0)
     for n, c, h, w in SHAPES:
         x = torch.randn(n, c, h, w, dtype=dtype, generator=gen) * 3

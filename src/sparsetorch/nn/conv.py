@@ -153,23 +153,30 @@ class SparseConv2d(SparseLinear):
         super().set_pattern(mask, values)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] != self.in_features:
+        # (few tensor ops: at batch 1 the late layers' kernels take tens of microseconds,
+        # and each view or index of a tensor costs a few here)
+        shape = getattr(x, "shape", None)
+        if not isinstance(x, torch.Tensor) or len(shape) != 4 or shape[1] != self.in_features:
             raise ValueError(f"SparseConv2d: input must be (N, {self.in_features}, H, W); got "
-                             f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
-        if x.dtype != self.values.dtype:
+                             f"{tuple(shape or ()) or type(x).__name__}")
+        weight, bias = self.weight, self.bias
+        if x.dtype != weight.dtype:
             raise TypeError(f"SparseConv2d: input is {x.dtype} but the weights are "
-                            f"{self.values.dtype}; cast the input or the layer (.to(dtype))")
+                            f"{weight.dtype}; cast the input or the layer (.to(dtype))")
         if self.stride == 2:
             x = x[:, :, ::2, ::2]
-        n, _, h, w = x.shape
-        weight = self.weight
+        n, c, h, w = x.shape
+        # one image in NCHW memory: its (C, H*W) matrix and the result are plain views
+        single = n == 1 and x.is_contiguous()
+        cols = x.view(c, h * w) if single else channels_first(x)
         if n * h * w <= NARROW_COLUMNS:   # few pixels (7 x 7): one pass per row, all in registers
-            y = spmm_narrow(weight, channels_first(x), self.bias, self.activation)
+            y = spmm_narrow(weight, cols, bias, self.activation)
         else:
-            bias = None if self.bias is None else self.bias[:, None]
-            y = einsum("oc,cp->op", weight, channels_first(x), bias=bias,
+            y = einsum("oc,cp->op", weight, cols, bias=None if bias is None else bias.unsqueeze(1),
                        activation=self.activation)
         _keep_facts(weight, self.__dict__.get("_cached_weight"))
+        if single:
+            return y.view(1, self.out_features, h, w)
         return y.view(self.out_features, n, h, w).permute(1, 0, 2, 3)
 
     def extra_repr(self) -> str:

@@ -51,9 +51,10 @@ _HEADER = """/* the depthwise 3x3 convolution kernels (ops/depthwise.py) */
 """
 # The kernel for value type $T: the walk over planes and pairs of output rows, with $SETUP
 # (per plane: the filter and bias in registers), $FILL1 (a stride-1 input row into the
-# ring) and $ROW1/$ROW2 (output rows o and o2, stride 1 / stride 2) filled in per variant.
-# The rows o reads are a0, a1, a2 and o2's b0, b1, b2 (padded input rows of filter rows 0,
-# 1, 2); for stride 2 each holds its even padded columns and, from rw / 2 on, its odd ones.
+# ring), $FILL2 (the first j0 column pairs of a stride-2 row, deinterleaved) and $ROW1/$ROW2 (output rows o and o2, stride 1 / stride 2) filled in per variant.
+# The rows o reads are a0, a1, a2 and o2's a1 or a2, b1, b2 (padded input rows of filter
+# rows 0, 1, 2); for stride 2 each holds its even padded columns and, from rw / 2 on (d*,
+# e*), its odd ones.
 _WALK = Template(r"""
 /* out plane p = depthwise 3x3 (padding 1, stride s) of x plane p with filter and bias of
    channel (p / div) % c, then activation act (0 none, 1 relu, 2 relu6). Planes are h x w
@@ -102,9 +103,11 @@ void $NAME(int64_t planes, int64_t div, int64_t c, int64_t h, int64_t w, int64_t
             $FILL1
           } else {
             $T* odd = dst + rw / 2;
-            for (int64_t j = 0; j < w / 2; j++)   /* (an odd w's last even entry: 0) */
+            int64_t j0 = 0;   /* column pairs already moved (by the vector loop, if any) */
+            $FILL2
+            for (int64_t j = j0; j < w / 2; j++)   /* (an odd w's last even entry: 0) */
               dst[j + 1] = src[2 * j + 1];
-            for (int64_t j = 0; j < ow; j++)
+            for (int64_t j = j0; j < ow; j++)
               odd[j] = src[2 * j];
           }
         }
@@ -113,7 +116,7 @@ void $NAME(int64_t planes, int64_t div, int64_t c, int64_t h, int64_t w, int64_t
           r[a] = top + a < 0 || top + a >= h ? zero : ring + slot * rw;
         for (top_slot += 2 * s; top_slot >= nr; top_slot -= nr) {}
         const $T *a0 = r[0], *a1 = r[1], *a2 = r[2];
-        const $T *b0 = r[s], *b1 = r[s + 1], *b2 = r[s + 2];
+        const $T *b1 = r[s + 1], *b2 = r[s + 2];   /* (o2's first row is one of o's) */
         $T* o = op + i * ow;
         $T* o2 = i + 1 < oh ? o + ow : spare;
         /* the first element past what a row's last vector may write over without harm:
@@ -127,7 +130,7 @@ void $NAME(int64_t planes, int64_t div, int64_t c, int64_t h, int64_t w, int64_t
           $ROW1
         } else {
           const $T *d0 = a0 + rw / 2, *d1 = a1 + rw / 2, *d2 = a2 + rw / 2;
-          const $T *e0 = b0 + rw / 2, *e1 = b1 + rw / 2, *e2 = b2 + rw / 2;
+          const $T *e1 = b1 + rw / 2, *e2 = b2 + rw / 2;
           $ROW2
         }
       }
@@ -136,14 +139,18 @@ void $NAME(int64_t planes, int64_t div, int64_t c, int64_t h, int64_t w, int64_t
 }
 """)
 # Each row's taps, filter entry by filter entry: (row pointer, odd-column pointer) of
-# filter rows 0-2 for output rows o and o2.
-_ROWS = {"o": ("a0", "a1", "a2", "d0", "d1", "d2"), "o2": ("b0", "b1", "b2", "e0", "e1", "e2")}
+# filter rows 0-2 for output rows o and o2, by stride. o2 names the rows it shares with o
+# by o's pointers (b0 = a1 for stride 1, b0 = a2 for stride 2), so the compiler loads each
+# shared vector once for both rows.
+_ROWS = {("o", 1): ("a0", "a1", "a2"), ("o2", 1): ("a1", "a2", "b2"),
+         ("o", 2): ("a0", "a1", "a2", "d0", "d1", "d2"),
+         ("o2", 2): ("a2", "b1", "b2", "d2", "e1", "e2")}
 
 
 def _taps(out: str, stride: int) -> list[str]:
     """The nine ``pointer + offset`` expressions (offset from output pixel ``j``) of output
     row ``out``, in filter order."""
-    rows = _ROWS[out]
+    rows = _ROWS[out, stride]
     if stride == 1:
         return [f"{rows[a]} + j + {kw}" for a in range(3) for kw in range(3)]
     return [t for a in range(3) for t in (f"{rows[a]} + j", f"{rows[3 + a]} + j",
@@ -171,7 +178,8 @@ _MEMCPY = "memcpy(dst + 1, src, (size_t)w * sizeof(*src));"
 # last partial vector is stored whole when its spill lands on a row written later (o2's,
 # into the rows after), else by 4-, 2- and 1-lane stores: AMD's masked stores are
 # microcoded, one cost as much as a 7-pixel row. Input rows are copied by vectors, the last
-# under a masked load (zero lanes, which keep the padding).
+# under a masked load (zero lanes, which keep the padding); stride-2 rows are deinterleaved
+# 16 columns at a time by shuffles.
 _AVX2_LANES = "_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)"
 _AVX2_SETUP = ("const __m256 K0 = _mm256_set1_ps(k[0]), K1 = _mm256_set1_ps(k[1]), "
                "K2 = _mm256_set1_ps(k[2]), K3 = _mm256_set1_ps(k[3]), K4 = _mm256_set1_ps(k[4]), "
@@ -180,6 +188,16 @@ _AVX2_SETUP = ("const __m256 K0 = _mm256_set1_ps(k[0]), K1 = _mm256_set1_ps(k[1]
 _AVX2_FILL = ("for (int64_t j = 0; j < w; j += 8) _mm256_storeu_ps(dst + 1 + j, j + 8 <= w ? "
               "_mm256_loadu_ps(src + j) : _mm256_maskload_ps(src + j, _mm256_cmpgt_epi32("
               f"_mm256_set1_epi32((int)(w - j)), {_AVX2_LANES})));")
+
+
+_AVX2_FILL2 = """for (; 2 * j0 + 16 <= w; j0 += 8) {
+              const __m256 lo = _mm256_loadu_ps(src + 2 * j0), hi = _mm256_loadu_ps(src + 2 * j0 + 8);
+              /* even and odd source columns of 16, each in order after a lane permute */
+              _mm256_storeu_ps(odd + j0, _mm256_castpd_ps(_mm256_permute4x64_pd(
+                  _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8)));
+              _mm256_storeu_ps(dst + 1 + j0, _mm256_castpd_ps(_mm256_permute4x64_pd(
+                  _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8)));
+            }"""
 
 
 def _avx2_row(stride: int) -> str:
@@ -216,10 +234,12 @@ def _source(avx2: bool) -> str:
     parts = [_HEADER + (_AVX2_HEADER if avx2 else "")]
     for t, fma in (("float", "fmaf"), ("double", "fma")):
         parts.append(_WALK.substitute(NAME=f"st_depthwise3x3_{t}", T=t, SETUP="", FILL1=_MEMCPY,
+                                      FILL2="",
                                       ROW1=_generic_row(t, fma, 1), ROW2=_generic_row(t, fma, 2)))
     if avx2:
         parts.append(_WALK.substitute(NAME="st_depthwise3x3_float_avx2", T="float",
-                                      SETUP=_AVX2_SETUP, FILL1=_AVX2_FILL, ROW1=_avx2_row(1),
+                                      SETUP=_AVX2_SETUP, FILL1=_AVX2_FILL, FILL2=_AVX2_FILL2,
+                                      ROW1=_avx2_row(1),
                                       ROW2=_avx2_row(2)))
     return "".join(parts)
 
