@@ -7,8 +7,8 @@ under masks and blends, each a few FMA chains that wait on their latency; a 1024
 layer at 90% sparsity ran at ~40 cycles per stored entry, 1.8x dense ``conv2d``. Here one
 pass holds the whole row of the result in registers: ``ceil(P / 8)`` accumulators (seven
 for 49 columns: independent chains that cover the FMA latency), each stored weight
-broadcast once and multiplied into its row of ``X`` (the last vector under a masked load,
-whose zero lanes are never stored). The bias starts the accumulators and the activation is
+broadcast once and multiplied into its row of ``X`` (the last vector reads on into the
+next row, lanes never stored; under a mask only in ``X``'s last row). The bias starts the accumulators and the activation is
 applied as they are stored. Memory traffic: ``W``'s arrays read once, one row of ``X`` per
 stored entry (``X`` itself, at most 64 columns x the input channels, stays in L2), the
 result written once. Parallel strategy: output rows split statically across threads
@@ -56,13 +56,14 @@ static inline void st_store_part(float* o, __m256 v, int64_t r) {
 }
 
 /* Rows [lo, hi) of y (p columns, V = ceil(p / 8) vectors, a constant so the accumulators
-   live in registers) = clamp(W x + bias, mn, mx). */
+   live in registers) = clamp(W x + bias, mn, mx); x is k x p. */
 #define ST_ROWS(V, I)                                                                    \
-static void st_rows##V##_##I(int64_t lo, int64_t hi, int64_t p, const I* pos,             \
+static void st_rows##V##_##I(int64_t lo, int64_t hi, int64_t k, int64_t p, const I* pos,  \
     const I* crd, const float* val, const float* x, const float* bias, float mn, float mx,   \
     float* y) {                                                                           \
   const __m256i last = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(p - 8 * (V - 1))),      \
                                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));     \
+  const float* xend = x + k * p;                                                          \
   for (int64_t o = lo; o < hi; o++) {                                                     \
     __m256 acc[V];                                                                        \
     const __m256 b = _mm256_set1_ps(bias ? bias[o] : 0.0f);                               \
@@ -72,8 +73,11 @@ static void st_rows##V##_##I(int64_t lo, int64_t hi, int64_t p, const I* pos,   
       const float* xr = x + (int64_t)crd[e] * p;                                          \
       for (int v = 0; v < V - 1; v++)                                                     \
         acc[v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xr + 8 * v), acc[v]);                 \
-      acc[V - 1] = _mm256_fmadd_ps(w, _mm256_maskload_ps(xr + 8 * (V - 1), last),         \
-                                   acc[V - 1]);                                           \
+      /* past the row's end lie the next rows' values (lanes never stored): only the     \
+         last rows of x need the masked load, which costs 15% of the layer when always used */\
+      const __m256 tail = xr + 8 * V <= xend ? _mm256_loadu_ps(xr + 8 * (V - 1))           \
+                                             : _mm256_maskload_ps(xr + 8 * (V - 1), last); \
+      acc[V - 1] = _mm256_fmadd_ps(w, tail, acc[V - 1]);                                  \
     }                                                                                     \
     float* yo = y + o * p;                                                                \
     for (int v = 0; v < V; v++) {                                                         \
@@ -87,7 +91,7 @@ static void st_rows##V##_##I(int64_t lo, int64_t hi, int64_t p, const I* pos,   
 #define ST_NARROW(I)                                                                     \
 ST_ROWS(1, I) ST_ROWS(2, I) ST_ROWS(3, I) ST_ROWS(4, I)                                   \
 ST_ROWS(5, I) ST_ROWS(6, I) ST_ROWS(7, I) ST_ROWS(8, I)                                   \
-void st_spmm_narrow_##I(int64_t n, int64_t p, const I* pos, const I* crd,                 \
+void st_spmm_narrow_##I(int64_t n, int64_t k, int64_t p, const I* pos, const I* crd,      \
     const float* val, const float* x, const float* bias, int64_t act, float* y,            \
     int64_t nt) {                                                                         \
   /* the activation as a clamp (max then min: a NaN passes, as through torch's) */         \
@@ -97,14 +101,14 @@ void st_spmm_narrow_##I(int64_t n, int64_t p, const I* pos, const I* crd,       
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();                    \
     const int64_t lo = n * t / T, hi = n * (t + 1) / T;                                   \
     switch ((p + 7) / 8) {                                                                \
-      case 1: st_rows1_##I(lo, hi, p, pos, crd, val, x, bias, mn, mx, y); break;          \
-      case 2: st_rows2_##I(lo, hi, p, pos, crd, val, x, bias, mn, mx, y); break;          \
-      case 3: st_rows3_##I(lo, hi, p, pos, crd, val, x, bias, mn, mx, y); break;          \
-      case 4: st_rows4_##I(lo, hi, p, pos, crd, val, x, bias, mn, mx, y); break;          \
-      case 5: st_rows5_##I(lo, hi, p, pos, crd, val, x, bias, mn, mx, y); break;          \
-      case 6: st_rows6_##I(lo, hi, p, pos, crd, val, x, bias, mn, mx, y); break;          \
-      case 7: st_rows7_##I(lo, hi, p, pos, crd, val, x, bias, mn, mx, y); break;          \
-      default: st_rows8_##I(lo, hi, p, pos, crd, val, x, bias, mn, mx, y); break;         \
+      case 1: st_rows1_##I(lo, hi, k, p, pos, crd, val, x, bias, mn, mx, y); break;          \
+      case 2: st_rows2_##I(lo, hi, k, p, pos, crd, val, x, bias, mn, mx, y); break;          \
+      case 3: st_rows3_##I(lo, hi, k, p, pos, crd, val, x, bias, mn, mx, y); break;          \
+      case 4: st_rows4_##I(lo, hi, k, p, pos, crd, val, x, bias, mn, mx, y); break;          \
+      case 5: st_rows5_##I(lo, hi, k, p, pos, crd, val, x, bias, mn, mx, y); break;          \
+      case 6: st_rows6_##I(lo, hi, k, p, pos, crd, val, x, bias, mn, mx, y); break;          \
+      case 7: st_rows7_##I(lo, hi, k, p, pos, crd, val, x, bias, mn, mx, y); break;          \
+      default: st_rows8_##I(lo, hi, k, p, pos, crd, val, x, bias, mn, mx, y); break;         \
     }                                                                                     \
   }                                                                                       \
 }
@@ -136,9 +140,9 @@ def spmm_narrow(weight: SparseTensor, x: torch.Tensor, bias: torch.Tensor | None
     m, p = weight.shape[0], x.shape[1]
     out = torch.empty((m, p), dtype=x.dtype)
     nt = runtime.num_threads() if weight._crd1.numel() * p >= _PARALLEL_WORK else 1
-    fn(m, p, weight._pos1.data_ptr(), weight._crd1.data_ptr(), weight._values.data_ptr(),
-       x.data_ptr(), 0 if bias is None else bias.data_ptr(), _ACTIVATIONS[activation],
-       out.data_ptr(), nt)
+    fn(m, x.shape[0], p, weight._pos1.data_ptr(), weight._crd1.data_ptr(),
+       weight._values.data_ptr(), x.data_ptr(), 0 if bias is None else bias.data_ptr(),
+       _ACTIVATIONS[activation], out.data_ptr(), nt)
     return out
 
 
@@ -174,6 +178,6 @@ def _kernel(index_dtype: torch.dtype):
     symbol = "st_spmm_narrow_" + {torch.int32: "int32_t", torch.int64: "int64_t"}[index_dtype]
     I, P = runtime.I64, runtime.PTR
     try:
-        return runtime.load_entries(_SOURCE, {symbol: [I, I, P, P, P, P, P, I, P, I]})[symbol]
+        return runtime.load_entries(_SOURCE, {symbol: [I, I, I, P, P, P, P, P, I, P, I]})[symbol]
     except runtime.KernelBuildError:
         return None
