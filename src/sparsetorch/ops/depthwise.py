@@ -283,9 +283,10 @@ def depthwise3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                          f"{activation!r}")
     dtype = x.dtype
     div = _plane_order(x, shape)
-    if (div is None or weight.dtype != dtype or not weight.is_contiguous()
-            or (bias is not None and (bias.dtype != dtype or not bias.is_contiguous()))
-            or weight.device != x.device or backend() != "c" or _kernel(dtype) is None):
+    if (div is None or weight.dtype != dtype or not weight.is_contiguous() or not weight.is_cpu
+            or (bias is not None and (bias.dtype != dtype or not bias.is_contiguous()
+                                      or not bias.is_cpu))
+            or backend() != "c" or _kernel(dtype) is None):
         return _torch_depthwise(x, weight, bias, stride, activation)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
@@ -297,7 +298,7 @@ def _plane_order(x: torch.Tensor, shape):
     """``div`` such that (H, W) plane ``p`` of ``x``'s memory is channel ``(p // div) % C``:
     N for (C, N, H, W) memory, 1 for NCHW; None for other layouts, devices, and empty or
     overlapping tensors."""
-    if x.device.type != "cpu" or x.layout != torch.strided:
+    if not x.is_cpu or x.layout != torch.strided:
         return None
     n, c, h, w = shape
     if n * c * h * w == 0:

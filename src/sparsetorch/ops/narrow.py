@@ -31,6 +31,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
+from torch import nn
 
 from .. import runtime
 from ..formats import SparseTensor
@@ -137,10 +138,10 @@ def spmm_narrow(weight: SparseTensor, x: torch.Tensor, bias: torch.Tensor | None
     if fn is None:
         return einsum("oc,cp->op", weight, x, bias=None if bias is None else bias[:, None],
                       activation=activation)
-    m, p = weight.shape[0], x.shape[1]
-    out = torch.empty((m, p), dtype=x.dtype)
+    (m, k), p = weight._size, x.shape[1]
+    out = torch.empty((m, p), dtype=torch.float32)
     nt = runtime.num_threads() if weight._crd1.numel() * p >= _PARALLEL_WORK else 1
-    fn(m, x.shape[0], p, weight._pos1.data_ptr(), weight._crd1.data_ptr(),
+    fn(m, k, p, weight._pos1.data_ptr(), weight._crd1.data_ptr(),
        weight._values.data_ptr(), x.data_ptr(), 0 if bias is None else bias.data_ptr(),
        _ACTIVATIONS[activation], out.data_ptr(), nt)
     return out
@@ -148,24 +149,25 @@ def spmm_narrow(weight: SparseTensor, x: torch.Tensor, bias: torch.Tensor | None
 
 def _kernel_for(weight, x, bias):
     """The kernel for these operands, or None where einsum runs (see the module
-    docstring); einsum also checks and reports every bad operand."""
-    if (type(weight) is not SparseTensor or not isinstance(x, torch.Tensor) or x.dim() != 2
-            or x.dtype != torch.float32 or not 0 < x.shape[1] <= MAX_COLUMNS
-            or weight.dim() != 2 or weight.shape[1] != x.shape[0] or x.device.type != "cpu"
-            or not x.is_contiguous() or weight.dtype != torch.float32
-            or weight.format.name != "csr" or backend() != "c"):
+    docstring); einsum also checks and reports every bad operand. (The weight's own fields
+    are read, not its torch attributes: on the SparseTensor subclass each of those is a
+    Python call, and a 7 x 7 layer's kernel takes only tens of microseconds.)"""
+    if type(weight) is not SparseTensor or weight._format.name != "csr":
         return None
-    values = weight._values
-    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dtype != torch.float32
-                             or bias.shape != (weight.shape[0],) or not bias.is_contiguous()
-                             or bias.device.type != "cpu"):
+    values, (m, k) = weight._values, weight._size
+    if (type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 2
+            or not 0 < x.shape[1] <= MAX_COLUMNS or x.shape[0] != k or not x.is_cpu
+            or not x.is_contiguous() or values.dtype != torch.float32 or not values.is_cpu
+            or not values.is_contiguous() or backend() != "c"):
+        return None
+    if bias is not None and (type(bias) is not torch.Tensor and type(bias) is not nn.Parameter
+                             or bias.dtype != torch.float32 or bias.shape != (m,)
+                             or not bias.is_contiguous() or not bias.is_cpu):
         return None
     if torch.is_grad_enabled() and (values.requires_grad or x.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         return None
-    if not values.is_contiguous() or values.device.type != "cpu":
-        return None
-    return _kernel(weight.index_dtype)
+    return _kernel(weight._crd1.dtype)
 
 
 @lru_cache(maxsize=None)
