@@ -219,15 +219,16 @@ def _avx2_row(stride: int) -> str:
     return "\n          ".join(lines + ["}"])
 
 
-_AVX2_HEADER = r"""#include <immintrin.h>
-/* The first r (< 8) lanes of v into o by 4-, 2- and 1-lane stores. */
-static inline void st_store_part(float* o, __m256 v, int64_t r) {
+# The first r (< 8) lanes of a float vector stored by 4-, 2- and 1-lane stores (AMD's masked
+# stores are microcoded: one cost as much as a short row); ``narrow.py`` uses it too.
+STORE_PART_C = r"""static inline void st_store_part(float* o, __m256 v, int64_t r) {
   __m128 q = _mm256_castps256_ps128(v);
   if (r >= 4) { _mm_storeu_ps(o, q); q = _mm256_extractf128_ps(v, 1); o += 4; r -= 4; }
   if (r >= 2) { _mm_storel_pi((__m64*)o, q); q = _mm_movehl_ps(q, q); o += 2; r -= 2; }
   if (r >= 1) _mm_store_ss(o, q);
 }
 """
+_AVX2_HEADER = "#include <immintrin.h>\n" + STORE_PART_C
 
 
 def _source(avx2: bool) -> str:

@@ -35,6 +35,7 @@ from torch import nn
 
 from .. import runtime
 from ..formats import SparseTensor
+from .depthwise import STORE_PART_C
 from .einsum import einsum
 from .policy import backend
 
@@ -46,15 +47,7 @@ _SOURCE = r"""/* the narrow CSR SpMM kernel (ops/narrow.py) */
 #include <stdint.h>
 #include <immintrin.h>
 #include <omp.h>
-
-/* The first r (< 8) lanes of v into o by 4-, 2- and 1-lane stores (AMD's masked stores are
-   microcoded: one cost as much as a short row). */
-static inline void st_store_part(float* o, __m256 v, int64_t r) {
-  __m128 q = _mm256_castps256_ps128(v);
-  if (r >= 4) { _mm_storeu_ps(o, q); q = _mm256_extractf128_ps(v, 1); o += 4; r -= 4; }
-  if (r >= 2) { _mm_storel_pi((__m64*)o, q); q = _mm_movehl_ps(q, q); o += 2; r -= 2; }
-  if (r >= 1) _mm_store_ss(o, q);
-}
+""" + STORE_PART_C + r"""
 
 /* Rows [lo, hi) of y (p columns, V = ceil(p / 8) vectors, a constant so the accumulators
    live in registers) = clamp(W x + bias, mn, mx); x is k x p. */
