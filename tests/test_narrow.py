@@ -1,4 +1,4 @@
-"""``st.ops.spmm_narrow`` (CSR weight x at most 64 dense columns, bias and activation
+"""``st.ops.spmm_narrow`` (CSR weight x at most 256 dense columns, bias and activation
 fused) against dense torch: column counts around the vector width, empty rows and an empty
 pattern, int32/int64 indices, two threads, and the einsum fallback (wide, float64,
 gradients), through ``SparseConv2d`` on 7 x 7 inputs too."""
@@ -30,7 +30,7 @@ def test_matches_dense(index_dtype):
     assert W.index_dtype == index_dtype
     if vector_isa() is not None:   # the kernel runs here (not einsum)
         assert _kernel_for(W, torch.randn(40, 49), None) is not None
-    for p in (1, 7, 8, 9, 17, 49, 64):
+    for p in (1, 7, 8, 9, 17, 49, 64, 65, 196, 256):   # one chunk of 64 columns, several
         x = torch.randn(40, p)
         for act, bias in ((None, None), ("relu", torch.randn(13)), ("relu6", torch.randn(13))):
             ref = ACT[act](dense @ x + (0 if bias is None else bias[:, None]))
@@ -52,9 +52,9 @@ def test_empty_pattern_two_threads_and_fallbacks():
                                    F.relu(dense @ x), rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(old)
-    # wider than 64 columns, float64: einsum, the same results
+    # wider than 256 columns, float64: einsum, the same results
     dense, W = _weight(9, 20, 0.4)
-    x = torch.randn(20, 65)
+    x = torch.randn(20, 257)
     torch.testing.assert_close(st.ops.spmm_narrow(W, x), dense @ x, rtol=1e-5, atol=1e-5)
     dense64, W64 = _weight(9, 20, 0.4, dtype=torch.float64)
     x64 = torch.randn(20, 30, dtype=torch.float64)
@@ -78,7 +78,7 @@ def test_sparse_conv_on_seven_by_seven():
     conv = torch.nn.Conv2d(32, 24, 1)
     layer = st.nn.SparseConv2d.from_dense(conv, sparsity=0.8, activation="relu6")
     w = layer.weight.to_dense()[:, :, None, None]
-    for x in (torch.randn(1, 32, 7, 7), torch.randn(1, 32, 14, 14)):   # narrow / einsum
+    for x in (torch.randn(1, 32, 7, 7), torch.randn(1, 32, 28, 28)):   # narrow / einsum
         with torch.no_grad():
             y = layer(x)
         torch.testing.assert_close(y, F.relu6(F.conv2d(x, w, conv.bias)), rtol=1e-5, atol=1e-5)

@@ -5,8 +5,9 @@ P)`` with ``P`` the pixels. With the activations in CHW order (each channel's pi
 contiguous) and ``W`` sparse, that is the generated SpMM kernel: pixel strips in vector
 registers, each stored weight loaded once per strip, the bias and ReLU/ReLU6 applied as the
 registers are written (``st.einsum("oc,cp->op", W, X, bias=, activation=)``). Inputs of at
-most 64 pixels (MobileNet's 7 x 7 layers at batch 1) run ``st.ops.spmm_narrow`` instead,
-which holds a whole output row in registers (2.2x the generated kernel at 49 pixels).
+most 256 pixels (MobileNet's 14 x 14 and 7 x 7 layers at batch 1) run ``st.ops.spmm_narrow``
+in inference instead, which holds 64 columns of an output row in registers (2.2x the
+generated kernel at 49 pixels, 1.1-1.3x at 196).
 
 Layout: a batch of ``N`` images is folded into the pixels, ``X = (Cin, N*H*W)``. The result
 is returned as an ordinary ``(N, Cout, H, W)`` tensor whose memory is ``(Cout, N, H, W)``
@@ -169,7 +170,7 @@ class SparseConv2d(SparseLinear):
         # one image in NCHW memory: its (C, H*W) matrix and the result are plain views
         single = n == 1 and x.is_contiguous()
         cols = x.view(c, h * w) if single else channels_first(x)
-        if n * h * w <= NARROW_COLUMNS:   # few pixels (7 x 7): one pass per row, all in registers
+        if n * h * w <= NARROW_COLUMNS:   # few pixels: a row's 64-column chunks in registers
             y = spmm_narrow(weight, cols, bias, self.activation)
         else:
             y = einsum("oc,cp->op", weight, cols, bias=None if bias is None else bias.unsqueeze(1),
