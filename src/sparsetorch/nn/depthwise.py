@@ -6,12 +6,11 @@ A depthwise convolution treats each channel alone, so a batch in (C, N, H, W) me
 set of ``C*N`` (H, W) planes, channel ``c`` of image ``n`` at ``c*N + n``. The 3x3 ones
 with padding 1 and stride 1 or 2 (every depthwise layer of MobileNet v1/v2) run
 ``st.ops.depthwise3x3``, a C kernel over those planes with the bias and activation fused
-(1.4-6x PyTorch's NCHW depthwise kernel at every MobileNet shape measured, batch 1, one
-thread, so it is always used; torch's channels_last kernel would need a transposing copy on
-each side);
-others run PyTorch's own depthwise kernel on the (1, C*N, H, W) view with each filter
-repeated ``N`` times (no copy), or, for other layouts and every batch of one, an ordinary
-``conv2d``.
+(1.3-2.9x PyTorch's NCHW depthwise kernel at every MobileNet shape measured, more at
+112 x 112; batch 1, one thread; so it is always used: PyTorch's channels_last kernel would
+need a transposing copy on each side). Others run PyTorch's own depthwise kernel on the
+(1, C*N, H, W) view with each filter repeated ``N`` times (no copy), or, for other layouts
+and every batch of one, an ordinary ``conv2d``.
 
 Example:
     >>> import torch, sparsetorch as st

@@ -12,9 +12,9 @@ columns apart, so every tap is a unit-stride load); an output row pair is then o
 over vectors of pixels, the bias added first and the activation applied before the single
 store. Memory traffic: the input read once (into the buffer, which stays in L1), the output
 written once; filter and bias are ten values per plane. Measured at MobileNet v1/v2's
-shapes (batch 1, one thread, float32, AVX2 on AMD Zen): 1.4-6x PyTorch's NCHW depthwise
-kernel and 0.8-1.6x its channels_last one (which would need a transposing copy on each
-side here).
+shapes (batch 1, one thread, float32, AVX2 on AMD Zen 1): 1.3-2.9x PyTorch's NCHW
+depthwise kernel (3-7x at 112 x 112) and 0.7-1.9x its channels_last one (which would need
+a transposing copy on each side here).
 
 The gradient (``weight``, ``bias`` or ``x`` requiring one) is torch's: the backward runs
 ``torch.nn.grad.conv2d_input`` / ``conv2d_weight`` on the gradient masked by the
