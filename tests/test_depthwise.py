@@ -132,3 +132,12 @@ def test_layer_uses_the_kernel_for_3x3_and_torch_otherwise():
     layer = ChannelsFirstDepthwise.from_dense(nn.Conv2d(4, 4, 3, 1, 1, groups=4), "relu6")
     layer(x).sum().backward()
     assert layer.weight.grad is not None and layer.bias.grad is not None
+
+
+@pytest.mark.slow   # (dynamo's first trace in a process: about a minute on 2 busy cores)
+def test_traced_by_torch_compile():
+    # dynamo's fake tensors have no memory: the ops take torch's path (and einsum's) there
+    x, wt, b = torch.randn(1, 4, 7, 7), torch.randn(4, 1, 3, 3), torch.randn(4)
+    fn = torch.compile(lambda x: st.ops.depthwise3x3(x, wt, b, 2, "relu6"), backend="eager",
+                       fullgraph=True)
+    torch.testing.assert_close(fn(x), _reference(x, wt, b, 2, "relu6"))

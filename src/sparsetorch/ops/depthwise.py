@@ -41,6 +41,7 @@ from .. import runtime
 from .policy import backend
 
 ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
+_is_compiling = torch.compiler.is_compiling
 _TORCH_ACTIVATION = {None: None, "relu": F.relu, "relu6": F.relu6}
 
 _HEADER = """/* the depthwise 3x3 convolution kernels (ops/depthwise.py) */
@@ -255,7 +256,7 @@ def depthwise3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     (N, C, H, W) and ``weight`` (C, 1, 3, 3). The result has ``x``'s memory layout: (C, N,
     H, W) memory in, (C, N, OH, OW) memory out (``nn.SparseConv2d``'s), else NCHW. Run by
     this module's kernel for float32/float64 CPU tensors whose memory is (C, N, H, W) or
-    NCHW (under the C backend); anything else by torch.
+    NCHW (under the C backend, not while ``torch.compile`` traces); anything else by torch.
 
     Example:
         >>> import torch
@@ -283,7 +284,7 @@ def depthwise3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         raise ValueError(f"depthwise3x3: activation must be one of {tuple(ACTIVATIONS)}, got "
                          f"{activation!r}")
     dtype = x.dtype
-    div = _plane_order(x, shape)
+    div = None if _is_compiling() else _plane_order(x, shape)   # traced: torch's (no pointers)
     if (div is None or weight.dtype != dtype or not weight.is_contiguous() or not weight.is_cpu
             or (bias is not None and (bias.dtype != dtype or not bias.is_contiguous()
                                       or not bias.is_cpu))

@@ -19,7 +19,7 @@ one thread, 90% sparsity) against the generated kernel: 2.2x at 49 columns, 1.1-
 196; at 784 and more columns it was as often slower, so those stay with einsum.
 
 Used for float32 CPU tensors on AVX2 (or AVX-512) CPUs with the C backend, and only where
-no gradient is recorded; everything else is ``st.einsum("oc,cp->op", ...)``, which this
+no gradient is recorded and ``torch.compile`` is not tracing; everything else is ``st.einsum("oc,cp->op", ...)``, which this
 matches up to rounding (the bias is added first here, last there).
 
 Example:
@@ -45,6 +45,7 @@ from .policy import backend
 
 MAX_COLUMNS = 256   # (measured against einsum: chunks of 64 won up to 14 x 14 = 196 pixels)
 _ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
+_is_compiling = torch.compiler.is_compiling
 _PARALLEL_WORK = 1 << 15   # stored entries x columns below which one thread is as fast
 
 _SOURCE = r"""/* the narrow CSR SpMM kernel (ops/narrow.py) */
@@ -154,7 +155,7 @@ def _kernel_for(weight, x, bias):
     docstring); einsum also checks and reports every bad operand. (The weight's own fields
     are read, not its torch attributes: on the SparseTensor subclass each of those is a
     Python call, and a 7 x 7 layer's kernel takes only tens of microseconds.)"""
-    if type(weight) is not SparseTensor or weight._format.name != "csr":
+    if type(weight) is not SparseTensor or weight._format.name != "csr" or _is_compiling():
         return None
     values, (m, k) = weight._values, weight._size
     if (type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 2
