@@ -68,8 +68,9 @@ class ChannelsFirstDepthwise(nn.Module):
         return cls(conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._fused_3x3 is not None:
-            return depthwise3x3(x, self.weight, self.bias, self._fused_3x3, self.activation)
+        stride = getattr(self, "_fused_3x3", None)   # (None in a module pickled before it)
+        if stride is not None:
+            return depthwise3x3(x, self.weight, self.bias, stride, self.activation)
         n, c = x.shape[:2]
         cnhw = x.permute(1, 0, 2, 3)
         if n > 1 and cnhw.is_contiguous():
