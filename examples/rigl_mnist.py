@@ -5,6 +5,7 @@
     python examples/rigl_mnist.py                          # full grid, paper-like budget (long)
     python examples/rigl_mnist.py --epochs 3 --seeds 0,1   # the reduced 2-core budget
     python examples/rigl_mnist.py --paper-point            # + fc1 99%, fc2 89%, fc3 dense
+    python examples/rigl_mnist.py --sparsities "" --no-dense --paper-point --epochs 20
     torchrun --nproc_per_node 2 examples/rigl_mnist.py     # DDP (gloo), data split by rank
 
 Each run (method x sparsity x distribution x seed) trains with SGD (momentum 0.9, lr 0.1,
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import statistics
+import warnings
 from pathlib import Path
 
 import torch
@@ -100,6 +102,10 @@ def train_one(run, args, data, rank, world, progress):
     model = nn.parallel.DistributedDataParallel(net) if world > 1 else net
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, total)
+    # a mask-update iteration makes no optimizer step (as in the paper); when the first one
+    # does not, torch takes the scheduler's step for a call-order mistake and warns
+    warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)` before",
+                            UserWarning)
     trainer = make_trainer(run, model, opt, total, args.delta_t)
     ckpt = Path(args.workdir) / f"{run['key']}.pt"
     order = torch.Generator().manual_seed(1000 + run["seed"])
@@ -140,7 +146,7 @@ def runs_of(args):
         out += [{"method": "dense", "sparsity": 0.0, "distribution": "-", "seed": s}
                 for s in seeds]
     # methods innermost: a partial run already compares them at the first settings
-    for sp in (float(v) for v in args.sparsities.split(",")):
+    for sp in (float(v) for v in args.sparsities.split(",") if v):   # "": no grid
         for distribution in args.distributions.split(","):
             for method in args.methods.split(","):
                 out += [{"method": method, "sparsity": sp, "distribution": distribution,

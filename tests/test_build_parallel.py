@@ -129,3 +129,43 @@ def test_first_call_builds_the_dispatcher_beside_its_kernel(cache, slow_cc, monk
     (d0, d1, _), (k0, k1, _) = dispatcher[0], kernels[0]
     assert d0 < k1 and k0 < d1, spans                  # the two builds overlapped
     forget_call_memo()
+
+
+@pytest.mark.parametrize("expr,sparse_out", [("ij,jk->ik", False), ("ij,ik,jk->ij", True)])
+def test_forward_prefetches_the_kernels_backward_loads(cache, monkeypatch, expr, sparse_out):
+    """The first recorded call starts building its gradient kernels right after its forward
+    (SpMM: dX = A^T G and dA = SDDMM; SDDMM: two SpMMs), so loss.backward() finds each one
+    built or building: every kernel backward loads was prefetched, and gradients are right."""
+    from sparsetorch.autograd import function
+
+    monkeypatch.setattr(function, "_PREFETCHED", set())
+    prefetched, loaded, real_prefetch, real_load = [], [], rt.prefetch, rt.load_entries
+    monkeypatch.setattr(rt, "prefetch", lambda src: prefetched.append(src) or real_prefetch(src))
+    monkeypatch.setattr(rt, "load_entries",
+                        lambda src, sigs: loaded.append(src) or real_load(src, sigs))
+    forget_call_memo()
+    g = torch.Generator().manual_seed(0)
+    dense = torch.rand(5, 4, generator=g, dtype=torch.float64) * (torch.rand(5, 4) < 0.5)
+    A = st.tensor(dense).requires_grad_()
+    if sparse_out:
+        x = torch.rand(5, 3, dtype=torch.float64, generator=g, requires_grad=True)
+        y = torch.rand(4, 3, dtype=torch.float64, generator=g, requires_grad=True)
+        out = st.einsum(expr, A, x, y)
+        want = ((dense != 0) * dense * (x @ y.T)).sum()
+        got, inputs = out.values.sum(), (x, y)
+    else:
+        x = torch.rand(4, 3, dtype=torch.float64, generator=g, requires_grad=True)
+        got, want, inputs = (st.einsum(expr, A, x) ** 2).sum(), ((dense @ x) ** 2).sum(), (x,)
+    assert len(prefetched) >= 2
+    loaded.clear()
+    got.backward()
+    backward = [s for s in loaded if "st_fast_call" not in s]
+    assert backward and set(backward) <= set(prefetched), "backward built a kernel itself"
+    dense_leaf = dense.clone().requires_grad_()
+    x_leaf = [t.detach().clone().requires_grad_() for t in inputs]
+    ((dense_leaf != 0) * dense_leaf * (x_leaf[0] @ x_leaf[1].T)).sum().backward() if sparse_out \
+        else ((dense_leaf @ x_leaf[0]) ** 2).sum().backward()
+    for t, ref in zip(inputs, x_leaf):
+        torch.testing.assert_close(t.grad, ref.grad)
+    torch.testing.assert_close(A.grad.to_dense(), dense_leaf.grad * (dense != 0))
+    forget_call_memo()

@@ -461,7 +461,7 @@ def test_medium_roundtrip_every_pair(shape, density):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64,
                                    torch.float16, torch.bfloat16])
 def test_csr_csc_swap_in_every_value_dtype(dtype):
-    """CSR <-> CSC by scipy's counting sort (``convert._swap_compressed``): values scipy
+    """CSR <-> CSC by scipy's counting sort (``scipy_routes.swap_compressed``): values scipy
     takes are moved by it, others (float16, bfloat16) and values recording a gradient are
     gathered by torch; indices keep their width; nothing aliases the source."""
     x = random_dense((37, 23), 0.3, torch.float64, 12).to(dtype)
@@ -515,3 +515,68 @@ def test_level_expand_matches_expand_all():
             want_coord = torch.arange(n) if coord_all is None else coord_all.long()
             assert torch.equal(owner, want_owner) and torch.equal(coord, want_coord)
             count = n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64,
+                                   torch.float16, torch.bfloat16])
+def test_scipy_routes_match_the_general_path(dtype):
+    """COO data -> CSR/CSC and CSR -> COO by scipy's routines (``formats/scipy_routes.py``)
+    give exactly what the general ``pack`` path gives (dtypes scipy does not take, and values
+    recording a gradient, take that path): shuffled input with duplicates, empty rows and
+    columns, nnz = 0, both index widths; results share no memory with their inputs."""
+    from sparsetorch.formats.pack import pack
+
+    g = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, 40, (2, 600), generator=g)
+    idx[0][idx[0] == 7] = 8                            # an empty row
+    idx[1][idx[1] == 11] = 12                          # an empty column
+    vals = torch.randint(-4, 5, (600,), generator=g).to(dtype)
+    for n in (600, 0):
+        for fmt in ("csr", "csc"):
+            for index_dtype in (None, torch.int64):
+                a = st.tensor((idx[:, :n], vals[:n]), shape=(40, 41), format=fmt,
+                              index_dtype=index_dtype)
+                arrays, stored = pack(a.format, (40, 41), idx[:, :n], vals[:n], index_dtype)
+                assert a.index_dtype == arrays["pos1"].dtype
+                for k in arrays:
+                    assert torch.equal(a._level_arrays[k], arrays[k]), (fmt, k)
+                assert torch.equal(a.values, stored)
+                check_invariants(a)
+                ptrs = {t.untyped_storage().data_ptr() for t in (idx, vals)}
+                assert not any(t.numel() and t.untyped_storage().data_ptr() in ptrs
+                               for t in [a.values, *a._level_arrays.values()])
+        csr = st.tensor((idx[:, :n], vals[:n]), shape=(40, 41), format="csr")
+        coo = csr.asformat("coo")
+        want = st.tensor((idx[:, :n], vals[:n]), shape=(40, 41), format="coo")
+        for k in want._level_arrays:
+            assert torch.equal(coo._level_arrays[k], want._level_arrays[k]), k
+        assert torch.equal(coo.values, want.values)
+        check_invariants(coo)
+        assert not {t.untyped_storage().data_ptr() for t in coo._level_arrays.values()
+                    if t.numel()} & {t.untyped_storage().data_ptr()
+                                     for t in csr._level_arrays.values() if t.numel()}
+        for fmt in ("csr", "csc"):                     # a COO tensor back: a counting sort
+            back, want = coo.asformat(fmt), csr.asformat(fmt, index_dtype=csr.index_dtype)
+            for k in want._level_arrays:
+                assert torch.equal(back._level_arrays[k], want._level_arrays[k]), (fmt, k)
+            assert torch.equal(back.values, want.values)
+    if dtype.is_floating_point:       # a gradient flows through the general path
+        w = vals.clone().requires_grad_()
+        st.tensor((idx, w), shape=(40, 41), format="csr").values.sum().backward()
+        assert torch.equal(w.grad, torch.ones_like(w))
+
+
+def test_ordered_level_validation_names_the_first_bad_pair():
+    """The one-pass check of an ordered level (a step at most 0 inside a segment) reports
+    the first unsorted or duplicate pair and accepts a segment that starts lower."""
+    def csr(pos, crd):
+        return st.SparseTensor.from_levels((3, 5), "csr", {"pos1": torch.tensor(pos),
+                                                           "crd1": torch.tensor(crd)},
+                                           torch.ones(len(crd)))
+    assert csr([0, 2, 2, 4], [1, 4, 0, 3]).nnz == 4      # 4 -> 0 crosses a segment: fine
+    with pytest.raises(ValueError, match=r"unsorted coordinates at positions 2 and 3 \(3, 0\)"):
+        csr([0, 2, 4, 4], [1, 4, 3, 0])
+    with pytest.raises(ValueError, match=r"duplicate coordinates at positions 0 and 1 \(2, 2\)"):
+        csr([0, 2, 2, 3], [2, 2, 0])
+    with pytest.raises(ValueError, match=r"duplicate coordinates at positions 2 and 3 \(2, 2\)"):
+        csr([0, 0, 0, 5], [0, 1, 2, 2, 3])

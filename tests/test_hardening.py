@@ -91,6 +91,21 @@ def test_issue31_7_spgemm_too_large_is_refused_fast():
         assert "(200000, 200000)" in str(err.value) and "GiB" in str(err.value)
 
 
+@pytest.mark.parametrize("equation,formats", [("ij,jk->ik", ("coo", "csc")),
+                                              ("ji,jk->ik", ("csc", "coo")),
+                                              ("ij,kj->ki", ("dcsr", "csr"))])
+def test_issue31_7_too_large_is_refused_fast_in_any_format(equation, formats):
+    """Operands stored otherwise than by the product's rows are converted for the bound."""
+    column, row = _column_times_row(200_000)
+    a = column if equation[0] == "i" else column.T.asformat("csr")     # (j, i) when "ji"
+    b = row if equation[3:5] == "jk" else row.T.asformat("csr")        # (k, j) when "kj"
+    a, b = a.asformat(formats[0]), b.asformat(formats[1])
+    t0 = time.perf_counter()
+    with pytest.raises(MemoryError, match="at least 40,000,000,000 entries"):
+        st.einsum(equation, a, b)
+    assert time.perf_counter() - t0 < 1.0
+
+
 def test_issue31_7_entry_bounds_hold_on_random_products():
     from sparsetorch.ops.result_size import entry_bounds
 
@@ -99,9 +114,15 @@ def test_issue31_7_entry_bounds_hold_on_random_products():
         a = (torch.rand(30, 20, generator=g) < density).double()
         b = (torch.rand(20, 25, generator=g) < density).double()
         a[3] = 0   # an empty row
-        lower, upper = entry_bounds(st.tensor(a, "csr"), st.tensor(b, "csr"))
         exact = int(((a @ b) != 0).sum())
-        assert lower <= exact <= upper
+        for fa, fb in (("csr", "csr"), ("coo", "csc"), ("dcsc", "coo")):
+            lower, upper = entry_bounds(st.tensor(a, fa), st.tensor(b, fb))
+            assert lower <= exact <= upper
+            # the same product from transposed storage
+            lower_t, upper_t = entry_bounds(st.tensor(a.T.contiguous(), fa),
+                                            st.tensor(b.T.contiguous(), fb),
+                                            a_transposed=True, b_transposed=True)
+            assert (lower_t, upper_t) == (lower, upper)
 
 
 # -- item 4: unchecked levels reached kernels -------------------------------------------------

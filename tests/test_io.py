@@ -390,6 +390,17 @@ def test_smtx_bad_files(tmp_path, text, message):
     assert "bad.smtx" in str(e.value)
 
 
+def test_smtx_integers_beyond_int64_are_refused(tmp_path):
+    """numpy's parser saturates them (an offset 2^63 - 1 would pass the range checks on a
+    header that agrees); read_smtx names the number, as read_mtx does."""
+    for text, where in [("2, 4, 2\n0 1 2\n2 99999999999999999999\n", "line 3"),
+                        ("2, 4, 2\n0 -99999999999999999999 2\n1 3\n", "line 2")]:
+        p = _write(tmp_path, text, "big.smtx")
+        with pytest.raises(ValueError, match=f"{where} .* holds b'-?9+' at position 1, "
+                                             "beyond the int64 range"):
+            read_smtx(p)
+
+
 def test_smtx_bad_arguments(tmp_path):
     p = _write(tmp_path, SMTX, "w.smtx")
     with pytest.raises(ValueError, match="values='gauss' is not a rule"):

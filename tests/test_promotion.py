@@ -84,3 +84,33 @@ def test_issue31_1_any_scalar_scales_as_torch(dtype, scalar):
     same(A * scalar, d * scalar)
     if scalar != 0:
         same(A / scalar, d / scalar)
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype,bias_dtype", [
+    (torch.int64, torch.float32, torch.float32), (torch.int32, torch.int32, torch.float64),
+    (torch.float32, torch.float64, torch.float32)], ids=str)
+def test_issue31_1_fused_bias_and_activation_promote_as_torch(a_dtype, b_dtype, bias_dtype):
+    """``st.einsum(..., bias=, activation=)`` (one fused kernel) gives torch's result type of
+    ``activation(einsum(...) + bias)``: the bias takes part in the promotion."""
+    A = st.tensor(BASE.to(a_dtype), "csr")
+    x = torch.tensor([1, -2, 3, 1]).to(b_dtype)
+    bias = torch.tensor([0.5, -40.0, 2.0]).to(bias_dtype)
+    common = torch.promote_types(a_dtype, b_dtype)        # (torch's matmul does not promote)
+    ref = BASE.to(common) @ x.to(common)
+    same(st.einsum("ij,j->i", A, x, bias=bias, activation="relu"), torch.relu(ref + bias))
+    same(st.einsum("ij,j->i", A, x, bias=bias), ref + bias)
+
+
+@pytest.mark.slow   # a torch.compile trace (~5-10 s)
+def test_issue31_1_traced_lazy_expressions_promote_as_torch():
+    """Under torch.compile a lazy expression crosses into the graph as a string; whether a
+    float scalar or map takes part crosses with it (``A * 0.5`` on int64 values gave 0)."""
+    A = st.tensor(BASE, "csr")
+    x = torch.rand(3, 4)
+
+    def f(A, x):
+        return (st.lazy(A) * 0.5).eval(), (st.lazy(A) * 0.5 + st.lazy(x)).eval()
+
+    scaled, summed = torch.compile(f)(A, x)
+    same(scaled, BASE * 0.5)
+    same(summed, BASE * 0.5 + x)

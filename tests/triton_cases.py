@@ -282,3 +282,24 @@ def test_long_matrix():
     Y = dense((300, 80), torch.float32, 32)
     check(lambda a, y, x: st.einsum("ij,ik,jk->ij", a, y, x), (A, Y, X),
           lambda a, y, x: a * (y @ x.T), "sparse", "sampled")
+
+
+def test_torch_compile_records_triton_launches():
+    """Under torch.compile a call becomes one ``sparsetorch::triton_call`` node that runs
+    the Triton kernel (SpMM with a fused ReLU, and SDDMM), not the dense fallback."""
+    from sparsetorch.ops import custom_ops, triton_ops  # noqa: F401 (registers the op)
+
+    a = matrix(9, 7, torch.float32, 11)
+    A = st.tensor(a, "csr")
+    x, y = dense((7, 5), torch.float32, 12), dense((9, 5), torch.float32, 13)
+
+    def f(A, x, y):   # one trace for both (each costs seconds)
+        return (st.einsum("ij,jk->ik", A, x, activation="relu"),
+                st.einsum("ij,ik,jk->ij", A, y, x))
+
+    spmm, sddmm = torch.compile(f, backend="aot_eager", fullgraph=True)(A, x, y)
+    torch.testing.assert_close(spmm, torch.relu(a @ x))
+    torch.testing.assert_close(sddmm.to_dense(), a * (y @ x.T))
+    assert triton_run.stats["rows"] >= 1 and triton_run.stats["sampled"] >= 1, triton_run.stats
+    assert not triton_run.stats["fallback"], triton_run.stats
+    assert custom_ops.CALLS == {"dense": 0, "sampled": 0, "emit": 0}   # no C kernel ran

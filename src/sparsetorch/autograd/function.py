@@ -4,14 +4,17 @@ Its explicit inputs are the dense operands and the *values* of the sparse operan
 autograd tracks exactly what can require grad; the level arrays ride along in a plan object.
 Forward runs the compiled kernel as the no-grad path does; backward asks ``derive.py`` for one
 gradient expression per operand and runs it through ``evaluate`` (itself differentiable, so
-``create_graph=True`` gives second derivatives).
+``create_graph=True`` gives second derivatives). The first time a call is recorded, the
+kernels its backward will need start building right after its forward (``_prefetch_backward``),
+so a cold training step compiles them side by side with the rest of the forward pass instead
+of one after another inside ``loss.backward()``.
 """
 from __future__ import annotations
 
 import torch
 
 from ..formats.tensor import SparseTensor
-from ..ops.execute import run
+from ..ops.execute import _signature, prefetch, run
 from .derive import operand_grad
 
 _is_grad_enabled = torch.is_grad_enabled
@@ -91,6 +94,44 @@ def evaluate(assignment, operands, out_format=None, what="expression", alias=Non
     plan = _Plan(assignment, operands, out_format, what, alias)
     inputs = [t.values if isinstance(t, SparseTensor) else t for t in operands]
     out = _ExprFunction.apply(plan, *inputs)
-    if plan.out_pattern is not None:
-        return plan.out_pattern.with_values(out)
-    return out
+    result = out if plan.out_pattern is None else plan.out_pattern.with_values(out)
+    _prefetch_backward(plan, result)
+    return result
+
+
+_PREFETCHED: set = set()   # call signatures (grad mode off) whose backward was prefetched
+
+
+class _Prefetched(Exception):
+    """Stops a gradient derivation once its first kernel is prefetched."""
+
+
+def _prefetch_evaluate(assignment, operands, out_format=None, what="", alias=None):
+    prefetch(assignment, operands, out_format)
+    # The derivation would go on with this result (a product's gradient: its only kernel;
+    # a unary map's: an inner value first): stop here, backward builds anything later.
+    raise _Prefetched
+
+
+def _prefetch_backward(plan: _Plan, result) -> None:
+    """Prefetch the gradient kernel of each operand that requires grad, the first time this
+    call signature is recorded, with a stand-in of the output gradient (uninitialised, of the
+    result's shape and pattern). Only a hint: a derivation that cannot run on the stand-in
+    is left to backward, which builds (and reports errors) as it always does."""
+    with torch.no_grad():
+        key = _signature(plan.assignment, plan.operands, plan.out_format)
+    if key is None or key in _PREFETCHED:
+        return
+    _PREFETCHED.add(key)
+    if isinstance(result, SparseTensor):
+        stand_in = result.with_values(torch.empty_like(result.values))
+    else:
+        stand_in = torch.empty_like(result)
+    with torch.no_grad():
+        for n, t in enumerate(plan.operands):
+            if getattr(t, "requires_grad", False):
+                try:
+                    operand_grad(plan.assignment, plan.operands, n, stand_in,
+                                 _prefetch_evaluate)
+                except Exception:  # noqa: BLE001 - a hint only; backward builds and raises
+                    pass

@@ -2,7 +2,7 @@
 
 Every route goes through coordinates (``pack``/``unpack_rows``), or wraps level arrays
 directly where the layouts coincide (scipy/torch CSR, CSC, BSR need no sort, only validation);
-CSR <-> CSC on the CPU is scipy's counting sort (``_swap_compressed``).
+2-D CSR/CSC/COO conversions on the CPU take scipy's C routines (``scipy_routes``).
 Entries are preserved: converting keeps explicit zeros (BSR blocks, values that became 0),
 except from a dense *format*, which stores every entry and converts like a dense tensor
 (zeros dropped).
@@ -13,17 +13,16 @@ import warnings
 
 import numpy as np
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor
 
 from .format import Format, as_format, compressed, dense
 from .pack import choose_index_dtype, pack, unpack_rows
+from .scipy_routes import (SCIPY_VALUES, as_scipy, compressed_to_coo, coo_tensor_to_compressed,
+                           coo_to_compressed, plain_cpu, scipy_takes_arrays,
+                           scipy_takes_values, swap_compressed)
 from .tensor import SparseTensor, map_arrays
 from .validate import (check_blocks, check_coords, check_dtype_argument, check_index_tensor,
                        check_same_device, check_shape, check_value_dtype)
 
-# Value dtypes scipy's sparse routines take as they are (others: their positions are sorted).
-_SCIPY_VALUES = (torch.float32, torch.float64, torch.int32, torch.int64)
 _TORCH_COMPRESSED = {torch.sparse_csr: ("crow_indices", "col_indices", (0, 1)),
                      torch.sparse_csc: ("ccol_indices", "row_indices", (1, 0)),
                      torch.sparse_bsr: ("crow_indices", "col_indices", (0, 1)),
@@ -110,7 +109,8 @@ def _from_dense(x: torch.Tensor, format, shape=None, blocksize=None,
     check_blocks(fmt, x.shape, "st.tensor(data)")
     if fmt.is_dense:
         return SparseTensor(x.shape, fmt, {}, _dense_layout(x, fmt))
-    if fmt.name in ("csr", "csc") and _scipy_takes_dense(x):
+    if fmt.name in ("csr", "csc") and x.dim() == 2 and x.dtype in SCIPY_VALUES and \
+            type(x) is torch.Tensor and not x.requires_grad and plain_cpu(x):
         # scipy's scan (one C pass) instead of nonzero, mask and pack: 2x faster on Cora
         import scipy.sparse as sp
 
@@ -185,7 +185,8 @@ def _from_coo_pair(indices, values, format, shape, blocksize, index_dtype) -> Sp
     fmt = as_format(format, len(shape), blocksize)
     check_blocks(fmt, shape, name)
     rows = [r if r.dtype in (torch.int32, torch.int64) else r.to(torch.int64) for r in rows]
-    return _pack(fmt, shape, rows, values, index_dtype)
+    routed = coo_to_compressed(fmt, shape, rows, values, index_dtype)
+    return routed if routed is not None else _pack(fmt, shape, rows, values, index_dtype)
 
 
 def _from_torch_compressed(x, format, blocksize, index_dtype) -> SparseTensor:
@@ -298,66 +299,14 @@ def convert(t: SparseTensor, format, *, blocksize=None, index_dtype=None) -> Spa
         index_dtype = torch.int64            # keep the caller's wider indices
     if t.format.is_dense or fmt.is_dense:
         return _from_dense(to_dense(t), fmt, None, None, index_dtype)
-    swapped = _swap_compressed(t, fmt, index_dtype)
-    if swapped is not None:
-        return swapped
+    for route in (swap_compressed, compressed_to_coo, coo_tensor_to_compressed):
+        routed = route(t, fmt, index_dtype)
+        if routed is not None:
+            return routed
     rows = unpack_rows(t.format, t.shape, t._level_arrays, t.device)
     ordered = all(lv.ordered for lv in t.format.levels)
     return _pack(fmt, t.shape, rows, t.values, index_dtype,
                  source=t.format if ordered else None)
-
-
-def _swap_compressed(t: SparseTensor, fmt: Format, index_dtype) -> SparseTensor | None:
-    """CSR <-> CSC by scipy's counting sort (``tocsc``: one pass over the entries, where
-    ``pack`` sorts them: 2.8-3.1x faster on 83k-300k entries, 0.5-1.0x scipy's own call in
-    ``benchmarks/conversions.py --quick``, against 0.16-0.41x), or None where it does not apply:
-    other formats, other devices, a tracer's arrays. Values that record a gradient, or of a
-    dtype scipy does not take, are gathered by torch along the entries' sorted positions."""
-    if {t.format.name, fmt.name} != {"csr", "csc"} or not _scipy_takes_arrays(t):
-        return None
-    values = t.values
-    direct = _scipy_takes_values(t)
-    data = values.detach().numpy() if direct else np.arange(t.nnz, dtype=np.int64)
-    m = _as_scipy(t, data)
-    swapped = m.tocsc() if fmt.name == "csc" else m.tocsr()
-    want = choose_index_dtype(fmt.storage_dims(t.shape), t.nnz, index_dtype)
-    new = {"pos1": torch.from_numpy(swapped.indptr).to(want),
-           "crd1": torch.from_numpy(swapped.indices).to(want)}
-    moved = torch.from_numpy(swapped.data)
-    return SparseTensor(t.shape, fmt, new, moved if direct else values.index_select(0, moved))
-
-
-def _scipy_takes_arrays(t: SparseTensor) -> bool:
-    """Whether scipy's routines for compressed arrays may run on ``t``'s: CSR or CSC on the
-    CPU, outside a tracer (whose arrays have no data)."""
-    return t.format.name in ("csr", "csc") and t.device.type == "cpu" and \
-        not torch.compiler.is_compiling() and \
-        not any(isinstance(a, (FakeTensor, FunctionalTensor)) for a in t._level_arrays.values())
-
-
-def _scipy_takes_dense(x: torch.Tensor) -> bool:
-    """Whether scipy may scan the dense matrix ``x`` for its entries: 2-D, on the CPU, a
-    dtype scipy knows, recording no gradient, outside a tracer."""
-    return x.dim() == 2 and x.device.type == "cpu" and x.dtype in _SCIPY_VALUES and \
-        type(x) is torch.Tensor and not x.requires_grad and not torch.compiler.is_compiling()
-
-
-def _scipy_takes_values(t: SparseTensor) -> bool:
-    """Whether scipy may take ``t``'s values as they are: one per entry, of a dtype it
-    knows, recording no gradient (scipy's results would not carry it)."""
-    v = t.values
-    return v.dtype in _SCIPY_VALUES and v.dim() == 1 and type(v) is torch.Tensor and \
-        not (v.requires_grad and torch.is_grad_enabled())
-
-
-def _as_scipy(t: SparseTensor, data: np.ndarray):
-    """``t`` (``_scipy_takes_arrays``) as a scipy array over its index arrays, with ``data``
-    for values."""
-    import scipy.sparse as sp
-
-    kind = sp.csr_array if t.format.name == "csr" else sp.csc_array
-    return kind((data, t._level_arrays["crd1"].numpy(), t._level_arrays["pos1"].numpy()),
-                shape=tuple(t.shape))
 
 
 def to_dense(t: SparseTensor) -> torch.Tensor:
@@ -368,8 +317,8 @@ def to_dense(t: SparseTensor) -> torch.Tensor:
     fmt = t.format
     if fmt.is_dense:
         return _from_dense_layout(t.values, fmt, t.shape)
-    if _scipy_takes_arrays(t) and _scipy_takes_values(t):
-        return torch.from_numpy(_as_scipy(t, t.values.detach().numpy()).toarray())
+    if scipy_takes_arrays(t) and scipy_takes_values(t.values):
+        return torch.from_numpy(as_scipy(t, t.values.detach().numpy()).toarray())
     out = torch.zeros(t.shape, dtype=t.dtype, device=t.device)
     # a result assembled inside a compiled function has a symbolic entry count (not an int),
     # which the shortcut must not guard on; the general path handles zero entries too

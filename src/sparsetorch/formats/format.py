@@ -8,6 +8,8 @@ BSR is therefore ``(dense, compressed, dense, dense)`` over ``(M/r, N/c, r, c)``
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -178,4 +180,11 @@ def as_format(fmt, ndim: int, blocksize=None) -> Format:
     name = fmt.lower()
     if blocksize is not None and name != "bsr":
         raise ValueError(f"blocksize is only meaningful for format 'bsr', not {name!r}")
-    return _NAMED[name](ndim, None if blocksize is None else tuple(blocksize))
+    return _named_format(name, ndim, None if blocksize is None else tuple(blocksize))
+
+
+@functools.lru_cache(maxsize=256)
+def _named_format(name: str, ndim: int, blocksize) -> Format:
+    # one shared (immutable) Format per name, order and blocksize: building one validates its
+    # levels and finds its name, ~13 us that every conversion and call paid again
+    return _NAMED[name](ndim, blocksize)

@@ -258,22 +258,23 @@ class Compressed(LevelKind):
         pos, crd = arrays["pos"], arrays["crd"]   # (in bounds: ``check_bounds``)
         if crd.numel() < 2:
             return
-        # Entries p and p+1 are under one parent unless a segment ends at p+1.
-        same_parent = torch.ones(crd.numel() - 1, dtype=torch.bool, device=crd.device)
-        ends = pos[1:-1].to(torch.int64) - 1
-        same_parent[ends[(ends >= 0) & (ends < crd.numel() - 1)]] = False
         if self.ordered:
-            bad = torch.nonzero(same_parent & ((crd[1:] <= crd[:-1]) if self.unique
-                                               else (crd[1:] < crd[:-1]))).reshape(-1)
-            if bad.numel():
-                p = int(bad[0])
-                a, b = int(crd[p]), int(crd[p + 1])
-                what = "duplicate" if a == b else "unsorted"
-                raise _Problem(f"{what} coordinates at positions {p} and {p + 1} ({a}, {b}) "
-                               "under one parent; this level is ordered"
-                               + (" and unique" if self.unique else "")
-                               + ": sort and sum duplicates first (e.g. st.tensor on COO "
-                               "input does this)")
+            # step[j] = crd[j] - crd[j-1] for j in 1..n-1, and 1 at the ends and wherever a
+            # segment starts (pos[1:-1]): one diff, one fill and one min over the entries
+            # (the steps cannot overflow: coordinates are in [0, size))
+            step = torch.diff(crd, prepend=crd[:1] - 1, append=crd[-1:] + 1)
+            step.index_fill_(0, pos[1:-1].to(torch.int64), 1)
+            if int(step.min()) > (0 if self.unique else -1):
+                return
+            bad = torch.nonzero(step <= 0 if self.unique else step < 0).reshape(-1)
+            p = int(bad[0]) - 1
+            a, b = int(crd[p]), int(crd[p + 1])
+            what = "duplicate" if a == b else "unsorted"
+            raise _Problem(f"{what} coordinates at positions {p} and {p + 1} ({a}, {b}) "
+                           "under one parent; this level is ordered"
+                           + (" and unique" if self.unique else "")
+                           + ": sort and sum duplicates first (e.g. st.tensor on COO "
+                           "input does this)")
         elif self.unique:
             _check_unordered_unique(pos, crd, size)
 

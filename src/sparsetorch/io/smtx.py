@@ -88,11 +88,20 @@ def _ints(line: bytes, path, line_no, what) -> np.ndarray:
     if not line or line.isspace():
         return np.empty(0, np.int64)
     try:
-        return np.fromstring(line, dtype=np.int64, sep=" ")
+        ints = np.fromstring(line, dtype=np.int64, sep=" ")
     except ValueError:
         bad = next((w for w in line.split() if not w.lstrip(b"-").isdigit()), line[:40])
         raise ValueError(f"read_smtx: {path!r} line {line_no} ({what}) contains {bad[:40]!r}, "
                          "which is not an integer; the file is corrupt") from None
+    # numpy saturates a number past int64 at its limits (scipy raises): no offset or index
+    # of a real matrix is that large, so a limit means the text held one too big
+    limits = (ints == np.iinfo(np.int64).max) | (ints == np.iinfo(np.int64).min)
+    if limits.any():
+        p = int(np.argmax(limits))
+        word = line.split()[p] if p < len(line.split()) else b"?"
+        raise ValueError(f"read_smtx: {path!r} line {line_no} ({what}) holds {word[:40]!r} at "
+                         f"position {p}, beyond the int64 range; the file is corrupt")
+    return ints
 
 
 def _check(path, m, k, nnz, offsets, cols) -> None:

@@ -174,28 +174,44 @@ def _op_path(key: str):
     return cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".op")
 
 
-def _persist(key: str, prepared) -> None:
-    """Record what ``key`` was compiled from in the kernel cache: a graph traced by another
-    process (inductor's on-disk graph cache) names kernels this process has not met."""
+def persist_recipe(key: str, recipe) -> None:
+    """Record what the op ``key`` was built from (a picklable recipe) in the kernel cache: a
+    graph traced by another process (inductor's on-disk graph cache) names ops this process
+    has not met, and ``read_recipe`` finds them there."""
     from ..runtime.cache import ensure_dir, write_atomic
 
     path = _op_path(key)
     if not path.exists():
         ensure_dir()
-        recipe = (prepared.compile_args, prepared.kernel.workspace_kind, prepared.dtype)
         write_atomic(path, pickle.dumps(recipe))
+
+
+def read_recipe(key: str):
+    """The recipe ``persist_recipe`` recorded for ``key``, or None (none, or unreadable)."""
+    from ..runtime.cache import read_private
+
+    try:   # (only the user's own private file: unpickling one can run code)
+        return pickle.loads(read_private(_op_path(key)))
+    except (OSError, EOFError, ValueError, TypeError, AttributeError, ImportError,
+            pickle.UnpicklingError):
+        return None
+
+
+def _persist(key: str, prepared) -> None:
+    persist_recipe(key, (prepared.compile_args, prepared.kernel.workspace_kind, prepared.dtype))
 
 
 def _rebuild(key: str):
     """The kernel behind ``key`` from its recorded recipe, or None (none, or unreadable)."""
     from ..codegen.kernel import compile_kernel
-    from ..runtime.cache import read_private
 
-    try:   # (only the user's own private file: unpickling one can run code)
-        args, workspace, dtype = pickle.loads(read_private(_op_path(key)))
+    recipe = read_recipe(key)
+    if recipe is None:
+        return None
+    try:
+        args, workspace, dtype = recipe
         kernel = compile_kernel(*args, workspace or "dense")
-    except (OSError, EOFError, ValueError, TypeError, AttributeError, ImportError,
-            pickle.UnpicklingError):
+    except (ValueError, TypeError, AttributeError):
         return None
     prepared = _prepare(kernel, dtype, args)
     return prepared if kernel_id(prepared) == key else None

@@ -131,6 +131,12 @@ def _einsum_epilogue(equation, operands, out_format, bias, activation):
     if out_format not in (None, "dense"):
         raise ValueError(f"{what}: a bias or activation gives a dense result; drop "
                          f"out_format={out_format!r} or apply them after the einsum")
+    with_bias = operands if bias is None else (*operands, bias)
+    if len({getattr(t, "dtype", None) for t in with_bias}) > 1 and all(
+            isinstance(t, torch.Tensor) for t in with_bias):
+        # one kernel computes in one type: torch's result type of einsum(...) + bias
+        with_bias = promoted(with_bias)
+        operands, bias = (with_bias, None) if bias is None else (with_bias[:-1], with_bias[-1])
     grads = _is_grad_enabled() and _any_requires_grad((*operands, bias))
     if grads or _is_compiling() or backend() == "torch":
         return unfused(einsum(equation, *operands), bias, activation)

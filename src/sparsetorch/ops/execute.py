@@ -163,9 +163,12 @@ def _run_triton(assignment, tensors, infos, out_format, what):
     from .triton_run import run_triton, stats
 
     _check_repeated(assignment, infos, what)
-    # Traced (torch.compile): the fallback's torch ops record; a Triton launch needs real
-    # tensors and no custom op wraps it yet.
-    result = None if is_tracing(tensors) else run_triton(assignment, tensors, infos, out_format)
+    if is_tracing(tensors):   # (torch.compile, export): one custom-op node per launch
+        from .triton_ops import traced_call
+
+        result = traced_call(assignment, tensors, infos, out_format)
+    else:
+        result = run_triton(assignment, tensors, infos, out_format)
     if result is not None:
         return result
     stats["fallback"] += 1
@@ -238,6 +241,32 @@ def kernel_for(assignment: Assignment, operands, out_format, what="explain"):
         tensors, infos, dtype, device = normalize_operands(tensors, what)
     extents = var_extents(assignment, [tuple(t.shape) for t in tensors])
     return get_kernel(assignment, tensors, infos, dtype, out_format, extents), assignment, False
+
+
+def prefetch(assignment: Assignment, operands, out_format=None) -> None:
+    """Start building, in the background, the kernel ``run`` would build for these operands
+    (a call a caller knows is coming: autograd's backward); returns once the compiler runs.
+    Only the C backend on the CPU builds anything; the source is rendered here (Python), the
+    compiler runs in its own process, so several prefetched builds overlap each other.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> from sparsetorch.compiler.notation import parse_einsum
+        >>> prefetch(parse_einsum("ij,j->i", [2, 1]), [st.eye(3), torch.ones(3)])
+    """
+    from .. import runtime
+
+    tensors, infos, dtype, device = normalize_operands(operands, "prefetch", keep_blocked=True)
+    if backend() != "c" or uses_triton(device) or device.type != "cpu" or \
+            dtype not in COMPILED_DTYPES:
+        return
+    kernel, _, split = kernel_for(assignment, tensors, out_format, "prefetch")
+    if not split:   # the variant ``run`` would pick for these sizes (nothing is loaded)
+        tensors, infos, dtype, _ = normalize_operands(tensors, "prefetch")
+        recipe = _Prepared(kernel, dtype, _compile_args(assignment, tensors, infos, dtype,
+                                                        out_format))
+        kernel = recipe.pick(tensors, recipe.extents(tensors)).kernel
+    runtime.prefetch(kernel.source)
 
 
 def _blocked_plan(assignment, tensors, out_format, what):
@@ -440,14 +469,23 @@ class _Prepared:
         self.out_index = [a.all_vars.index(v) for v in a.out_vars]
         self.ws_index = [a.all_vars.index(v) for v in kernel.workspace_vars]
         cshim.prefetch()
-        fns = runtime.load_entries(kernel.source, {fn.name: kernel_argtypes(fn)
-                                                   for fn in kernel.functions})
-        self.fns = [fns[fn.name] for fn in kernel.functions]
+        self._fns = None      # loaded on first use (``fns``): a prefetch only needs the recipe
         self.num_threads = runtime.num_threads
         # The operand whose rows a balanced outer loop splits: the call passes ``nc``.
         self.balanced = kernel.balanced
         self.entry_work = _ASSEMBLY_ENTRY_WORK if kernel.workspace_vars else \
             1 if self.dense_only else _GATHER_ENTRY_WORK
+
+    @property
+    def fns(self) -> list:
+        """The kernel's entry points, in ``kernel.functions`` order (built or loaded once)."""
+        if self._fns is None:
+            from .. import runtime
+
+            fns = runtime.load_entries(self.kernel.source, {
+                fn.name: kernel_argtypes(fn) for fn in self.kernel.functions})
+            self._fns = [fns[fn.name] for fn in self.kernel.functions]
+        return self._fns
 
     def extents(self, tensors) -> list:
         """Index extents in ``all_vars`` order, checking that every use agrees."""
@@ -491,16 +529,26 @@ class _Prepared:
                                allow_scatter=True), self.dtype, self.compile_args, True)
         return self.as_written
 
-    def __call__(self, tensors):
+    def pick(self, tensors, ext) -> "_Prepared":
+        """The recipe a call on ``tensors`` runs: this one, or the variant for the call's
+        workspace size, or (small calls) the order as written."""
         kernel = self.kernel
-        ext = self.extents(tensors)
         if self.ws_index:   # the workspace kind follows this call's sizes
             kind = _workspace_kind(_prod([ext[d] for d in self.ws_index]))
             if kind != kernel.workspace_kind:
-                return self.variant(kind)(tensors)
+                return self.variant(kind).pick(tensors, ext)
+        if kernel.schedule.conversions and kernel.schedule.avoids_scatter and \
+                self.call_work(tensors, ext) < _SCATTER_WORK:
+            return self.written()
+        return self
+
+    def __call__(self, tensors):
+        ext = self.extents(tensors)
+        chosen = self.pick(tensors, ext)
+        if chosen is not self:
+            return chosen(tensors)
+        kernel = self.kernel
         if kernel.schedule.conversions:
-            if kernel.schedule.avoids_scatter and self.call_work(tensors, ext) < _SCATTER_WORK:
-                return self.written()(tensors)
             tensors = prepare_operands(kernel, tensors)
         args = [0, 0, *ext] if self.balanced is not None else [0, *ext]
         keep = []          # tensors whose pointers we pass must outlive the call

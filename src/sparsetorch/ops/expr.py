@@ -187,8 +187,9 @@ def _traced_eval(expr: LazyExpr, out_format):
                 f"st.lazy(...).eval(out_format={out_format!r}) of dense operands under "
                 "torch.compile: wrap the result with st.tensor outside the compiled function")
         return _dense_eval(expr.tree, expr.operands)
-    equation = mark_format(f"{EXPR_MARK}{len(expr.shape)} {_render(expr.tree)}", out_format,
-                           "st.lazy(...).eval()")
+    floats = "f" if expr.floats else ""     # a float scalar or map: promote to floats
+    equation = mark_format(f"{EXPR_MARK}{len(expr.shape)}{floats} {_render(expr.tree)}",
+                           out_format, "st.lazy(...).eval()")
     return torch.einsum(equation, *expr.operands)
 
 
@@ -219,8 +220,10 @@ def recorded_eval(equation: str, operands):
 
     head, _, out_format = equation[len(EXPR_MARK):].partition(FORMAT_MARK)
     rank, *tokens = head.split()
-    tree = _parse(iter(tokens), tuple(_LETTERS[: int(rank)]))
-    return evaluate(Assignment(tuple(_LETTERS[: int(rank)]), tree), tuple(operands),
+    floats = rank.endswith("f")
+    letters = tuple(_LETTERS[: int(rank.rstrip("f"))])
+    tree = _parse(iter(tokens), letters)
+    return evaluate(Assignment(letters, tree), promoted(tuple(operands), floats),
                     out_format or None, what="expression")
 
 

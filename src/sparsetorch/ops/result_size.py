@@ -4,10 +4,11 @@ A result of unknown pattern is assembled in two passes (count, fill; ``compiler/
 and the count pass alone walks every product: one dense column times one dense row, 200k
 long, walks 4e10 of them (26-59 s here) only to fail allocating the result. Where even the
 dense result would fit in memory nothing is checked (one multiplication per call). Past
-that, a Gustavson product ``ij,jk->ik`` of CSR-like operands is bounded from row lengths
-(O(entries of A), milliseconds): row ``i`` of the result holds at least the longest row of
-B that A's row ``i`` gathers, and at most ``min(columns, sum of those rows' lengths)``. A
-lower bound beyond memory is refused at once with the sizes named.
+that, a product of two 2-D sparse operands in any format and orientation (``ij,jk->ik``,
+``ji,jk->ki``, ...) is bounded from row lengths (O(entries), milliseconds, after converting
+an operand not stored by rows of the product): row ``i`` of the result holds at least the
+longest row of B that A's row ``i`` gathers, and at most ``min(columns, sum of those rows'
+lengths)``. A lower bound beyond memory is refused at once with the sizes named.
 
 Example:
     >>> import torch, sparsetorch as st
@@ -43,23 +44,31 @@ def entry_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size() + 4
 
 
-def _csr_like(t) -> bool:
-    fmt = t._format
-    return (len(fmt.levels) == 2 and fmt.blocksize is None and fmt.mode_order == (0, 1)
-            and isinstance(fmt.levels[0], Dense) and isinstance(fmt.levels[1], Compressed))
+def _rows_of(t: SparseTensor, transposed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pos, crd)`` of ``t`` (or of its transpose) in CSR: its own arrays where it is
+    stored that way, else a conversion (O(entries); only calls whose dense result would not
+    fit get here)."""
+    c = t.asformat("csc" if transposed else "csr")
+    return c._level_arrays["pos1"].to(torch.int64), c._level_arrays["crd1"].to(torch.int64)
 
 
-def entry_bounds(a, b) -> tuple[int, int]:
-    """``(lower, upper)`` bounds on the stored entries of the CSR-like product ``a @ b``
-    (both CSR-like SparseTensors), from row lengths alone."""
-    b_rows = torch.diff(b._pos1.to(torch.int64))
-    gathered = b_rows.index_select(0, a._crd1.to(torch.int64))   # per entry of a
-    a_rows = torch.diff(a._pos1.to(torch.int64))
-    row_of = torch.repeat_interleave(torch.arange(a_rows.numel()), a_rows)
+def entry_bounds(a, b, a_transposed: bool = False, b_transposed: bool = False
+                 ) -> tuple[int, int]:
+    """``(lower, upper)`` bounds on the stored entries of the product ``a @ b`` of 2-D
+    SparseTensors in any format (``a.T`` / ``b.T`` where ``*_transposed``), from row
+    lengths alone."""
+    a_pos, a_crd = _rows_of(a, a_transposed)
+    b_pos, _ = _rows_of(b, b_transposed)
+    b_rows = torch.diff(b_pos)
+    gathered = b_rows.index_select(0, a_crd)                 # per entry of a
+    a_rows = torch.diff(a_pos)
+    row_of = torch.repeat_interleave(torch.arange(a_rows.numel()), a_rows,
+                                     output_size=a_crd.numel())
     longest = torch.zeros(a_rows.numel(), dtype=torch.int64).scatter_reduce_(
         0, row_of, gathered, "amax")
     summed = torch.zeros(a_rows.numel(), dtype=torch.int64).index_add_(0, row_of, gathered)
-    return int(longest.sum()), int(summed.clamp_(max=int(b._size[1])).sum())
+    columns = int(b._size[0 if b_transposed else 1])
+    return int(longest.sum()), int(summed.clamp_(max=columns).sum())
 
 
 def dense_fits(dtype) -> int:
@@ -80,12 +89,21 @@ def check_result_fits(kernel, tensors, out_shape, dtype, what: str = "einsum") -
     a = kernel.assignment
     accesses = a.expr.accesses()
     if len(accesses) != 2 or len(tensors) != 2 or not all(
-            type(t) is SparseTensor and _csr_like(t) for t in tensors):
+            type(t) is SparseTensor and t.dim() == 2 and t._format.blocksize is None
+            and not t._format.is_dense for t in tensors):
         return
-    (i, j), (j2, k) = accesses[0].indices, accesses[1].indices
-    if j != j2 or tuple(a.out_vars) != (i, k) or accesses[0].operand != 0:
+    first, second = (accesses[0], accesses[1]) if accesses[0].operand == 0 else \
+        (accesses[1], accesses[0])
+    shared = set(first.indices) & set(second.indices)
+    if len(shared) != 1 or len(set(first.indices)) != 2 or len(set(second.indices)) != 2:
         return
-    lower, upper = entry_bounds(tensors[0], tensors[1])
+    (j,) = shared
+    i = next(v for v in first.indices if v != j)
+    k = next(v for v in second.indices if v != j)
+    if set(a.out_vars) != {i, k} or len(a.out_vars) != 2:
+        return                         # (an index kept or summed otherwise: not a product)
+    lower, upper = entry_bounds(tensors[0], tensors[1], a_transposed=first.indices[0] == j,
+                                b_transposed=second.indices[0] != j)
     if lower * per_entry > limit:
         raise ResultTooLarge(
             f"{what}: the sparse result of shape {tuple(out_shape)} would store at least "

@@ -116,6 +116,28 @@ def run_triton(assignment, tensors, infos, out_format):
     return _launch_rows(p, tensors, assignment)
 
 
+def traced_kind(assignment, infos, out_format, dtype) -> str | None:
+    """What ``run_triton`` computes for operands of these formats, known without their data:
+    ``"dense"`` or ``"sampled"`` (values on the sparse operand's own pattern); None where it
+    would convert an operand or multiply shared patterns first, or no kernel applies. A
+    traced call (``triton_ops``) records a launch only where this is not None."""
+    if dtype not in TRITON_DTYPES:
+        return None
+    formats = tuple(i.format for i in infos)
+    if any(f.blocksize is not None for f in formats):
+        return "dense" if out_format in (None, "dense") and \
+            triton_plan(assignment, formats, "dense") is not None else None
+    sched = schedule(assignment, infos)
+    if sched.conversions:
+        return None
+    spec = infer_output(assignment, sched.order, sched.formats, out_format)
+    p = triton_plan(assignment, sched.formats, spec.kind, spec.sampled_operand,
+                    lambda m, n: False)
+    if p is None or p.shared:
+        return None
+    return p.kind if p.kind == "sampled" else "dense"
+
+
 def _same_arrays(a, b) -> bool:
     """Two SparseTensors of one format whose level arrays are the same tensors."""
     return isinstance(a, SparseTensor) and isinstance(b, SparseTensor) and \

@@ -354,6 +354,7 @@ def num_threads() -> int:
 def clear_cache(*, disk: bool = True) -> int:
     """Forget loaded kernels (loaded libraries stay mapped: unloading is unsafe while a
     function object may live) and, unless ``disk=False``, delete the cache's files.
+    Builds in flight (prefetched ones) finish first, so none lands in the memo afterwards.
     Returns the number of files removed.
 
     Example:
@@ -361,6 +362,13 @@ def clear_cache(*, disk: bool = True) -> int:
         >>> runtime.clear_cache(disk=False)
         0
     """
+    with _lock:
+        pending = list(_inflight.values())
+    for future in pending:
+        try:
+            future.result()
+        except Exception:  # noqa: BLE001 - its error belongs to whoever loads that source
+            pass
     with _lock:
         _funcs.clear()
         _libs.clear()

@@ -12,6 +12,7 @@ import torch
 from . import distributed as _dist
 from .densities import kept_count
 from .engine import SparseTrainer
+from .layers import SparseLayer
 from .schedules import cosine_drop_fraction, cubic_sparsity, is_update_step
 
 
@@ -77,7 +78,11 @@ class SET(RigL):
 class SNFS(RigL):
     """Sparse momentum (Dettmers & Zettlemoyer, 2019) as in RigL's official code: growth by
     the magnitude of an exponential moving average (``momentum``, default 0.9) of the dense
-    gradients, updated every step. Masked mode only (the average is dense).
+    gradients, updated every step. The average is dense by definition, in both modes: with
+    truly sparse layers (``SparseLinear``, ``SparseConv2d``) each layer's dense gradient is
+    formed every step from its input and output gradient and folded into a dense average,
+    so this statistic costs what dense training's weight gradient costs (RigL forms the
+    dense gradient on update steps only).
 
     Example:
         >>> import torch, sparsetorch as st
@@ -88,7 +93,6 @@ class SNFS(RigL):
         {'weight': 18}
     """
     uses_gradient = False
-    supports_sparse_layers = False
 
     def __init__(self, model, optimizer, *, momentum: float = 0.9, **kwargs):
         if not 0.0 <= momentum < 1.0:
@@ -96,15 +100,26 @@ class SNFS(RigL):
         self.momentum = float(momentum)
         self._average_grads = not _dist.grads_already_averaged(model)
         super().__init__(model, optimizer, **kwargs)
-        self.ema = {n: torch.zeros_like(l.param) for n, l in self.layers.items()}
+        self.ema = {n: torch.zeros(l.shape, dtype=l.param.dtype, device=l.param.device)
+                    for n, l in self.layers.items()}
+
+    def _capturing(self) -> bool:
+        return True          # every step's dense gradient feeds the average
 
     def _before_optimizer_step(self):
         for name, layer in self.layers.items():
-            if layer.param.grad is None:
+            if isinstance(layer, SparseLayer):
+                if not layer.has_grad():
+                    continue
+                g = layer.grad_rows(0, layer.shape2d[0])    # (averaged over ranks)
+                layer.release()
+            elif layer.param.grad is None:
                 continue
-            g = layer.param.grad
-            g = _dist.mean_over_ranks(g) if self._average_grads else g
-            self.ema[name].mul_(self.momentum).add_(g, alpha=1 - self.momentum)
+            else:
+                g = layer.param.grad
+                g = _dist.mean_over_ranks(g) if self._average_grads else g
+            self.ema[name].mul_(self.momentum).add_(g.reshape(layer.shape),
+                                                   alpha=1 - self.momentum)
 
     def _grow_score(self, layer):
         ema = self.ema[layer.name].reshape(layer.shape2d)

@@ -38,7 +38,6 @@ class SparseTrainer:
     grows = True
     skips_optimizer_on_update = True
     uses_gradient = False       # grow scores read the dense gradient on update steps
-    supports_sparse_layers = True
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
                  density: float = 0.1, distribution: str = "erk", delta_t: int = 100,
@@ -96,11 +95,6 @@ class SparseTrainer:
         for mname, module in model.named_modules():
             prefix = mname + "." if mname else ""
             if sparse_type is not None and isinstance(module, sparse_type):
-                if not self.supports_sparse_layers:
-                    raise ValueError(f"{cls}: layer {mname!r} is a SparseLinear; {cls} scores "
-                                     "growth with dense gradients at every step, which a truly "
-                                     "sparse layer never holds. Use RigL/SET/Static/"
-                                     "MagnitudePruning, or nn.Linear layers (masked mode)")
                 if module.blocksize and not _is_sparse_conv(module):
                     raise ValueError(f"{cls}: layer {mname!r} stores blocks "
                                      f"(blocksize={module.blocksize}); sparse training updates "
