@@ -127,11 +127,9 @@ class SparseLinear(nn.Module):
         # buffer is replaced (set_pattern) or written in place (load_state_dict): each
         # buffer's identity and version counter are part of the key.
         cached = self.__dict__.get("_cached_weight")
-        arrays = self._arrays()
-        stamp = tuple((a, a._version) for a in arrays.values())
-        if cached is None or cached[0] is not values or cached[1] != values.data_ptr() or \
-                len(cached[3]) != len(stamp) or \
-                any(a is not b or u != v for (a, u), (b, v) in zip(cached[3], stamp)):
+        if not _still_valid(cached, values, self._buffers, self._array_names):
+            arrays = self._arrays()
+            stamp = tuple((a, a._version) for a in arrays.values())
             kept = SparseTensor.from_levels(self._shape(), self._format, arrays,
                                             values.detach(), check=False)
             cached = self.__dict__["_cached_weight"] = (values, values.data_ptr(), kept, stamp)
@@ -352,3 +350,20 @@ def _uniform(n: int, bound: float, dtype, device, generator) -> torch.Tensor:
     u = torch.rand(n, dtype=dtype, generator=generator)
     return ((2 * u - 1) * bound).to(device)
 
+
+
+def _still_valid(cached, values, buffers, names) -> bool:
+    """Whether a layer's kept weight wrapper ``cached`` still shows its values and pattern
+    buffers: the same values tensor and storage, each buffer the same tensor at the same
+    version (a plain loop: this runs on every forward, and a late ConvNet layer's kernel
+    takes tens of microseconds)."""
+    if cached is None or cached[0] is not values or cached[1] != values.data_ptr():
+        return False
+    stamp = cached[3]
+    if len(stamp) != len(names):
+        return False
+    for name, (array, version) in zip(names, stamp):
+        current = buffers[name]
+        if current is not array or current._version != version:
+            return False
+    return True

@@ -9,9 +9,12 @@ from .einsum import Explanation, einsum, explain
 from .expr import LazyExpr, abs, exp, lazy, relu, sqrt
 from .attention import masked_attention
 from .softmax import softmax
+from .depthwise import depthwise3x3
+from .narrow import spmm_narrow
 from .torch_api import _install
 
 _install()
 
 __all__ = ["einsum", "explain", "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp",
-           "sqrt", "softmax", "masked_attention"]
+           "sqrt", "softmax", "masked_attention", "depthwise3x3",
+           "spmm_narrow"]

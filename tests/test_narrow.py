@@ -1,0 +1,84 @@
+"""``st.ops.spmm_narrow`` (CSR weight x at most 256 dense columns, bias and activation
+fused) against dense torch: column counts around the vector width, empty rows and an empty
+pattern, int32/int64 indices, two threads, and the einsum fallback (wide, float64,
+gradients), through ``SparseConv2d`` on 7 x 7 inputs too."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sparsetorch as st
+from dense_check import private_kernel_cache  # noqa: F401
+from sparsetorch.compiler.kernel import vector_isa
+from sparsetorch.ops.narrow import _kernel_for
+
+ACT = {None: lambda y: y, "relu": F.relu, "relu6": F.relu6}
+
+
+def _weight(m, k, density, index_dtype=None, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    dense = torch.randn(m, k, generator=gen, dtype=dtype) * 3
+    dense *= torch.rand(m, k, generator=gen) < density
+    dense[1] = 0   # an empty row
+    return dense, st.tensor(dense, format="csr", index_dtype=index_dtype)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_matches_dense(index_dtype):
+    dense, W = _weight(13, 40, 0.3, index_dtype)
+    assert W.index_dtype == index_dtype
+    if vector_isa() is not None:   # the kernel runs here (not einsum)
+        assert _kernel_for(W, torch.randn(40, 49), None) is not None
+    for p in (1, 7, 8, 9, 17, 49, 64, 65, 196, 256):   # one chunk of 64 columns, several
+        x = torch.randn(40, p)
+        for act, bias in ((None, None), ("relu", torch.randn(13)), ("relu6", torch.randn(13))):
+            ref = ACT[act](dense @ x + (0 if bias is None else bias[:, None]))
+            torch.testing.assert_close(st.ops.spmm_narrow(W, x, bias, act), ref,
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_empty_pattern_two_threads_and_fallbacks():
+    _, empty = _weight(5, 6, 0.0)
+    b = torch.randn(5)
+    torch.testing.assert_close(st.ops.spmm_narrow(empty, torch.randn(6, 49), b, None),
+                               b[:, None].expand(5, 49))
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:   # enough work for both threads, an odd row count
+        dense, W = _weight(301, 256, 0.2)
+        x = torch.randn(256, 49)
+        torch.testing.assert_close(st.ops.spmm_narrow(W, x, None, "relu"),
+                                   F.relu(dense @ x), rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(old)
+    # wider than 256 columns, float64: einsum, the same results
+    dense, W = _weight(9, 20, 0.4)
+    x = torch.randn(20, 257)
+    torch.testing.assert_close(st.ops.spmm_narrow(W, x), dense @ x, rtol=1e-5, atol=1e-5)
+    dense64, W64 = _weight(9, 20, 0.4, dtype=torch.float64)
+    x64 = torch.randn(20, 30, dtype=torch.float64)
+    torch.testing.assert_close(st.ops.spmm_narrow(W64, x64, None, "relu6"),
+                               F.relu6(dense64 @ x64))
+    with pytest.raises(ValueError, match="activation must be one of"):
+        st.ops.spmm_narrow(W, x, activation="tanh")
+
+
+def test_gradients_take_einsum():
+    dense, W = _weight(6, 8, 0.5, dtype=torch.float64)
+    values = W.values.clone().requires_grad_()
+    x = torch.randn(8, 10, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda v, x, b: st.ops.spmm_narrow(W.with_values(v), x, b, "relu"), (values, x, b))
+
+
+def test_sparse_conv_on_seven_by_seven():
+    torch.manual_seed(4)
+    conv = torch.nn.Conv2d(32, 24, 1)
+    layer = st.nn.SparseConv2d.from_dense(conv, sparsity=0.8, activation="relu6")
+    w = layer.weight.to_dense()[:, :, None, None]
+    for x in (torch.randn(1, 32, 7, 7), torch.randn(1, 32, 28, 28)):   # narrow / einsum
+        with torch.no_grad():
+            y = layer(x)
+        torch.testing.assert_close(y, F.relu6(F.conv2d(x, w, conv.bias)), rtol=1e-5, atol=1e-5)
