@@ -7,6 +7,9 @@ Example:
 """
 from __future__ import annotations
 
+import functools
+
+import torch
 from torch import nn
 
 from ..formats import SparseTensor
@@ -48,3 +51,24 @@ def check_pointwise(conv) -> None:
     if problems:
         raise ValueError("SparseConv2d.from_dense: only 1x1 convolutions convert; this one has "
                          + ", ".join(problems) + ". Keep it dense (st.sparsify skips it).")
+
+
+def outside_graph(fn):
+    """``fn`` run eagerly under ``torch.compile`` (``torch.compiler.disable``, a graph
+    break), applied at its first call: decorating at import would import ``torch._dynamo``
+    for every user of sparsetorch, seconds on a busy machine. Callers that also run outside
+    compile call ``fn`` itself there (the wrapper costs ~2 us a call).
+
+    Example:
+        >>> double = outside_graph(lambda x: 2 * x)
+        >>> double(torch.ones(2)).tolist()
+        [2.0, 2.0]
+    """
+    disabled = []
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not disabled:
+            disabled.append(torch.compiler.disable(fn))
+        return disabled[0](*args, **kwargs)
+    return call

@@ -24,23 +24,10 @@ from torch import nn
 from ..formats.tensor import SparseTensor
 from ..ops import einsum
 from ..ops.attention import masked_attention
+from ._common import outside_graph
 from .masks import as_mask, block_diagonal
 
 MaskArg = SparseTensor | torch.Tensor | Callable[[int], SparseTensor] | None
-
-
-def _outside_graph(fn):
-    """``torch.compiler.disable(fn)`` (run eagerly, a graph break under ``torch.compile``),
-    applied at the first call: decorating at import would import ``torch._dynamo`` for every
-    user of sparsetorch, seconds on a busy machine."""
-    disabled = []
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        if not disabled:
-            disabled.append(torch.compiler.disable(fn))
-        return disabled[0](*args, **kwargs)
-    return call
 
 
 class SparseAttention(nn.Module):
@@ -124,7 +111,7 @@ class SparseAttention(nn.Module):
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"dropout={self.dropout}, batch_first={self.batch_first}")
 
-    @_outside_graph
+    @outside_graph
     def mask_for(self, Lq: int, Lk: int | None = None, mask: MaskArg = None) -> SparseTensor:
         """The CSR mask a call with these lengths uses: ``mask``, else the layer's own
         (a function of L is called, and its result kept for the next call)."""
@@ -162,7 +149,7 @@ class SparseAttention(nn.Module):
 
     # Not traced by torch.compile: the mask is built and cached outside the graph (a graph
     # break), which then receives it as an input whose format dynamo can read.
-    @_outside_graph
+    @outside_graph
     def _folded_mask(self, mask, copies, dtype):
         """``copies`` copies of ``mask`` on a block diagonal, valued 1/sqrt(head_dim) (the
         score scale rides on the mask's values); kept while the same mask is used."""

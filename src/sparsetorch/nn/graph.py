@@ -17,6 +17,7 @@ from torch import nn
 from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
 from ..ops import einsum, softmax
+from ._common import outside_graph
 from .adjacency import AdjacencyCache, coordinates, normalized_adjacency
 
 
@@ -69,14 +70,6 @@ _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 
 
-def _eager(method):
-    """``method`` run eagerly under torch.compile, a graph break: building an adjacency
-    reads values (validation), its entry count depends on them, and the cache compares data
-    pointers; the products around it are traced. (Outside compile no wrapper: it cost 2 us
-    a call.)"""
-    return torch.compiler.disable(method)
-
-
 def _sparse_product(x: SparseTensor, weights_t: torch.Tensor) -> torch.Tensor:
     return einsum("ij,jk->ik", x, weights_t)
 
@@ -98,7 +91,10 @@ class _Propagation(nn.Module):
 
     def adjacency(self, adj, x) -> SparseTensor:
         """The normalised propagation matrix for ``adj`` and ``x``'s node count and dtype."""
-        return (_eager(self._adjacency) if _is_compiling() else self._adjacency)(adj, x)
+        # built eagerly under torch.compile, a graph break: building an adjacency reads
+        # values (validation), its entry count depends on them, and the cache compares data
+        # pointers; the products around it are traced
+        return (self._eager_adjacency if _is_compiling() else self._adjacency)(adj, x)
 
     def _adjacency(self, adj, x) -> SparseTensor:
         n, dtype = x.shape[0], x.dtype
@@ -109,6 +105,8 @@ class _Propagation(nn.Module):
                                         degree=self._degree, dtype=dtype, what=what)
 
         return self._cache.get(adj, n, dtype, build) if self.cached else build()
+
+    _eager_adjacency = outside_graph(_adjacency)
 
 
 class GCNConv(_Propagation):
@@ -272,7 +270,7 @@ class GATConv(nn.Module):
         entry in order, where its target's and its source's attention terms are in the
         flattened ``(n, 2 * heads)`` terms (``[a_src | a_dst]`` per node). Kept like
         GCNConv's adjacency (and built eagerly under torch.compile, as it is)."""
-        return (_eager(self._pattern) if _is_compiling() else self._pattern)(adj, x)
+        return (self._eager_pattern if _is_compiling() else self._pattern)(adj, x)
 
     def _pattern(self, adj, x):
         n, H = x.shape[0], self.heads
@@ -301,6 +299,8 @@ class GATConv(nn.Module):
             return P, node * 2 * H + H + head, source * 2 * H + head
 
         return self._cache.get(adj, n, x.dtype, build) if self.cached else build()
+
+    _eager_pattern = outside_graph(_pattern)
 
     def forward(self, x, adj) -> torch.Tensor:
         _check_x(x, self.in_features, "GATConv")

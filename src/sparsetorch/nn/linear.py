@@ -20,7 +20,7 @@ from ..formats.pack import array_names
 from ..ops import einsum
 from ..ops.epilogue import ACTIVATIONS, unfused
 from . import _pattern
-from ._common import keep_facts
+from ._common import keep_facts, outside_graph
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -279,7 +279,7 @@ class SparseLinear(nn.Module):
     # largest block row picks the index width), which fake tensors do not have, and dynamo
     # cannot wrap a blocked SparseTensor (its fake-tensor conversion fails). Autograd
     # records across the break.
-    @torch.compiler.disable
+    @outside_graph
     def _eager_product(self, x):
         return self._product(x)
 
