@@ -523,7 +523,8 @@ def test_scipy_routes_match_the_general_path(dtype):
     """COO data -> CSR/CSC and CSR -> COO by scipy's routines (``formats/scipy_routes.py``)
     give exactly what the general ``pack`` path gives (dtypes scipy does not take, and values
     recording a gradient, take that path): shuffled input with duplicates, empty rows and
-    columns, nnz = 0, both index widths; results share no memory with their inputs."""
+    columns, nnz = 0, both index widths; results share no memory with their inputs, but a
+    CSR -> COO conversion shares its values (as torch's ``to_sparse_coo`` does)."""
     from sparsetorch.formats.pack import pack
 
     g = torch.Generator().manual_seed(3)
@@ -555,6 +556,7 @@ def test_scipy_routes_match_the_general_path(dtype):
         assert not {t.untyped_storage().data_ptr() for t in coo._level_arrays.values()
                     if t.numel()} & {t.untyped_storage().data_ptr()
                                      for t in csr._level_arrays.values() if t.numel()}
+        assert coo.values is csr.values        # shared, as torch's to_sparse_coo does
         for fmt in ("csr", "csc"):                     # a COO tensor back: a counting sort
             back, want = coo.asformat(fmt), csr.asformat(fmt, index_dtype=csr.index_dtype)
             for k in want._level_arrays:

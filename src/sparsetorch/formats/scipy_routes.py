@@ -12,7 +12,7 @@ scipy does not take), and the caller takes the general path. Results own their m
 
 Routes (``benchmarks/conversions.py`` times each against scipy's and torch's own calls):
   compressed_to_coo   CSR -> COO: row coordinates expanded from ``pos`` (one pass), columns
-                      and values copied.
+                      copied, values shared (as torch's and scipy's CSR -> COO share them).
   swap_compressed     CSR <-> CSC: scipy's counting sort (``tocsc``/``tocsr``).
   coo_to_compressed   COO data -> CSR/CSC: scipy's counting sort by the outer dimension, then
                       per-segment sort and duplicate summation (``coo_array.tocsr``); a COO
@@ -74,10 +74,11 @@ def compressed_to_coo(t: SparseTensor, fmt: Format, index_dtype) -> SparseTensor
     rows = np.empty(t.nnz, dtype=pos.numpy().dtype)
     _sparsetools.expandptr(t.shape[0], pos.numpy(), rows)
     rows = torch.from_numpy(rows).to(want)
-    # (copies: a module may write its pattern buffers in place, e.g. load_state_dict)
+    # the columns copied (a module may write its pattern buffers in place, e.g.
+    # load_state_dict); the values shared, as torch's to_sparse_coo and scipy's tocoo do
     arrays = {"pos0": torch.tensor([0, t.nnz], dtype=want), "crd0": rows,
               "crd1": crd.to(want, copy=True)}
-    return SparseTensor(t.shape, fmt, arrays, t.values.clone())
+    return SparseTensor(t.shape, fmt, arrays, t.values)
 
 
 def swap_compressed(t: SparseTensor, fmt: Format, index_dtype) -> SparseTensor | None:
