@@ -20,6 +20,7 @@ from sparsetorch.runtime import build as rt_build
 from sparsetorch.runtime import tool
 
 ARGS = [rt.I64]
+_KEPT_DISPATCHER_STATES: list = []
 
 
 def source():
@@ -118,7 +119,11 @@ def test_first_call_builds_the_dispatcher_beside_its_kernel(cache, slow_cc, monk
     monkeypatch.setattr(rt, "_build_entry", traced)
     monkeypatch.setenv("SPARSETORCH_BUILD_THREADS", "4")
     from sparsetorch.ops import cshim
-    monkeypatch.setattr(cshim, "_state", {})
+    fresh = {}
+    # the dispatcher's method def and tables must outlive every function made from them
+    # (cshim keeps them in its state for the process's life): keep this one too
+    _KEPT_DISPATCHER_STATES.append(fresh)
+    monkeypatch.setattr(cshim, "_state", fresh)
     forget_call_memo()
     A = st.tensor(torch.tensor([[1.0, 0], [2, 3]]))
     y = st.einsum("ij,j->i", A, torch.ones(2))
