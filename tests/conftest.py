@@ -4,7 +4,8 @@ stays within a new user's five minutes on two cores while CI still runs everythi
 - default: tests marked ``slow`` (long fuzzing, model training, multi-process runs, the
   slowest compile-cache tests) are skipped, and each parametrized test runs on
   ``MATRIX_CASES`` of its parameter sets, spread evenly over the list (formats x dtypes x
-  shapes), the others deselected;
+  shapes), the others deselected; hypothesis tests draw half their examples
+  (``helpers.examples``);
 - ``SPARSETORCH_FULL_TESTS=1``: every test and every parameter set;
 - ``SPARSETORCH_LONG_TESTS=1``: the full run with hypothesis budgets multiplied as well.
 """

@@ -1,7 +1,8 @@
 """Shared test helpers: random sparse data, an independent reference for what a format stores,
 and ``check_against_dense`` that most format tests go through.
 
-``SPARSETORCH_LONG_TESTS=1`` multiplies the number of hypothesis examples (``examples(n)``).
+``SPARSETORCH_LONG_TESTS=1`` multiplies the number of hypothesis examples (``examples(n)``);
+the default run (neither it nor ``SPARSETORCH_FULL_TESTS=1``) halves them.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 import sparsetorch as st
 
 LONG = os.environ.get("SPARSETORCH_LONG_TESTS", "") not in ("", "0")
+FULL = LONG or os.environ.get("SPARSETORCH_FULL_TESTS", "") not in ("", "0")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -28,8 +30,10 @@ def one_thread():
 
 
 def examples(n: int) -> int:
-    """Hypothesis example budget: ``n`` normally, 40x that for long runs."""
-    return n * 40 if LONG else n
+    """Hypothesis example budget: ``n`` in the full run, 40x that in long runs, half (at
+    least 3) in the default run, which must stay within five minutes on two cores (each new
+    random expression is a compiler run)."""
+    return n * 40 if LONG else n if FULL else max(3, n // 2)
 
 
 VALUE_DTYPES = (torch.float32, torch.float64, torch.int64)
