@@ -136,7 +136,8 @@ def test_first_call_builds_the_dispatcher_beside_its_kernel(cache, slow_cc, monk
     forget_call_memo()
 
 
-@pytest.mark.parametrize("expr,sparse_out", [("ij,jk->ik", False), ("ij,ik,jk->ij", True)])
+@pytest.mark.parametrize("expr,sparse_out", [
+    ("ij,jk->ik", False), pytest.param("ij,ik,jk->ij", True, marks=pytest.mark.slow)])
 def test_forward_prefetches_the_kernels_backward_loads(cache, monkeypatch, expr, sparse_out):
     """The first recorded call starts building its gradient kernels right after its forward
     (SpMM: dX = A^T G and dA = SDDMM; SDDMM: two SpMMs), so loss.backward() finds each one

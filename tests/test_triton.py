@@ -18,6 +18,7 @@ from dense_check import TESTS_DIR, private_kernel_cache  # noqa: F401
 pytest.importorskip("triton", reason="triton is not installed (pip install 'sparsetorch[gpu]')")
 
 
+@pytest.mark.slow   # ~15 s (a fresh process importing triton); .ci/run runs it after the default run
 def test_triton_kernels_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     env.pop("SPARSETORCH_BACKEND", None)   # each case sets it itself
