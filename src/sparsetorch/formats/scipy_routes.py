@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.sparse import _sparsetools
 
 from .format import Format
 from .pack import choose_index_dtype
@@ -32,6 +31,14 @@ from .tensor import SparseTensor
 SCIPY_VALUES = (torch.float32, torch.float64, torch.int32, torch.int64)
 _COMPRESSED = ("csr", "csc")
 _PLAIN = (torch.Tensor, torch.nn.Parameter)     # not a tracer's FakeTensor or FunctionalTensor
+
+
+def _tools():
+    """scipy's C routines, imported at first use: ``import scipy.sparse`` takes ~0.3 s,
+    which ``import sparsetorch`` should not pay before a conversion needs it."""
+    from scipy.sparse import _sparsetools
+
+    return _sparsetools
 
 
 def plain_cpu(*tensors: torch.Tensor) -> bool:
@@ -72,7 +79,7 @@ def compressed_to_coo(t: SparseTensor, fmt: Format, index_dtype) -> SparseTensor
     pos, crd = t._level_arrays["pos1"], t._level_arrays["crd1"]
     want = choose_index_dtype(fmt.storage_dims(t.shape), t.nnz, index_dtype)
     rows = np.empty(t.nnz, dtype=pos.numpy().dtype)
-    _sparsetools.expandptr(t.shape[0], pos.numpy(), rows)
+    _tools().expandptr(t.shape[0], pos.numpy(), rows)
     rows = torch.from_numpy(rows).to(want)
     # the columns copied (a module may write its pattern buffers in place, e.g.
     # load_state_dict); the values shared, as torch's to_sparse_coo and scipy's tocoo do
@@ -96,7 +103,7 @@ def swap_compressed(t: SparseTensor, fmt: Format, index_dtype) -> SparseTensor |
     new_crd = np.empty(t.nnz, dtype=crd.dtype)
     moved = np.empty(t.nnz, dtype=data.dtype)
     # a CSC is the CSR of the transpose: one routine serves both directions
-    _sparsetools.csr_tocsc(outer, inner, pos, crd, data, new_pos, new_crd, moved)
+    _tools().csr_tocsc(outer, inner, pos, crd, data, new_pos, new_crd, moved)
     want = choose_index_dtype(fmt.storage_dims(t.shape), t.nnz, index_dtype)
     new = {"pos1": torch.from_numpy(new_pos).to(want), "crd1": torch.from_numpy(new_crd).to(want)}
     moved = torch.from_numpy(moved)
@@ -121,11 +128,11 @@ def coo_to_compressed(fmt: Format, shape, rows: list, values: torch.Tensor, inde
     data = np.empty(nnz, dtype=values.numpy().dtype)
     # counting sort by the outer coordinate into fresh arrays (nothing aliases the caller's),
     # then each segment sorted and its duplicates summed in place, as scipy's tocsr does
-    _sparsetools.coo_tocsr(n_outer, n_inner, nnz, outer.to(want).numpy(),
+    _tools().coo_tocsr(n_outer, n_inner, nnz, outer.to(want).numpy(),
                            inner.to(want).numpy(), values.numpy(), pos, crd, data)
     if not canonical:
-        _sparsetools.csr_sort_indices(n_outer, pos, crd, data)
-        _sparsetools.csr_sum_duplicates(n_outer, n_inner, pos, crd, data)
+        _tools().csr_sort_indices(n_outer, pos, crd, data)
+        _tools().csr_sum_duplicates(n_outer, n_inner, pos, crd, data)
     kept = int(pos[-1])
     return SparseTensor(tuple(shape), fmt, {"pos1": torch.from_numpy(pos),
                                             "crd1": torch.from_numpy(crd[:kept].copy())},
@@ -152,7 +159,7 @@ def compressed_is_valid(fmt: Format, dims, arrays: dict, values: torch.Tensor) -
         return False
     if nnz and (c.min() < 0 or c.max() >= dims[1]):
         return False
-    return bool(_sparsetools.csr_has_canonical_format(dims[0], p, c))
+    return bool(_tools().csr_has_canonical_format(dims[0], p, c))
 
 
 def coo_tensor_to_compressed(t: SparseTensor, fmt: Format, index_dtype) -> SparseTensor | None:
