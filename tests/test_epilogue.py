@@ -167,3 +167,23 @@ def test_repeated_fused_calls_take_the_fast_path_and_stay_correct():
     out = st.einsum("ij,jk->ik", A, x, bias=b, activation="relu")
     out.sum().backward()
     torch.testing.assert_close(b.grad, ((d @ x + b) > 0).float().sum(0))
+
+
+def test_relaid_linear_bias_takes_the_fast_path_and_keeps_its_broadcast():
+    """``x W^T + b`` runs relaid as ``W x^T + b[:, None]``: the kernel takes the column bias
+    as ``(out,)``, so its shim is offered behind a reshape. That reshape must answer only
+    biases of the shape it was offered for: ``(1, n)``, the same size but broadcast along
+    the other index, is another kernel."""
+    from sparsetorch.ops import execute
+
+    g = torch.Generator().manual_seed(4)
+    d = torch.randn(64, 128, generator=g) * (torch.rand(64, 128, generator=g) < 0.5)
+    W, x, b = st.tensor(d, format="csr"), torch.randn(64, 128, generator=g), torch.randn(64)
+    for _ in range(2):
+        torch.testing.assert_close(st.einsum("ni,oi->no", x, W, bias=b, activation="relu"),
+                                   (x @ d.T + b).clamp_min(0))
+    assert execute._FAST_EPILOGUE.get(("in,oi->on", "relu"))
+    xt = x.T.contiguous()
+    for bias in (b[:, None], b[None, :], b[:, None]):
+        torch.testing.assert_close(st.einsum("in,oi->on", xt, W, bias=bias, activation="relu"),
+                                   (d @ xt + bias).clamp_min(0))

@@ -175,19 +175,38 @@ def _einsum_epilogue(equation, operands, out_format, bias, activation):
 
 
 def _offer_epilogue(equation, operands, bias, bias_shape, activation, fused, ops) -> None:
-    """Offer the guarded shim of this fused call to ``einsum``'s fast path, when the bias
-    is passed as the kernel takes it (no reshape) and the equation runs as written for
-    these operands (a relaid equation's shim would answer calls relayout rewrites)."""
-    if type(equation) is not str or (bias is not None and tuple(bias.shape) != bias_shape):
+    """Offer the guarded shim of this fused call to ``einsum``'s fast path, when the
+    equation runs as written for these operands (a relaid equation's shim would answer
+    calls relayout rewrites). A bias passed with dimensions of size 1 the kernel drops
+    (a relaid call's: ``F.linear``'s bias becomes a column, ``(out, 1)``) is reshaped by
+    a wrapper that answers only biases of that very shape: without it every such call took
+    the path above, parsing its equation (~0.1 ms of Python per call)."""
+    if type(equation) is not str:
         return
     call = lookup(fused, ops, None)
     guarded = getattr(call, "cguarded", None) or getattr(call, "guarded", None)
     if guarded is None or relayout(equation, operands, None, bias) is not None:
         return
+    if bias is not None and tuple(bias.shape) != bias_shape:
+        guarded = _bias_reshaped(guarded, tuple(bias.shape), bias_shape)
     key = (equation, activation)
     known = _FAST_EPILOGUE.get(key, ())
     if guarded not in known:
         _FAST_EPILOGUE[key] = (guarded, *known[:_FAST_PER_EQUATION - 1])
+
+
+@lru_cache(maxsize=256)
+def _bias_reshaped(guarded, given: tuple, taken: tuple):
+    """``guarded`` for calls whose bias (the last operand) has shape ``given``, reshaped
+    to the kernel's ``taken``; None (not this shim) for any other bias shape, whose size-1
+    dimensions may broadcast differently. (Cached: the same wrapper each time it is
+    offered, so the fast path's table holds it once.)"""
+    def call(ops):
+        bias = ops[-1]
+        if bias.shape != given:
+            return None
+        return guarded((*ops[:-1], bias.reshape(taken)))
+    return call
 
 
 @lru_cache(maxsize=512)
