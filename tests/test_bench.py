@@ -309,3 +309,16 @@ def test_variants_benchmark_compares_settings_of_a_tuning_function(tmp_path, cap
                            "--rounds", "1", "--min-time", "0", "--out", str(out)]) == 2
         assert vector.HALF_SUM == 8 and "vector.HALF_SUM=4: the call failed" in \
             capsys.readouterr().err
+
+
+def test_overhead_chained_replay_feeds_fresh_outputs():
+    """``chained`` reruns the recorded calls in order, each fed what the earlier ones just
+    produced; a call replayed on its own keeps the output recorded the first time."""
+    from sparsetorch.bench.overhead import chained, record
+
+    a = torch.ones(3)
+    calls = record(lambda: torch.mul(torch.relu(a), 2))
+    assert [c.name for c in calls] == ["relu", "mul"]
+    a.sub_(2)                                   # relu(a) is now 0
+    assert torch.equal(chained(calls)(), torch.zeros(3))
+    assert torch.equal(calls[1](), torch.full((3,), 2.0))

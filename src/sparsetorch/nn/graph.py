@@ -37,28 +37,27 @@ def _propagate(A: SparseTensor, h: torch.Tensor, bias, activation=None) -> torch
 
 
 class _SparseInputWeights:
-    """The weights a sparse ``x`` is multiplied with, as one ``(in, out_1 + out_2 + ...)``
-    matrix: the kernel for a sparse ``x`` reads its right operand row by row, so ``x W^T``
-    with ``W`` as ``nn.Linear`` keeps it ``(out, in)`` would copy ``W^T`` on every call
-    (Cora, 1433 x 16: ~45 us of a 130 us product), and SAGEConv's two weights take one
-    product of twice the width, which costs about what one does. Kept between calls while
-    the weights are unchanged (their versions) and no gradient is recorded; rebuilt (a
-    differentiable copy) otherwise."""
+    """The weights a sparse ``x`` is multiplied with, each transposed to ``(in, out)``: the
+    kernel for a sparse ``x`` reads its right operand row by row, so ``x W^T`` with ``W``
+    as ``nn.Linear`` keeps it ``(out, in)`` would copy ``W^T`` on every call (Cora, 1433 x
+    16: ~45 us of a 130 us product). A tuple, one per weight given, kept between calls while
+    the weights are unchanged (their versions) and no gradient is recorded; rebuilt
+    (differentiable copies) otherwise."""
 
     def __init__(self):
         self._key = self._value = None
 
-    def __call__(self, *weights) -> torch.Tensor:
+    def __call__(self, *weights) -> tuple:
         recording = _is_grad_enabled() and any(w.requires_grad for w in weights)
         if recording or _is_compiling():
-            return torch.cat([w.t() for w in weights], 1).contiguous()
+            return tuple(w.t().contiguous() for w in weights)
         # (a resize or an assignment to .data changes the pointer or the version; one
         # weight, GCNConv's and GATConv's, skips building a list: this runs every call)
         key = ((weights[0].data_ptr(), weights[0]._version) if len(weights) == 1 else
                [(w.data_ptr(), w._version) for w in weights])
         if key != self._key:
             self._key = key
-            self._value = torch.cat([w.detach().t() for w in weights], 1).contiguous()
+            self._value = tuple(w.detach().t().contiguous() for w in weights)
         return self._value
 
     def __getstate__(self):   # (a copy starts empty: derived data)
@@ -70,6 +69,13 @@ class _SparseInputWeights:
 
 _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
+
+
+def _operand(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` as ``st.einsum``'s fast path takes it: a Parameter is not a plain tensor
+    to its guarded call shims (each call would take the full path, ~0.3 ms here), and
+    while no gradient is recorded its detached alias is the same operand."""
+    return weight if _is_grad_enabled() else weight.detach()
 
 
 def _sparse_product(x: SparseTensor, weights_t: torch.Tensor) -> torch.Tensor:
@@ -165,10 +171,11 @@ class GCNConv(_Propagation):
         A = self.adjacency(adj, x)
         weight, bias = member(member(self, "lin"), "weight"), member(self, "bias")
         if isinstance(x, SparseTensor):
-            return _propagate(A, _sparse_product(x, self._sparse_weights(weight)), bias,
+            return _propagate(A, _sparse_product(x, self._sparse_weights(weight)[0]), bias,
                               self.activation)
-        if self.out_features <= self.in_features:
-            return _propagate(A, F.linear(x, weight), bias, self.activation)
+        if self.out_features <= self.in_features:   # (a dense kernel: see SAGEConv)
+            return _propagate(A, einsum("ij,kj->ik", x, _operand(weight)), bias,
+                              self.activation)
         out = F.linear(A @ x, weight, bias)
         return out if self.activation is None else F.relu(out)
 
@@ -210,14 +217,22 @@ class SAGEConv(_Propagation):
         if not sparse and self.out_features > self.in_features:
             out = lin_l(A @ x)
             return out if lin_r is None else out + lin_r(x)
-        # x [W_l; W_r]^T in one product, split: the messages to aggregate and the root
-        # term (one GEMM of 14 columns took 86 us where two of 7 took 235, Cora's classes)
-        w_l = member(lin_l, "weight")
-        weights = (w_l,) if lin_r is None else (w_l, member(lin_r, "weight"))
-        h = (_sparse_product(x, self._sparse_weights(*weights)) if sparse else
-             F.linear(x, w_l if lin_r is None else torch.cat(weights)))
-        out = _propagate(A, h[:, :self.out_features].contiguous(), member(lin_l, "bias"))
-        return out if lin_r is None else out + h[:, self.out_features:]
+        # One product per weight, the root term x W_r^T + b then added by the propagation's
+        # kernel as its bias: no slices of a joint product to copy and add. Dense x goes
+        # through the compiler's dense kernel, not F.linear (MKL, slow on narrow products
+        # here: Cora's 16 -> 7, 2 threads, 50 vs 79 us). The layer's kernels on Cora, 2
+        # threads: sparse x 199 us where a joint product and its slices took 228, dense
+        # x 175-220 where 232-298 (1 thread: 290 vs 310, 251-262 vs 257-263).
+        w_l, bias = member(lin_l, "weight"), member(lin_l, "bias")
+        w_r = None if lin_r is None else member(lin_r, "weight")
+        if sparse:
+            t = self._sparse_weights(w_l) if w_r is None else self._sparse_weights(w_l, w_r)
+            messages = _sparse_product(x, t[0])
+            root = None if w_r is None else einsum("ij,jk->ik", x, t[1], bias=bias)
+        else:
+            messages = einsum("ij,kj->ik", x, _operand(w_l))
+            root = None if w_r is None else einsum("ij,kj->ik", x, _operand(w_r), bias=bias)
+        return _propagate(A, messages, bias if root is None else root)
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, aggr={self.aggr!r}, "
@@ -310,7 +325,7 @@ class GATConv(nn.Module):
         _check_x(x, self.in_features, "GATConv")
         P, dst, src = self.pattern(adj, x)
         n, H, C = x.shape[0], self.heads, self.out_features
-        h = (_sparse_product(x, self._sparse_weights(self.lin.weight))
+        h = (_sparse_product(x, self._sparse_weights(self.lin.weight)[0])
              if isinstance(x, SparseTensor) else F.linear(x, self.lin.weight))
         # every head's source and target terms in one product: h (n, H*C) times the
         # (H*C, 2H) matrix holding att_src and att_dst head by head on its block diagonal
