@@ -71,11 +71,18 @@ _is_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 
 
-def _operand(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` as ``st.einsum``'s fast path takes it: a Parameter is not a plain tensor
-    to its guarded call shims (each call would take the full path, ~0.3 ms here), and
-    while no gradient is recorded its detached alias is the same operand."""
-    return weight if _is_grad_enabled() else weight.detach()
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+    """``x W^T + b`` for a dense ``x``: while no gradient is recorded, the compiler's dense
+    kernel (MKL's F.linear is slow on the narrow products of these layers: Cora's 16 -> 7,
+    2 threads, 79 vs 50 us), given detached weights (a Parameter is not a plain tensor to
+    einsum's guarded call shims: each call would take its full path, ~0.3 ms here); while
+    autograd records, F.linear, whose backward is the faster one (a GCN training step on
+    Cora, 1 thread: 3.0 ms where the recorded einsum took 3.6)."""
+    if _is_grad_enabled() and (x.requires_grad or weight.requires_grad or
+                               (bias is not None and bias.requires_grad)):
+        return F.linear(x, weight, bias)
+    return einsum("ij,kj->ik", x, weight.detach(),
+                  bias=None if bias is None else bias.detach())
 
 
 def _sparse_product(x: SparseTensor, weights_t: torch.Tensor) -> torch.Tensor:
@@ -173,9 +180,8 @@ class GCNConv(_Propagation):
         if isinstance(x, SparseTensor):
             return _propagate(A, _sparse_product(x, self._sparse_weights(weight)[0]), bias,
                               self.activation)
-        if self.out_features <= self.in_features:   # (a dense kernel: see SAGEConv)
-            return _propagate(A, einsum("ij,kj->ik", x, _operand(weight)), bias,
-                              self.activation)
+        if self.out_features <= self.in_features:
+            return _propagate(A, _linear(x, weight), bias, self.activation)
         out = F.linear(A @ x, weight, bias)
         return out if self.activation is None else F.relu(out)
 
@@ -218,11 +224,10 @@ class SAGEConv(_Propagation):
             out = lin_l(A @ x)
             return out if lin_r is None else out + lin_r(x)
         # One product per weight, the root term x W_r^T + b then added by the propagation's
-        # kernel as its bias: no slices of a joint product to copy and add. Dense x goes
-        # through the compiler's dense kernel, not F.linear (MKL, slow on narrow products
-        # here: Cora's 16 -> 7, 2 threads, 50 vs 79 us). The layer's kernels on Cora, 2
-        # threads: sparse x 199 us where a joint product and its slices took 228, dense
-        # x 175-220 where 232-298 (1 thread: 290 vs 310, 251-262 vs 257-263).
+        # kernel as its bias: no slices of a joint product to copy and add (dense x: see
+        # ``_linear``). The layer's kernels on Cora, 2 threads: sparse x 199 us where a
+        # joint product and its slices took 228, dense x 175-220 where 232-298 (1 thread:
+        # 290 vs 310, 251-262 vs 257-263).
         w_l, bias = member(lin_l, "weight"), member(lin_l, "bias")
         w_r = None if lin_r is None else member(lin_r, "weight")
         if sparse:
@@ -230,8 +235,8 @@ class SAGEConv(_Propagation):
             messages = _sparse_product(x, t[0])
             root = None if w_r is None else einsum("ij,jk->ik", x, t[1], bias=bias)
         else:
-            messages = einsum("ij,kj->ik", x, _operand(w_l))
-            root = None if w_r is None else einsum("ij,kj->ik", x, _operand(w_r), bias=bias)
+            messages = _linear(x, w_l)
+            root = None if w_r is None else _linear(x, w_r, bias)
         return _propagate(A, messages, bias if root is None else root)
 
     def extra_repr(self) -> str:
