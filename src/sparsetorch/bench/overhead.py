@@ -17,8 +17,8 @@ several threads partly in another core's cache. So the calls are also timed back
 
 Example:
     >>> import torch
-    >>> calls = record(lambda: torch.relu(torch.ones(2)) + 1)
-    >>> [call.name for call in calls]
+    >>> calls = record(lambda: torch.relu(torch.ones(2)).detach() + 1)
+    >>> [call.name for call in calls]      # (detach, a view, ran no kernel)
     ['ones', 'relu', 'add']
     >>> chained(calls)().tolist()
     [2.0, 2.0]
@@ -56,10 +56,20 @@ class _Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if not self.inside and isinstance(out, torch.Tensor):
+        if not self.inside and isinstance(out, torch.Tensor) and not _aliases(out, args):
             self.calls.append(Call(getattr(func, "__name__", str(func)), func, args, kwargs,
                                    out))
         return out
+
+
+def _aliases(out: torch.Tensor, args) -> bool:
+    """Whether ``out`` is a view of a dense argument or Parameter (``detach``, a slice): no
+    kernel ran."""
+    if type(out) is not torch.Tensor:
+        return False
+    ptr = out.untyped_storage().data_ptr()
+    return any(type(a) in (torch.Tensor, torch.nn.Parameter) and
+               a.untyped_storage().data_ptr() == ptr for a in args)
 
 
 @contextmanager
