@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from ..compiler.ir import (Assign, Bin, Block, Call, Comment, Cond, Decl, For, Function, Helper,
                            If, Lit, Load, Sym, max_operand, substitute)
 from ..compiler.notation import UNARY
+from .triton_nest import Fresh, pick_tile, replace_sums, statements, symbols
 
 # Triton spellings of the notation's unary maps, keyed by their C templates.
 _UNARY = {UNARY[name][0]: text for name, text in {
@@ -85,147 +86,6 @@ def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def _symbols(node) -> set:
-    """Names of the symbols an expression reads."""
-    if isinstance(node, Sym):
-        return {node.name}
-    if isinstance(node, Load):
-        return _symbols(node.index)
-    if isinstance(node, (Bin, Cond, Call)):
-        return set().union(*(_symbols(getattr(node, f)) for f in
-                             {Bin: ("a", "b"), Cond: ("cond", "a", "b"), Call: ("arg",)}[
-                                 type(node)]))
-    return set()
-
-
-def _statements(block: Block):
-    """Every statement of ``block``, nested ones included, in order."""
-    for s in block.stmts:
-        yield s
-        if isinstance(s, For):
-            yield from _statements(s.body)
-        elif isinstance(s, If):
-            yield from _statements(s.then)
-            if s.orelse is not None:
-                yield from _statements(s.orelse)
-
-
-def _arrays_read(node) -> set:
-    if isinstance(node, Load):
-        return {node.array} | _arrays_read(node.index)
-    if isinstance(node, Bin):
-        return _arrays_read(node.a) | _arrays_read(node.b)
-    if isinstance(node, Cond):
-        return _arrays_read(node.cond) | _arrays_read(node.a) | _arrays_read(node.b)
-    if isinstance(node, Call):
-        return _arrays_read(node.arg)
-    return set()
-
-
-# -- IR preparation ---------------------------------------------------------------------------
-def _pick_tile(nests) -> For | None:
-    """The loop the grid's second axis takes over: from 0 to a size parameter, summing into
-    nothing, its variable in the index of every store and in no loop bound."""
-    stmts = [s for n in nests for s in _statements(n.body)]
-    stores = [s for s in stmts if isinstance(s, Assign) and isinstance(s.target, Load)]
-    bounds = set().union(*(_symbols(s.start) | _symbols(s.end) for s in stmts
-                           if isinstance(s, For)))
-    for s in stmts:
-        if isinstance(s, For) and s.start == Lit(0) and isinstance(s.end, Sym) and \
-                s.reduction is None and s.parallel is None and s.var not in bounds and \
-                stores and all(s.var in _symbols(t.target.index) for t in stores):
-            return s
-    return None
-
-
-def _bound_inside(loop: For, tile: str | None) -> set:
-    names = {loop.var}
-    for s in _statements(loop.body):
-        if isinstance(s, For) and s.var != tile:
-            names.add(s.var)
-        elif isinstance(s, Decl):
-            names.add(s.name)
-    return names
-
-
-class _Fresh:
-    def __init__(self):
-        self.n = 0
-
-    def __call__(self, base: str) -> str:
-        self.n += 1
-        return f"_{base}{self.n}"
-
-
-def _replace_sums(block: Block, tile: str | None, fresh: _Fresh) -> Block:
-    """Scalar replacement: ``arr[idx] += v`` inside a loop that ``idx`` does not depend on
-    becomes a register sum declared before the loop and added to ``arr[idx]`` once after it
-    (innermost loops first, so a sum climbs as far out as its index allows)."""
-    out = []
-    for s in block.stmts:
-        if isinstance(s, For):
-            s = replace(s, body=_replace_sums(s.body, tile, fresh))
-            if s.var != tile:
-                out.extend(_hoist_sums(s, tile, fresh))
-                continue
-        elif isinstance(s, If):
-            s = replace(s, then=_replace_sums(s.then, tile, fresh),
-                        orelse=None if s.orelse is None else
-                        _replace_sums(s.orelse, tile, fresh))
-        out.append(s)
-    return Block(tuple(out))
-
-
-def _hoist_sums(loop: For, tile: str | None, fresh: _Fresh) -> list:
-    bound = _bound_inside(loop, tile)
-    stmts = list(_statements(loop.body))
-    touched = {}
-    for s in stmts:
-        for a in _arrays_touched(s):
-            touched[a] = touched.get(a, 0) + 1
-    # a store directly under For nests (not under an If) whose index the loop does not move
-    movable = [s for s in _direct_stores(loop.body, tile)
-               if s.op == "+=" and not _symbols(s.target.index) & bound
-               and touched.get(s.target.array) == 1]
-    if not movable:
-        return [loop]
-    names = {s: fresh("sum") for s in movable}
-
-    def redirect(block: Block) -> Block:
-        stmts = []
-        for s in block.stmts:
-            if s in names:
-                s = Assign(Sym(names[s]), s.value, "+=")
-            elif isinstance(s, For):
-                s = replace(s, body=redirect(s.body))
-            stmts.append(s)
-        return Block(tuple(stmts))
-
-    return [*(Decl("val", names[s], Lit(0)) for s in movable), replace(loop, body=redirect(
-        loop.body)), *(Assign(s.target, Sym(names[s]), "+=") for s in movable)]
-
-
-def _arrays_touched(s) -> set:
-    """Arrays statement ``s`` itself (not its nested statements) reads or writes."""
-    if isinstance(s, Assign):
-        return _arrays_read(s.value) | _arrays_read(s.target)
-    if isinstance(s, Decl):
-        return _arrays_read(s.init)
-    if isinstance(s, For):
-        return _arrays_read(s.start) | _arrays_read(s.end)
-    if isinstance(s, If):
-        return _arrays_read(s.cond)
-    return set()
-
-
-def _direct_stores(block: Block, tile):
-    for s in block.stmts:
-        if isinstance(s, Assign) and isinstance(s.target, Load):
-            yield s
-        elif isinstance(s, For):
-            yield from _direct_stores(s.body, tile)
-
-
 # -- rendering --------------------------------------------------------------------------------
 class _Renderer:
     def __init__(self, fn: Function, static: dict):
@@ -251,13 +111,13 @@ class _Renderer:
         self.row, self.rows = nests[0].var, nests[0].end.name
         par = nests[0].parallel
         self.weights = par.weights if par.schedule == "balanced" else None
-        tile = _pick_tile(nests)
+        tile = pick_tile(nests)
         self.tile = tile.var if tile is not None else None
         self.tile_extent = tile.end.name if tile is not None else None
-        self.fresh = _Fresh()
-        self.nests = [replace(n, body=_replace_sums(n.body, self.tile, self.fresh))
+        self.fresh = Fresh()
+        self.nests = [replace(n, body=replace_sums(n.body, self.tile, self.fresh))
                       for n in nests]
-        every = [s for n in self.nests for s in _statements(n.body)]
+        every = [s for n in self.nests for s in statements(n.body)]
         self.blocked = any(isinstance(s, For) and isinstance(s.end, Lit) for s in every)
         self.carried = {s.target.name for s in every
                         if isinstance(s, Assign) and isinstance(s.target, Sym)}
@@ -361,7 +221,7 @@ class _Renderer:
         out = set()
         if isinstance(e, Load):
             return self._roots(e.index) | {"gather"}
-        for name in _symbols(e):
+        for name in symbols(e):
             out |= self.roots.get(name, set())
         return out
 
@@ -375,7 +235,7 @@ class _Renderer:
             self.stmt(s, indent)
             if isinstance(s, For) and self.depth == 0 and n + 1 < len(stmts) and any(
                     isinstance(t, Assign) and isinstance(t.target, Load)
-                    for t in _statements(s.body)):
+                    for t in statements(s.body)):
                 self.emit("tl.debug_barrier()", indent)   # later loads see these stores
 
     def stmt(self, s, indent: int):
