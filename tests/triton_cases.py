@@ -21,7 +21,9 @@ import torch.nn.functional as F
 import sparsetorch as st
 from sparsetorch.compiler.notation import parse_einsum
 from sparsetorch.ops.blocked import split_blocked
-from dense_check import LONG, check_against_dense, private_kernel_cache, random_dense  # noqa: F401
+from hypothesis import given, settings, strategies as st_h
+from dense_check import (LONG, check_against_dense, examples, private_kernel_cache,  # noqa: F401
+                         random_dense)
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'sparsetorch[gpu]')")
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -303,3 +305,29 @@ def test_torch_compile_records_triton_launches():
     assert triton_run.stats["dense"] >= 1 and triton_run.stats["sampled"] >= 1, triton_run.stats
     assert not triton_run.stats["fallback"], triton_run.stats
     assert custom_ops.CALLS == {"dense": 0, "sampled": 0, "emit": 0}   # no C kernel ran
+
+
+@settings(max_examples=examples(12), deadline=None)
+@given(data=st_h.data())
+def test_random_expressions_against_dense(data):
+    """Random einsum expressions over one CSR/CSC operand and up to two dense ones: each
+    runs a Triton kernel rendered from its plain nest or the fallback, and equals dense."""
+    fmt = data.draw(st_h.sampled_from(["csr", "csc"]))
+    letters = "ijk"
+    sizes = dict(zip(letters, data.draw(st_h.lists(st_h.integers(1, 5), min_size=3,
+                                                   max_size=3))))
+    dense_terms = data.draw(st_h.lists(
+        st_h.lists(st_h.sampled_from(letters), min_size=1, max_size=2, unique=True),
+        min_size=1, max_size=2))
+    used = ["ij"] + ["".join(t) for t in dense_terms]
+    seen = sorted(set("".join(used)))
+    out = "".join(data.draw(st_h.lists(st_h.sampled_from(seen), max_size=2, unique=True)))
+    equation = ",".join(used) + "->" + out
+    seed = data.draw(st_h.integers(0, 1000))
+    d = matrix(sizes["i"], sizes["j"], torch.float32, seed, density=0.5)
+    operands = [st.tensor(d, fmt)] + [dense(tuple(sizes[c] for c in t), torch.float32,
+                                            seed + n + 1) for n, t in enumerate(used[1:])]
+    got = st.einsum(equation, *operands)
+    got = got.to_dense() if isinstance(got, st.SparseTensor) else got
+    ref = torch.einsum(equation, d, *operands[1:])
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

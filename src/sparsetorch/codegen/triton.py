@@ -111,7 +111,7 @@ class _Renderer:
         self.row, self.rows = nests[0].var, nests[0].end.name
         par = nests[0].parallel
         self.weights = par.weights if par.schedule == "balanced" else None
-        tile = pick_tile(nests)
+        tile = pick_tile(nests, self.sizes)
         self.tile = tile.var if tile is not None else None
         self.tile_extent = tile.end.name if tile is not None else None
         self.fresh = Fresh()
@@ -130,9 +130,10 @@ class _Renderer:
                 if kind != "scalar" and s.var not in self.axes:
                     self.axes.append(s.var)
                 if kind == "stepped" and s.var not in (b[0] for b in self.blocks):
-                    self.blocks.append((s.var, "extent" if s.start == Lit(0) and
-                                        isinstance(s.end, Sym) else "entries",
-                                        s.end.name if isinstance(s.end, Sym) else None))
+                    extent = s.start == Lit(0) and isinstance(s.end, Sym) and \
+                        s.end.name in self.sizes
+                    self.blocks.append((s.var, "extent" if extent else "entries",
+                                        s.end.name if extent else None))
         self.width = {}          # axis -> its width (a constant or a literal)
         self.shape = {}          # symbol -> frozenset of axes it varies along
         self.roots = {}          # symbol -> {'row', 'tile', 'gather'} it derives from
@@ -345,7 +346,8 @@ class _Renderer:
             raise Unsupported(f"a store to {arr} other programs may share")
         index, axes, _ = self.expr(s.target.index)
         text, vaxes, _ = self.expr(s.value)
-        extra = vaxes - axes
+        # every lane of an open loop the index does not follow adds into the same element
+        extra = (vaxes | frozenset(self.scope) if s.op == "+=" else vaxes) - axes
         key = (arr, index)
         if extra:
             if s.op != "+=":

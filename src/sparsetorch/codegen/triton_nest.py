@@ -62,17 +62,19 @@ def _arrays_read(node) -> set:
     return set()
 
 
-def pick_tile(nests) -> For | None:
-    """The loop the grid's second axis takes over: from 0 to a size parameter, summing into
-    nothing, its variable in the index of every store and in no loop bound."""
+def pick_tile(nests, sizes) -> For | None:
+    """The loop the grid's second axis takes over: from 0 to a size parameter (one of
+    ``sizes``), summing into nothing, its variable in the index of every store and in no
+    loop bound."""
     stmts = [s for n in nests for s in statements(n.body)]
     stores = [s for s in stmts if isinstance(s, Assign) and isinstance(s.target, Load)]
     bounds = set().union(*(symbols(s.start) | symbols(s.end) for s in stmts
                            if isinstance(s, For)))
     for s in stmts:
         if isinstance(s, For) and s.start == Lit(0) and isinstance(s.end, Sym) and \
-                s.reduction is None and s.parallel is None and s.var not in bounds and \
-                stores and all(s.var in symbols(t.target.index) for t in stores):
+                s.end.name in sizes and s.reduction is None and s.parallel is None and \
+                s.var not in bounds and stores and \
+                all(s.var in symbols(t.target.index) for t in stores):
             return s
     return None
 
