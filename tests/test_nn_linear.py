@@ -104,6 +104,24 @@ def test_sparse_input(blocksize, densify_above, monkeypatch):
     torch.testing.assert_close(layer(st.tensor(xd[0], "coo")), ref(xd[0]))
 
 
+@pytest.mark.parametrize("activation", [None, "sigmoid"])
+def test_sparse_input_densified_for_a_relaid_product(activation):
+    """A sparse batch above the densify threshold is written (in, batch)-major and handed
+    over as its transposed view; large enough that relayout runs the product with the batch
+    index last (``MIN_PERMUTED_WORK``), on that view, and the gradient still reaches W."""
+    layer = SparseLinear(128, 64, density=0.5, generator=gen(), activation=activation)
+    xd = torch.randn(64, 128, generator=gen(1)) * (torch.rand(64, 128, generator=gen(2)) < 0.3)
+    ref = dense_reference(layer)
+    want = ref(xd) if activation is None else torch.sigmoid(ref(xd))
+    got = layer(st.tensor(xd, "csr"))
+    torch.testing.assert_close(got, want)
+    assert got.is_contiguous()
+    got.square().sum().backward()
+    want.square().sum().backward()
+    torch.testing.assert_close(layer.weight.detach().with_values(layer.values.grad).to_dense(),
+                               ref.weight.grad * layer.mask())
+
+
 @pytest.mark.parametrize("blocksize", [None, 2])
 def test_gradcheck_float64(blocksize):
     layer = SparseLinear(4, 4, density=0.5, blocksize=blocksize, dtype=torch.float64,

@@ -96,10 +96,14 @@ def gcn_overhead(ctx, rounds: int = 10, threads=None, graph: str = "cora") -> di
     except NotImplementedError as exc:
         return {"graph": graph, "overhead": None, "detail": f"not measured: {exc}"}
     model.eval()
+    # the model called as users call it: the bench's zero-argument wrapper (``Bound``)
+    # would add its own module call to the forward, ~2% here
+    net, x, adj = model.model, model.x, model.adj
+    forward = lambda: net(x, adj)  # noqa: E731
     with torch.no_grad():
-        model()                       # builds the cached adjacency and the kernels
-    calls = record(model)
-    cases = {"forward": lambda: model()}
+        forward()                     # builds the cached adjacency and the kernels
+    calls = record(forward)
+    cases = {"forward": forward}
     cases.update({f"{i}: {name}": fn for i, (name, fn) in enumerate(calls)})
     with torch.no_grad():
         res = compare(cases, baseline="forward", rounds=rounds, warmup=2, min_time=2e-3,

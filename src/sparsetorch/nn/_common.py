@@ -53,6 +53,24 @@ def check_pointwise(conv) -> None:
                          + ", ".join(problems) + ". Keep it dense (st.sparsify skips it).")
 
 
+def member(module: nn.Module, name: str):
+    """``getattr(module, name)``, read from the module's own tables for a parameter or a
+    submodule: nn.Module finds those through its ``__getattr__`` fallback, after a failed
+    ordinary lookup, ~2 us a name on a 2-core host (``self.lin.weight`` and ``self.bias``
+    cost a GCN layer 6 us of a ~50 us forward on Cora). Anything else (a plain attribute,
+    a parametrization's property) is read as an attribute.
+
+    Example:
+        >>> lin = torch.nn.Linear(2, 3)
+        >>> member(lin, "weight") is lin.weight and member(lin, "in_features") == 2
+        True
+    """
+    found = module._parameters.get(name)
+    if found is None:
+        found = module._modules.get(name)
+    return found if found is not None else getattr(module, name)
+
+
 def outside_graph(fn):
     """``fn`` run eagerly under ``torch.compile`` (``torch.compiler.disable``, a graph
     break), applied at its first call: decorating at import would import ``torch._dynamo``

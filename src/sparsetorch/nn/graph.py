@@ -17,7 +17,7 @@ from torch import nn
 from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
 from ..ops import einsum, softmax
-from ._common import outside_graph
+from ._common import member, outside_graph
 from .adjacency import AdjacencyCache, coordinates, normalized_adjacency
 
 
@@ -52,8 +52,10 @@ class _SparseInputWeights:
         recording = _is_grad_enabled() and any(w.requires_grad for w in weights)
         if recording or _is_compiling():
             return torch.cat([w.t() for w in weights], 1).contiguous()
-        # (a resize or an assignment to .data changes the pointer or the version)
-        key = [(w.data_ptr(), w._version) for w in weights]
+        # (a resize or an assignment to .data changes the pointer or the version; one
+        # weight, GCNConv's and GATConv's, skips building a list: this runs every call)
+        key = ((weights[0].data_ptr(), weights[0]._version) if len(weights) == 1 else
+               [(w.data_ptr(), w._version) for w in weights])
         if key != self._key:
             self._key = key
             self._value = torch.cat([w.detach().t() for w in weights], 1).contiguous()
@@ -94,7 +96,10 @@ class _Propagation(nn.Module):
         # built eagerly under torch.compile, a graph break: building an adjacency reads
         # values (validation), its entry count depends on them, and the cache compares data
         # pointers; the products around it are traced
-        return (self._eager_adjacency if _is_compiling() else self._adjacency)(adj, x)
+        if _is_compiling():
+            return self._eager_adjacency(adj, x)
+        kept = self._cache.lookup(adj, x.shape[0], x.dtype) if self.cached else None
+        return kept if kept is not None else self._adjacency(adj, x)
 
     def _adjacency(self, adj, x) -> SparseTensor:
         n, dtype = x.shape[0], x.dtype
@@ -158,12 +163,13 @@ class GCNConv(_Propagation):
     def forward(self, x, adj) -> torch.Tensor:
         _check_x(x, self.in_features, "GCNConv")
         A = self.adjacency(adj, x)
+        weight, bias = member(member(self, "lin"), "weight"), member(self, "bias")
         if isinstance(x, SparseTensor):
-            return _propagate(A, _sparse_product(x, self._sparse_weights(self.lin.weight)),
-                              self.bias, self.activation)
+            return _propagate(A, _sparse_product(x, self._sparse_weights(weight)), bias,
+                              self.activation)
         if self.out_features <= self.in_features:
-            return _propagate(A, F.linear(x, self.lin.weight), self.bias, self.activation)
-        out = F.linear(A @ x, self.lin.weight, self.bias)
+            return _propagate(A, F.linear(x, weight), bias, self.activation)
+        out = F.linear(A @ x, weight, bias)
         return out if self.activation is None else F.relu(out)
 
     def extra_repr(self) -> str:

@@ -78,15 +78,11 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
         if calls and backend() == "c":
             # (a Parameter is not a plain tensor to the guard; without autograd recording,
             # its detached alias is the same operand)
-            b = bias if bias is None or _is_grad_enabled() else bias.detach()
+            ops = operands if bias is None else \
+                (*operands, bias if _is_grad_enabled() else bias.detach())
             try:
-                for call, given, taken in calls:
-                    if b is None:
-                        out = call(operands)
-                    elif b.shape == given:   # as offered: the kernel's shape, or a view
-                        out = call((*operands, b if given is taken else b.view(taken)))
-                    else:
-                        continue
+                for call in calls:
+                    out = call(ops)
                     if out is not None:
                         return out
             except (BroadcastShapes, ValueError):   # the full path says what is wrong
@@ -181,22 +177,36 @@ def _einsum_epilogue(equation, operands, out_format, bias, activation):
 def _offer_epilogue(equation, operands, bias, bias_shape, activation, fused, ops) -> None:
     """Offer the guarded shim of this fused call to ``einsum``'s fast path, when the
     equation runs as written for these operands (a relaid equation's shim would answer
-    calls relayout rewrites). An entry is ``(shim, bias shape as given, bias shape the
-    kernel takes)``: a bias given with sizes of 1 the kernel drops (a conv layer's (C, 1)
-    column of biases) is viewed in its shape, and only a bias of the shape offered is, so
-    two biases that broadcast along different dimensions never share a shim."""
+    calls relayout rewrites). A bias passed with dimensions of size 1 the kernel drops
+    (a relaid call's: ``F.linear``'s bias becomes a column, ``(out, 1)``) is reshaped by
+    a wrapper that answers only biases of that very shape: without it every such call took
+    the path above, parsing its equation (~0.1 ms of Python per call)."""
     if type(equation) is not str:
         return
     call = lookup(fused, ops, None)
     guarded = getattr(call, "cguarded", None) or getattr(call, "guarded", None)
     if guarded is None or relayout(equation, operands, None, bias) is not None:
         return
-    given = None if bias is None else tuple(bias.shape)
-    entry = (guarded, given, given if given == bias_shape else bias_shape)
+    if bias is not None and tuple(bias.shape) != bias_shape:
+        guarded = _bias_reshaped(guarded, tuple(bias.shape), bias_shape)
     key = (equation, activation)
     known = _FAST_EPILOGUE.get(key, ())
-    if entry not in known:
-        _FAST_EPILOGUE[key] = (entry, *known[:_FAST_PER_EQUATION - 1])
+    if guarded not in known:
+        _FAST_EPILOGUE[key] = (guarded, *known[:_FAST_PER_EQUATION - 1])
+
+
+@lru_cache(maxsize=256)
+def _bias_reshaped(guarded, given: tuple, taken: tuple):
+    """``guarded`` for calls whose bias (the last operand) has shape ``given``, reshaped
+    to the kernel's ``taken``; None (not this shim) for any other bias shape, whose size-1
+    dimensions may broadcast differently. (Cached: the same wrapper each time it is
+    offered, so the fast path's table holds it once.)"""
+    def call(ops):
+        bias = ops[-1]
+        if bias.shape != given:
+            return None
+        return guarded((*ops[:-1], bias.reshape(taken)))
+    return call
 
 
 @lru_cache(maxsize=512)
