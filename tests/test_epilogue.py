@@ -169,6 +169,28 @@ def test_repeated_fused_calls_take_the_fast_path_and_stay_correct():
     torch.testing.assert_close(b.grad, ((d @ x + b) > 0).float().sum(0))
 
 
+def test_a_column_bias_takes_the_fast_path_by_its_own_shape():
+    """A (m, 1) bias (a conv layer's, viewed as the kernel's (m,)) is served by the fast
+    path, and a (1, n) bias with n == m, which broadcasts along the other dimension, never
+    by the shim offered for the column."""
+    from sparsetorch.ops import execute
+
+    g = torch.Generator().manual_seed(10)
+    d = torch.randn(8, 5, generator=g) * (torch.rand(8, 5, generator=g) < 0.5)
+    A, x = st.tensor(d, format="csr"), torch.randn(5, 8, generator=g)
+    column, row = torch.randn(8, 1, generator=g), torch.randn(1, 8, generator=g)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(st.einsum("ij,jk->ik", A, x, bias=column,
+                                                 activation="relu6"),
+                                       (d @ x + column).clamp(0, 6))
+        assert execute._FAST_EPILOGUE.get(("ij,jk->ik", "relu6"))
+        for _ in range(2):
+            torch.testing.assert_close(st.einsum("ij,jk->ik", A, x, bias=row,
+                                                 activation="relu6"),
+                                       (d @ x + row).clamp(0, 6))
+
+
 def test_relaid_linear_bias_takes_the_fast_path_and_keeps_its_broadcast():
     """``x W^T + b`` runs relaid as ``W x^T + b[:, None]``: the kernel takes the column bias
     as ``(out,)``, so its shim is offered behind a reshape. That reshape must answer only

@@ -24,11 +24,13 @@ from .tiles import lane_loop, register_tiles
 from .notation import UNARY
 
 
-def attention_function(tile_width: int, copies: int = 1) -> Function:
+def attention_function(tile_width: int | None, copies: int = 1) -> Function:
     """The fused kernel over operands A (CSR: ``t0_pos1``, ``t0_crd1``, ``t0_vals``), Q
     (``t1``, n_i x n_k), K (``t2``, n_j x n_k), V (``t3``, n_j x n_d), a scratch array of
     nnz values (``t4_vals``) and the output (n_i x n_d); a row's scores are summed
     ``copies`` side by side (``jam.jam_sums``, as SDDMM's are: ``kernel.sum_copies``).
+    ``tile_width`` None: the plain nest the block-shaped renderer reads
+    (``codegen/triton.py``), each output element an inner product over the row's entries.
 
     Example:
         >>> from sparsetorch.compiler.ir import dump
@@ -64,6 +66,16 @@ def attention_function(tile_width: int, copies: int = 1) -> Function:
                                          Bin("*", Sym("w"), row("t3_vals", "v", "n_d")),
                                          "+=")])))]
 
+    def inner_products():   # out[i, d] = sum_p w[p] V[j, d], one d after another
+        return For("d", Lit(0), Sym("n_d"), block(
+            Decl("val", "acc", Lit(0)),
+            For("p", lo, hi, block(
+                Decl("idx", "j", Load("t0_crd1", Sym("p"))),
+                Assign(Sym("acc"), Bin("*", Bin("*", Load("t4_vals", Sym("p")), Sym("inv")),
+                                       row("t3_vals", "v", "n_d")), "+=")), reduction="acc"),
+            Assign(Load("out_vals", Bin("+", Bin("*", i, Sym("n_d")), Sym("d"))),
+                   Sym("acc"))))
+
     def write(tile):
         return Assign(Load("out_vals", Bin("+", Bin("*", i, Sym("n_d")), Sym("d"))),
                       Load(tile[2], Sym(tile[3])))
@@ -74,14 +86,16 @@ def attention_function(tile_width: int, copies: int = 1) -> Function:
         For("p", lo, hi, block(*scores)),
         *_row_max("t4_vals"),
         *_exponentials("t4_vals", "t4_vals"),
+        inner_products() if tile_width is None else
         register_tiles("d", (tile_width,), fresh, weighted_sum, write))
     params = (Param("nt", "idx"), Param("n_i", "idx"), Param("n_j", "idx"),
               Param("n_k", "idx"), Param("n_d", "idx"), Param("t0_pos1", "idx0*"),
               Param("t0_crd1", "idx0*"), Param("t0_vals", "val*"), Param("t1_vals", "val*"),
               Param("t2_vals", "val*"), Param("t3_vals", "val*"),
               Param("t4_vals", "val*", const=False), Param("out_vals", "val*", const=False))
-    nest, _ = jam_sums(block(
-        For("i", Lit(0), Sym("n_i"), body, Parallel("balanced", weights="t0_pos1"))), copies)
+    nest = block(For("i", Lit(0), Sym("n_i"), body, Parallel("balanced", weights="t0_pos1")))
+    if tile_width is not None:
+        nest, _ = jam_sums(nest, copies)
     fn = Function("attention", params, nest)
     verify(fn)
     return fn

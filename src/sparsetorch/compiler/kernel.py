@@ -338,3 +338,27 @@ def lower_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_d
                           time.perf_counter() - t0, lw.stores_every_entry,
                           lw.plan.block_cap if lw.k_blocked else None, lw.column_blocked,
                           lw.held)
+
+
+def lower_plain(assignment: Assignment, infos: tuple[OperandInfo, ...], out_format=None):
+    """``(schedule, output spec, Function)``: the plain nest of ``assignment`` (one loop per
+    index variable, no register tiles, unrolled sums or cache blocks), which the block-shaped
+    renderer (``codegen/triton.py``) reads. Sparse results assembled in count and fill passes
+    have no plain nest here (``Function`` None).
+
+    Example:
+        >>> from sparsetorch.compiler.notation import parse_einsum
+        >>> from sparsetorch.formats.format import as_format
+        >>> _, out, fn = lower_plain(parse_einsum("ij,j->i", [2, 1]),
+        ...                          (OperandInfo(as_format("csr", 2), False),
+        ...                           OperandInfo(as_format("dense", 1), True)))
+        >>> out.kind, "sum into" in dump(fn)
+        ('dense', True)
+    """
+    sched = schedule(assignment, infos)
+    out = infer_output(assignment, sched.order, sched.formats, out_format)
+    if out.kind == "emit":
+        return sched, out, None
+    fn, _ = lower(Plan(assignment, sched.order, sched.formats, out, out.kind), "kernel")
+    verify(fn)
+    return sched, out, fn

@@ -32,7 +32,7 @@ from ..compiler.notation import var_extents
 from ..formats.pack import array_names
 from ..formats.tensor import SparseTensor
 from .custom_ops import flatten, persist_recipe, read_recipe
-from .triton_run import run_triton, traced_kind
+from .triton_run import infos_of, run_triton, stats, traced_kind
 
 _RECIPES: dict = {}   # key -> _Recipe
 
@@ -130,11 +130,22 @@ def traced_call(assignment, tensors, infos, out_format):
 def triton_call(key: str, inputs: list[torch.Tensor], extents: list[int]) -> torch.Tensor:
     """Launch the Triton kernel of the call registered as ``key`` on the flat ``inputs``."""
     recipe = _recipe(key)
-    out = run_triton(recipe.assignment, recipe.operands(inputs, list(extents)), recipe.infos,
-                     recipe.out_format)
-    if out is None:
-        raise RuntimeError(f"sparsetorch: no Triton kernel for the recorded call {key!r}")
+    operands = recipe.operands(inputs, list(extents))
+    out = run_triton(recipe.assignment, operands, recipe.infos, recipe.out_format)
+    if out is None:   # a blocked call no kernel covers: the fallback, inside the node
+        out = _fallback(recipe.assignment, operands, recipe.out_format)
     return out.values if recipe.kind == "sampled" else out
+
+
+def _fallback(assignment, tensors, out_format):
+    from .fallback import run_dense
+
+    stats["fallback"] += 1
+    tensors = [t.asformat("csr", index_dtype=t.index_dtype)
+               if isinstance(t, SparseTensor) and t.format.blocksize is not None else t
+               for t in tensors]
+    extents = var_extents(assignment, [tuple(t.shape) for t in tensors])
+    return run_dense(assignment, tensors, infos_of(tensors), extents, out_format)
 
 
 @triton_call.register_fake

@@ -2,15 +2,15 @@
 
 ``execute.run`` sends a call here when its tensors are on a CUDA device (or on the CPU under
 ``SPARSETORCH_BACKEND=triton`` with ``TRITON_INTERPRET=1``, which runs the same kernels in
-Triton's interpreter: how the tests check them without a GPU). The compiler's schedule picks
-conversions and the output kind; ``compiler/triton_plan.py`` names the kernel class;
-``codegen/triton.py`` renders and loads it; this module marshals one launch (pointers,
-strides, block sizes, the grid).
+Triton's interpreter: how the tests check them without a GPU). The compiler schedules the
+call and lowers its plain loop nest (``compiler.kernel.lower_plain``, the same IR the C
+backend tiles and prints); ``codegen/triton.py`` renders that nest block by block; this
+module marshals one launch (arrays by their IR parameter names, block sizes, the grid).
 
-Expressions no Triton kernel covers (two sparse operands, elementwise trees, sparse results
+Expressions the renderer does not map (a merge of two sparse operands, sparse results
 other than a sampled one, integer values) run through ``fallback.run_dense``: dense torch
-ops on the tensors' own device, never a copy to the CPU. ``stats`` counts both, per kernel
-class, so a caller can see which path ran.
+ops on the tensors' own device, never a copy to the CPU. ``stats`` counts the calls of
+each path, so a caller can see which one ran.
 """
 from __future__ import annotations
 
@@ -19,23 +19,31 @@ from collections import Counter
 
 import torch
 
-from ..compiler.notation import var_extents
-from ..compiler.output import infer_output
-from ..compiler.schedule import schedule
-from ..compiler.triton_plan import plan as triton_plan
+import re
+from dataclasses import replace
+from functools import lru_cache
+
+from ..codegen.triton import Unsupported, load, render
+from ..compiler.attention import (attention_function, row_softmax_function,
+                                  row_softmax_grad_function)
+from ..compiler.kernel import lower_plain
+from ..compiler.notation import Access, Epilogue, Mul, var_extents
+from ..compiler.schedule import OperandInfo
+from ..formats.format import as_format
 from ..formats.tensor import SparseTensor
+from .blocked import split_blocked
 from .relaid import relaid
 
 # Value dtypes the kernels take (accumulating in float32, float64 in float64).
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# Calls per path: 'rows', 'bsr', 'sampled', 'attention', 'row_softmax',
+# Calls per path: 'dense', 'blocked', 'sampled', 'attention', 'row_softmax',
 # 'row_softmax_grad', or 'fallback'.
 stats: Counter = Counter()
 
-_BLOCK_NZ = 16        # stored entries per step (SpMM, SDDMM, attention)
-_SPMV_BLOCK_NZ = 64   # SpMV: no dense tile, so a longer strip of the row per step
-_SPMV_ROWS = 4        # SpMV: rows per program (one row is too little work for one)
-_MAX_BLOCK_K = 64     # dense columns per program: a 16 x 64 tile of X per step
+_BLOCK_NZ = 16        # stored entries per step beside a dense tile (SpMM, SDDMM, attention)
+_SPMV_BLOCK_NZ = 64   # entries per step with nothing beside them (SpMV, row softmax)
+_SPMV_ROWS = 4        # rows per program then (one row is too little work for one)
+_MAX_BLOCK_K = 64     # dense columns per step or program: a 16 x 64 tile of X per step
 
 
 def _triton():
@@ -83,6 +91,25 @@ def row_order(pos: torch.Tensor) -> torch.Tensor:
     return order
 
 
+def infos_of(tensors) -> tuple:
+    """The ``OperandInfo`` of each operand, as the compiler schedules them."""
+    return tuple(OperandInfo(t.format, False) if isinstance(t, SparseTensor)
+                 else OperandInfo(as_format("dense", t.dim()), True) for t in tensors)
+
+
+@lru_cache(maxsize=512)
+def _compiled(assignment, infos, out_format, static=()):
+    """(schedule, output spec, ``TritonKernel``) of a call, or None where the renderer does
+    not map its nest. Memoised on the structure alone (Triton caches the binaries)."""
+    sched, spec, fn = lower_plain(assignment, infos, out_format)
+    if fn is None or spec.kind not in ("dense", "sampled"):
+        return None
+    try:
+        return sched, spec, render(fn, static)
+    except Unsupported:
+        return None
+
+
 def run_triton(assignment, tensors, infos, out_format):
     """The result of ``assignment`` on ``tensors`` (blocked ones kept) by a Triton kernel,
     or None when none applies (the caller falls back)."""
@@ -90,52 +117,111 @@ def run_triton(assignment, tensors, infos, out_format):
     if dtype not in TRITON_DTYPES:
         return None
     check_device(tensors[0].device)
-    blocked = any(info.format.blocksize is not None for info in infos)
-    if blocked:
-        if out_format not in (None, "dense"):
-            return None
-        p = triton_plan(assignment, tuple(i.format for i in infos), "dense")
-        return None if p is None else _launch_bsr(p, tensors, assignment)
-    sched = schedule(assignment, infos)
-    spec = infer_output(assignment, sched.order, sched.formats, out_format)
+    if any(info.format.blocksize is not None for info in infos):
+        return _run_blocked(assignment, tensors, out_format)
+    merged = _one_pattern(assignment, tensors)
+    if merged is not None:
+        assignment, tensors = merged
+        infos = infos_of(tensors)
+    found = _compiled(assignment, infos, out_format)
+    if found is None:
+        return None
+    sched, spec, kernel = found
     tensors = list(tensors)
     for n, fmt in sched.conversions:   # the pattern re-laid once and kept (relaid.py), so
         tensors[n] = relaid(tensors[n], fmt)   # operands of one pattern still share arrays
-    p = triton_plan(assignment, sched.formats, spec.kind, spec.sampled_operand,
-                    lambda m, n: _same_arrays(tensors[m], tensors[n]))
-    if p is None:
+    ext = var_extents(assignment, [tuple(t.shape) for t in tensors])
+    out_shape = tuple(ext[v] for v in assignment.out_vars)
+    device = tensors[0].device
+    if spec.kind == "sampled":
+        source = tensors[spec.sampled_operand]
+        vals = torch.zeros(source.nnz, dtype=dtype, device=device)
+        _launch(kernel, _arrays(tensors, vals), ext, dtype, "sampled")
+        return SparseTensor(out_shape, spec.format, source._level_arrays, vals)
+    make = torch.zeros if "out_vals" in kernel.zeroed else torch.empty
+    out = make(out_shape, dtype=dtype, device=device)
+    _launch(kernel, _arrays(tensors, out), ext, dtype, "dense")
+    return out
+
+
+def _run_blocked(assignment, tensors, out_format):
+    """A dense result of a blocked operand: its blocks split into block and in-block
+    indices (``blocked.split_blocked``), the in-block extents constants of the kernel."""
+    if out_format not in (None, "dense"):
         return None
-    if p.shared:   # one compressed operand: the product of the shared pattern's values
-        A = tensors[p.sparse]
-        values = A.values
-        for n in p.shared:
-            values = values * tensors[n].values
-        tensors[p.sparse] = A.with_values(values)
-    if p.kind == "sampled":
-        return _launch_sampled(p, tensors, assignment, spec)
-    return _launch_rows(p, tensors, assignment)
+    split = split_blocked(assignment, tensors)
+    if split is None:
+        return None
+    new, new_tensors, finish, static = split
+    found = _compiled(new, infos_of(new_tensors), None, static)
+    if found is None or found[1].kind != "dense":
+        return None
+    kernel = found[2]
+    ext = var_extents(new, [tuple(t.shape) for t in new_tensors])
+    out = torch.zeros(tuple(ext[v] for v in new.out_vars), dtype=tensors[0].dtype,
+                      device=tensors[0].device)
+    _launch(kernel, _arrays(new_tensors, out), ext, out.dtype, "blocked")
+    full = var_extents(assignment, [tuple(t.shape) for t in tensors])
+    return finish(out, tuple(full[v] for v in assignment.out_vars), (None, None))
 
 
 def traced_kind(assignment, infos, out_format, dtype) -> str | None:
     """What ``run_triton`` computes for operands of these formats, known without their data:
     ``"dense"`` or ``"sampled"`` (values on the sparse operand's own pattern); None where it
-    would convert an operand or multiply shared patterns first, or no kernel applies. A
-    traced call (``triton_ops``) records a launch only where this is not None."""
+    would convert an operand first or no kernel applies. A traced call (``triton_ops``)
+    records a launch only where this is not None (a blocked call whose kernel turns out not
+    to exist runs the fallback inside the recorded node)."""
     if dtype not in TRITON_DTYPES:
         return None
-    formats = tuple(i.format for i in infos)
-    if any(f.blocksize is not None for f in formats):
-        return "dense" if out_format in (None, "dense") and \
-            triton_plan(assignment, formats, "dense") is not None else None
-    sched = schedule(assignment, infos)
-    if sched.conversions:
+    if any(i.format.blocksize is not None for i in infos):
+        one = sum(not i.strided for i in infos) == 1
+        return "dense" if one and out_format in (None, "dense") else None
+    found = _compiled(assignment, infos, out_format)
+    if found is None or found[0].conversions:
         return None
-    spec = infer_output(assignment, sched.order, sched.formats, out_format)
-    p = triton_plan(assignment, sched.formats, spec.kind, spec.sampled_operand,
-                    lambda m, n: False)
-    if p is None or p.shared:
+    return found[1].kind
+
+
+def _one_pattern(assignment, tensors):
+    """``(assignment, tensors)`` with a product of sparse operands that store one pattern in
+    the same arrays (autograd's ``G * A``) folded into the first one's values, or None."""
+    expr = assignment.expr
+    body = expr.body if isinstance(expr, Epilogue) else expr
+    sparse = [a for a in body.accesses() if isinstance(tensors[a.operand], SparseTensor)]
+    if len(sparse) < 2:
         return None
-    return p.kind if p.kind == "sampled" else "dense"
+    first = sparse[0]
+    A = tensors[first.operand]
+    if any(a.indices != first.indices or not _same_arrays(A, tensors[a.operand])
+           for a in sparse[1:]):
+        return None
+    drop = {a.operand for a in sparse[1:]}
+
+    def without(e):
+        if isinstance(e, Mul):
+            a, b = without(e.a), without(e.b)
+            return b if a is None else a if b is None else Mul(a, b)
+        if isinstance(e, Access):
+            return None if e.operand in drop else e
+        if any(x.operand in drop for x in e.accesses()):
+            raise _NotProduct
+        return e
+
+    try:
+        new_body = without(body)
+    except _NotProduct:
+        return None
+    values = A.values
+    for n in sorted(drop):
+        values = values * tensors[n].values
+    tensors = list(tensors)
+    tensors[first.operand] = A.with_values(values)
+    new = replace(expr, body=new_body) if isinstance(expr, Epilogue) else new_body
+    return replace(assignment, expr=new), tensors
+
+
+class _NotProduct(Exception):
+    pass
 
 
 def _same_arrays(a, b) -> bool:
@@ -145,147 +231,92 @@ def _same_arrays(a, b) -> bool:
         all(a._level_arrays[k] is b._level_arrays[k] for k in a._level_arrays)
 
 
-def _strides(t: torch.Tensor, dims, roles) -> list:
-    """``t``'s stride for each role in ``roles`` (0 where ``t`` has no such dimension)."""
-    return [t.stride(dims.index(r)) if r in dims else 0 for r in roles]
+_OPERAND_ARRAY = re.compile(r"t(\d+)_(\w+)")
 
 
-def _epilogue_args(p, tensors):
-    """Pointers, then (row, k) stride pairs, of the epilogue's operands."""
-    from ..codegen.triton import epilogue_operands
-
-    roles = dict(p.roles)
-    ops = epilogue_operands(p)
-    dims = {a.operand: tuple(roles[v] for v in a.indices) for a in p.epilogue.accesses()} \
-        if p.epilogue is not None else {}
-    ptrs = [tensors[n] for n in ops]
-    strides = [s for n in ops for s in _strides(tensors[n], dims[n], ("r", "k"))]
-    return ptrs, strides
-
-
-def _out_shape(assignment, tensors):
-    ext = var_extents(assignment, [tuple(t.shape) for t in tensors])
-    return ext, tuple(ext[v] for v in assignment.out_vars)
+def _arrays(tensors, out) -> dict:
+    """The IR's array parameters (``t<n>_<level array or vals>``, ``out_vals``) -> tensors."""
+    named = {"out_vals": out.values if isinstance(out, SparseTensor) else out}
+    for n, t in enumerate(tensors):
+        if isinstance(t, SparseTensor):
+            named.update({f"t{n}_{k}": v for k, v in t._level_arrays.items()})
+            named[f"t{n}_vals"] = t.values
+        else:
+            named[f"t{n}_vals"] = t.contiguous()
+    return named
 
 
-def _launch_rows(p, tensors, assignment):
-    from ..codegen.triton import load, render
-
+def _launch(kernel, arrays: dict, ext: dict, dtype, kind: str) -> None:
+    """One launch of ``kernel``: ``arrays`` by IR name, ``ext`` the extent of each index
+    variable (size parameters are ``n_<variable>``)."""
     triton, tl = _triton()
-    A, X = tensors[p.sparse], tensors[p.x.operand]
-    ext, out_shape = _out_shape(assignment, tensors)
-    out = torch.empty(out_shape, dtype=A.dtype, device=A.device)
-    n_rows = A.shape[A.format.mode_order[0]]
-    n_k = ext[next(v for v, r in p.roles if r == "k")] if p.has_k else 1
-    stats["rows"] += 1
-    if out.numel() == 0:
-        return out
-    perm = row_order(A._level_arrays["pos1"])
-    eptrs, estrides = _epilogue_args(p, tensors)
-    block_k = min(_pow2(n_k), _MAX_BLOCK_K) if p.has_k else 1
-    rows = 1 if p.has_k else _SPMV_ROWS
-    grid = (triton.cdiv(n_rows, rows), triton.cdiv(n_k, block_k))
-    load(render(p))[grid](
-        A._level_arrays["pos1"], A._level_arrays["crd1"], A.values, perm, X, out, *eptrs, n_rows, n_k,
-        *_strides(X, p.x.dims, ("c", "k")), *_strides(out, p.out_dims, ("r", "k")),
-        *estrides, ROWS=rows, BLOCK_NZ=_BLOCK_NZ if p.has_k else _SPMV_BLOCK_NZ,
-        BLOCK_K=block_k, ACC=_acc(tl, A.dtype))
-    return out
+    stats[kind] += 1
+    sizes = {f"n_{v}": int(e) for v, e in ext.items()}
+    n_rows = sizes[kernel.rows]
+    out = arrays["out_vals"]
+    if n_rows == 0 or out.numel() == 0:
+        return
+    args = [arrays[name] if name in arrays else sizes[name] for name in kernel.args]
+    weights = arrays[kernel.weights] if kernel.weights else None
+    perm = row_order(weights) if weights is not None else \
+        torch.arange(n_rows, dtype=torch.int32, device=out.device)
+    consts, grid1 = {}, 1
+    if kernel.tile is not None:
+        var, extent = kernel.tile
+        consts[f"B_{var}"] = min(_pow2(sizes[extent]), _MAX_BLOCK_K)
+        grid1 = triton.cdiv(sizes[extent], consts[f"B_{var}"])
+        if grid1 == 0:
+            return
+    alone = kernel.tile is None and len(kernel.blocks) == 1
+    for var, what, bound in kernel.blocks:
+        consts[f"B_{var}"] = (_SPMV_BLOCK_NZ if alone else _BLOCK_NZ) if what == "entries" \
+            else max(1, min(_pow2(sizes[bound]), _MAX_BLOCK_K))
+    if kernel.dot:
+        width = consts.get(f"B_{kernel.tile[0]}", 0) if kernel.tile else 0
+        consts["USE_DOT"] = width >= 16 and dtype != torch.float64
+        tf32 = out.device.type == "cuda" and (dtype != torch.float32 or
+                                              torch.backends.cuda.matmul.allow_tf32)
+        consts["DOT_PREC"] = "tf32" if tf32 else "ieee"
+    rows = _SPMV_ROWS if alone else 1
+    load(kernel.source)[(triton.cdiv(n_rows, rows), grid1)](
+        *args, perm, ROWS=rows, **consts, ACC=_acc(tl, dtype))
 
 
-def _dot_choice(dtype, device, r, c, block_k):
-    """(use tl.dot, operand dtype to widen to, input precision) for R x C blocks: tensor
-    cores from 16 x 16 blocks (not float64); float32 as torch's matmul is told to
-    (``torch.backends.cuda.matmul.allow_tf32``); the interpreter multiplies in float32
-    (its bfloat16 arithmetic is not exact)."""
-    if min(r, c, block_k) < 16 or dtype == torch.float64:
-        return False, "", "ieee"
-    interpreted = device.type == "cpu"
-    widen = "tl.float32" if interpreted and dtype != torch.float32 else ""
-    tf32 = dtype == torch.float32 and not interpreted and torch.backends.cuda.matmul.allow_tf32
-    return True, widen, "tf32" if tf32 else "ieee"
-
-
-def _launch_bsr(p, tensors, assignment):
-    from ..codegen.triton import load, render
-
-    triton, tl = _triton()
-    A, X = tensors[p.sparse], tensors[p.x.operand]
-    ext, out_shape = _out_shape(assignment, tensors)
-    out = torch.empty(out_shape, dtype=A.dtype, device=A.device)
-    r, c = A.format.blocksize
-    n_rows = A.shape[0]
-    n_k = ext[next(v for v, role in p.roles if role == "k")] if p.has_k else 1
-    stats["bsr"] += 1
-    if out.numel() == 0:
-        return out
-    n_brows = n_rows // r
-    perm = row_order(A._level_arrays["pos1"])
-    eptrs, estrides = _epilogue_args(p, tensors)
-    block_k = min(_pow2(n_k), _MAX_BLOCK_K) if p.has_k else 1
-    use_dot, widen, precision = _dot_choice(A.dtype, A.device, r, c, block_k)
-    grid = (n_brows, triton.cdiv(n_k, block_k))
-    load(render(p, use_dot, widen, precision))[grid](
-        A._level_arrays["pos1"], A._level_arrays["crd1"], A.values, perm, X, out, *eptrs, n_brows, n_rows,
-        n_k, *_strides(X, p.x.dims, ("c", "k")), *_strides(out, p.out_dims, ("r", "k")),
-        *estrides, R=r, C=c, RP=_pow2(r), CP=_pow2(c), BLOCK_K=block_k,
-        ACC=_acc(tl, A.dtype))
-    return out
-
-
-def _launch_sampled(p, tensors, assignment, spec):
-    from ..codegen.triton import load, render
-
-    triton, tl = _triton()
-    A, X, Y = tensors[p.sparse], tensors[p.x.operand], tensors[p.y.operand]
-    ext, out_shape = _out_shape(assignment, tensors)
-    vals = torch.zeros(A.nnz, dtype=A.dtype, device=A.device)
-    n_rows = A.shape[A.format.mode_order[0]]
-    n_k = ext[next(v for v, r in p.roles if r == "k")]
-    stats["sampled"] += 1
-    if A.nnz and n_k:
-        block_k = min(_pow2(n_k), _MAX_BLOCK_K)
-        load(render(p))[(n_rows,)](
-            A._level_arrays["pos1"], A._level_arrays["crd1"], A.values, row_order(A._level_arrays["pos1"]), X, Y,
-            vals, n_rows, n_k, *_strides(X, p.x.dims, ("r", "k")),
-            *_strides(Y, p.y.dims, ("c", "k")), ROWS=1, BLOCK_NZ=_BLOCK_NZ, BLOCK_K=block_k,
-            ACC=_acc(tl, A.dtype))
-    return SparseTensor(out_shape, spec.format, A._level_arrays, vals)
+@lru_cache(maxsize=None)
+def _fixed(name: str):
+    """The rendered attention and row-softmax kernels (one text each: the dtype and block
+    sizes are launch constants)."""
+    build = {"attention": lambda: attention_function(None),
+             "row_softmax": row_softmax_function,
+             "row_softmax_grad": row_softmax_grad_function}[name]
+    return render(build())
 
 
 def attention(A: SparseTensor, Q, K, V) -> torch.Tensor:
-    """The fused masked attention (``st.ops.masked_attention``'s kernel) on CSR ``A``."""
-    from ..codegen.triton import load, render_attention
-
-    triton, tl = _triton()
+    """The fused masked attention (``st.ops.masked_attention``'s kernel) on CSR ``A``; the
+    scores of a row's entries pass through a scratch array of ``nnz`` values (float32 for
+    half-precision inputs)."""
     check_device(A.device)
-    (n, _), d, e = A.shape, Q.shape[1], V.shape[1]
+    (n, m), d, e = A.shape, Q.shape[1], V.shape[1]
     out = torch.empty((n, e), dtype=A.dtype, device=A.device)
-    stats["attention"] += 1
-    if out.numel() == 0:
-        return out
-    block_e = min(_pow2(e), _MAX_BLOCK_K)
-    load(render_attention())[(n, triton.cdiv(e, block_e))](
-        A._level_arrays["pos1"], A._level_arrays["crd1"], A.values, row_order(A._level_arrays["pos1"]), Q, K, V,
-        out, n, d, e, *Q.stride(), *K.stride(), *V.stride(), *out.stride(),
-        BLOCK_NZ=_BLOCK_NZ, BLOCK_D=_pow2(d), BLOCK_E=block_e, ACC=_acc(tl, A.dtype))
+    scratch = torch.empty(A.nnz, device=A.device,
+                          dtype=torch.float64 if A.dtype == torch.float64 else torch.float32)
+    arrays = {"t0_pos1": A._level_arrays["pos1"], "t0_crd1": A._level_arrays["crd1"],
+              "t0_vals": A.values, "t1_vals": Q.contiguous(), "t2_vals": K.contiguous(),
+              "t3_vals": V.contiguous(), "t4_vals": scratch, "out_vals": out}
+    _launch(_fixed("attention"), arrays, {"i": n, "j": m, "k": d, "d": e}, A.dtype,
+            "attention")
     return out
 
 
 def row_softmax(kind: str, t: SparseTensor, *inputs: torch.Tensor) -> torch.Tensor:
-    """The values row kernel ``kind`` (``codegen.triton.render_row_softmax``) computes from
-    value arrays ``inputs`` (one or two) on the rows of CSR ``t``."""
-    from ..codegen.triton import load, render_row_softmax
-
-    triton, tl = _triton()
+    """The values row kernel ``kind`` (``"row_softmax"`` of ``inputs[0]``, or
+    ``"row_softmax_grad"`` from the output ``y`` and its gradient ``g``) on the rows of
+    CSR ``t``."""
     check_device(t.device)
     inputs = [x.contiguous() for x in inputs]
     out = torch.empty_like(inputs[0])
-    stats[kind] += 1
-    n = t.shape[0]
-    if n and out.numel():
-        pos = t._level_arrays["pos1"]
-        load(render_row_softmax(kind))[(n,)](
-            pos, row_order(pos), inputs[0], inputs[-1], out, BLOCK_NZ=_SPMV_BLOCK_NZ,
-            ACC=_acc(tl, out.dtype))
+    arrays = {"t0_pos1": t._level_arrays["pos1"], "out_vals": out,
+              **{f"t{n}_vals": x for n, x in enumerate(inputs)}}
+    _launch(_fixed(kind), arrays, {"i": t.shape[0]}, out.dtype, kind)
     return out
