@@ -83,6 +83,12 @@ def _ort_case(model: torch.nn.Module, x: torch.Tensor, threads: int):
                           dynamo=False)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    # ORT's intra-op threads spin after a run by default and keep a core busy for tens of
+    # ms, which the next case timed in the same round pays: on this 2-core machine the
+    # sparse v1 took 23.4 ms (median) right after an ORT run against 9.9 ms alone, and ORT
+    # itself ran no faster spinning (alone, 2 threads: v1 18.6 vs 17.9 ms, v2 11.4 vs
+    # 11.8 ms). Off, each engine runs as it would alone.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     sess = ort.InferenceSession(buf.getvalue(), opts, providers=["CPUExecutionProvider"])
     feed = {"x": x.numpy()}
