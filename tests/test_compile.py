@@ -179,6 +179,7 @@ def test_sparse_input_not_a_leaf():
     _same(ref, got)
 
 
+@pytest.mark.slow   # ~10 s; inductor is covered in the default run by the two tests below
 def test_inductor_sparse_input_requiring_grad():
     ref = _sparse_input_grads(SPARSE_INPUT["spmm"])
     got = _sparse_input_grads(SPARSE_INPUT["spmm"], "inductor")
