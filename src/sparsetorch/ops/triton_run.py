@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-
-import torch
-
-import re
 from dataclasses import replace
 from functools import lru_cache
+
+import torch
 
 from ..codegen.triton import Unsupported, load, render
 from ..compiler.attention import (attention_function, row_softmax_function,
@@ -92,7 +90,13 @@ def row_order(pos: torch.Tensor) -> torch.Tensor:
 
 
 def infos_of(tensors) -> tuple:
-    """The ``OperandInfo`` of each operand, as the compiler schedules them."""
+    """The ``OperandInfo`` of each operand, as the compiler schedules them.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> [i.strided for i in infos_of([st.tensor(torch.eye(2), "csr"), torch.ones(2)])]
+        [False, True]
+    """
     return tuple(OperandInfo(t.format, False) if isinstance(t, SparseTensor)
                  else OperandInfo(as_format("dense", t.dim()), True) for t in tensors)
 
@@ -229,9 +233,6 @@ def _same_arrays(a, b) -> bool:
     return isinstance(a, SparseTensor) and isinstance(b, SparseTensor) and \
         a.format == b.format and a.shape == b.shape and \
         all(a._level_arrays[k] is b._level_arrays[k] for k in a._level_arrays)
-
-
-_OPERAND_ARRAY = re.compile(r"t(\d+)_(\w+)")
 
 
 def _arrays(tensors, out) -> dict:
