@@ -265,6 +265,7 @@ def test_conversions_benchmark_smoke(tmp_path, capsys):
     assert "x_scipy" in capsys.readouterr().out
 
 
+@pytest.mark.slow   # ~3 s: a benchmark script's smoke run (the full suite runs it)
 def test_variants_benchmark_compares_settings_of_a_tuning_function(tmp_path, capsys):
     """``benchmarks/variants.py`` holds one kernel per setting side by side: both settings'
     rows are written, the tuning function (and a constant moved with it) is restored

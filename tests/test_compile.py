@@ -173,13 +173,14 @@ def test_sparse_input_requiring_grad(name):
     _same(ref, got)
 
 
+@pytest.mark.slow   # ~4 s; aot_eager with sparse inputs stays in the default run above
 def test_sparse_input_not_a_leaf():
     ref = _sparse_input_grads(SPARSE_INPUT["spgemm_twice_used"], leaf=False)
     got = _sparse_input_grads(SPARSE_INPUT["spgemm_twice_used"], "aot_eager", leaf=False)
     _same(ref, got)
 
 
-@pytest.mark.slow   # ~10 s; inductor is covered in the default run by the two tests below
+@pytest.mark.slow   # ~10 s; inductor stays in the default run with the SpMM test below
 def test_inductor_sparse_input_requiring_grad():
     ref = _sparse_input_grads(SPARSE_INPUT["spmm"])
     got = _sparse_input_grads(SPARSE_INPUT["spmm"], "inductor")
@@ -192,6 +193,7 @@ def test_inductor_spmm_forward_and_backward():
     _same(ref, got)
 
 
+@pytest.mark.slow   # ~3 s; inductor stays in the default run with the SpMM test above
 def test_inductor_values_of_a_result():
     ref = _grads(BACKWARD["sddmm_values"])
     got = _grads(BACKWARD["sddmm_values"], "inductor")
