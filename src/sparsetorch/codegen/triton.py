@@ -39,9 +39,9 @@ import os
 from dataclasses import dataclass, replace
 
 from ..compiler.ir import (Assign, Bin, Block, Call, Comment, Cond, Decl, For, Function, Helper,
-                           If, Lit, Load, Sym, max_operand, substitute)
+                           If, Lit, Load, Sym, max_operand, names_read, statements, substitute)
 from ..compiler.notation import UNARY
-from .triton_nest import Fresh, pick_tile, replace_sums, statements, symbols
+from .triton_nest import Fresh, pick_tile, replace_sums
 
 # Triton spellings of the notation's unary maps, keyed by their C templates.
 _UNARY = {UNARY[name][0]: text for name, text in {
@@ -222,7 +222,7 @@ class _Renderer:
         out = set()
         if isinstance(e, Load):
             return self._roots(e.index) | {"gather"}
-        for name in symbols(e):
+        for name in names_read(e):
             out |= self.roots.get(name, set())
         return out
 

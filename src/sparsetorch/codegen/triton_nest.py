@@ -4,14 +4,15 @@ elements (``replace_sums``); plus the small IR queries both modules use.
 
 Example:
     >>> from sparsetorch.compiler.ir import Lit, Load, Sym
-    >>> sorted(symbols(Load("x", Sym("i"))))
+    >>> sorted(names_read(Load("x", Sym("i"))))
     ['i']
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..compiler.ir import Assign, Bin, Block, Call, Cond, Decl, For, If, Lit, Load, Sym
+from ..compiler.ir import (Assign, Block, Decl, For, If, Lit, Load, Sym, arrays_read,
+                           names_read, statements)
 
 
 class Fresh:
@@ -25,56 +26,19 @@ class Fresh:
         return f"_{base}{self.n}"
 
 
-def symbols(node) -> set:
-    """Names of the symbols an expression reads."""
-    if isinstance(node, Sym):
-        return {node.name}
-    if isinstance(node, Load):
-        return symbols(node.index)
-    if isinstance(node, (Bin, Cond, Call)):
-        return set().union(*(symbols(getattr(node, f)) for f in
-                             {Bin: ("a", "b"), Cond: ("cond", "a", "b"), Call: ("arg",)}[
-                                 type(node)]))
-    return set()
-
-
-def statements(block: Block):
-    """Every statement of ``block``, nested ones included, in order."""
-    for s in block.stmts:
-        yield s
-        if isinstance(s, For):
-            yield from statements(s.body)
-        elif isinstance(s, If):
-            yield from statements(s.then)
-            if s.orelse is not None:
-                yield from statements(s.orelse)
-
-
-def _arrays_read(node) -> set:
-    if isinstance(node, Load):
-        return {node.array} | _arrays_read(node.index)
-    if isinstance(node, Bin):
-        return _arrays_read(node.a) | _arrays_read(node.b)
-    if isinstance(node, Cond):
-        return _arrays_read(node.cond) | _arrays_read(node.a) | _arrays_read(node.b)
-    if isinstance(node, Call):
-        return _arrays_read(node.arg)
-    return set()
-
-
 def pick_tile(nests, sizes) -> For | None:
     """The loop the grid's second axis takes over: from 0 to a size parameter (one of
     ``sizes``), summing into nothing, its variable in the index of every store and in no
     loop bound."""
     stmts = [s for n in nests for s in statements(n.body)]
     stores = [s for s in stmts if isinstance(s, Assign) and isinstance(s.target, Load)]
-    bounds = set().union(*(symbols(s.start) | symbols(s.end) for s in stmts
+    bounds = set().union(*(names_read(s.start) | names_read(s.end) for s in stmts
                            if isinstance(s, For)))
     for s in stmts:
         if isinstance(s, For) and s.start == Lit(0) and isinstance(s.end, Sym) and \
                 s.end.name in sizes and s.reduction is None and s.parallel is None and \
                 s.var not in bounds and stores and \
-                all(s.var in symbols(t.target.index) for t in stores):
+                all(s.var in names_read(t.target.index) for t in stores):
             return s
     return None
 
@@ -117,7 +81,7 @@ def _hoist_sums(loop: For, tile: str | None, fresh: Fresh) -> list:
             touched[a] = touched.get(a, 0) + 1
     # a store directly under For nests (not under an If) whose index the loop does not move
     movable = [s for s in _direct_stores(loop.body)
-               if s.op == "+=" and not symbols(s.target.index) & bound
+               if s.op == "+=" and not names_read(s.target.index) & bound
                and touched.get(s.target.array) == 1]
     if not movable:
         return [loop]
@@ -140,13 +104,13 @@ def _hoist_sums(loop: For, tile: str | None, fresh: Fresh) -> list:
 def _arrays_touched(s) -> set:
     """Arrays statement ``s`` itself (not its nested statements) reads or writes."""
     if isinstance(s, Assign):
-        return _arrays_read(s.value) | _arrays_read(s.target)
+        return arrays_read(s.value) | arrays_read(s.target)
     if isinstance(s, Decl):
-        return _arrays_read(s.init)
+        return arrays_read(s.init)
     if isinstance(s, For):
-        return _arrays_read(s.start) | _arrays_read(s.end)
+        return arrays_read(s.start) | arrays_read(s.end)
     if isinstance(s, If):
-        return _arrays_read(s.cond)
+        return arrays_read(s.cond)
     return set()
 
 

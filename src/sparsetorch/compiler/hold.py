@@ -46,8 +46,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .ir import (Assign, Bin, Decl, For, If, Lit, Load, Node, Sym, While, block, rewrite,
-                 substitute)
+from .ir import (Assign, Bin, Decl, For, If, Lit, Load, Node, Sym, While, arrays_read, block,
+                 names_read, rewrite, substitute)
 
 
 # Vector registers a slice of the row's operand takes (``kernel.held_slice``; 0: no held
@@ -119,9 +119,9 @@ def held_sum(rest: For) -> HeldSum | None:
     local = {rest.var, *(s.name for s in decls)}
     held, other = [], []
     for factor in _factors(update.value):
-        names = _names(factor)
+        names = names_read(factor)
         (held if loop.var in names and not names & local else other).append(factor)
-    if not held or not any(_names(f) & local for f in other):   # nothing per entry
+    if not held or not any(names_read(f) & local for f in other):   # nothing per entry
         return None
     if not all(_contiguous(f, loop.var) for f in (*held, *other)):
         return None   # a strided slice would be gathered: vector code does not hold it
@@ -229,8 +229,8 @@ def _partial_target(parts: HeldSum):
         return None
     store = parts.stores[0]
     target = store.target
-    if parts.acc in _names(target) or target.array in _arrays(store.value) or \
-            any(d.init is not None and target.array in _arrays(d.init) for d in parts.decls):
+    if parts.acc in names_read(target) or target.array in arrays_read(store.value) or \
+            any(d.init is not None and target.array in arrays_read(d.init) for d in parts.decls):
         return None
     return target
 
@@ -241,11 +241,11 @@ def _contiguous(e: Node, k: str) -> bool:
     found = []
 
     def visit(n):
-        if isinstance(n, Load) and k in _names(n.index):
+        if isinstance(n, Load) and k in names_read(n.index):
             x = n.index
             found.append(isinstance(x, Bin) and x.op == "+" and (
-                (x.b == Sym(k) and k not in _names(x.a)) or
-                (x.a == Sym(k) and k not in _names(x.b))))
+                (x.b == Sym(k) and k not in names_read(x.a)) or
+                (x.a == Sym(k) and k not in names_read(x.b))))
         return n
     rewrite(e, visit)
     return all(found)
@@ -263,28 +263,3 @@ def _product(factors: list) -> Node:
     for f in factors[1:]:
         out = Bin("*", out, f)
     return out
-
-
-def _names(e: Node) -> set:
-    """The scalar symbols an expression reads."""
-    return _collected(e, lambda n: n.name if isinstance(n, Sym) else None)
-
-
-def _arrays(e: Node) -> set:
-    """The arrays an expression reads elements of."""
-    return _collected(e, lambda n: n.array if isinstance(n, Load) else None)
-
-
-def _collected(e: Node, pick) -> set:
-    """``pick(n)`` of every node ``n`` of ``e`` for which it is not None."""
-    found = set()
-
-    def visit(n):
-        got = pick(n)
-        if got is not None:
-            found.add(got)
-        return n
-    rewrite(e, visit)
-    return found
-
-

@@ -314,6 +314,57 @@ def substitute(node, mapping: dict):
     return rewrite(node, lambda n: mapping.get(n, n) if isinstance(n, Sym) else n)
 
 
+def names_read(e: Node) -> set:
+    """The scalar symbols an expression reads (inside array indices too).
+
+    Example:
+        >>> sorted(names_read(Bin("+", Load("x", Sym("i")), Sym("n"))))
+        ['i', 'n']
+    """
+    return _collected(e, lambda n: n.name if isinstance(n, Sym) else None)
+
+
+def arrays_read(e: Node) -> set:
+    """The arrays an expression reads elements of (empty for None).
+
+    Example:
+        >>> sorted(arrays_read(Load("x", Load("crd", Sym("p")))))
+        ['crd', 'x']
+    """
+    return _collected(e, lambda n: n.array if isinstance(n, Load) else None)
+
+
+def _collected(e: Node, pick) -> set:
+    """``pick(n)`` of every node ``n`` of ``e`` for which it is not None."""
+    found = set()
+
+    def visit(n):
+        got = pick(n)
+        if got is not None:
+            found.add(got)
+        return n
+    rewrite(e, visit)
+    return found
+
+
+def statements(b: Block):
+    """Every statement of ``b``, those nested in loops and branches included, in order.
+
+    Example:
+        >>> loop = For("i", Lit(0), Sym("n"), block(Comment("x")))
+        >>> [type(s).__name__ for s in statements(block(loop))]
+        ['For', 'Comment']
+    """
+    for s in b.stmts:
+        yield s
+        if isinstance(s, (For, While)):
+            yield from statements(s.body)
+        elif isinstance(s, If):
+            yield from statements(s.then)
+            if s.orelse is not None:
+                yield from statements(s.orelse)
+
+
 # -- printer ----------------------------------------------------------------------------------
 def dump(node, indent: int = 0) -> str:
     """A readable, indentation-structured listing of the IR (for ``explain``)."""
