@@ -232,3 +232,21 @@ def test_rigl_capture_gives_the_dense_weight_gradient_of_a_sparse_conv():
     F.conv2d(x, w[:, :, None, None], conv.bias, stride=2).square().sum().backward()
     torch.testing.assert_close(capture.grad_rows(0, 4), w.grad, rtol=1e-4, atol=1e-4)
     capture.close()
+
+
+@pytest.mark.parametrize("pixels", [(4, 4), pytest.param((20, 20), marks=pytest.mark.slow)],
+                         ids=["narrow", "einsum"])
+def test_traced_by_torch_compile_without_graph_breaks(pixels):
+    """Both kernel paths (few pixels: ``spmm_narrow``; more: ``st.einsum``) trace into one
+    graph, with and without gradients (a graph break there once handed AOT autograd the
+    weight SparseTensor as a subgraph output, which failed under ``no_grad``)."""
+    torch.manual_seed(0)
+    layer = SparseConv2d(8, 6, density=0.3, activation="relu")
+    x = torch.randn(1, 8, *pixels)
+    assert torch._dynamo.explain(layer)(x).graph_break_count == 0
+    compiled = torch.compile(layer, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), layer(x), rtol=1e-5, atol=1e-5)
+    compiled(x).sum().backward()
+    torch.testing.assert_close(layer.values.grad, torch.autograd.grad(
+        _dense_ref(layer, x).sum(), layer.values)[0], rtol=1e-5, atol=1e-5)

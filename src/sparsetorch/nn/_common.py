@@ -16,10 +16,14 @@ from ..formats import SparseTensor
 from ..formats.tensor import inherit_pattern_facts
 
 
-def keep_facts(weight: SparseTensor, cached) -> None:
-    """Hand what the kernels worked out about the pattern back to the kept wrapper
-    (``cached[2]``, a layer's ``_cached_weight``), so the next forward's wrapper starts
-    with it."""
+def keep_facts(weight: SparseTensor, layer: nn.Module) -> None:
+    """Hand what the kernels worked out about the pattern back to the layer's kept wrapper
+    (``_cached_weight[2]``), so the next forward's wrapper starts with it. Nothing under
+    ``torch.compile``: the traced weight is built afresh, and tracing the kept wrapper (an
+    alias of a Parameter) fails."""
+    if torch.compiler.is_compiling():
+        return
+    cached = layer.__dict__.get("_cached_weight")
     if cached is not None and weight is not cached[2]:
         inherit_pattern_facts(weight, cached[2])
 

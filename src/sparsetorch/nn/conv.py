@@ -175,7 +175,7 @@ class SparseConv2d(SparseLinear):
         else:
             y = einsum("oc,cp->op", weight, cols, bias=None if bias is None else bias.unsqueeze(1),
                        activation=self.activation)
-        _keep_facts(weight, self.__dict__.get("_cached_weight"))
+        _keep_facts(weight, self)
         if single:
             return y.view(1, self.out_features, h, w)
         return y.view(self.out_features, n, h, w).permute(1, 0, 2, 3)

@@ -310,8 +310,7 @@ class SparseLinear(nn.Module):
             out = einsum("ni,oi->no", x, weight, bias=self.bias, activation=self.activation)
         else:
             out = unfused(F.linear(x, weight), self.bias, self.activation)
-        if not _is_compiling():
-            keep_facts(weight, self.__dict__.get("_cached_weight"))
+        keep_facts(weight, self)
         return out
 
     # -- state_dict of another pattern --------------------------------------------------------

@@ -155,7 +155,8 @@ def _kernel_for(weight, x, bias):
     docstring); einsum also checks and reports every bad operand. (The weight's own fields
     are read, not its torch attributes: on the SparseTensor subclass each of those is a
     Python call, and a 7 x 7 layer's kernel takes only tens of microseconds.)"""
-    if type(weight) is not SparseTensor or weight._format.name != "csr" or _is_compiling():
+    # (compiling first: under torch.compile, reading the weight's Format breaks the graph)
+    if _is_compiling() or type(weight) is not SparseTensor or weight._format.name != "csr":
         return None
     values, (m, k) = weight._values, weight._size
     if (type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 2
