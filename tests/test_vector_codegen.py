@@ -130,6 +130,20 @@ def test_partial_tiles_run_whole_registers_unmasked(n):
 
 
 @needs_avx2
+@pytest.mark.parametrize("n", [3, 16, 17, 33, 64])
+def test_narrow_tiles_take_two_entries_a_trip(n):
+    """A row's entries add into the tile two at a time, into two sets of registers, when
+    at most two registers of the tile are in use (``PAIRED_REGISTERS``): rows of every
+    length, odd ones ending on a lone entry, against dense; wider rows run unpaired."""
+    d = _rows_of_every_length(cols=12, dtype=torch.float32)
+    A = st.tensor(d, format="csr")
+    src = st.explain("ij,jk->ik", A, torch.ones(12, n)).source
+    lanes = 16 if vector_isa() == "avx512" else 8
+    assert f"<= {2 * lanes}) {{" in src and "+ 1 < end_" in src, src   # the width's test
+    check_against_dense("ij,jk->ik", [A, _dense((12, n), torch.float32, n)])
+
+
+@needs_avx2
 def test_avx2_spmm_tiles_and_spmv_gathers_by_scalar_loads():
     from sparsetorch.codegen.c import render_c
 

@@ -388,6 +388,10 @@ class _CRenderer:
                 return self.vec.tile_loop(s, pad)
             if s.reduction:
                 return self.vec.sum_loop(s, pad)
+            try:
+                return self.vec.paired_loop(s, pad)
+            except Unsupported:
+                pass
         if id(s) in self.outline:
             return self.outlined_loop(s, pad)
         step = f"{s.var}++" if s.step == 1 else f"{s.var} += {s.step}"
