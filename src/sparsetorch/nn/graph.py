@@ -17,6 +17,7 @@ from torch import nn
 from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
 from ..ops import einsum, softmax
+from ..ops.policy import torch_blas_is_fast
 from ._common import member, outside_graph
 from .adjacency import AdjacencyCache, coordinates, normalized_adjacency
 
@@ -72,14 +73,14 @@ _is_compiling = torch.compiler.is_compiling
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
-    """``x W^T + b`` for a dense ``x``: while no gradient is recorded, the compiler's dense
-    kernel (MKL's F.linear is slow on the narrow products of these layers: Cora's 16 -> 7,
-    2 threads, 79 vs 50 us), given detached weights (a Parameter is not a plain tensor to
-    einsum's guarded call shims: each call would take its full path, ~0.3 ms here); while
-    autograd records, F.linear, whose backward is the faster one (a GCN training step on
-    Cora, 1 thread: 3.0 ms where the recorded einsum took 3.6)."""
-    if _is_grad_enabled() and (x.requires_grad or weight.requires_grad or
-                               (bias is not None and bias.requires_grad)):
+    """``x W^T + b`` for a dense ``x``: torch's ``F.linear`` (whose backward is the faster
+    one too: a GCN training step on Cora, 1 thread, 3.0 ms where the recorded einsum took
+    3.6), except where no gradient is recorded and torch's BLAS is slow on these narrow
+    products (``torch_blas_is_fast``: MKL on AMD CPUs), where the compiler's dense kernel
+    runs, given detached weights (a Parameter is not a plain tensor to einsum's guarded
+    call shims: each call would take its full path, ~0.3 ms here)."""
+    if torch_blas_is_fast() or _is_grad_enabled() and (
+            x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
         return F.linear(x, weight, bias)
     return einsum("ij,kj->ik", x, weight.detach(),
                   bias=None if bias is None else bias.detach())

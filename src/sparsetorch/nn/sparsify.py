@@ -20,6 +20,12 @@ else) is folded into it, with its running statistics (the model as in ``eval()``
 flow is read by ``torch.fx`` tracing; models that do not trace are read as ``nn.Sequential``
 chains (neighbouring children) only.
 
+A sparse 1x1 expansion followed by a 3x3 depthwise layer in an ``nn.Sequential`` (MobileNet
+v2's inverted residual blocks) then runs as one kernel in inference, the expanded
+activation never written to memory: that Sequential becomes an
+``ExpandDepthwiseSequential`` of the same children (``fuse.py``; hooks on those layers turn
+it off for them).
+
 Example:
     >>> import torch, sparsetorch as st
     >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.BatchNorm2d(16),
@@ -40,6 +46,7 @@ from ._common import check_pointwise as _check_pointwise
 from .conv import SparseConv2d
 from .depthwise import ChannelsFirstDepthwise, is_depthwise
 from .fold import fold_batchnorm
+from .fuse import fuse_expand_depthwise
 from .pattern import METHODS, exact_density, prune_mask
 
 from .linear import SparseLinear
@@ -85,7 +92,7 @@ def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
                           generator=generator)
         return SparseConv2d._from_mask(conv, mask, act)
 
-    return _rebuild(model, fold_bn, skipped, make_sparse)
+    return fuse_expand_depthwise(_rebuild(model, fold_bn, skipped, make_sparse))
 
 
 def fold_batchnorms(model: nn.Module) -> nn.Module:

@@ -10,6 +10,7 @@ from .expr import LazyExpr, abs, exp, lazy, relu, sqrt
 from .attention import masked_attention
 from .softmax import softmax
 from .depthwise import depthwise3x3
+from .expand_depthwise import expand_depthwise3x3
 from .narrow import spmm_narrow
 from .torch_api import _install
 
@@ -17,4 +18,4 @@ _install()
 
 __all__ = ["einsum", "explain", "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp",
            "sqrt", "softmax", "masked_attention", "depthwise3x3",
-           "spmm_narrow"]
+           "expand_depthwise3x3", "spmm_narrow"]

@@ -69,16 +69,17 @@ _WALK = Template(r"""
 void $NAME(int64_t planes, int64_t div, int64_t c, int64_t h, int64_t w, int64_t s,
           const $T* restrict x, const $T* restrict wt, const $T* restrict bias,
           int64_t act, $T* restrict out, $T* restrict scratch, int64_t rw, int64_t nr,
-          int64_t nt) {
+          int64_t nt$PARAMS) {
   const int64_t oh = (h - 1) / s + 1, ow = (w - 1) / s + 1;
   /* the activation as a clamp to [lo, hi] (a NaN passes, as through torch's) */
   const $T lo = act ? ($T)0 : -($T)INFINITY, hi = act == 2 ? ($T)6 : ($T)INFINITY;
   #pragma omp parallel num_threads(nt) if(nt > 1)
   {
-    $T* ring = scratch + (nr + 2) * rw * (int64_t)omp_get_thread_num();
+    $T* ring = scratch + (nr + 2 + $EXTRA_ROWS) * rw * (int64_t)omp_get_thread_num();
     const $T* zero = ring + nr * rw;
     $T* spare = ring + (nr + 1) * rw;
     memset(ring, 0, (size_t)((nr + 2) * rw) * sizeof($T));
+    $THREAD
     /* a static split by hand: the channel of the next plane is then counted, not divided
        for (two 64-bit divisions cost a third of a 7 x 7 plane) */
     const int64_t t = omp_get_thread_num(), nth = omp_get_num_threads();
@@ -89,7 +90,7 @@ void $NAME(int64_t planes, int64_t div, int64_t c, int64_t h, int64_t w, int64_t
       const $T* k = wt + 9 * ch;
       const $T b = bias ? bias[ch] : ($T)0;
       $SETUP
-      const $T* xp = x + p * h * w;
+      $PLANE
       $T* op = out + p * oh * ow;
       /* input row r sits in ring slot r % nr, tracked without dividing */
       int64_t filled = -1, next_slot = 0, top_slot = nr - 1;
@@ -97,7 +98,7 @@ void $NAME(int64_t planes, int64_t div, int64_t c, int64_t h, int64_t w, int64_t
         const int64_t top = i * s - 1, need = top + s + 2;   /* o2's last input row */
         const int64_t last = nr == h || need > h - 1 ? h - 1 : need;
         for (; filled < last; filled++) {   /* the next input row into the ring */
-          const $T* src = xp + (filled + 1) * w;
+          $SOURCE
           $T* dst = ring + next_slot * rw;
           next_slot = next_slot == nr - 1 ? 0 : next_slot + 1;
           if (s == 1) {
@@ -233,18 +234,41 @@ STORE_PART_C = r"""static inline void st_store_part(float* o, __m256 v, int64_t 
 _AVX2_HEADER = "#include <immintrin.h>\n" + STORE_PART_C
 
 
-def _source(avx2: bool) -> str:
-    parts = [_HEADER + (_AVX2_HEADER if avx2 else "")]
-    for t, fma in (("float", "fmaf"), ("double", "fma")):
-        parts.append(_WALK.substitute(NAME=f"st_depthwise3x3_{t}", T=t, SETUP="", FILL1=_MEMCPY,
-                                      FILL2="",
-                                      ROW1=_generic_row(t, fma, 1), ROW2=_generic_row(t, fma, 2)))
-    if avx2:
-        parts.append(_WALK.substitute(NAME="st_depthwise3x3_float_avx2", T="float",
-                                      SETUP=_AVX2_SETUP, FILL1=_AVX2_FILL, FILL2=_AVX2_FILL2,
-                                      ROW1=_avx2_row(1),
-                                      ROW2=_avx2_row(2)))
+# The walk's input rows: plane p's rows of x, read in place.
+_PLAIN_ROWS = {"PARAMS": "", "EXTRA_ROWS": "0", "THREAD": "",
+               "PLANE": "const $T* xp = x + p * h * w;",
+               "SOURCE": "const $T* src = xp + (filled + 1) * w;"}
+
+
+def walks(avx2: bool, name: str, rows: dict, index: str = "") -> str:
+    """The kernel ``name`` (+ value type, + ``_avx2`` for the intrinsics variant) for float
+    and double: the walk with its input rows given by ``rows`` (the ``_WALK`` hooks PARAMS,
+    EXTRA_ROWS, THREAD, PLANE and SOURCE, in which ``$T`` is the value type and ``$I``
+    ``index``; a hook given as a pair is (portable text, AVX2 float text)). ``expand_depthwise.py`` computes its rows instead of reading them."""
+    parts = []
+    for t, fma, intrinsics in (("float", "fmaf", False), ("double", "fma", False),
+                               ("float", None, True)):
+        if intrinsics and not avx2:
+            continue
+        hooks = {k: Template(v if isinstance(v, str) else v[intrinsics]).substitute(T=t, I=index)
+                 for k, v in rows.items()}
+        if intrinsics:
+            parts.append(_WALK.substitute(NAME=f"{name}_float_avx2", T=t, SETUP=_AVX2_SETUP,
+                                          FILL1=_AVX2_FILL, FILL2=_AVX2_FILL2,
+                                          ROW1=_avx2_row(1), ROW2=_avx2_row(2), **hooks))
+        else:
+            parts.append(_WALK.substitute(NAME=f"{name}_{t}", T=t, SETUP="", FILL1=_MEMCPY,
+                                          FILL2="", ROW1=_generic_row(t, fma, 1),
+                                          ROW2=_generic_row(t, fma, 2), **hooks))
     return "".join(parts)
+
+
+def header(avx2: bool) -> str:
+    return _HEADER + (_AVX2_HEADER if avx2 else "")
+
+
+def _source(avx2: bool) -> str:
+    return header(avx2) + walks(avx2, "st_depthwise3x3", _PLAIN_ROWS)
 
 
 _WHOLE_PLANE_ROWS = 16   # planes of up to this many rows are copied whole (the kernel's comment)
