@@ -118,11 +118,15 @@ def _layer(module, kind):
         return module
     if type(module) is not nn.Sequential:
         return None
-    children = list(module._modules.values())
-    if children and isinstance(children[0], kind) and \
-            all(type(m) is nn.Identity for m in children[1:]):
-        return children[0]
-    return None
+    first = None
+    for child in module._modules.values():
+        if first is None:
+            if not isinstance(child, kind):
+                return None
+            first = child
+        elif type(child) is not nn.Identity:
+            return None
+    return first
 
 
 def _fusable(first, second):

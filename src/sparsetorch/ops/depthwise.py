@@ -364,7 +364,8 @@ def _forward(x, weight, bias, stride, activation, div):
     if div == 1:
         out = torch.empty((n, c, oh, ow), dtype=x.dtype)
     else:
-        out = torch.empty((c, n, oh, ow), dtype=x.dtype).permute(1, 0, 2, 3)
+        # (C, N, OH, OW) memory seen as (N, C, OH, OW): one call, not empty and permute
+        out = torch.empty_strided((n, c, oh, ow), (oh * ow, n * oh * ow, ow, 1), dtype=x.dtype)
     nt = runtime.num_threads() if n * c * oh * ow >= _PARALLEL_OUTPUTS else 1
     rw = 2 * ((w + 7) // 8 * 8 + 16)   # (see the kernel's comment)
     nr = h if h <= _WHOLE_PLANE_ROWS else 5

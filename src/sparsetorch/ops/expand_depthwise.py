@@ -147,12 +147,12 @@ def expand_depthwise3x3(x: torch.Tensor, expand_weight: SparseTensor,
         raise ValueError(f"expand_depthwise3x3: x must be a 4-D (N, C, H, W) tensor, got "
                          f"{tuple(shape or ()) or type(x).__name__}")
     n, c, h, w = shape
-    if not isinstance(expand_weight, SparseTensor) or expand_weight.dim() != 2 \
-            or expand_weight.shape[1] != c:
+    if not isinstance(expand_weight, SparseTensor) or len(expand_weight._size) != 2 \
+            or expand_weight._size[1] != c:
         raise ValueError(f"expand_depthwise3x3: expand_weight must be an (E, {c}) SparseTensor "
                          f"for x with {c} channels, got {type(expand_weight).__name__} "
                          f"{tuple(getattr(expand_weight, 'shape', ()))}")
-    e = expand_weight.shape[0]
+    e = expand_weight._size[0]
     if expand_bias is not None and (not isinstance(expand_bias, torch.Tensor)
                                     or expand_bias.shape != (e,)):
         raise ValueError(f"expand_depthwise3x3: expand_bias must be None or ({e},), got "
@@ -165,7 +165,8 @@ def expand_depthwise3x3(x: torch.Tensor, expand_weight: SparseTensor,
         return _unfused(x, expand_weight, expand_bias, expand_activation, weight, bias,
                         stride, activation)
     oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
-    out = torch.empty((e, n, oh, ow), dtype=x.dtype).permute(1, 0, 2, 3)
+    # (E, N, OH, OW) memory seen as (N, E, OH, OW): one call, not empty and permute
+    out = torch.empty_strided((n, e, oh, ow), (oh * ow, n * oh * ow, ow, 1), dtype=x.dtype)
     nt = runtime.num_threads() if n * e * oh * ow >= _dw._PARALLEL_OUTPUTS else 1
     rw = 2 * ((w + 7) // 8 * 8 + 16)   # (depthwise.py's row width)
     nr = h if h <= _dw._WHOLE_PLANE_ROWS else 5
@@ -195,24 +196,31 @@ def _unfused(x, expand_weight, expand_bias, expand_activation, weight, bias, str
 
 def _kernel_for(x, ew, eb, weight, bias, stride, activation):
     """The fused kernel for these operands, or None where the two steps run (they check
-    and report every other bad operand)."""
+    and report every other bad operand). (Plain checks, no loops over the operands: a
+    7 x 7 block's kernel takes tens of microseconds.)"""
     if _is_compiling() or type(ew) is not SparseTensor or ew._format.name != "csr":
         return None
     dtype, e = x.dtype, ew._size[0]
     n, c, h, w = x.shape
     if (not x.is_cpu or x.layout != torch.strided or n * c * h * w == 0
             or (x.stride(3) != 1 and w > 1) or (x.stride(2) != w and h > 1)
-            or stride not in (1, 2) or activation not in ACTIVATIONS or backend() != "c"):
+            or stride not in (1, 2) or activation not in ACTIVATIONS or backend() != "c"
+            or not _plain(ew._values, dtype) or not _plain(weight, dtype)
+            or weight.shape != (e, 1, 3, 3)
+            or (eb is not None and not _plain(eb, dtype))
+            or (bias is not None and (not _plain(bias, dtype) or bias.shape != (e,)))):
         return None
-    tensors = [ew._values, weight] + [t for t in (eb, bias) if t is not None]
-    if any(not isinstance(t, torch.Tensor) or t.dtype != dtype or not t.is_cpu
-           or not t.is_contiguous() for t in tensors):
-        return None
-    if weight.shape != (e, 1, 3, 3) or (bias is not None and bias.shape != (e,)):
-        return None
-    if torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in tensors)):
+    if torch.is_grad_enabled() and (x.requires_grad or ew._values.requires_grad
+                                    or weight.requires_grad
+                                    or (eb is not None and eb.requires_grad)
+                                    or (bias is not None and bias.requires_grad)):
         return None
     return _kernel(dtype, ew._crd1.dtype)
+
+
+def _plain(t, dtype) -> bool:
+    """A contiguous CPU tensor of ``dtype``."""
+    return isinstance(t, torch.Tensor) and t.dtype == dtype and t.is_cpu and t.is_contiguous()
 
 
 @lru_cache(maxsize=None)
