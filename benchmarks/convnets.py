@@ -24,7 +24,9 @@ Sections
            dense ``conv2d`` + bias + ReLU on the same input.
   profile  the sparse model's leaf modules timed one by one with forward hooks (batch 1, the
            fastest of 10 runs each), summed per kind: first conv, depthwise, sparse 1x1,
-           classifier, other; "between layers" is the rest of the forward (Python, hooks).
+           classifier, other, and fused expansion+depthwise pairs (MobileNet v2's, timed
+           around the call that runs them: a hook would turn their fusion off); "between
+           layers" is the rest of the forward (Python, hooks).
 
 Every ratio is a median of per-round ratios from ``sparsetorch.bench.compare`` (interleaved
 rounds): > 1 means the sparse model is faster. Outputs are checked against the dense model
@@ -46,6 +48,7 @@ import torch
 
 import sparsetorch as st
 from sparsetorch.bench import Report, compare, pinned_threads, speedup
+from sparsetorch.nn import fuse
 
 HERE = Path(__file__).resolve().parent
 MODELS = {"mobilenet_v1": st.models.mobilenet_v1, "mobilenet_v2": st.models.mobilenet_v2}
@@ -232,30 +235,54 @@ def _layer_inputs(model, x) -> dict:
 
 def profile_section(threads, reps: int = 10) -> list[dict]:
     """Per-leaf-module time of each sparse model at 90%, batch 1: the fastest of ``reps``
-    runs of each module, and of the whole forward (hooks cost a few us per module)."""
+    runs of each module, and of the whole forward (hooks cost a few us per module). A
+    fused expansion and depthwise pair (``st.nn.fuse``; a hook on either layer would turn
+    its fusion off) is timed as one, around the call that runs it, named
+    ``<container>.<expansion>+<depthwise>``."""
     rows = []
     for name, build in MODELS.items():
         sparse = st.sparsify(build().eval(), sparsity=0.9)
         x = torch.randn(1, 3, 224, 224)
         times: dict[str, list[float]] = {}
         starts: dict[str, float] = {}
+        containers, fused = {}, set()
+        for cname, m in sparse.named_modules():
+            if isinstance(m, fuse.ExpandDepthwiseSequential):
+                containers[id(m._modules)] = cname
+                for child in (c for pair in m.pairs.items() for c in pair):
+                    fused.update(f"{cname}.{child}.{n}".rstrip(".")
+                                 for n, _ in m.get_submodule(child).named_modules())
         hooks = []
         for mname, m in sparse.named_modules():
-            if not list(m.children()) and not isinstance(m, torch.nn.Identity):
+            if not list(m.children()) and not isinstance(m, torch.nn.Identity) \
+                    and mname not in fused:
                 hooks.append(m.register_forward_pre_hook(
                     lambda mod, args, n=mname: starts.__setitem__(n, CLOCK['timer']())))
                 hooks.append(m.register_forward_hook(
                     lambda mod, args, out, n=mname: times.setdefault(n, []).append(
                         CLOCK['timer']() - starts[n])))
-        with torch.no_grad(), pinned_threads(threads):
-            for _ in range(2):
-                sparse(x)
-            times.clear()
-            totals = []
-            for _ in range(reps):
-                t0 = CLOCK["timer"]()
-                sparse(x)
-                totals.append(CLOCK["timer"]() - t0)
+        run_pair = fuse._fused
+
+        def timed_pair(modules, first, second, x):
+            t0 = CLOCK["timer"]()
+            y = run_pair(modules, first, second, x)
+            if y is not None:
+                times.setdefault(f"{containers[id(modules)]}.{first}+{second}", []).append(
+                    CLOCK["timer"]() - t0)
+            return y
+        fuse._fused = timed_pair
+        try:
+            with torch.no_grad(), pinned_threads(threads):
+                for _ in range(2):
+                    sparse(x)
+                times.clear()
+                totals = []
+                for _ in range(reps):
+                    t0 = CLOCK["timer"]()
+                    sparse(x)
+                    totals.append(CLOCK["timer"]() - t0)
+        finally:
+            fuse._fused = run_pair
         total = min(totals)
         for h in hooks:
             h.remove()
@@ -263,7 +290,7 @@ def profile_section(threads, reps: int = 10) -> list[dict]:
         mods = dict(sparse.named_modules())
         for mname, ts in times.items():
             best = min(ts)   # the least disturbed run: robust to preemption on a busy machine
-            kind = _kind(mname, mods[mname])
+            kind = _kind(mname, mods.get(mname))
             kinds[kind] = kinds.get(kind, 0.0) + best
             rows.append({"model": name, "layer": mname, "kind": kind, "ms": best * 1e3})
         print(f"== profile {name} 90% batch 1: {total * 1e3:.2f} ms per forward ==")
@@ -276,6 +303,8 @@ def profile_section(threads, reps: int = 10) -> list[dict]:
 
 
 def _kind(name: str, module) -> str:
+    if module is None:   # (a fused pair's name)
+        return "expansion+depthwise"
     if isinstance(module, st.nn.SparseConv2d):
         return "sparse 1x1"
     if isinstance(module, st.nn.ChannelsFirstDepthwise):
