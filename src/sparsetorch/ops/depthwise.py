@@ -244,14 +244,20 @@ def walks(avx2: bool, name: str, rows: dict, index: str = "") -> str:
     """The kernel ``name`` (+ value type, + ``_avx2`` for the intrinsics variant) for float
     and double: the walk with its input rows given by ``rows`` (the ``_WALK`` hooks PARAMS,
     EXTRA_ROWS, THREAD, PLANE and SOURCE, in which ``$T`` is the value type and ``$I``
-    ``index``; a hook given as a pair is (portable text, AVX2 float text)). ``expand_depthwise.py`` computes its rows instead of reading them."""
+    ``index``; a hook given as a pair is (portable text, AVX2 float text)).
+    ``expand_depthwise.py`` computes its rows instead of reading them.
+
+    Example:
+        >>> "void st_depthwise3x3_double(" in walks(False, "st_depthwise3x3", _PLAIN_ROWS)
+        True
+    """
     parts = []
     for t, fma, intrinsics in (("float", "fmaf", False), ("double", "fma", False),
                                ("float", None, True)):
         if intrinsics and not avx2:
             continue
-        hooks = {k: Template(v if isinstance(v, str) else v[intrinsics]).substitute(T=t, I=index)
-                 for k, v in rows.items()}
+        hooks = {k: Template(v if isinstance(v, str) else v[1 if intrinsics else 0])
+                 .substitute(T=t, I=index) for k, v in rows.items()}
         if intrinsics:
             parts.append(_WALK.substitute(NAME=f"{name}_float_avx2", T=t, SETUP=_AVX2_SETUP,
                                           FILL1=_AVX2_FILL, FILL2=_AVX2_FILL2,
@@ -264,6 +270,7 @@ def walks(avx2: bool, name: str, rows: dict, index: str = "") -> str:
 
 
 def header(avx2: bool) -> str:
+    """The includes and helpers ``walks``' kernels need (with the AVX2 store helper)."""
     return _HEADER + (_AVX2_HEADER if avx2 else "")
 
 
