@@ -160,8 +160,10 @@ class VectorLoops:
         zeroed twin of the tile's registers (independent FMA chains, twice the FMAs in
         flight), added to the tile after the loop; an odd last entry runs alone. A partial
         tile (its width known at run time) is paired only when that width needs at most
-        ``PAIRED_REGISTERS`` registers, the loop as it stands runs otherwise. Anything
-        else raises ``Unsupported``, and the caller renders the loop as it stands."""
+        ``PAIRED_REGISTERS`` registers, in a version per register count that touches only
+        those (a 16-column row in a 64-column tile otherwise tested all four registers'
+        lanes at every entry); the loop as it stands runs past that. Anything else raises
+        ``Unsupported``, and the caller renders the loop as it stands."""
         if self.unpaired or s.step != 1 or s.simd or s.reduction or s.parallel is not None:
             raise Unsupported("not a plain loop")
         tiles, widths = set(), set()
@@ -190,9 +192,8 @@ class VectorLoops:
             if names_read(width) & ({s.var} | {d.name for d in statements(s.body)
                                               if isinstance(d, Decl)}):
                 raise Unsupported("a tile width that changes along the loop")
-            test = f"{self.scalar.expr(width)} <= {pairs}"
+            test = self.scalar.expr(width)
         twin = self.fresh(tile)
-        self.tiles[twin] = regs
         var, end = s.var, self.fresh("end")
         second = rewrite(s.body, lambda n: Bin("+", n, Lit(1)) if n == Sym(var) else
                          Load(twin, n.index) if isinstance(n, Load) and n.array == tile else n)
@@ -200,24 +201,38 @@ class VectorLoops:
 
         def copy(body):
             return [f"{pad}    {{", *self.scalar.stmt(body, inner + "  "), f"{pad}    }}"]
-        paired = [
-            f"{pad}  {lanes.vtype} " + ", ".join(f"{twin}_{r} = {lanes.zero()}"
-                                                for r in range(regs)) + ";",
-            f"{pad}  const int64_t {end} = {self.scalar.expr(s.end)};",
-            f"{pad}  int64_t {var} = {self.scalar.expr(s.start)};",
-            f"{pad}  for (; {var} + 1 < {end}; {var} += 2) {{",
-            *copy(s.body), *copy(second), f"{pad}  }}",
-            f"{pad}  if ({var} < {end}) {{", *self.scalar.stmt(s.body, inner), f"{pad}  }}",
-            *(f"{pad}  {tile}_{r} = {lanes.op('add', f'{tile}_{r}', f'{twin}_{r}')};"
-              for r in range(regs))]
+
+        def paired(used):
+            """The loop with the tile's first ``used`` registers (the rest stay zero)."""
+            self.tiles[tile] = self.tiles[twin] = used
+            try:
+                return [
+                    f"{pad}  {lanes.vtype} " + ", ".join(f"{twin}_{r} = {lanes.zero()}"
+                                                        for r in range(used)) + ";",
+                    f"{pad}  const int64_t {end} = {self.scalar.expr(s.end)};",
+                    f"{pad}  int64_t {var} = {self.scalar.expr(s.start)};",
+                    f"{pad}  for (; {var} + 1 < {end}; {var} += 2) {{",
+                    *copy(s.body), *copy(second), f"{pad}  }}",
+                    f"{pad}  if ({var} < {end}) {{", *self.scalar.stmt(s.body, inner),
+                    f"{pad}  }}",
+                    *(f"{pad}  {tile}_{r} = {lanes.op('add', f'{tile}_{r}', f'{twin}_{r}')};"
+                      for r in range(used))]
+            finally:
+                self.tiles[tile] = regs
         if test is None:
-            return [f"{pad}{{", *paired, f"{pad}}}"]
+            return [f"{pad}{{", *paired(regs), f"{pad}}}"]
+        # A partial tile: one version per number of registers its width needs (each adds
+        # into those only: no per-entry tests of the others), the loop alone past that.
+        out = []
+        for used in range(1, PAIRED_REGISTERS + 1):
+            out += [f"{pad}{'} else ' if out else ''}if ({test} <= {used * lanes.n}) {{",
+                    *paired(used)]
         self.unpaired = True
         try:
             alone = self.scalar.stmt(s, pad + "  ")
         finally:
             self.unpaired = False
-        return [f"{pad}if ({test}) {{", *paired, f"{pad}}} else {{", *alone, f"{pad}}}"]
+        return [*out, f"{pad}}} else {{", *alone, f"{pad}}}"]
 
     # -- sums ----------------------------------------------------------------------------
     def sum_loop(self, s: For, pad: str) -> list[str]:
