@@ -141,6 +141,9 @@ def test_narrow_tiles_take_two_entries_a_trip(n):
     lanes = 16 if vector_isa() == "avx512" else 8
     assert f"<= {2 * lanes}) {{" in src and "+ 1 < end_" in src, src   # the width's test
     check_against_dense("ij,jk->ik", [A, _dense((12, n), torch.float32, n)])
+    # a tile of one register (a blocked operand's 16-entry block rows): one version only
+    B = st.tensor(torch.block_diag(*[torch.ones(16, 16)] * 2), format="bsr", blocksize=(16, 16))
+    check_against_dense("ij,ik->jk", [B, _dense((32, n), torch.float32, n + 1)])
 
 
 @needs_avx2

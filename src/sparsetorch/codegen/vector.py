@@ -224,7 +224,7 @@ class VectorLoops:
         # A partial tile: one version per number of registers its width needs (each adds
         # into those only: no per-entry tests of the others), the loop alone past that.
         out = []
-        for used in range(1, PAIRED_REGISTERS + 1):
+        for used in range(1, min(PAIRED_REGISTERS, regs) + 1):
             out += [f"{pad}{'} else ' if out else ''}if ({test} <= {used * lanes.n}) {{",
                     *paired(used)]
         self.unpaired = True
