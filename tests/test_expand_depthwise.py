@@ -169,3 +169,21 @@ def test_a_module_inserted_inside_a_pair_runs():
         ref = sparse[2](F.hardtanh(sparse[0](x), 0.0, 1.0))
         torch.testing.assert_close(sparse[:3](x), ref)
         torch.testing.assert_close(sparse(x), sparse[3](ref))   # the original's stale pair
+
+
+def test_a_hook_inside_a_pair_or_a_removed_child_turns_the_fusion_off():
+    """A hook on a folded-away Identity inside the expansion's Sequential fires; a pair
+    whose depthwise child was deleted (the Sequential renumbers its children) runs what is
+    left, one by one."""
+    torch.manual_seed(0)
+    sparse = st.sparsify(_block(), sparsity=0.8)
+    x = torch.randn(1, 8, 10, 10)
+    seen = []
+    handle = sparse[0][1].register_forward_hook(lambda m, i, o: seen.append(o.shape[1]))
+    with torch.no_grad():
+        sparse(x)
+    handle.remove()
+    assert seen == [48]
+    del sparse[1]   # now: expansion, projection, Identity; the old pair {"0": "1"} is stale
+    with torch.no_grad():
+        torch.testing.assert_close(sparse(x), sparse[1](sparse[0](x)))

@@ -7,14 +7,15 @@ a child that is a ``SparseConv2d`` with stride 1 (alone, or as the first of an
 ``nn.Sequential`` whose other children are ``nn.Identity``: a convolution whose batch norm
 and activation ``sparsify`` folded in) followed, with nothing but ``nn.Identity`` children
 between, by a child that is a 3x3 ``ChannelsFirstDepthwise`` (the same way) is a fusable
-pair. ``fuse_expand_depthwise``
-makes each ``nn.Sequential`` holding such pairs an ``ExpandDepthwiseSequential``: the same
-children under the same names (so ``state_dict`` keys, ``named_modules`` and the layers
-themselves are unchanged), whose forward runs each pair as one kernel in inference. It
-runs the two layers as before while autograd records through their parameters, while
-``torch.compile`` traces, for a blocked (BSR) expansion, for inputs that are not plain
-tensors (``torch.fx`` proxies) and whenever a hook is registered on either layer or on the
-containers around them, so every hook still sees its module's own input and output.
+pair. ``fuse_expand_depthwise`` makes each ``nn.Sequential`` holding such pairs an
+``ExpandDepthwiseSequential``: the same children under the same names (so ``state_dict``
+keys, ``named_modules`` and the layers themselves are unchanged), whose forward runs each
+pair as one kernel in inference. It runs the layers one by one as before while autograd
+records through their parameters, while ``torch.compile`` traces, for a blocked (BSR)
+expansion, for inputs that are not plain tensors (``torch.fx`` proxies), once the children
+have moved so that they no longer form the pair, and whenever a hook is registered on any
+module of the pair (a global module hook included), so every hook still sees its module's
+own input and output.
 
 Example:
     >>> import torch, sparsetorch as st
@@ -149,19 +150,21 @@ def _fused(modules: dict, first: str, second: str, x):
     layers run instead."""
     if type(x) is not torch.Tensor or _is_compiling():
         return None
-    layers = _fusable(modules[first], modules[second])
+    names = list(modules)   # (children may have moved, or gone, since the pairs were found)
+    i = names.index(first)
+    j = names.index(second) if second in modules else -1
+    span = [modules[n] for n in names[i:j + 1]]
+    if j <= i or any(type(m) is not nn.Identity for m in span[1:-1]):
+        return None
+    layers = _fusable(span[0], span[-1])
     if layers is None:
         return None
     conv, dw = layers
     if x.dim() != 4 or x.shape[1] != conv.in_features or x.dtype != conv.values.dtype:
         return None   # (the layers say what is wrong)
-    if _module._global_forward_hooks or _module._global_forward_pre_hooks or _hooked(conv) \
-            or _hooked(dw):
-        return None
-    names = list(modules)   # (children may have moved since the pairs were found)
-    between = [modules[n] for n in names[names.index(first) + 1:names.index(second)]]
-    if any(type(m) is not nn.Identity or _hooked(m) for m in between) \
-            or _hooked(modules[first]) or _hooked(modules[second]):
+    if _module._global_forward_hooks or _module._global_forward_pre_hooks \
+            or any(_hooked(child) or any(_hooked(m) for m in child._modules.values())
+                   for child in span):   # (a pair's modules are at most two deep: _layer)
         return None
     if torch.is_grad_enabled() and any(p.requires_grad for p in (
             conv.values, conv.bias, dw.weight, dw.bias, x) if p is not None):
