@@ -100,6 +100,16 @@ def _block(inp=8, hidden=48, stride=1):
     return net.eval()
 
 
+def _channels_a_hook_sees(model, module, x) -> list:
+    """The channel counts a forward hook on ``module`` sees in one inference of ``model``."""
+    seen = []
+    handle = module.register_forward_hook(lambda m, i, o: seen.append(o.shape[1]))
+    with torch.no_grad():
+        model(x)
+    handle.remove()
+    return seen
+
+
 def _unfused(sparse):
     for m in sparse.modules():
         if isinstance(m, ExpandDepthwiseSequential):
@@ -134,12 +144,7 @@ def test_fusion_steps_aside_for_hooks_gradients_and_other_inputs():
     torch.manual_seed(0)
     sparse = st.sparsify(_block(), sparsity=0.8)
     x = torch.randn(1, 8, 10, 10)
-    seen = []
-    handle = sparse[0][0].register_forward_hook(lambda m, i, o: seen.append(o.shape[1]))
-    with torch.no_grad():
-        sparse(x)
-    handle.remove()
-    assert seen == [48]
+    assert _channels_a_hook_sees(sparse, sparse[0][0], x) == [48]
     sparse(x).square().sum().backward()   # the layers ran: their parameters have gradients
     assert sparse[0][0].values.grad is not None and sparse[1][0].weight.grad is not None
     with pytest.raises(TypeError, match="SparseConv2d: input is torch.float64"):
@@ -178,12 +183,7 @@ def test_a_hook_inside_a_pair_or_a_removed_child_turns_the_fusion_off():
     torch.manual_seed(0)
     sparse = st.sparsify(_block(), sparsity=0.8)
     x = torch.randn(1, 8, 10, 10)
-    seen = []
-    handle = sparse[0][1].register_forward_hook(lambda m, i, o: seen.append(o.shape[1]))
-    with torch.no_grad():
-        sparse(x)
-    handle.remove()
-    assert seen == [48]
+    assert _channels_a_hook_sees(sparse, sparse[0][1], x) == [48]
     del sparse[1]   # now: expansion, projection, Identity; the old pair {"0": "1"} is stale
     with torch.no_grad():
         torch.testing.assert_close(sparse(x), sparse[1](sparse[0](x)))

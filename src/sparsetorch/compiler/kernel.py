@@ -95,7 +95,14 @@ def _cpu_flags() -> frozenset:
     return frozenset(_cpuinfo("flags").split())
 
 
-def _cpu_vendor() -> str:
+def cpu_vendor() -> str:
+    """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"; "" when
+    unknown): per-CPU choices that differ by vendor ask it.
+
+    Example:
+        >>> isinstance(cpu_vendor(), str)
+        True
+    """
     return _cpuinfo("vendor_id")
 
 
@@ -104,7 +111,7 @@ def wide_gathers_from() -> int | None:
     steps instead of 256-bit ones (``codegen/vector.py``, ``GATHERED_LOOP_LANES``): 48 on
     AMD CPUs with AVX-512 (measured on Zen 5), None elsewhere (Intel Sapphire Rapids ran
     256-bit gathers faster per term on rows of 20 and of 100 entries)."""
-    return 48 if vector_isa() == "avx512" and _cpu_vendor() == "AuthenticAMD" else None
+    return 48 if vector_isa() == "avx512" and cpu_vendor() == "AuthenticAMD" else None
 
 
 def simd_bytes() -> int:

@@ -373,14 +373,25 @@ def _forward(x, weight, bias, stride, activation, div):
     else:
         # (C, N, OH, OW) memory seen as (N, C, OH, OW): one call, not empty and permute
         out = torch.empty_strided((n, c, oh, ow), (oh * ow, n * oh * ow, ow, 1), dtype=x.dtype)
-    nt = runtime.num_threads() if n * c * oh * ow >= _PARALLEL_OUTPUTS else 1
-    rw = 2 * ((w + 7) // 8 * 8 + 16)   # (see the kernel's comment)
-    nr = h if h <= _WHOLE_PLANE_ROWS else 5
+    nt, rw, nr = walk_sizes(n * c * oh * ow, h, w)
     scratch = _scratch.get(x.dtype, nt * (nr + 2) * rw)
     _kernel(x.dtype)(n * c, div, c, h, w, stride, x.data_ptr(), weight.data_ptr(),
                      0 if bias is None else bias.data_ptr(), ACTIVATIONS[activation],
                      out.data_ptr(), scratch.data_ptr(), rw, nr, nt)
     return out
+
+
+def walk_sizes(outputs: int, h: int, w: int) -> tuple[int, int, int]:
+    """``(nt, rw, nr)`` of a walk over (H, W) planes writing ``outputs`` values: the
+    threads, the padded row width and the ring's rows (see the kernel's comment); each
+    thread's scratch is ``nr + 2`` rows of ``rw`` (and any extra rows its hooks ask for).
+
+    Example:
+        >>> walk_sizes(100, 7, 7)[1:]
+        (48, 7)
+    """
+    nt = runtime.num_threads() if outputs >= _PARALLEL_OUTPUTS else 1
+    return nt, 2 * ((w + 7) // 8 * 8 + 16), h if h <= _WHOLE_PLANE_ROWS else 5
 
 
 def _torch_depthwise(x, weight, bias, stride, activation):

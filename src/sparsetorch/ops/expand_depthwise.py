@@ -167,9 +167,7 @@ def expand_depthwise3x3(x: torch.Tensor, expand_weight: SparseTensor,
     oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
     # (E, N, OH, OW) memory seen as (N, E, OH, OW): one call, not empty and permute
     out = torch.empty_strided((n, e, oh, ow), (oh * ow, n * oh * ow, ow, 1), dtype=x.dtype)
-    nt = runtime.num_threads() if n * e * oh * ow >= _dw._PARALLEL_OUTPUTS else 1
-    rw = 2 * ((w + 7) // 8 * 8 + 16)   # (depthwise.py's row width)
-    nr = h if h <= _dw._WHOLE_PLANE_ROWS else 5
+    nt, rw, nr = _dw.walk_sizes(n * e * oh * ow, h, w)
     bt = min(h, max(1, BATCH_PIXELS // w))
     xr = (bt * w + 8 + rw - 1) // rw   # (+ 8: a vector stored whole past the rows)
     scratch = _dw._scratch.get(x.dtype, nt * (nr + 2 + xr) * rw)

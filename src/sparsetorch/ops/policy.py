@@ -73,9 +73,6 @@ def torch_blas_is_fast() -> bool:
         >>> torch_blas_is_fast() in (True, False)
         True
     """
-    try:
-        with open("/proc/cpuinfo") as f:
-            vendor = next((line for line in f if line.startswith("vendor_id")), "")
-    except OSError:
-        return True
-    return "AuthenticAMD" not in vendor or not torch.backends.mkl.is_available()
+    from ..compiler.kernel import cpu_vendor   # (here, not at import: this module is a leaf)
+
+    return cpu_vendor() != "AuthenticAMD" or not torch.backends.mkl.is_available()
