@@ -65,6 +65,22 @@ def private_kernel_cache(tmp_path_factory):
         os.environ["SPARSETORCH_CACHE"] = _SESSION["old"]
 
 
+@pytest.fixture
+def split_by_rows(monkeypatch):
+    """Three threads, with every depthwise walk split by output rows and every
+    ``SparseConv2d`` over the narrow kernel's column bands however small the tensors
+    (``ops.depthwise.ROW_SPLIT_PIXELS``): bands of one row or none, bands that start inside
+    a plane, and batches whose bands span images."""
+    from sparsetorch.ops import depthwise, narrow
+    monkeypatch.setattr(depthwise, "ROW_SPLIT_PIXELS", 1)
+    monkeypatch.setattr(depthwise, "_PARALLEL_OUTPUTS", 1)
+    monkeypatch.setattr(narrow, "_PARALLEL_WORK", 1)
+    old = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield
+    torch.set_num_threads(old)
+
+
 def forget_call_memo() -> None:
     """Empty the ops layer's per-signature call memos, for tests that need the next call to
     take the cold path (build, schedule). Other tests share the memos across the session on

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import sparsetorch as st
-from dense_check import private_kernel_cache  # noqa: F401
+from dense_check import private_kernel_cache, split_by_rows  # noqa: F401
 from sparsetorch.nn import ChannelsFirstDepthwise
-from sparsetorch.ops.depthwise import _kernel
+from sparsetorch.ops.depthwise import _kernel, split_rows
 
 ACT = {None: lambda y: y, "relu": F.relu, "relu6": F.relu6}
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: dict(rtol=1e-12, atol=1e-12)}
@@ -66,6 +66,23 @@ def test_two_threads_split_planes_of_a_batch():
                                            rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_split_by_rows_matches_conv2d(dtype, split_by_rows):
+    """Each thread a band of every plane's rows (of the batch's rows, images in order, for
+    (C, N, H, W) memory; NCHW batches keep the split by planes)."""
+    assert split_rows(3, 1) == 1
+    gen = torch.Generator().manual_seed(2)
+    for n, c, h, w in SHAPES + [(2, 3, 5, 6), (3, 2, 40, 9)]:
+        x = torch.randn(n, c, h, w, dtype=dtype, generator=gen)
+        wt = torch.randn(c, 1, 3, 3, dtype=dtype, generator=gen)
+        b = torch.randn(c, dtype=dtype, generator=gen)
+        for stride in (1, 2):
+            ref = _reference(x, wt, b, stride, "relu6")
+            for xin in (x, _cnhw(x)):
+                torch.testing.assert_close(st.ops.depthwise3x3(xin, wt, b, stride, "relu6"),
+                                           ref, **TOL[dtype])
 
 
 @pytest.mark.parametrize("stride,act", [(1, "relu6"), (2, None)])

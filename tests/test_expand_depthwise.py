@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sparsetorch as st
+from dense_check import private_kernel_cache, split_by_rows  # noqa: F401
 from sparsetorch.nn.fuse import ExpandDepthwiseSequential
 from sparsetorch.ops.expand_depthwise import _kernel_for, expand_depthwise3x3
 
@@ -48,6 +49,18 @@ def test_matches_dense(dtype, index, shape, stride):
         y = expand_depthwise3x3(*args)
         torch.testing.assert_close(y.double(), _dense_ref(*args), rtol=1e-4, atol=1e-4)
         assert y.permute(1, 0, 2, 3).is_contiguous()   # (E, N, OH, OW) memory
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_split_by_rows_matches_dense(dtype, split_by_rows):
+    """Each thread a band of every plane's rows: its expanded rows computed from the band's
+    first input row on, batches of rows cut at the band's end."""
+    for shape in ((1, 6, 10, 17, 13), (3, 4, 6, 9, 5), (2, 5, 7, 1, 4), (1, 3, 4, 40, 9)):
+        x, W, eb, wd, bd = _operands(*shape, dtype, torch.int32)
+        for stride in (1, 2):
+            args = (x, W, eb, "relu6", wd, bd, stride, "relu")
+            torch.testing.assert_close(expand_depthwise3x3(*args).double(), _dense_ref(*args),
+                                       rtol=1e-4, atol=1e-4)
 
 
 def test_batch_in_channels_first_memory_and_no_entries():

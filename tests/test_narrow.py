@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import sparsetorch as st
-from dense_check import private_kernel_cache  # noqa: F401
+from dense_check import private_kernel_cache, split_by_rows  # noqa: F401
 from sparsetorch.compiler.kernel import vector_isa
 from sparsetorch.ops.narrow import _kernel_for
 
@@ -29,7 +29,7 @@ def test_matches_dense(index_dtype):
     dense, W = _weight(13, 40, 0.3, index_dtype)
     assert W.index_dtype == index_dtype
     if vector_isa() is not None:   # the kernel runs here (not einsum)
-        assert _kernel_for(W, torch.randn(40, 49), None) is not None
+        assert _kernel_for(W, torch.randn(40, 49), None, 0) is not None
     for p in (1, 7, 8, 9, 17, 49, 64, 65, 196, 256):   # one chunk of 64 columns, several
         x = torch.randn(40, p)
         for act, bias in ((None, None), ("relu", torch.randn(13)), ("relu6", torch.randn(13))):
@@ -62,6 +62,20 @@ def test_empty_pattern_two_threads_and_fallbacks():
                                F.relu6(dense64 @ x64))
     with pytest.raises(ValueError, match="activation must be one of"):
         st.ops.spmm_narrow(W, x, activation="tanh")
+
+
+def test_column_bands_match_dense(split_by_rows):
+    """``band``: each thread whole bands of columns, any width; bands that do not divide
+    the columns (the last thread takes the rest), wider than the columns, of one column."""
+    dense, W = _weight(13, 40, 0.3)
+    bias = torch.randn(13)
+    for p, band in ((3136, 56), (300, 7), (5, 9), (17, 1), (1, 1), (257, 16)):
+        x = torch.randn(40, p)
+        torch.testing.assert_close(st.ops.spmm_narrow(W, x, bias, "relu6", band=band),
+                                   F.relu6(dense @ x + bias[:, None]), rtol=1e-5, atol=1e-5)
+    for bad in (-1, 2.0, None):
+        with pytest.raises(ValueError, match="band must be an int >= 0"):
+            st.ops.spmm_narrow(W, x, band=bad)
 
 
 def test_gradients_take_einsum():

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sparsetorch as st
-from dense_check import private_kernel_cache  # noqa: F401
+from dense_check import private_kernel_cache, split_by_rows  # noqa: F401
 from sparsetorch.nn import ChannelsFirstDepthwise, SparseConv2d, fold_batchnorm
 
 ACT = {None: lambda y: y, "relu": torch.relu, "relu6": F.relu6}
@@ -45,6 +45,15 @@ def test_matches_masked_dense_conv(blocksize, batch, stride, bias, act):
     x = torch.randn(batch, 12, 7, 5) * 3
     ref = ACT[act](F.conv2d(x, conv.weight * mask[:, :, None, None], conv.bias, stride=stride))
     torch.testing.assert_close(layer(x), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_column_bands_past_the_narrow_width(split_by_rows):
+    """Past 256 pixels, where depthwise walks split by rows, the layer's threads split its
+    columns in bands of image rows (``spmm_narrow``'s ``band``): one image, a batch."""
+    layer = SparseConv2d.from_dense(_conv(12, 8), sparsity=0.5, activation="relu6")
+    for x in (torch.randn(1, 12, 20, 20), torch.randn(2, 12, 15, 11)):
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), _dense_ref(layer, x), rtol=1e-5, atol=1e-5)
 
 
 def test_magnitude_counts_are_exact_and_keep_the_largest():

@@ -33,7 +33,7 @@ from torch import nn
 from ..formats import SparseTensor
 from ..formats.pack import array_names
 from ..ops import einsum, spmm_narrow
-from ..ops.narrow import MAX_COLUMNS as NARROW_COLUMNS
+from ..ops.narrow import MAX_COLUMNS as NARROW_COLUMNS, band_of_rows
 from . import _pattern
 from ._common import check_pointwise as _check_pointwise, keep_facts as _keep_facts
 from .linear import SparseLinear
@@ -172,6 +172,8 @@ class SparseConv2d(SparseLinear):
         cols = x.view(c, h * w) if single else channels_first(x)
         if n * h * w <= NARROW_COLUMNS:   # few pixels: a row's 64-column chunks in registers
             y = spmm_narrow(weight, cols, bias, self.activation)
+        elif band_of_rows(n * h * w, w):   # each thread the pixels it wrote (depthwise3x3)
+            y = spmm_narrow(weight, cols, bias, self.activation, band=w)
         else:
             y = einsum("oc,cp->op", weight, cols, bias=None if bias is None else bias.unsqueeze(1),
                        activation=self.activation)

@@ -4,8 +4,13 @@ ReLU/ReLU6 fused, by a C/OpenMP kernel that reads and writes each image's channe
 NCHW), so no transposing copy around it.
 
 Kernel: each (channel, image) plane is one task; tasks are split statically across
-threads (MobileNet layers have 32-1024 planes per image, so every thread gets many). A
-thread walks its plane's output rows two at a time, top to bottom, holding the input rows
+threads (MobileNet layers have 32-1024 planes per image, so every thread gets many); from
+``ROW_SPLIT_PIXELS`` output pixels per channel on, the planes' rows are split instead, a
+band of every plane to each thread, so that a pixel's channels come from one core, the one
+whose thread reads them in the 1x1 convolution after (``spmm_narrow`` splits its columns
+the same way; a 24 -> 144 -> 24 block's projection at 56 x 56 read its input 1.5x slower
+when half of it sat in the other core's cache). A thread walks its plane's (or band's)
+output rows two at a time, top to bottom, holding the input rows
 they read as zero-padded rows in a per-thread buffer (the whole plane when it has up to 16
 rows, else a ring of five; for stride 2 each row is stored deinterleaved, even and odd
 columns apart, so every tap is a unit-stride load); an output row pair is then one loop
@@ -65,11 +70,18 @@ _WALK = Template(r"""
    plane's missing last output row; zeroed here. A padded row is, for stride 1, columns
    -1 .. w, for stride 2 the even padded columns (-1, 1, 3, ...) at 0 and the odd ones
    (0, 2, ...) at rw / 2; rw leaves a vector's room past each. Only the non-padding entries
-   are ever written, so the padding stays zero through the call. */
+   are ever written, so the padding stays zero through the call.
+   Split across threads (nt): band 0, by planes, thread t taking planes [P t / nt,
+   P (t + 1) / nt) whole; band 1 (planes of one channel consecutive, div images each), by
+   rows, thread t taking output rows [R t / nt, R (t + 1) / nt) of every channel's R =
+   div x oh rows (its images' rows in order: a band of each plane, or none). Every channel
+   of a pixel is then written by the thread that reads them in the 1x1 convolution after
+   (ops/narrow.py splits its columns the same way), from its own core's cache, not
+   another's. A band's plane starts its ring at the band's first input row. */
 void $NAME(int64_t planes, int64_t div, int64_t c, int64_t h, int64_t w, int64_t s,
           const $T* restrict x, const $T* restrict wt, const $T* restrict bias,
           int64_t act, $T* restrict out, $T* restrict scratch, int64_t rw, int64_t nr,
-          int64_t nt$PARAMS) {
+          int64_t nt, int64_t band$PARAMS) {
   const int64_t oh = (h - 1) / s + 1, ow = (w - 1) / s + 1;
   /* the activation as a clamp to [lo, hi] (a NaN passes, as through torch's) */
   const $T lo = act ? ($T)0 : -($T)INFINITY, hi = act == 2 ? ($T)6 : ($T)INFINITY;
@@ -83,20 +95,32 @@ void $NAME(int64_t planes, int64_t div, int64_t c, int64_t h, int64_t w, int64_t
     /* a static split by hand: the channel of the next plane is then counted, not divided
        for (two 64-bit divisions cost a third of a 7 x 7 plane) */
     const int64_t t = omp_get_thread_num(), nth = omp_get_num_threads();
-    const int64_t p0 = planes * t / nth, p1 = planes * (t + 1) / nth;
+    const int64_t p0 = band ? 0 : planes * t / nth, p1 = band ? planes : planes * (t + 1) / nth;
+    const int64_t g0 = div * oh * t / nth, g1 = div * oh * (t + 1) / nth;   /* (band 1) */
     int64_t ch = (p0 / div) % c, rep = p0 % div;
     for (int64_t p = p0; p < p1; p++, rep = rep + 1 == div ? 0 : rep + 1,
          ch = rep ? ch : ch + 1 == c ? 0 : ch + 1) {
+      /* this plane's output rows [i0, i1), which read input rows up to rows_end - 1 */
+      int64_t i0 = 0, i1 = oh;
+      if (band) {
+        i0 = g0 - rep * oh < 0 ? 0 : g0 - rep * oh;
+        i1 = g1 - rep * oh > oh ? oh : g1 - rep * oh;
+        if (i0 >= i1) continue;
+      }
+      const int64_t rows_end = (i1 - 1) * s + 2 < h ? (i1 - 1) * s + 2 : h;
       const $T* k = wt + 9 * ch;
       const $T b = bias ? bias[ch] : ($T)0;
       $SETUP
       $PLANE
       $T* op = out + p * oh * ow;
-      /* input row r sits in ring slot r % nr, tracked without dividing */
-      int64_t filled = -1, next_slot = 0, top_slot = nr - 1;
-      for (int64_t i = 0; i < oh; i += 2) {
+      /* input row r sits in ring slot (r - r0) % nr (r0: the plane's first row read),
+         tracked without dividing; row -1 (i0 = 0) is the zero row, as if in the slot
+         before r0's */
+      const int64_t r0 = i0 ? i0 * s - 1 : 0;
+      int64_t filled = r0 - 1, next_slot = 0, top_slot = i0 ? 0 : nr - 1;
+      for (int64_t i = i0; i < i1; i += 2) {
         const int64_t top = i * s - 1, need = top + s + 2;   /* o2's last input row */
-        const int64_t last = nr == h || need > h - 1 ? h - 1 : need;
+        const int64_t last = nr == h || need > rows_end - 1 ? rows_end - 1 : need;
         for (; filled < last; filled++) {   /* the next input row into the ring */
           $SOURCE
           $T* dst = ring + next_slot * rw;
@@ -120,13 +144,13 @@ void $NAME(int64_t planes, int64_t div, int64_t c, int64_t h, int64_t w, int64_t
         const $T *a0 = r[0], *a1 = r[1], *a2 = r[2];
         const $T *b1 = r[s + 1], *b2 = r[s + 2];   /* (o2's first row is one of o's) */
         $T* o = op + i * ow;
-        $T* o2 = i + 1 < oh ? o + ow : spare;
+        $T* o2 = i + 1 < i1 ? o + ow : spare;
         /* the first element past what a row's last vector may write over without harm:
            for o its own end (o2, stored vector by vector in the same loop, is next), for
-           o2 the plane's end (the rows after are written later and overwrite a spill into
-           them) or the spare row's */
+           o2 the band's end (the rows after are written later and overwrite a spill into
+           them; past the band lie another thread's) or the spare row's */
         const $T* end = o + ow;
-        const $T* end2 = i + 1 < oh ? op + oh * ow : spare + rw;
+        const $T* end2 = i + 1 < i1 ? op + i1 * ow : spare + rw;
         (void)end; (void)end2;
         if (s == 1) {
           $ROW1
@@ -280,6 +304,11 @@ def _source(avx2: bool) -> str:
 
 _WHOLE_PLANE_ROWS = 16   # planes of up to this many rows are copied whole (the kernel's comment)
 _PARALLEL_OUTPUTS = 1 << 14   # below (a 7x7 layer of 256 channels): one thread is as fast
+# Output pixels per channel (N x OH x OW) from which walks split by rows, and 1x1
+# convolutions by columns. Each (plane, band) costs the walk ~0.2 us (2 threads, Sapphire
+# Rapids), so splitting by rows doubles that: at 28 x 28 it cost what the projection after
+# gained; at 56 x 56 and up a depthwise + 1x1 pair ran 1.1-1.3x faster.
+ROW_SPLIT_PIXELS = 56 * 56
 
 
 def depthwise3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -374,10 +403,11 @@ def _forward(x, weight, bias, stride, activation, div):
         # (C, N, OH, OW) memory seen as (N, C, OH, OW): one call, not empty and permute
         out = torch.empty_strided((n, c, oh, ow), (oh * ow, n * oh * ow, ow, 1), dtype=x.dtype)
     nt, rw, nr = walk_sizes(n * c * oh * ow, h, w)
+    band = split_rows(nt, n * oh * ow) if div == n else 0
     scratch = _scratch.get(x.dtype, nt * (nr + 2) * rw)
     _kernel(x.dtype)(n * c, div, c, h, w, stride, x.data_ptr(), weight.data_ptr(),
                      0 if bias is None else bias.data_ptr(), ACTIVATIONS[activation],
-                     out.data_ptr(), scratch.data_ptr(), rw, nr, nt)
+                     out.data_ptr(), scratch.data_ptr(), rw, nr, nt, band)
     return out
 
 
@@ -392,6 +422,19 @@ def walk_sizes(outputs: int, h: int, w: int) -> tuple[int, int, int]:
     """
     nt = runtime.num_threads() if outputs >= _PARALLEL_OUTPUTS else 1
     return nt, 2 * ((w + 7) // 8 * 8 + 16), h if h <= _WHOLE_PLANE_ROWS else 5
+
+
+def split_rows(nt: int, pixels: int) -> int:
+    """The walk's ``band`` (1: split by rows, 0: by planes) for ``nt`` threads and
+    ``pixels`` output pixels per channel (N x OH x OW; see the kernel's comment): by rows
+    from ``ROW_SPLIT_PIXELS`` on, where the 1x1 convolution after splits its columns the
+    same way (``nn.SparseConv2d``).
+
+    Example:
+        >>> split_rows(2, 56 * 56), split_rows(1, 56 * 56)
+        (1, 0)
+    """
+    return int(nt > 1 and pixels >= ROW_SPLIT_PIXELS)
 
 
 def _torch_depthwise(x, weight, bias, stride, activation):
@@ -439,6 +482,6 @@ def _kernel(dtype: torch.dtype):
     try:
         return runtime.load_entries(_source(avx2), {symbol: [runtime.I64] * 6 + [runtime.PTR] * 3
                                                     + [runtime.I64, runtime.PTR, runtime.PTR]
-                                                    + [runtime.I64] * 3})[symbol]
+                                                    + [runtime.I64] * 4})[symbol]
     except runtime.KernelBuildError:
         return None

@@ -57,7 +57,7 @@ _is_compiling = torch.compiler.is_compiling
 # past its ring (tmp), as the walk first asks for one of them.
 _BATCH = r"""if (filled + 1 >= b1) {   /* the next bt expanded rows: bias, entries, clamp */
             b0 = filled + 1;
-            b1 = b0 + bt < h ? b0 + bt : h;
+            b1 = b0 + bt < rows_end ? b0 + bt : rows_end;   /* (a band's rows) */
             const int64_t r = b0 * w, m = (b1 - b0) * w;$COMPUTE
           }
           const $T* src = tmp + (filled + 1 - b0) * w;"""
@@ -168,13 +168,14 @@ def expand_depthwise3x3(x: torch.Tensor, expand_weight: SparseTensor,
     # (E, N, OH, OW) memory seen as (N, E, OH, OW): one call, not empty and permute
     out = torch.empty_strided((n, e, oh, ow), (oh * ow, n * oh * ow, ow, 1), dtype=x.dtype)
     nt, rw, nr = _dw.walk_sizes(n * e * oh * ow, h, w)
+    band = _dw.split_rows(nt, n * oh * ow)
     bt = min(h, max(1, BATCH_PIXELS // w))
     xr = (bt * w + 8 + rw - 1) // rw   # (+ 8: a vector stored whole past the rows)
     scratch = _dw._scratch.get(x.dtype, nt * (nr + 2 + xr) * rw)
     sn, sk = x.stride(0), x.stride(1)
     fn(n * e, n, e, h, w, stride, x.data_ptr(), weight.data_ptr(),
        0 if bias is None else bias.data_ptr(), ACTIVATIONS[activation], out.data_ptr(),
-       scratch.data_ptr(), rw, nr, nt, sk, sn, expand_weight._pos1.data_ptr(),
+       scratch.data_ptr(), rw, nr, nt, band, sk, sn, expand_weight._pos1.data_ptr(),
        expand_weight._crd1.data_ptr(), expand_weight._values.data_ptr(),
        0 if expand_bias is None else expand_bias.data_ptr(), ACTIVATIONS[expand_activation],
        xr, bt)
@@ -237,6 +238,6 @@ def _kernel(dtype: torch.dtype, index_dtype: torch.dtype):
     I, P = runtime.I64, runtime.PTR
     try:
         return runtime.load_entries(source, {symbol: [I] * 6 + [P] * 3 + [I, P, P]
-                                             + [I] * 3 + [I, I, P, P, P, P, I, I, I]})[symbol]
+                                             + [I] * 4 + [I, I, P, P, P, P, I, I, I]})[symbol]
     except runtime.KernelBuildError:
         return None

@@ -1,6 +1,6 @@
 """``spmm_narrow``: ``activation(W @ X + bias)`` for a CSR ``W`` and a dense ``X`` of at most
 256 columns, the 1x1 convolutions of a ConvNet's late layers (14 x 14 = 196 and 7 x 7 = 49
-pixels at batch 1).
+pixels at batch 1), and of any width split by columns (the early layers, below).
 
 The generated SpMM kernel tiles ``X``'s columns into register tiles of 32 (AVX2), so 49
 columns take two passes over each row's stored entries: a full tile and a 17-column one
@@ -14,7 +14,10 @@ only at the end of ``X``). The bias starts the accumulators and the activation i
 as they are stored. Memory traffic: ``W``'s arrays read once per chunk, one row segment of
 ``X`` per stored entry and chunk (``X``, at most 256 columns x the input channels, mostly
 stays in L2), the result written once. Parallel strategy: output rows split statically
-across threads (MobileNet's rows hold equally many entries). Measured on AMD Zen (AVX2,
+across threads (MobileNet's rows hold equally many entries); or, given ``band`` (an image
+row's width), the columns in whole bands of it, thread t taking the pixels that
+``depthwise3x3``'s thread t wrote (its rows split, ``depthwise.ROW_SPLIT_PIXELS``), so
+that each reads its input from its own core's cache. Measured on AMD Zen (AVX2,
 one thread, 90% sparsity) against the generated kernel: 2.2x at 49 columns, 1.1-1.3x at
 196; at 784 and more columns it was as often slower, so those stay with einsum.
 
@@ -39,7 +42,7 @@ from torch import nn
 
 from .. import runtime
 from ..formats import SparseTensor
-from .depthwise import STORE_PART_C
+from .depthwise import STORE_PART_C, split_rows
 from .einsum import einsum
 from .policy import backend
 
@@ -94,15 +97,18 @@ ST_ROWS(1, I) ST_ROWS(2, I) ST_ROWS(3, I) ST_ROWS(4, I)                         
 ST_ROWS(5, I) ST_ROWS(6, I) ST_ROWS(7, I) ST_ROWS(8, I)                                   \
 void st_spmm_narrow_##I(int64_t n, int64_t k, int64_t p, const I* pos, const I* crd,      \
     const float* val, const float* x, const float* bias, int64_t act, float* y,            \
-    int64_t nt) {                                                                         \
+    int64_t nt, int64_t band) {                                                           \
   /* the activation as a clamp (max then min: a NaN passes, as through torch's) */         \
   const float mn = act ? 0.0f : -__builtin_inff(), mx = act == 2 ? 6.0f : __builtin_inff(); \
   _Pragma("omp parallel num_threads(nt) if(nt > 1)")                                      \
   {                                                                                       \
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();                    \
-    const int64_t lo = n * t / T, hi = n * (t + 1) / T;                                   \
-    for (int64_t c0 = 0; c0 < p; c0 += 64) {   /* chunks of 64 columns, then the rest */    \
-    const int64_t width = p - c0 < 64 ? p - c0 : 64;                                      \
+    /* rows [lo, hi) x columns [cb, ce): by rows, or by columns in whole bands */          \
+    const int64_t lo = band ? 0 : n * t / T, hi = band ? n : n * (t + 1) / T;             \
+    const int64_t cb = band ? p / band * t / T * band : 0;                                \
+    const int64_t ce = band ? (t + 1 == T ? p : p / band * (t + 1) / T * band) : p;       \
+    for (int64_t c0 = cb; c0 < ce; c0 += 64) {   /* chunks of 64 columns, then the rest */  \
+    const int64_t width = ce - c0 < 64 ? ce - c0 : 64;                                    \
     switch ((width + 7) / 8) {                                                            \
       case 1: st_rows1_##I(ST_ARGS); break;                                                 \
       case 2: st_rows2_##I(ST_ARGS); break;                                                 \
@@ -122,11 +128,13 @@ ST_NARROW(int64_t)
 
 
 def spmm_narrow(weight: SparseTensor, x: torch.Tensor, bias: torch.Tensor | None = None,
-                activation: str | None = None) -> torch.Tensor:
+                activation: str | None = None, band: int = 0) -> torch.Tensor:
     """``activation(weight @ x + bias[:, None])``: ``weight`` (m, k) SparseTensor, ``x``
     (k, P) dense, ``bias`` None or (m,), ``activation`` None, ``"relu"`` or ``"relu6"``;
     the (m, P) result. This module's kernel where it applies (see the module docstring),
-    else ``st.einsum``.
+    else ``st.einsum``. ``band`` > 0: threads split the columns in whole bands of ``band``
+    (an image row of the (C, N*H*W) activations), as ``depthwise3x3`` splits its output
+    rows, and ``x`` may have any number of columns.
 
     Example:
         >>> import torch, sparsetorch as st
@@ -137,7 +145,10 @@ def spmm_narrow(weight: SparseTensor, x: torch.Tensor, bias: torch.Tensor | None
     if activation not in _ACTIVATIONS:
         raise ValueError(f"spmm_narrow: activation must be one of {tuple(_ACTIVATIONS)}, got "
                          f"{activation!r}")
-    fn = _kernel_for(weight, x, bias)
+    if type(band) is not int or band < 0:
+        raise ValueError(f"spmm_narrow: band must be an int >= 0 (0: split by rows), got "
+                         f"{band!r}")
+    fn = _kernel_for(weight, x, bias, band)
     if fn is None:
         return einsum("oc,cp->op", weight, x, bias=None if bias is None else bias[:, None],
                       activation=activation)
@@ -146,11 +157,23 @@ def spmm_narrow(weight: SparseTensor, x: torch.Tensor, bias: torch.Tensor | None
     nt = runtime.num_threads() if weight._crd1.numel() * p >= _PARALLEL_WORK else 1
     fn(m, k, p, weight._pos1.data_ptr(), weight._crd1.data_ptr(),
        weight._values.data_ptr(), x.data_ptr(), 0 if bias is None else bias.data_ptr(),
-       _ACTIVATIONS[activation], out.data_ptr(), nt)
+       _ACTIVATIONS[activation], out.data_ptr(), nt, band)
     return out
 
 
-def _kernel_for(weight, x, bias):
+def band_of_rows(pixels: int, w: int) -> int:
+    """``spmm_narrow``'s ``band`` for (C, N*H*W) activations of ``pixels`` columns and rows
+    of ``w``: ``w`` where ``depthwise3x3`` splits as many output pixels by rows (so each
+    thread reads the pixels it wrote), else 0.
+
+    Example:
+        >>> band_of_rows(7 * 7, 7)
+        0
+    """
+    return w if split_rows(runtime.num_threads(), pixels) else 0
+
+
+def _kernel_for(weight, x, bias, band):
     """The kernel for these operands, or None where einsum runs (see the module
     docstring); einsum also checks and reports every bad operand. (The weight's own fields
     are read, not its torch attributes: on the SparseTensor subclass each of those is a
@@ -160,7 +183,8 @@ def _kernel_for(weight, x, bias):
         return None
     values, (m, k) = weight._values, weight._size
     if (type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 2
-            or not 0 < x.shape[1] <= MAX_COLUMNS or x.shape[0] != k or not x.is_cpu
+            or not 0 < x.shape[1] <= (MAX_COLUMNS if band == 0 else x.shape[1])
+            or x.shape[0] != k or not x.is_cpu
             or not x.is_contiguous() or values.dtype != torch.float32 or not values.is_cpu
             or not values.is_contiguous() or backend() != "c"):
         return None
@@ -184,6 +208,6 @@ def _kernel(index_dtype: torch.dtype):
     symbol = "st_spmm_narrow_" + {torch.int32: "int32_t", torch.int64: "int64_t"}[index_dtype]
     I, P = runtime.I64, runtime.PTR
     try:
-        return runtime.load_entries(_SOURCE, {symbol: [I, I, I, P, P, P, P, P, I, P, I]})[symbol]
+        return runtime.load_entries(_SOURCE, {symbol: [I, I, I, P, P, P, P, P, I, P, I, I]})[symbol]
     except runtime.KernelBuildError:
         return None
