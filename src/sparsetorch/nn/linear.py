@@ -17,7 +17,7 @@ from torch import nn
 
 from ..formats import SparseTensor
 from ..formats.pack import array_names
-from ..ops import einsum
+from ..ops import einsum, sparse_linear
 from ..ops.epilogue import ACTIVATIONS, unfused
 from . import _pattern
 from ._common import keep_facts, outside_graph
@@ -281,6 +281,9 @@ class SparseLinear(nn.Module):
             if _is_compiling():
                 x = x.to_dense()
             elif x.nnz > DENSIFY_INPUT_ABOVE * math.prod(x.shape):
+                out = self._rows(x)   # (the row-block kernel reads the CSR rows as they are)
+                if out is not None:
+                    return out
                 x = _densified_for_product(x)
         if self.blocksize is not None and _is_compiling():
             return self._eager_product(x)
@@ -295,7 +298,25 @@ class SparseLinear(nn.Module):
     def _eager_product(self, x):
         return self._product(x)
 
+    def _rows(self, x):
+        """The product by ``st.ops.sparse_linear``'s row-block kernel (a batch of at least
+        16 rows, CSR weight, no gradient recorded: see ``ops/rows.py``), or None where it
+        does not apply. A dense ``x`` of more dimensions goes as its rows."""
+        shape = x.shape
+        if type(x) is torch.Tensor and x.dim() > 2 and x.is_contiguous():
+            x = x.view(-1, shape[-1])
+        weight = self.weight
+        out = sparse_linear(x, weight, self.bias, self.activation, fallback=False)
+        if out is None:
+            return None
+        keep_facts(weight, self)
+        return out if len(shape) <= 2 else out.view(*shape[:-1], self.out_features)
+
     def _product(self, x):
+        if type(x) is torch.Tensor and x.dim() >= 2:
+            out = self._rows(x)
+            if out is not None:
+                return out
         weight = self.weight
         if isinstance(x, SparseTensor):
             # (dense out_format: a sparse input times a sparse weight would otherwise be

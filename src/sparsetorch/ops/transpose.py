@@ -46,11 +46,8 @@ from .policy import backend
 _MIN_ELEMENTS = 1024       # below: torch's copy costs the same (16 x 30: 7.7 vs 7.1 us)
 _PARALLEL_ELEMENTS = 1 << 16
 
-_SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
-#include <immintrin.h>
-
+# (``rows.py`` transposes with it too)
+BLOCK4_C = r"""
 /* 8 x 8 block of 4-byte elements: rows of x (stride ldx) become rows of o (stride ldo). */
 static inline void st_block4(const float* x, int64_t ldx, float* o, int64_t ldo) {
   const __m256 r0 = _mm256_loadu_ps(x), r1 = _mm256_loadu_ps(x + ldx);
@@ -74,6 +71,13 @@ static inline void st_block4(const float* x, int64_t ldx, float* o, int64_t ldo)
   _mm256_storeu_ps(o + 6 * ldo, _mm256_permute2f128_ps(s2, s6, 0x31));
   _mm256_storeu_ps(o + 7 * ldo, _mm256_permute2f128_ps(s3, s7, 0x31));
 }
+"""
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <immintrin.h>
+""" + BLOCK4_C + r"""
 
 /* 4 x 4 block of 8-byte elements. */
 static inline void st_block8(const double* x, int64_t ldx, double* o, int64_t ldo) {

@@ -1,0 +1,279 @@
+"""``sparse_linear``: ``activation(x @ W^T + bias)`` (``F.linear``'s rows) for a CSR weight
+``W`` and a batch ``x`` of dense rows or of CSR rows, the product of a ``SparseLinear`` layer
+on a batch (an autoencoder's 256 MNIST digits).
+
+The compiler's kernel for ``x W^T`` vectorises over the batch: it needs ``x`` batch-last,
+so ``ops/relayout.py`` copies ``x`` transposed and the result back, and at 256 x 784 those
+two copies and the cache misses between them cost twice the product (MNIST's encoder: the
+kernel 110 us, the layer 300). Here the transposes happen in cache, 16 rows at a time: a
+thread copies 16 rows of ``x`` transposed into its scratch (``k x 16``: 8 x 8 register
+transposes for dense rows; for CSR rows the zeroed scratch takes each stored entry), then
+for each output column ``o`` sums ``W[o, i] * scratch[i, :]`` over the stored entries of
+``W``'s row ``o`` in two 8-lane registers (two entries a trip into twin accumulators, so
+four FMA chains cover their latency), adds the bias, applies the activation, keeps the 16
+results in a second scratch (``m x 16``) and finally transposes that into the 16 output
+rows. Memory traffic: ``x`` read once, the output written once, ``W``'s arrays read once
+per 16 rows (from cache); the scratches (16 x (k + m) floats) stay in L1/L2. Parallel
+strategy: blocks of 16 rows split statically across threads.
+
+Used for float32 CPU operands on AVX2 (or AVX-512) CPUs with the C backend, where no
+gradient is recorded and ``torch.compile`` is not tracing, for at least ``MIN_ROWS`` rows
+(a block's unused rows are computed too); everything else runs ``st.einsum``, which this
+matches up to rounding.
+
+Example:
+    >>> import torch, sparsetorch as st
+    >>> W = st.tensor(torch.randn(8, 20) * (torch.rand(8, 20) < 0.3), format="csr")
+    >>> x, b = torch.randn(40, 20), torch.randn(8)
+    >>> y = sparse_linear(x, W, b, "relu")
+    >>> torch.allclose(y, torch.relu(x @ W.to_dense().T + b), atol=1e-5)
+    True
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from string import Template
+
+import torch
+
+from .. import runtime
+from ..codegen.intrinsics import prelude
+from ..compiler.kernel import vector_isa
+from ..formats import SparseTensor
+from .einsum import einsum
+from .epilogue import ACTIVATIONS as _EINSUM_ACTIVATIONS, unfused
+from .depthwise import _scratch as _buffers   # (each Python thread's scratch buffers)
+from .policy import backend
+from .transpose import BLOCK4_C
+
+MIN_ROWS = 16   # (one block: below it, most of a block's rows would be padding)
+_ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2, "sigmoid": 3}
+_INDEX = {torch.int32: "int32_t", torch.int64: "int64_t"}
+_PARALLEL_WORK = 1 << 16   # stored entries of W x rows below which one thread is as fast
+_is_compiling = torch.compiler.is_compiling
+
+# Per ISA: a block's 16 lanes as two AVX2 registers or one AVX-512 register.
+_COLUMN = {
+    "avx2": r"""  __m256 a0 = _mm256_set1_ps(b), a1 = a0, c0 = _mm256_setzero_ps(), c1 = c0;
+  for (; q + 1 < q1; q += 2) {
+    const __m256 w = _mm256_set1_ps(val[q]), v = _mm256_set1_ps(val[q + 1]);
+    const float *p = xt + 16 * (int64_t)crd[q], *r = xt + 16 * (int64_t)crd[q + 1];
+    a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(p), a0);
+    a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(p + 8), a1);
+    c0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(r), c0);
+    c1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(r + 8), c1);
+  }
+  if (q < q1) {
+    const __m256 w = _mm256_set1_ps(val[q]);
+    const float* p = xt + 16 * (int64_t)crd[q];
+    a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(p), a0);
+    a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(p + 8), a1);
+  }
+  a0 = _mm256_add_ps(a0, c0);
+  a1 = _mm256_add_ps(a1, c1);
+  if (act == 1 || act == 2) {   /* (max, then min: a NaN passes, as through torch's) */
+    a0 = _mm256_max_ps(a0, _mm256_setzero_ps());
+    a1 = _mm256_max_ps(a1, _mm256_setzero_ps());
+    if (act == 2) {
+      a0 = _mm256_min_ps(a0, _mm256_set1_ps(6.0f));
+      a1 = _mm256_min_ps(a1, _mm256_set1_ps(6.0f));
+    }
+  }
+  _mm256_storeu_ps(yt, a0);
+  _mm256_storeu_ps(yt + 8, a1);""",
+    "avx512": r"""  __m512 a0 = _mm512_set1_ps(b), c0 = _mm512_setzero_ps();
+  for (; q + 1 < q1; q += 2) {
+    a0 = _mm512_fmadd_ps(_mm512_set1_ps(val[q]), _mm512_loadu_ps(xt + 16 * (int64_t)crd[q]), a0);
+    c0 = _mm512_fmadd_ps(_mm512_set1_ps(val[q + 1]),
+                         _mm512_loadu_ps(xt + 16 * (int64_t)crd[q + 1]), c0);
+  }
+  if (q < q1)
+    a0 = _mm512_fmadd_ps(_mm512_set1_ps(val[q]), _mm512_loadu_ps(xt + 16 * (int64_t)crd[q]), a0);
+  a0 = _mm512_add_ps(a0, c0);
+  if (act == 1 || act == 2) {   /* (max, then min: a NaN passes, as through torch's) */
+    a0 = _mm512_max_ps(a0, _mm512_setzero_ps());
+    if (act == 2) a0 = _mm512_min_ps(a0, _mm512_set1_ps(6.0f));
+  }
+  _mm512_storeu_ps(yt, a0);""",
+}
+# 1 / (1 + e^-v) of vector v: e^-v with -v clamped to 88 (min's second operand: a NaN
+# passes; e^88 < FLT_MAX: a finite
+# denominator, whose reciprocal's Newton step cannot meet inf x 0), the reciprocal as the
+# approximate one refined by a Newton step (~2^-22 relative: a division cost 2x more here)
+_SIGMOID = {
+    "avx2": ("__m256", "_mm256_loadu_ps", "_mm256_storeu_ps", 8, r"""
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 d = _mm256_add_ps(one, st_exp_ps256(_mm256_min_ps(
+        _mm256_set1_ps(88.0f), _mm256_sub_ps(_mm256_setzero_ps(), v))));
+    const __m256 r = _mm256_rcp_ps(d);
+    return _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, _mm256_set1_ps(2.0f)));"""),
+    "avx512": ("__m512", "_mm512_loadu_ps", "_mm512_storeu_ps", 16, r"""
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 d = _mm512_add_ps(one, st_exp_ps512(_mm512_min_ps(
+        _mm512_set1_ps(88.0f), _mm512_sub_ps(_mm512_setzero_ps(), v))));
+    const __m512 r = _mm512_rcp14_ps(d);
+    return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));"""),
+}
+_LINEAR = r"""
+/* The 16 results of output column o (rows of the block): bias, then two stored entries a
+   trip into twin accumulators, then ReLU (act 1) or ReLU6 (2), into yt[o][0..16). */
+#define ST_COLUMN(I)                                                                      \
+static inline void st_column_##I(const I* crd, const float* val, int64_t q, int64_t q1,  \
+    const float* xt, float b, int64_t act, float* yt) {                                  \
+  $COLUMN                                                                                 \
+}
+/* x = 1 / (1 + e^-x) in place, n a multiple of the vector width: a pass of its own, where
+   the exps of successive vectors overlap (in the column loop each waited on the last) */
+static inline $VEC st_sigmoid_v($VEC v) {$SIGMOID
+}
+static void st_sigmoid(float* x, int64_t n) {
+  for (int64_t j = 0; j < n; j += $LANES) $STORE(x + j, st_sigmoid_v($LOAD(x + j)));
+}
+/* y (n x m) = act(x W^T + bias) (act 3: sigmoid): W m x k CSR (pos, crd, val); x n x k,
+   dense rows (x) or CSR rows (xpos, xcrd, xval; x null). scratch: nt x 16 x (k + m). */
+#define ST_LINEAR(I, J)                                                                   \
+void st_sparse_linear_##I##_##J(int64_t n, int64_t k, int64_t m, const I* pos,           \
+    const I* crd, const float* val, const float* x, const J* xpos, const J* xcrd,         \
+    const float* xval, const float* bias, int64_t act, float* y, float* scratch,          \
+    int64_t nt) {                                                                         \
+  const int64_t blocks = (n + 15) / 16;                                                   \
+  _Pragma("omp parallel num_threads(nt) if(nt > 1)")                                      \
+  {                                                                                       \
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();                    \
+    float* xt = scratch + 16 * (k + m) * t;                                               \
+    float* yt = xt + 16 * k;                                                              \
+    for (int64_t bl = blocks * t / T; bl < blocks * (t + 1) / T; bl++) {                 \
+      const int64_t r0 = 16 * bl, rows = n - r0 < 16 ? n - r0 : 16;                       \
+      /* xt[i][r] = x[r0 + r][i] (0 for rows past n) */                                  \
+      if (x == 0) {                                                                       \
+        memset(xt, 0, (size_t)(16 * k) * sizeof(float));                                  \
+        for (int64_t r = 0; r < rows; r++)                                                \
+          for (J q = xpos[r0 + r]; q < xpos[r0 + r + 1]; q++)                             \
+            xt[16 * (int64_t)xcrd[q] + r] = xval[q];                                      \
+      } else {                                                                            \
+        const int64_t kb = rows == 16 ? k - k % 8 : 0;                                    \
+        for (int64_t c = 0; c < kb; c += 8) {                                             \
+          st_block4(x + r0 * k + c, k, xt + 16 * c, 16);                                  \
+          st_block4(x + (r0 + 8) * k + c, k, xt + 16 * c + 8, 16);                        \
+        }                                                                                 \
+        for (int64_t c = kb; c < k; c++)                                                  \
+          for (int64_t r = 0; r < 16; r++)                                                \
+            xt[16 * c + r] = r < rows ? x[(r0 + r) * k + c] : 0.0f;                      \
+      }                                                                                   \
+      for (int64_t o = 0; o < m; o++)                                                     \
+        st_column_##I(crd, val, pos[o], pos[o + 1], xt, bias ? bias[o] : 0.0f, act,      \
+                      yt + 16 * o);                                                       \
+      if (act == 3) st_sigmoid(yt, 16 * m);                                               \
+      /* y[r0 + r][o] = yt[o][r] */                                                      \
+      const int64_t mb = rows == 16 ? m - m % 8 : 0;                                      \
+      for (int64_t o = 0; o < mb; o += 8) {                                               \
+        st_block4(yt + 16 * o, 16, y + r0 * m + o, m);                                    \
+        st_block4(yt + 16 * o + 8, 16, y + (r0 + 8) * m + o, m);                          \
+      }                                                                                   \
+      for (int64_t r = 0; r < rows; r++)                                                  \
+        for (int64_t o = mb; o < m; o++)                                                  \
+          y[(r0 + r) * m + o] = yt[16 * o + r];                                           \
+    }                                                                                     \
+  }                                                                                       \
+}
+ST_COLUMN(int32_t)
+ST_COLUMN(int64_t)
+ST_LINEAR(int32_t, int32_t)
+ST_LINEAR(int32_t, int64_t)
+ST_LINEAR(int64_t, int32_t)
+ST_LINEAR(int64_t, int64_t)
+"""
+
+
+def _source(isa: str) -> str:
+    vec, load, store, lanes, sigmoid = _SIGMOID[isa]
+    column = " \\\n".join(_COLUMN[isa].split("\n"))
+    return ("/* the row-block sparse linear kernel (ops/rows.py) */\n#include <stdint.h>\n"
+            "#include <string.h>\n#include <omp.h>\n" + prelude(isa) + BLOCK4_C
+            + Template(_LINEAR).substitute(COLUMN=column, VEC=vec, LOAD=load, STORE=store,
+                                           LANES=lanes, SIGMOID=sigmoid))
+
+
+def sparse_linear(x, weight: SparseTensor, bias: torch.Tensor | None = None,
+                  activation: str | None = None, *, fallback: bool = True):
+    """``activation(x @ weight^T + bias)``: ``x`` (n, k) a dense tensor or a CSR
+    SparseTensor of rows, ``weight`` (m, k) a SparseTensor, ``bias`` None or (m,),
+    ``activation`` None or one of ``st.einsum``'s ("relu", "relu6", "sigmoid", ...); the
+    dense (n, m) result. This module's kernel where it applies (see the module docstring),
+    else ``st.einsum`` (``fallback=False``: None instead, for a caller with its own).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> W = st.tensor(torch.eye(3), format="csr")
+        >>> sparse_linear(torch.full((2, 3), -1.0), W, torch.ones(3), "relu").tolist()
+        [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    """
+    if activation is not None and activation not in _EINSUM_ACTIVATIONS:
+        raise ValueError(f"sparse_linear: activation must be None or one of "
+                         f"{_EINSUM_ACTIVATIONS}, got {activation!r}")
+    fn = _kernel_for(x, weight, bias, activation)
+    if fn is None:
+        if not fallback:
+            return None
+        if isinstance(x, SparseTensor):   # (a sparse x sparse product: dense, then the rest)
+            return unfused(einsum("ni,oi->no", x, weight, out_format="dense"), bias,
+                           activation)
+        return einsum("ni,oi->no", x, weight, bias=bias, activation=activation)
+    (m, k), n = weight._size, x.shape[0]
+    out = torch.empty((n, m), dtype=torch.float32)
+    scratch = _buffers.get(torch.float32, runtime.num_threads() * 16 * (k + m))
+    nt = runtime.num_threads() if weight._crd1.numel() * n >= _PARALLEL_WORK else 1
+    sparse = isinstance(x, SparseTensor)
+    fn(n, k, m, weight._pos1.data_ptr(), weight._crd1.data_ptr(), weight._values.data_ptr(),
+       0 if sparse else x.data_ptr(), x._pos1.data_ptr() if sparse else 0,
+       x._crd1.data_ptr() if sparse else 0, x._values.data_ptr() if sparse else 0,
+       0 if bias is None else bias.data_ptr(), _ACTIVATIONS[activation], out.data_ptr(),
+       scratch.data_ptr(), nt)
+    return out
+
+
+def _kernel_for(x, weight, bias, activation):
+    """The kernel for these operands, or None where einsum runs (and checks and reports
+    every bad operand)."""
+    if (_is_compiling() or type(weight) is not SparseTensor or weight._format.name != "csr"
+            or activation not in _ACTIVATIONS or backend() != "c"):
+        return None
+    values, (m, k) = weight._values, weight._size
+    if type(x) is SparseTensor:
+        if x._format.name != "csr" or len(x._size) != 2 or not _plain(x._values):
+            return None
+        rows, xv, x_index = x._size, x._values, x._crd1.dtype
+    elif type(x) is torch.Tensor and x.dim() == 2 and _plain(x):
+        rows, xv, x_index = x.shape, x, weight._crd1.dtype
+    else:
+        return None
+    if rows[0] < MIN_ROWS or rows[1] != k or not _plain(values):
+        return None
+    if bias is not None and (not isinstance(bias, torch.Tensor) or not _plain(bias)
+                             or bias.shape != (m,)):
+        return None
+    if torch.is_grad_enabled() and (values.requires_grad or xv.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        return None
+    return _kernel(weight._crd1.dtype, x_index)
+
+
+def _plain(t) -> bool:
+    """A contiguous float32 CPU tensor."""
+    return t.dtype == torch.float32 and t.is_cpu and t.is_contiguous()
+
+
+@lru_cache(maxsize=None)
+def _kernel(index_dtype: torch.dtype, x_index_dtype: torch.dtype):
+    """The kernel for these index dtypes (W's, x's) on this CPU's vector ISA; None without
+    AVX2 or a C compiler."""
+    isa = vector_isa()
+    if isa is None or index_dtype not in _INDEX or x_index_dtype not in _INDEX:
+        return None
+    symbol = f"st_sparse_linear_{_INDEX[index_dtype]}_{_INDEX[x_index_dtype]}"
+    I, P = runtime.I64, runtime.PTR
+    try:
+        return runtime.load_entries(_source(isa), {symbol: [I, I, I] + [P] * 8
+                                                   + [I, P, P, I]})[symbol]
+    except runtime.KernelBuildError:
+        return None

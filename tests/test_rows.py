@@ -1,0 +1,140 @@
+"""``st.ops.sparse_linear`` (``F.linear`` of a batch of dense or CSR rows by a CSR weight,
+16 rows at a time transposed in cache) against dense torch: row counts around the block of
+16, widths around the 8 x 8 transposes, empty rows and patterns, every index dtype pairing,
+activations (sigmoid at its extremes), both vector ISAs, the einsum fallbacks and
+``SparseLinear`` on top."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sparsetorch as st
+from dense_check import private_kernel_cache  # noqa: F401
+from sparsetorch.compiler.kernel import vector_isa
+from sparsetorch.ops import rows
+
+ACT = {None: lambda y: y, "relu": F.relu, "relu6": F.relu6, "sigmoid": torch.sigmoid}
+needs_kernel = pytest.mark.skipif(vector_isa() is None, reason="the kernel needs AVX2")
+
+
+def _operands(n, k, m, density=0.3, seed=0, index=torch.int32, x_index=torch.int32):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(m, k, generator=g) * (torch.rand(m, k, generator=g) < density)
+    if m > 1:
+        w[1] = 0   # an empty row: its outputs are the bias alone
+    x = torch.randn(n, k, generator=g) * 4 * (torch.rand(n, k, generator=g) < 0.4)
+    x[min(3, n - 1)] = 0   # an empty input row
+    return (x, st.tensor(x, format="csr", index_dtype=x_index),
+            st.tensor(w, format="csr", index_dtype=index), w, torch.randn(m, generator=g))
+
+
+def _reference(x, w, bias, act):
+    y = x.double() @ w.double().T + (0 if bias is None else bias.double())
+    return ACT[act](y)
+
+
+def _check(n, k, m, act, with_bias, **kw):
+    x, xs, W, w, b = _operands(n, k, m, **kw)
+    bias = b if with_bias else None
+    for operand in (x, xs):
+        assert rows._kernel_for(operand, W, bias, act) is not None
+        y = st.ops.sparse_linear(operand, W, bias, act)
+        assert y.shape == (n, m) and y.dtype == torch.float32 and y.is_contiguous()
+        torch.testing.assert_close(y.double(), _reference(x, w, bias, act), rtol=1e-5,
+                                   atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("n, k, m", [(16, 8, 8), (17, 9, 5), (33, 20, 13), (47, 1, 1),
+                                     (64, 31, 40)])
+@pytest.mark.parametrize("act", [None, "relu", "relu6", "sigmoid"])
+def test_matches_dense(n, k, m, act):
+    _check(n, k, m, act, with_bias=act != "relu")
+
+
+@needs_kernel
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+@pytest.mark.parametrize("x_index", [torch.int32, torch.int64])
+def test_index_dtypes_two_threads_and_no_entries(index, x_index):
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:   # enough work for both threads: blocks split between them
+        _check(100, 64, 48, "relu", True, index=index, x_index=x_index)
+        _check(40, 12, 7, None, True, density=0.0, index=index, x_index=x_index)
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_kernel
+def test_the_avx2_variant_on_an_avx512_cpu(monkeypatch):
+    if vector_isa() != "avx512":
+        pytest.skip("the default run is the AVX2 variant already")
+    monkeypatch.setattr(rows, "vector_isa", lambda: "avx2")
+    rows._kernel.cache_clear()
+    try:
+        for act in (None, "relu6", "sigmoid"):
+            _check(37, 19, 11, act, with_bias=True)
+    finally:
+        rows._kernel.cache_clear()
+
+
+@needs_kernel
+def test_sigmoid_at_its_extremes():
+    """Saturation to 0 and 1 (e^-x past float's range on both sides), NaN passes."""
+    v = torch.tensor([-1e4, -100.0, -88.0, -20.0, 0.0, 20.0, 100.0, 1e4, float("inf"),
+                      -float("inf"), float("nan"), 0.5, -0.5, 3.0, -3.0, 1e-3])
+    x = v.repeat(16, 1)
+    y = st.ops.sparse_linear(x, st.tensor(torch.eye(16), format="csr"), None, "sigmoid")
+    torch.testing.assert_close(y, torch.sigmoid(x), rtol=1e-6, atol=1e-30, equal_nan=True)
+
+
+def test_fallbacks_give_the_same_results():
+    """Under 16 rows, float64, an activation the kernel lacks, a blocked weight, gradients:
+    einsum runs (``fallback=False``: None instead)."""
+    x, xs, W, w, b = _operands(5, 6, 4)
+    assert rows._kernel_for(x, W, b, None) is None
+    assert st.ops.sparse_linear(x, W, b, fallback=False) is None
+    torch.testing.assert_close(st.ops.sparse_linear(x, W, b), x @ w.T + b)
+    torch.testing.assert_close(st.ops.sparse_linear(xs, W, b, "relu"), F.relu(x @ w.T + b))
+    x, xs, W, w, b = _operands(20, 6, 4)
+    torch.testing.assert_close(st.ops.sparse_linear(x, W, b, "exp"), torch.exp(x @ w.T + b))
+    blocked = st.tensor(w, format="bsr", blocksize=(2, 2))
+    assert rows._kernel_for(x, blocked, b, None) is None
+    torch.testing.assert_close(st.ops.sparse_linear(x, blocked, b), x @ w.T + b)
+    x64, W64 = x.double(), st.tensor(w.double(), format="csr")
+    assert rows._kernel_for(x64, W64, None, None) is None
+    values = W64.values.clone().requires_grad_()
+    xg = x64.clone().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda v, x: st.ops.sparse_linear(x, W64.with_values(v), None, "sigmoid"),
+        (values, xg))
+
+
+def test_bad_input_is_named():
+    x, _, W, _, b = _operands(20, 6, 4)
+    with pytest.raises(ValueError, match="activation must be None or one of"):
+        st.ops.sparse_linear(x, W, b, "tanh")
+    with pytest.raises(ValueError):
+        st.ops.sparse_linear(torch.randn(20, 7), W, b)
+    with pytest.raises(ValueError):
+        st.ops.sparse_linear(x, W, torch.randn(5))
+
+
+@needs_kernel
+def test_sparse_linear_layer_takes_the_kernel():
+    """``SparseLinear`` on batches of 16+ rows (2-D, 3-D, CSR rows dense enough) runs the
+    row-block kernel and equals the masked dense layer; with gradients, einsum's path."""
+    torch.manual_seed(3)
+    layer = st.nn.SparseLinear(24, 10, density=0.3, activation="sigmoid")
+    w, b = layer.weight.to_dense(), layer.bias.detach()
+    x = torch.randn(2, 20, 24)
+    xs = st.tensor(torch.randn(32, 24) * (torch.rand(32, 24) < 0.2), format="csr")
+    with torch.no_grad():
+        assert rows._kernel_for(x.view(-1, 24), layer.weight, layer.bias, "sigmoid") is not None
+        torch.testing.assert_close(layer(x), torch.sigmoid(x @ w.T + b), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(layer(xs), torch.sigmoid(xs.to_dense() @ w.T + b),
+                                   rtol=1e-5, atol=1e-6)
+    out = layer(x)
+    out.sum().backward()
+    assert layer.values.grad is not None and out.grad_fn is not None
