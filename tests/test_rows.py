@@ -1,8 +1,8 @@
 """``st.ops.sparse_linear`` (``F.linear`` of a batch of dense or CSR rows by a CSR weight,
 16 rows at a time transposed in cache) against dense torch: row counts around the block of
 16, widths around the 8 x 8 transposes, empty rows and patterns, every index dtype pairing,
-activations (sigmoid at its extremes), both vector ISAs, the einsum fallbacks and
-``SparseLinear`` on top."""
+activations (sigmoid at its extremes), both vector ISAs, gradients (the row-block backward;
+a gradient of the gradient), the einsum fallbacks and ``SparseLinear`` on top."""
 from __future__ import annotations
 
 import pytest
@@ -89,6 +89,47 @@ def test_sigmoid_at_its_extremes():
     torch.testing.assert_close(y, torch.sigmoid(x), rtol=1e-6, atol=1e-30, equal_nan=True)
 
 
+@needs_kernel
+@pytest.mark.parametrize("act", [None, "relu", "relu6", "sigmoid"])
+@pytest.mark.parametrize("sparse_x", [False, True])
+def test_gradients_match_dense(act, sparse_x):
+    """Recorded (float32): dvalues on the pattern, dx (dense x), dbias, each against the
+    float64 dense computation; the backward is the row-block one, not einsum's."""
+    x, xs, W, w, b = _operands(37, 21, 11, index=torch.int64)
+    values = W.values.clone().requires_grad_()
+    bias = b.clone().requires_grad_()
+    xin = xs if sparse_x else x.clone().requires_grad_()
+    y = st.ops.sparse_linear(xin, W.with_values(values), bias, act)
+    assert type(y.grad_fn).__name__ == "_RecordedBackward"
+    dy = torch.randn(37, 11)
+    y.backward(dy)
+    v64, b64 = W.values.double().requires_grad_(), b.double().requires_grad_()
+    x64 = x.double().requires_grad_()
+    dense = torch.zeros(11, 21, dtype=torch.float64).index_put(
+        tuple(W.to_dense().nonzero().t()), v64)
+    ACT[act](x64 @ dense.T + b64).backward(dy.double())
+    for got, want in ((values.grad, v64.grad), (bias.grad, b64.grad),
+                      *(() if sparse_x else ((xin.grad, x64.grad),))):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+def test_a_gradient_of_the_gradient_goes_through_einsum():
+    x, _, W, _, b = _operands(20, 9, 6)
+    values = W.values.clone().requires_grad_()
+    xin = x.clone().requires_grad_()
+
+    def grads(f):
+        y = f(xin, W.with_values(values), b, "sigmoid")
+        gx, gv = torch.autograd.grad(y.square().sum(), (xin, values), create_graph=True)
+        return torch.autograd.grad(gx.sum() + gv.square().sum(), (xin, values))
+
+    ours = grads(st.ops.sparse_linear)
+    reference = grads(lambda x, w, b, a: torch.sigmoid(x @ w.to_dense().T + b))
+    for got, want in zip(ours, reference):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_fallbacks_give_the_same_results():
     """Under 16 rows, float64, an activation the kernel lacks, a blocked weight, gradients:
     einsum runs (``fallback=False``: None instead)."""
@@ -135,6 +176,10 @@ def test_sparse_linear_layer_takes_the_kernel():
         torch.testing.assert_close(layer(x), torch.sigmoid(x @ w.T + b), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(layer(xs), torch.sigmoid(xs.to_dense() @ w.T + b),
                                    rtol=1e-5, atol=1e-6)
-    out = layer(x)
+    out = layer(x)   # training: the row-block backward, equal to the masked dense one
+    assert type(out.grad_fn.next_functions[0][0]).__name__ == "_RecordedBackward"   # (a view)
     out.sum().backward()
-    assert layer.values.grad is not None and out.grad_fn is not None
+    wd = w.detach().clone().requires_grad_()
+    torch.sigmoid(x @ wd.T + b).sum().backward()
+    grad = layer.weight.with_values(layer.values.grad).to_dense()
+    torch.testing.assert_close(grad, wd.grad * (w != 0), rtol=1e-4, atol=1e-5)
