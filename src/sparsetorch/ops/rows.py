@@ -220,14 +220,21 @@ $DOTS
 }
 /* The weight gradient on W's pattern: dvalues[q] = gt[o] . xt[crd[q]] for stored entry q
    of row o, gt (m x n) and xt (k x n) the output gradient and the input transposed (rows
-   of n batch values). Parallel: W's rows split statically across threads. */
+   of n batch values); dbias[o] = the sum of gt[o] (unless dbias is null), read while the
+   row is in cache. Parallel: W's rows split statically across threads. */
 #define ST_GRAD_VALUES(I)                                                                 \
 void st_linear_grad_values_##I(int64_t m, int64_t n, const I* pos, const I* crd,         \
-    const float* gt, const float* xt, float* dvalues, int64_t nt) {                       \
+    const float* gt, const float* xt, float* dvalues, float* dbias, int64_t nt) {         \
   _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")                \
   for (int64_t o = 0; o < m; o++) {                                                       \
     const float* g = gt + o * n;                                                          \
     float pair[2];                                                                        \
+    if (dbias) {                                                                          \
+      float sum = 0.0f;                                                                   \
+      _Pragma("omp simd reduction(+:sum)")                                                \
+      for (int64_t j = 0; j < n; j++) sum += g[j];                                        \
+      dbias[o] = sum;                                                                     \
+    }                                                                                     \
     int64_t q = pos[o];                                                                   \
     for (; q + 1 < pos[o + 1]; q += 2) {                                                  \
       st_dots(n, g, xt + (int64_t)crd[q] * n, xt + (int64_t)crd[q + 1] * n, pair);        \
@@ -259,13 +266,20 @@ void st_activation_grad(int64_t n, const float* restrict dy, const float* restri
     }
   }
 }
-/* xt (k x n) = the n CSR rows (xpos, xcrd, xval) of width k, transposed into zeros. */
+/* xt (k x n) = the n CSR rows (xpos, xcrd, xval) of width k, transposed into zeros;
+   the rows (columns of xt) split across threads. */
 #define ST_SCATTER_T(J)                                                                   \
 void st_rows_transposed_##J(int64_t n, int64_t k, const J* xpos, const J* xcrd,         \
-    const float* xval, float* xt) {                                                       \
-  memset(xt, 0, (size_t)(n * k) * sizeof(float));                                         \
-  for (int64_t r = 0; r < n; r++)                                                         \
-    for (J q = xpos[r]; q < xpos[r + 1]; q++) xt[(int64_t)xcrd[q] * n + r] = xval[q];    \
+    const float* xval, float* xt, int64_t nt) {                                           \
+  _Pragma("omp parallel num_threads(nt) if(nt > 1)")                                      \
+  {                                                                                       \
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();                    \
+    const int64_t r0 = n * t / T, r1 = n * (t + 1) / T;                                   \
+    for (int64_t i = 0; i < k; i++)                                                       \
+      memset(xt + i * n + r0, 0, (size_t)(r1 - r0) * sizeof(float));                     \
+    for (int64_t r = r0; r < r1; r++)                                                     \
+      for (J q = xpos[r]; q < xpos[r + 1]; q++) xt[(int64_t)xcrd[q] * n + r] = xval[q];  \
+  }                                                                                       \
 }
 ST_COLUMN(int32_t)
 ST_COLUMN(int64_t)
@@ -378,8 +392,10 @@ class _Recorded(torch.autograd.Function):
             t = relaid(weight, Format(weight._format.levels, (1, 0)))   # W^T's CSR arrays
             dx = _launch(_kernel(t._crd1.dtype, t._crd1.dtype), g, t._pos1, t._crd1,
                          t._values, n, m, k, None, None)
+        dbias = torch.empty(m, dtype=torch.float32) if need_bias else None
         if need_values:
             fns = _library(vector_isa())
+            nt = runtime.num_threads() if values.numel() * n >= _PARALLEL_WORK else 1
             gt = permuted(g, (1, 0))
             if x is not None:
                 xt = permuted(x.contiguous(), (1, 0))
@@ -387,13 +403,14 @@ class _Recorded(torch.autograd.Function):
                 xt = torch.empty((k, n), dtype=torch.float32)
                 fns["st_rows_transposed_" + _INDEX[x_sparse._crd1.dtype]](
                     n, k, x_sparse._pos1.data_ptr(), x_sparse._crd1.data_ptr(),
-                    x_sparse._values.data_ptr(), xt.data_ptr())
+                    x_sparse._values.data_ptr(), xt.data_ptr(), nt)
             dvalues = torch.empty_like(values)
-            nt = runtime.num_threads() if values.numel() * n >= _PARALLEL_WORK else 1
             fns["st_linear_grad_values_" + _INDEX[weight._crd1.dtype]](
                 m, n, weight._pos1.data_ptr(), weight._crd1.data_ptr(), gt.data_ptr(),
-                xt.data_ptr(), dvalues.data_ptr(), nt)
-        dbias = g.sum(0) if need_bias else None
+                xt.data_ptr(), dvalues.data_ptr(), 0 if dbias is None else dbias.data_ptr(),
+                nt)
+        elif need_bias:
+            dbias = g.sum(0)
         return dx, dvalues, dbias, None, None, None
 
 
@@ -466,8 +483,8 @@ def _library(isa):
     I, P = runtime.I64, runtime.PTR
     entries = {"st_activation_grad": [I, P, P, I, P, I]}
     for w in _INDEX.values():
-        entries[f"st_linear_grad_values_{w}"] = [I, I, P, P, P, P, P, I]
-        entries[f"st_rows_transposed_{w}"] = [I, I, P, P, P, P]
+        entries[f"st_linear_grad_values_{w}"] = [I, I, P, P, P, P, P, P, I]
+        entries[f"st_rows_transposed_{w}"] = [I, I, P, P, P, P, I]
         for xw in _INDEX.values():
             entries[f"st_sparse_linear_{w}_{xw}"] = [I, I, I] + [P] * 8 + [I, P, P, I]
     try:
