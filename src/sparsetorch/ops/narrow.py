@@ -20,10 +20,11 @@ row's width), the columns in whole bands of it, thread t taking the pixels that
 that each reads its input from its own core's cache. Measured on AMD Zen (AVX2,
 one thread, 90% sparsity) against the generated kernel: 2.2x at 49 columns, 1.1-1.3x at
 196; at 784 and more columns it was as often slower, so those stay with einsum unless
-split in bands. Past 256 columns, on AVX-512 CPUs, chunks are 128 columns in 16-lane
-registers (Sapphire Rapids, 2 threads: 1.3-1.4x the 8-lane chunks at 28 x 28 to 112 x
-112; at 49 and 196 columns the 8-lane ones stay, as fast or faster, their more
-accumulators covering the FMA latency); at 56 x 56 split in bands, 1.26-1.33x einsum.
+split in bands. On AVX-512 CPUs, past 64 columns, chunks are up to 256 columns in 16-lane
+registers, up to 16 of them (Sapphire Rapids, 2 threads, against the 8-lane chunks of 64:
+1.04-1.13x at 196 columns, one pass over a row's entries instead of four; 1.3-1.5x from
+784 on); the 49 columns of 7 x 7 keep the 8-lane kernel, whose 7 accumulators cover the
+FMA latency where four 16-lane ones do not. At 56 x 56 split in bands: 1.26-1.33x einsum.
 
 Used for float32 CPU tensors on AVX2 (or AVX-512) CPUs with the C backend, and only where
 no gradient is recorded and ``torch.compile`` is not tracing; everything else is ``st.einsum("oc,cp->op", ...)``, which this
@@ -108,6 +109,14 @@ _ROWS = {
   }""",
 }
 _LANES = {"avx2": 8, "avx512": 16}
+# Accumulators a row's chunk may take: of AVX2's 16 registers 8 (the weight and a load
+# beside them), of AVX-512's 32, 16 (196 pixels, 13 registers: one pass over the row's
+# entries where 8-lane chunks of 64 took four)
+_MOST_VECTORS = {"avx2": 8, "avx512": 16}
+# Columns up to which the 8-lane kernel runs on AVX-512 CPUs too: one chunk, whose 7-8
+# accumulators cover the FMA latency where four 16-lane ones do not (49 columns: the
+# 16-lane kernel 0.84-0.97x; 196: 1.04-1.13x; 784 and more: 1.3-1.5x)
+_EIGHT_LANES_UP_TO = 64
 _HEADER = r"""/* the narrow CSR SpMM kernels (ops/narrow.py) */
 #include <stdint.h>
 #include <immintrin.h>
@@ -126,8 +135,7 @@ $ROWS                                                                           
 #undef ST_ARGS
 #define ST_ARGS lo, hi, c0, width, k, p, pos, crd, val, x, bias, mn, mx, y
 #define ST_NARROW$LANES(I)                                                                     \
-ST_ROWS$LANES(1, I) ST_ROWS$LANES(2, I) ST_ROWS$LANES(3, I) ST_ROWS$LANES(4, I)       \
-ST_ROWS$LANES(5, I) ST_ROWS$LANES(6, I) ST_ROWS$LANES(7, I) ST_ROWS$LANES(8, I)       \
+$DEFINE_ROWS                                                                      \
 void st_spmm_lanes$LANES##_##I(int64_t n, int64_t k, int64_t p, const I* pos, const I* crd,      \
     const float* val, const float* x, const float* bias, int64_t act, float* y,            \
     int64_t nt, int64_t band) {                                                           \
@@ -140,18 +148,10 @@ void st_spmm_lanes$LANES##_##I(int64_t n, int64_t k, int64_t p, const I* pos, co
     const int64_t lo = band ? 0 : n * t / T, hi = band ? n : n * (t + 1) / T;             \
     const int64_t cb = band ? p / band * t / T * band : 0;                                \
     const int64_t ce = band ? (t + 1 == T ? p : p / band * (t + 1) / T * band) : p;       \
-    for (int64_t c0 = cb; c0 < ce; c0 += $CHUNK) {   /* chunks of 8 vectors, then the rest */\
+    for (int64_t c0 = cb; c0 < ce; c0 += $CHUNK) {   /* chunks of the most vectors, then the rest */\
     const int64_t width = ce - c0 < $CHUNK ? ce - c0 : $CHUNK;                            \
     switch ((width + $LANES - 1) / $LANES) {                                              \
-      case 1: st_rows$LANES##_1_##I(ST_ARGS); break;                                                 \
-      case 2: st_rows$LANES##_2_##I(ST_ARGS); break;                                                 \
-      case 3: st_rows$LANES##_3_##I(ST_ARGS); break;                                                 \
-      case 4: st_rows$LANES##_4_##I(ST_ARGS); break;                                                 \
-      case 5: st_rows$LANES##_5_##I(ST_ARGS); break;                                                 \
-      case 6: st_rows$LANES##_6_##I(ST_ARGS); break;                                                 \
-      case 7: st_rows$LANES##_7_##I(ST_ARGS); break;                                                 \
-      default: st_rows$LANES##_8_##I(ST_ARGS); break;                                                \
-    }                                                                                     \
+$CASES    }                                                                                     \
     }                                                                                     \
   }                                                                                       \
 }
@@ -165,8 +165,17 @@ def _source(isa: str) -> str:
     196 of them its 7-8 accumulators per row beat four or five 16-lane ones, 1.0-1.2x;
     from 784 on the 16-lane one ran 1.3-1.4x faster), else the 8-lane one."""
     isas = ("avx2", "avx512") if isa == "avx512" else ("avx2",)
-    return _HEADER + "".join(_VARIANT.substitute(ROWS=_ROWS[i], LANES=_LANES[i],
-                                                 CHUNK=8 * _LANES[i]) for i in isas)
+    return _HEADER + "".join(_variant(i) for i in isas)
+
+
+def _variant(isa: str) -> str:
+    lanes, most = _LANES[isa], _MOST_VECTORS[isa]
+    rows = " ".join(f"ST_ROWS{lanes}({v}, I)" for v in range(1, most + 1))
+    cases = "".join(f"      {'default' if v == most else f'case {v}'}: "
+                    f"st_rows{lanes}_{v}_##I(ST_ARGS); break;".ljust(88) + "\\\n"
+                    for v in range(1, most + 1))
+    return _VARIANT.substitute(ROWS=_ROWS[isa], LANES=lanes, CHUNK=most * lanes,
+                               DEFINE_ROWS=rows, CASES=cases)
 
 
 def spmm_narrow(weight: SparseTensor, x: torch.Tensor, bias: torch.Tensor | None = None,
@@ -237,14 +246,14 @@ def _kernel_for(weight, x, bias, band):
     if torch.is_grad_enabled() and (values.requires_grad or x.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         return None
-    return _kernel(weight._crd1.dtype, x.shape[1] > MAX_COLUMNS)
+    return _kernel(weight._crd1.dtype, x.shape[1] > _EIGHT_LANES_UP_TO)
 
 
 @lru_cache(maxsize=None)
 def _kernel(index_dtype: torch.dtype, wide: bool = False):
-    """The kernel for int32 or int64 index arrays, for at most ``MAX_COLUMNS`` columns or
-    more (``wide``: 16 lanes where the CPU has AVX-512); None without AVX2 or a C
-    compiler."""
+    """The kernel for int32 or int64 index arrays, for at most ``_EIGHT_LANES_UP_TO``
+    columns or more (``wide``: 16 lanes where the CPU has AVX-512); None without AVX2 or a
+    C compiler."""
     from ..compiler.kernel import vector_isa
 
     isa = vector_isa()
