@@ -120,11 +120,13 @@ ST_TRANSPOSE(st_transpose8, double, 4, st_block8)
 """
 
 
-def permuted(t: torch.Tensor, perm) -> torch.Tensor:
+def permuted(t: torch.Tensor, perm, out: torch.Tensor | None = None) -> torch.Tensor:
     """``t.permute(perm).contiguous()``, copied by the block transposes of this module where
     they apply (see the module docstring), else by torch. Always a new tensor or ``t``
     itself where the permutation leaves it contiguous, exactly as torch's copy; recorded by
     autograd where ``t`` needs a gradient (whose copy back is a block transpose too).
+    ``out`` (no gradient recorded): a contiguous tensor of the result's shape and dtype to
+    write the copy into and return (a kernel's reused scratch).
 
     Example:
         >>> import torch
@@ -136,11 +138,12 @@ def permuted(t: torch.Tensor, perm) -> torch.Tensor:
     split = _split(tuple(t.shape), perm) if t.numel() >= _MIN_ELEMENTS else None
     fn = _kernel(t.element_size()) if split is not None and backend() == "c" else None
     if fn is None or not t.is_contiguous() or t.layout != torch.strided or not t.is_cpu:
-        return t.permute(perm).contiguous()
+        return t.permute(perm).contiguous() if out is None else out.copy_(t.permute(perm))
     if t.requires_grad and torch.is_grad_enabled():
         return _PermutedCopy.apply(t, perm)
     na, nr, nc = split
-    out = t.new_empty([t.shape[p] for p in perm])   # (t's device: CPU, whatever the default)
+    if out is None:   # (t's device: CPU, whatever the default)
+        out = t.new_empty([t.shape[p] for p in perm])
     nt = runtime.num_threads() if t.numel() >= _PARALLEL_ELEMENTS else 1
     fn(na, nr, nc, t.data_ptr(), out.data_ptr(), nt)
     return out
