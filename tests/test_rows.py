@@ -1,8 +1,9 @@
 """``st.ops.sparse_linear`` (``F.linear`` of a batch of dense or CSR rows by a CSR weight,
-16 rows at a time transposed in cache) against dense torch: row counts around the block of
-16, widths around the 8 x 8 transposes, empty rows and patterns, every index dtype pairing,
-activations (sigmoid at its extremes), both vector ISAs, gradients (the row-block backward;
-a gradient of the gradient), the einsum fallbacks and ``SparseLinear`` on top."""
+32 rows at a time transposed in cache) against dense torch: row counts around the least
+(16) and the block of 32, widths around the 8 x 8 transposes, empty rows and patterns,
+every index dtype pairing, activations (sigmoid at its extremes), both vector ISAs,
+gradients (the row-block backward; a gradient of the gradient), the einsum fallbacks and
+``SparseLinear`` on top."""
 from __future__ import annotations
 
 import pytest

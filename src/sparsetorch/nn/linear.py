@@ -300,7 +300,7 @@ class SparseLinear(nn.Module):
 
     def _rows(self, x):
         """The product by ``st.ops.sparse_linear``'s row-block kernel (a batch of at least
-        16 rows, CSR weight, no gradient recorded: see ``ops/rows.py``), or None where it
+        16 rows, CSR float32 weight; differentiable: see ``ops/rows.py``), or None where it
         does not apply. A dense ``x`` of more dimensions goes as its rows."""
         shape = x.shape
         if type(x) is torch.Tensor and x.dim() > 2 and x.is_contiguous():
