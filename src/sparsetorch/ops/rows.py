@@ -49,10 +49,10 @@ from .. import runtime
 from ..codegen.intrinsics import prelude
 from ..compiler.kernel import vector_isa
 from ..formats import SparseTensor
+from ..formats.format import Format
+from .depthwise import _Scratch, _scratch as _buffers   # (each Python thread's buffers)
 from .einsum import einsum
 from .epilogue import ACTIVATIONS as _EINSUM_ACTIVATIONS, unfused
-from .depthwise import _Scratch, _scratch as _buffers   # (each Python thread's buffers)
-from ..formats.format import Format
 from .policy import backend
 from .relaid import relaid
 from .transpose import BLOCK4_C, permuted
