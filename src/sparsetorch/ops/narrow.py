@@ -215,12 +215,15 @@ def spmm_narrow(weight: SparseTensor, x: torch.Tensor, bias: torch.Tensor | None
 def band_of_rows(pixels: int, w: int) -> int:
     """``spmm_narrow``'s ``band`` for (C, N*H*W) activations of ``pixels`` columns and rows
     of ``w``: ``w`` where ``depthwise3x3`` splits as many output pixels by rows (so each
-    thread reads the pixels it wrote), else 0.
+    thread reads the pixels it wrote), else 0; 0 while ``torch.compile`` traces (einsum
+    runs then, and asking torch for its thread count would break the graph).
 
     Example:
         >>> band_of_rows(7 * 7, 7)
         0
     """
+    if _is_compiling():
+        return 0
     return w if split_rows(runtime.num_threads(), pixels) else 0
 
 
