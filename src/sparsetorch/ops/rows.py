@@ -65,97 +65,61 @@ _PARALLEL_WORK = 1 << 16   # stored entries of W x rows below which one thread i
 _PARALLEL_ELEMENTS = 1 << 15   # elementwise: below, one thread is as fast
 _is_compiling = torch.compiler.is_compiling
 
-# Per ISA: a block's 16 lanes as two AVX2 registers or one AVX-512 register.
-_COLUMN = {   # (R / lanes registers a block: VR)
-    "avx2": ("__m256", r"""  __m256 a[VR], c[VR];
-  for (int v = 0; v < VR; v++) { a[v] = _mm256_set1_ps(b); c[v] = _mm256_setzero_ps(); }
+# The ISA's names in the kernel text below: vector type ($V), intrinsic prefix ($P), lanes
+# ($N), approximate reciprocal, exp (codegen's prelude) and horizontal sum. A block's R rows
+# are VR = R / lanes registers.
+_ISA = {
+    "avx2": dict(V="__m256", P="_mm256", N=8, RCP="_mm256_rcp_ps", EXP="st_exp_ps256",
+                 SUM="st_hsum256"),
+    "avx512": dict(V="__m512", P="_mm512", N=16, RCP="_mm512_rcp14_ps", EXP="st_exp_ps512",
+                   SUM="_mm512_reduce_add_ps"),
+}
+# A column's R results (``st_column``'s body): two entries a trip into twin accumulators.
+_COLUMN = r"""  $V a[VR], c[VR];
+  for (int v = 0; v < VR; v++) { a[v] = ${P}_set1_ps(b); c[v] = ${P}_setzero_ps(); }
   for (; q + 1 < q1; q += 2) {
-    const __m256 w = _mm256_set1_ps(val[q]), u = _mm256_set1_ps(val[q + 1]);
+    const $V w = ${P}_set1_ps(val[q]), u = ${P}_set1_ps(val[q + 1]);
     const float *p = xt + R * (int64_t)crd[q], *r = xt + R * (int64_t)crd[q + 1];
     for (int v = 0; v < VR; v++) {
-      a[v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(p + 8 * v), a[v]);
-      c[v] = _mm256_fmadd_ps(u, _mm256_loadu_ps(r + 8 * v), c[v]);
+      a[v] = ${P}_fmadd_ps(w, ${P}_loadu_ps(p + $N * v), a[v]);
+      c[v] = ${P}_fmadd_ps(u, ${P}_loadu_ps(r + $N * v), c[v]);
     }
   }
   if (q < q1) {
-    const __m256 w = _mm256_set1_ps(val[q]);
+    const $V w = ${P}_set1_ps(val[q]);
     const float* p = xt + R * (int64_t)crd[q];
-    for (int v = 0; v < VR; v++) a[v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(p + 8 * v), a[v]);
+    for (int v = 0; v < VR; v++) a[v] = ${P}_fmadd_ps(w, ${P}_loadu_ps(p + $N * v), a[v]);
   }
   for (int v = 0; v < VR; v++) {
-    __m256 y = _mm256_add_ps(a[v], c[v]);
+    $V y = ${P}_add_ps(a[v], c[v]);
     if (act == 1 || act == 2) {   /* (max, then min: a NaN passes, as through torch's) */
-      y = _mm256_max_ps(y, _mm256_setzero_ps());
-      if (act == 2) y = _mm256_min_ps(y, _mm256_set1_ps(6.0f));
+      y = ${P}_max_ps(y, ${P}_setzero_ps());
+      if (act == 2) y = ${P}_min_ps(y, ${P}_set1_ps(6.0f));
     }
-    _mm256_storeu_ps(yt + 8 * v, y);
-  }"""),
-    "avx512": ("__m512", r"""  __m512 a[VR], c[VR];
-  for (int v = 0; v < VR; v++) { a[v] = _mm512_set1_ps(b); c[v] = _mm512_setzero_ps(); }
-  for (; q + 1 < q1; q += 2) {
-    const __m512 w = _mm512_set1_ps(val[q]), u = _mm512_set1_ps(val[q + 1]);
-    const float *p = xt + R * (int64_t)crd[q], *r = xt + R * (int64_t)crd[q + 1];
-    for (int v = 0; v < VR; v++) {
-      a[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(p + 16 * v), a[v]);
-      c[v] = _mm512_fmadd_ps(u, _mm512_loadu_ps(r + 16 * v), c[v]);
-    }
-  }
-  if (q < q1) {
-    const __m512 w = _mm512_set1_ps(val[q]);
-    const float* p = xt + R * (int64_t)crd[q];
-    for (int v = 0; v < VR; v++) a[v] = _mm512_fmadd_ps(w, _mm512_loadu_ps(p + 16 * v), a[v]);
-  }
-  for (int v = 0; v < VR; v++) {
-    __m512 y = _mm512_add_ps(a[v], c[v]);
-    if (act == 1 || act == 2) {   /* (max, then min: a NaN passes, as through torch's) */
-      y = _mm512_max_ps(y, _mm512_setzero_ps());
-      if (act == 2) y = _mm512_min_ps(y, _mm512_set1_ps(6.0f));
-    }
-    _mm512_storeu_ps(yt + 16 * v, y);
-  }"""),
-}
-# Per ISA: the dots of row g (n values) with rows x0 and x1, four chains (two per row).
-_DOTS = {
-    "avx2": r"""  __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+    ${P}_storeu_ps(yt + $N * v, y);
+  }"""
+# The dots of row g (n values) with rows x0 and x1 (``st_dots``' vector loop): four chains,
+# two per row.
+_DOTS = r"""  $V a0 = ${P}_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
   int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m256 u = _mm256_loadu_ps(g + j), v = _mm256_loadu_ps(g + j + 8);
-    a0 = _mm256_fmadd_ps(u, _mm256_loadu_ps(x0 + j), a0);
-    a1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x0 + j + 8), a1);
-    b0 = _mm256_fmadd_ps(u, _mm256_loadu_ps(x1 + j), b0);
-    b1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x1 + j + 8), b1);
+  for (; j + 2 * $N <= n; j += 2 * $N) {
+    const $V u = ${P}_loadu_ps(g + j), v = ${P}_loadu_ps(g + j + $N);
+    a0 = ${P}_fmadd_ps(u, ${P}_loadu_ps(x0 + j), a0);
+    a1 = ${P}_fmadd_ps(v, ${P}_loadu_ps(x0 + j + $N), a1);
+    b0 = ${P}_fmadd_ps(u, ${P}_loadu_ps(x1 + j), b0);
+    b1 = ${P}_fmadd_ps(v, ${P}_loadu_ps(x1 + j + $N), b1);
   }
-  float s0 = st_hsum256(_mm256_add_ps(a0, a1)), s1 = st_hsum256(_mm256_add_ps(b0, b1));""",
-    "avx512": r"""  __m512 a0 = _mm512_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
-  int64_t j = 0;
-  for (; j + 32 <= n; j += 32) {
-    const __m512 u = _mm512_loadu_ps(g + j), v = _mm512_loadu_ps(g + j + 16);
-    a0 = _mm512_fmadd_ps(u, _mm512_loadu_ps(x0 + j), a0);
-    a1 = _mm512_fmadd_ps(v, _mm512_loadu_ps(x0 + j + 16), a1);
-    b0 = _mm512_fmadd_ps(u, _mm512_loadu_ps(x1 + j), b0);
-    b1 = _mm512_fmadd_ps(v, _mm512_loadu_ps(x1 + j + 16), b1);
-  }
-  float s0 = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-  float s1 = _mm512_reduce_add_ps(_mm512_add_ps(b0, b1));""",
-}
+  float s0 = $SUM(${P}_add_ps(a0, a1)), s1 = $SUM(${P}_add_ps(b0, b1));"""
 # 1 / (1 + e^-v) of vector v: e^-v with -v clamped to 88 (min's second operand: a NaN
-# passes; e^88 < FLT_MAX: a finite
-# denominator, whose reciprocal's Newton step cannot meet inf x 0), the reciprocal as the
-# approximate one refined by a Newton step (~2^-22 relative: a division cost 2x more here)
-_SIGMOID = {
-    "avx2": ("__m256", "_mm256_loadu_ps", "_mm256_storeu_ps", 8, r"""
-    const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 d = _mm256_add_ps(one, st_exp_ps256(_mm256_min_ps(
-        _mm256_set1_ps(88.0f), _mm256_sub_ps(_mm256_setzero_ps(), v))));
-    const __m256 r = _mm256_rcp_ps(d);
-    return _mm256_mul_ps(r, _mm256_fnmadd_ps(d, r, _mm256_set1_ps(2.0f)));"""),
-    "avx512": ("__m512", "_mm512_loadu_ps", "_mm512_storeu_ps", 16, r"""
-    const __m512 one = _mm512_set1_ps(1.0f);
-    const __m512 d = _mm512_add_ps(one, st_exp_ps512(_mm512_min_ps(
-        _mm512_set1_ps(88.0f), _mm512_sub_ps(_mm512_setzero_ps(), v))));
-    const __m512 r = _mm512_rcp14_ps(d);
-    return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));"""),
-}
+# passes; e^88 < FLT_MAX: a finite denominator, whose reciprocal's Newton step cannot meet
+# inf x 0), the reciprocal as the approximate one refined by a Newton step (~2^-22
+# relative: a division cost 2x more here).
+_SIGMOID = r"""
+    const $V one = ${P}_set1_ps(1.0f);
+    const $V d = ${P}_add_ps(one, $EXP(${P}_min_ps(
+        ${P}_set1_ps(88.0f), ${P}_sub_ps(${P}_setzero_ps(), v))));
+    const $V r = $RCP(d);
+    return ${P}_mul_ps(r, ${P}_fnmadd_ps(d, r, ${P}_set1_ps(2.0f)));"""
 _LINEAR = r"""
 /* The R results of output column o (rows of the block): bias, then two stored entries a
    trip into twin accumulators, then ReLU (act 1) or ReLU6 (2), into yt[o][0..R). */
@@ -166,10 +130,10 @@ static inline void st_column_##I(const I* crd, const float* val, int64_t q, int6
 }
 /* x = 1 / (1 + e^-x) in place, n a multiple of the vector width: a pass of its own, where
    the exps of successive vectors overlap (in the column loop each waited on the last) */
-static inline $VEC st_sigmoid_v($VEC v) {$SIGMOID
+static inline $V st_sigmoid_v($V v) {$SIGMOID
 }
 static void st_sigmoid(float* x, int64_t n) {
-  for (int64_t j = 0; j < n; j += $LANES) $STORE(x + j, st_sigmoid_v($LOAD(x + j)));
+  for (int64_t j = 0; j < n; j += $N) ${P}_storeu_ps(x + j, st_sigmoid_v(${P}_loadu_ps(x + j)));
 }
 /* y (n x m) = act(x W^T + bias) (act 3: sigmoid): W m x k CSR (pos, crd, val); x n x k,
    dense rows (x) or CSR rows (xpos, xcrd, xval; x null). scratch: nt x R x (k + m). */
@@ -301,13 +265,17 @@ ST_LINEAR(int64_t, int64_t)
 
 
 def _source(isa: str) -> str:
-    vec, load, store, lanes, sigmoid = _SIGMOID[isa]
-    column = " \\\n".join(_COLUMN[isa][1].split("\n"))
+    names = _ISA[isa]
+
+    def fill(text):
+        return Template(text).substitute(names)
+
+    column = " \\\n".join(fill(_COLUMN).split("\n"))
     return ("/* the row-block sparse linear kernel (ops/rows.py) */\n#include <stdint.h>\n"
-            f"#include <string.h>\n#include <omp.h>\n#define R {ROWS}\n#define VR {ROWS // lanes}\n"
-            + prelude(isa) + BLOCK4_C
-            + Template(_LINEAR).substitute(COLUMN=column, VEC=vec, LOAD=load, STORE=store,
-                                           LANES=lanes, SIGMOID=sigmoid, DOTS=_DOTS[isa]))
+            f"#include <string.h>\n#include <omp.h>\n#define R {ROWS}\n"
+            f"#define VR {ROWS // names['N']}\n" + prelude(isa) + BLOCK4_C
+            + Template(_LINEAR).substitute(COLUMN=column, SIGMOID=fill(_SIGMOID),
+                                           DOTS=fill(_DOTS), **names))
 
 
 def sparse_linear(x, weight: SparseTensor, bias: torch.Tensor | None = None,
@@ -341,7 +309,7 @@ def sparse_linear(x, weight: SparseTensor, bias: torch.Tensor | None = None,
     if torch.is_grad_enabled() and (values.requires_grad or (bias is not None and
                                                              bias.requires_grad)
                                     or not sparse and x.requires_grad):
-        return _Recorded.apply(None if sparse else x, values, bias,
+        return _Recorded.apply(fn, None if sparse else x, values, bias,
                                weight.with_values(values.detach()), x if sparse else None,
                                activation)
     return _forward(fn, x, weight, bias, activation)
@@ -377,10 +345,8 @@ class _Recorded(torch.autograd.Function):
     taken through einsum's differentiable path, recomputed."""
 
     @staticmethod
-    def forward(ctx, x, values, bias, weight, x_sparse, activation):
-        rows = x_sparse if x is None else x
-        y = _forward(_kernel_for(rows, weight, bias, activation), rows, weight, bias,
-                     activation)
+    def forward(ctx, fn, x, values, bias, weight, x_sparse, activation):
+        y = _forward(fn, x_sparse if x is None else x, weight, bias, activation)
         ctx.save_for_backward(x, values, bias, y)
         ctx.weight, ctx.x_sparse, ctx.activation = weight, x_sparse, activation
         return y
@@ -389,7 +355,7 @@ class _Recorded(torch.autograd.Function):
     def backward(ctx, dy):
         x, values, bias, y = ctx.saved_tensors
         weight, x_sparse, activation = ctx.weight, ctx.x_sparse, ctx.activation
-        need_x, need_values, need_bias = ctx.needs_input_grad[:3]
+        need_x, need_values, need_bias = ctx.needs_input_grad[1:4]
         if torch.is_grad_enabled():   # create_graph: a differentiable backward
             return _differentiable_backward(ctx, dy, x, values, bias)
         (m, k), n = weight._size, y.shape[0]
@@ -399,8 +365,9 @@ class _Recorded(torch.autograd.Function):
             t = relaid(weight, Format(weight._format.levels, (1, 0)))   # W^T's CSR arrays
             dx = _launch(_kernel(t._crd1.dtype, t._crd1.dtype), g, t._pos1, t._crd1,
                          t._values, n, m, k, None, None)
-        dbias = torch.empty(m, dtype=torch.float32) if need_bias else None
-        if need_values:
+        dbias = None
+        if need_values:   # (dbias summed in the same pass)
+            dbias = torch.empty(m, dtype=torch.float32) if need_bias else None
             fns = _library(vector_isa())
             nt = runtime.num_threads() if values.numel() * n >= _PARALLEL_WORK else 1
             gt = permuted(g, (1, 0), out=_scratch(_GT, (m, n)))
@@ -418,7 +385,7 @@ class _Recorded(torch.autograd.Function):
                 nt)
         elif need_bias:
             dbias = g.sum(0)
-        return dx, dvalues, dbias, None, None, None
+        return None, dx, dvalues, dbias, None, None, None
 
 
 # The backward's temporaries (the output gradient through the activation, it and the input
@@ -440,11 +407,10 @@ def _through_activation(dy, y, activation, out):
     """The output gradient before the activation, from its output ``y``, in ``out``."""
     if activation is None:
         return dy
-    g = out
     nt = runtime.num_threads() if y.numel() >= _PARALLEL_ELEMENTS else 1
     _library(vector_isa())["st_activation_grad"](y.numel(), dy.data_ptr(), y.data_ptr(),
-                                                 _ACTIVATIONS[activation], g.data_ptr(), nt)
-    return g
+                                                 _ACTIVATIONS[activation], out.data_ptr(), nt)
+    return out
 
 
 def _differentiable_backward(ctx, dy, x, values, bias):
@@ -454,8 +420,8 @@ def _differentiable_backward(ctx, dy, x, values, bias):
         y = unfused(einsum("ni,oi->no", x_sparse if x is None else x,
                            weight.with_values(values), out_format="dense"), bias, activation)
         grads = iter(torch.autograd.grad(y, inputs, dy, create_graph=True))
-    return (*(next(grads) if t is not None and t.requires_grad else None
-              for t in (x, values, bias)), None, None, None)
+    return (None, *(next(grads) if t is not None and t.requires_grad else None
+                    for t in (x, values, bias)), None, None, None)
 
 
 def _kernel_for(x, weight, bias, activation):
