@@ -9,9 +9,10 @@
     python benchmarks/convnets.py --quick --threads 1 --clock cpu   # on a busy machine
 
 Sections
-  models   ``st.sparsify(mobilenet_vX(), sparsity)`` (BN folded, ReLU/ReLU6 fused, 1x1
-           convolutions and the classifier sparse, activations kept in (C, N, H, W) memory)
-           against (a) PyTorch dense with the same fusions (``st.nn.fold_batchnorms``): eager
+  models   ``st.freeze(st.sparsify(mobilenet_vX(), sparsity))`` (BN folded, ReLU/ReLU6
+           fused, 1x1 convolutions and the classifier sparse, activations kept in (C, N, H,
+           W) memory, run as one flat function; ``sparse_modules``: the same model called as
+           its module tree, without ``st.freeze``) against (a) PyTorch dense with the same fusions (``st.nn.fold_batchnorms``): eager
            NCHW, channels_last and ``torch.compile`` (inductor; not in ``--quick``), the
            fastest of them per round named ``torch_best``; (b) ONNX Runtime 2-thread CPU
            session on the dense model exported by ``torch.onnx.export``. Batch 1 and 8,
@@ -112,9 +113,12 @@ def _check(sparse, dense, x) -> None:
 def _models_case(report, name, dense, sparsity, batch, threads, rounds, with_compile,
                  extra_cases=None):
     x = torch.randn(batch, 3, 224, 224)
-    sparse = st.sparsify(dense, sparsity=sparsity)
-    _check(sparse, dense, x)
-    cases = {"sparse": lambda: sparse(x), **_dense_cases(dense, x, with_compile)}
+    modules = st.sparsify(dense, sparsity=sparsity)
+    sparse = st.freeze(modules)
+    _check(modules, dense, x)
+    torch.testing.assert_close(sparse(x), modules(x), rtol=1e-5, atol=1e-5)
+    cases = {"sparse": lambda: sparse(x), "sparse_modules": lambda: modules(x),
+             **_dense_cases(dense, x, with_compile)}
     if extra_cases:
         cases.update(extra_cases(sparse, x))
     ort_fn = _ort_case(dense, x, threads)

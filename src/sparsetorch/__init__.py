@@ -16,11 +16,11 @@ from .ops import Explanation, LazyExpr, abs, einsum, exp, explain, lazy, relu, s
 from . import bench, datasets, io, runtime
 from .fusion import compile  # st.compile, named as torch.compile
 from . import nn, models, train
-from .nn import sparsify
+from .nn import freeze, sparsify
 
 __all__ = ["tensor", "eye", "random", "SparseTensor", "Format", "FORMAT_NAMES", "LevelKind",
            "Dense", "Compressed", "Singleton", "dense", "compressed", "singleton", "einsum",
            "explain", "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp", "sqrt",
            "runtime", "io", "datasets", "bench", "compile", "nn", "models", "train",
-           "sparsify",
+           "sparsify", "freeze",
            "__version__"]

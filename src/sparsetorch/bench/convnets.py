@@ -1,6 +1,6 @@
-"""The sparse ConvNet workload (inference): ``st.sparsify(st.models.mobilenet_v1(), 0.9)``
-(BN folded, ReLU fused, 1x1 convolutions and the classifier 90% sparse) on one 224 x 224
-image, against the dense model with the same masks and BN folded, in PyTorch eager NCHW and
+"""The sparse ConvNet workload (inference): ``st.freeze(st.sparsify(st.models.mobilenet_v1(),
+0.9))`` (BN folded, ReLU fused, 1x1 convolutions and the classifier 90% sparse, run as one
+flat function) on one 224 x 224 image, against the dense model with the same masks and BN folded, in PyTorch eager NCHW and
 channels_last (the faster is kept). ``benchmarks/convnets.py`` has the full study (v2,
 batch 8, torch.compile, ONNX Runtime, a sparsity sweep, per-layer profile).
 
@@ -45,12 +45,14 @@ def prepare(ctx, mode: str) -> Prepared:
     torch.manual_seed(ctx.seed)
     dense = st.models.mobilenet_v1().eval()
     x = torch.randn(BATCH, 3, 224, 224)
-    sparse = st.sparsify(dense, sparsity=SPARSITY).eval()
-    folded = st.nn.fold_batchnorms(masked_dense(sparse, dense)).eval()
+    modules = st.sparsify(dense, sparsity=SPARSITY)
+    sparse = st.freeze(modules)
+    folded = st.nn.fold_batchnorms(masked_dense(modules, dense)).eval()
     channels_last = copy.deepcopy(folded).to(memory_format=torch.channels_last)
     x_cl = x.contiguous(memory_format=torch.channels_last)
     prep.impls += [
-        inference(OURS, OURS, lambda: sparse(x), "st.sparsify: SparseConv2d 1x1, fused"),
+        inference(OURS, OURS, lambda: sparse(x),
+                  "st.freeze(st.sparsify(...)): SparseConv2d 1x1, fused, one flat function"),
         inference("dense eager", "dense", lambda: folded(x), "BN folded, NCHW"),
         inference("dense channels_last", "dense", lambda: channels_last(x_cl),
                   "BN folded, channels_last"),

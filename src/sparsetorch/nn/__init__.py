@@ -22,6 +22,7 @@ from .attention import SparseAttention
 from .conv import SparseConv2d, channels_first
 from .depthwise import ChannelsFirstDepthwise
 from .fold import fold_batchnorm
+from .freeze import Frozen, freeze
 from .graph import GATConv, GCNConv, SAGEConv
 from .linear import SparseLinear
 from .pattern import choose_blocksize, prune_mask
@@ -29,4 +30,5 @@ from .sparsify import fold_batchnorms, sparsify
 
 __all__ = ["SparseLinear", "SparseConv2d", "ChannelsFirstDepthwise", "GCNConv", "SAGEConv",
            "GATConv", "normalized_adjacency", "SparseAttention", "masks", "channels_first",
-           "fold_batchnorm", "fold_batchnorms", "choose_blocksize", "prune_mask", "sparsify"]
+           "fold_batchnorm", "fold_batchnorms", "choose_blocksize", "prune_mask", "sparsify",
+           "freeze", "Frozen"]

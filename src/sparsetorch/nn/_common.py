@@ -75,6 +75,19 @@ def member(module: nn.Module, name: str):
     return found if found is not None else getattr(module, name)
 
 
+def hooked(module: nn.Module) -> bool:
+    """Whether ``module`` has forward or backward hooks of its own (global hooks aside).
+
+    Example:
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> handle = lin.register_forward_hook(lambda m, i, o: None)
+        >>> hooked(lin), hooked(torch.nn.Linear(2, 2))
+        (True, False)
+    """
+    return bool(module._forward_hooks or module._forward_pre_hooks
+                or module._backward_hooks or module._backward_pre_hooks)
+
+
 def outside_graph(fn):
     """``fn`` run eagerly under ``torch.compile`` (``torch.compiler.disable``, a graph
     break), applied at its first call: decorating at import would import ``torch._dynamo``

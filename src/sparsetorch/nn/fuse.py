@@ -38,6 +38,7 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from ..ops.expand_depthwise import expand_depthwise3x3
+from ._common import hooked
 from .conv import SparseConv2d
 from .depthwise import ChannelsFirstDepthwise
 
@@ -107,7 +108,7 @@ def _pairs(modules: dict) -> dict:
         j = i + 1
         while j < len(names) and type(modules[names[j]]) is nn.Identity:
             j += 1
-        if j < len(names) and _fusable(modules[first], modules[names[j]]) is not None:
+        if j < len(names) and fusable_pair(modules[first], modules[names[j]]) is not None:
             pairs[first] = names[j]
     return pairs
 
@@ -130,19 +131,15 @@ def _layer(module, kind):
     return first
 
 
-def _fusable(first, second):
-    """``(expansion, depthwise)`` layers of two neighbouring children, or None."""
+def fusable_pair(first, second):
+    """``(expansion, depthwise)`` layers of two neighbouring children (or modules, where
+    ``freeze`` finds the one feeding the other), or None."""
     conv, dw = _layer(first, SparseConv2d), _layer(second, ChannelsFirstDepthwise)
     if conv is None or dw is None or conv.stride != 1 or conv.blocksize is not None \
             or getattr(dw, "_fused_3x3", None) is None \
             or dw.weight.shape[0] != conv.out_features:
         return None
     return conv, dw
-
-
-def _hooked(module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks
-                or module._backward_hooks or module._backward_pre_hooks)
 
 
 def _fused(modules: dict, first: str, second: str, x):
@@ -156,14 +153,14 @@ def _fused(modules: dict, first: str, second: str, x):
     span = [modules[n] for n in names[i:j + 1]]
     if j <= i or any(type(m) is not nn.Identity for m in span[1:-1]):
         return None
-    layers = _fusable(span[0], span[-1])
+    layers = fusable_pair(span[0], span[-1])
     if layers is None:
         return None
     conv, dw = layers
     if x.dim() != 4 or x.shape[1] != conv.in_features or x.dtype != conv.values.dtype:
         return None   # (the layers say what is wrong)
     if _module._global_forward_hooks or _module._global_forward_pre_hooks \
-            or any(_hooked(child) or any(_hooked(m) for m in child._modules.values())
+            or any(hooked(child) or any(hooked(m) for m in child._modules.values())
                    for child in span):   # (a pair's modules are at most two deep: _layer)
         return None
     if torch.is_grad_enabled() and any(p.requires_grad for p in (

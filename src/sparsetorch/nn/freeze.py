@@ -1,0 +1,214 @@
+"""``freeze``: an inference-only copy of a model, run as one flat Python function.
+
+At batch 1 a sparse MobileNet's kernels take 10-70 us each, and reaching them through the
+module tree costs nearly as much again at the small late layers: each ``nn.Module`` call,
+the ``nn.Identity`` children that batch-norm folding leaves behind, ``nn.Sequential``'s
+loop, and the per-call checks of ``ExpandDepthwiseSequential``, which cannot know that
+nothing changed since the last call. ``freeze`` pays those once:
+
+1. it copies the model (``copy.deepcopy``: later changes to the model do not reach the
+   frozen copy) in ``eval()`` mode with every parameter's ``requires_grad`` off;
+2. traces the copy with ``torch.fx`` (sparsetorch's layers and ``torch.nn``'s are leaves:
+   called, not traced into);
+3. rewrites the graph: ``nn.Identity`` and dropout calls (identities in eval mode) vanish;
+   a ``SparseConv2d`` whose only consumer is a 3x3 ``ChannelsFirstDepthwise`` (the pair
+   ``fuse.py`` fuses, the same rule) becomes one ``st.ops.expand_depthwise3x3`` call,
+   wherever the graph shows the pair, not only inside an ``nn.Sequential``; every other
+   module call becomes a direct call of its ``forward`` (of the module itself, hooks and
+   all, for a module with hooks);
+4. has ``torch.fx`` write the graph as one Python function (``Frozen.code`` shows it).
+
+The frozen model runs under ``torch.no_grad()``; it holds no parameters of its own
+(``parameters()`` is empty) and refuses ``.to()``, ``.train()`` and pickling: change,
+move or save the model, and freeze it again. A model ``torch.fx`` cannot trace (control
+flow on tensor values) raises a ``ValueError``; run it unfrozen.
+
+Example:
+    >>> import torch, sparsetorch as st
+    >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Identity(),
+    ...                           torch.nn.Conv2d(8, 16, 1), torch.nn.ReLU())
+    >>> sp = st.sparsify(net, sparsity=0.75).eval()
+    >>> frozen = st.freeze(sp)
+    >>> x = torch.randn(1, 3, 8, 8)
+    >>> with torch.no_grad():
+    ...     torch.allclose(frozen(x), sp(x))
+    True
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+from ..ops.expand_depthwise import expand_depthwise3x3
+from ._common import hooked
+from .attention import SparseAttention
+from .depthwise import ChannelsFirstDepthwise
+from .fuse import fusable_pair
+from .graph import GATConv, GCNConv, SAGEConv
+from .linear import SparseLinear
+
+# sparsetorch's layers: called as a whole, as torch.fx calls torch.nn's own modules
+_LAYERS = (SparseLinear, ChannelsFirstDepthwise, GCNConv, SAGEConv, GATConv, SparseAttention)
+# modules that return their (first) input unchanged in eval mode
+_IDENTITIES = (nn.Identity, nn.modules.dropout._DropoutNd)
+
+
+class Frozen(nn.Module):
+    """What ``freeze`` returns: call it as the model (same arguments, same results, no
+    autograd graph). ``code`` is the Python source of its forward.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> from collections import OrderedDict
+        >>> frozen = st.freeze(torch.nn.Sequential(OrderedDict(
+        ...     lin=torch.nn.Linear(4, 2), drop=torch.nn.Dropout(), act=torch.nn.ReLU())))
+        >>> print(frozen.code.strip())
+        def forward(self, input):
+            input_1 = input
+            lin_1 = step_lin(input_1);  input_1 = None
+            act_1 = step_act(lin_1);  lin_1 = None
+            return act_1
+    """
+
+    def __init__(self, graph_module: fx.GraphModule, name: str):
+        super().__init__()
+        self.training = False
+        # (not a submodule: nothing here may be moved, cast or loaded into)
+        self.__dict__["_run"] = graph_module.forward
+        self.__dict__["_graph_module"] = graph_module
+        self.__dict__["_name"] = name
+
+    @property
+    def code(self) -> str:
+        return self._graph_module.code
+
+    def forward(self, *args, **kwargs):
+        with torch.no_grad():
+            return self._run(*args, **kwargs)
+
+    def train(self, mode: bool = True):
+        if mode:
+            raise ValueError(f"freeze: the frozen {self._name} runs inference only; train the "
+                             f"model itself and freeze it again")
+        return self
+
+    def _apply(self, fn, recurse=True):
+        raise TypeError(f"freeze: the frozen {self._name} cannot be moved or cast; call "
+                        f".to()/.double()/... on the model and freeze it again")
+
+    def __getstate__(self):
+        raise TypeError(f"freeze: the frozen {self._name} cannot be pickled; save the model "
+                        f"(or its state_dict) and freeze it after loading")
+
+    def extra_repr(self) -> str:
+        return f"frozen {self._name}"
+
+
+def freeze(model: nn.Module) -> Frozen:
+    """An inference-only copy of ``model`` run as one flat function (see the module
+    docstring): its results equal ``model.eval()``'s under ``torch.no_grad()``.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> sp = st.sparsify(st.models.mobilenet_v2(0.25, num_classes=10), sparsity=0.9).eval()
+        >>> frozen, x = st.freeze(sp), torch.randn(2, 3, 64, 64)
+        >>> with torch.no_grad():
+        ...     torch.allclose(frozen(x), sp(x), atol=1e-5)
+        True
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"freeze: model must be an nn.Module, got {type(model).__name__}")
+    name = type(model).__name__
+    if isinstance(model, Frozen):
+        return model
+    copied = copy.deepcopy(model).eval()
+    for p in copied.parameters():
+        p.requires_grad_(False)
+    try:
+        graph = _Tracer().trace(copied)
+    except Exception as err:   # any tracing failure: control flow on values, unsupported ops
+        raise ValueError(f"freeze: torch.fx cannot trace {name} ({type(err).__name__}: "
+                         f"{err}); freezing needs a forward without control flow on tensor "
+                         f"values. Run the model unfrozen (under torch.no_grad()).") from err
+    modules = dict(copied.named_modules())
+    _drop_identities(graph, modules)
+    _fuse_expand_depthwise(graph, modules)
+    _call_forwards(graph, modules)
+    graph.eliminate_dead_code()
+    graph.lint()
+    return Frozen(fx.GraphModule(copied, graph), name)
+
+
+class _Tracer(fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, _LAYERS) or super().is_leaf_module(m, qualname)
+
+
+def _calls(graph: fx.Graph, modules: dict, kinds):
+    """The ``call_module`` nodes of ``graph`` whose module is one of ``kinds``."""
+    return [n for n in graph.nodes
+            if n.op == "call_module" and isinstance(modules[n.target], kinds)]
+
+
+def _drop_identities(graph: fx.Graph, modules: dict) -> None:
+    for node in _calls(graph, modules, _IDENTITIES):
+        if len(node.args) == 1 and not node.kwargs and not hooked(modules[node.target]):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+
+
+def _fuse_expand_depthwise(graph: fx.Graph, modules: dict) -> None:
+    for dw_node in _calls(graph, modules, ChannelsFirstDepthwise):
+        conv_node = dw_node.args[0] if len(dw_node.args) == 1 and not dw_node.kwargs else None
+        if (not isinstance(conv_node, fx.Node) or conv_node.op != "call_module"
+                or len(conv_node.users) != 1 or len(conv_node.args) != 1 or conv_node.kwargs):
+            continue
+        conv, dw = modules[conv_node.target], modules[dw_node.target]
+        if hooked(conv) or hooked(dw) or fusable_pair(conv, dw) is None:
+            continue
+        with graph.inserting_before(dw_node):
+            fused = graph.call_function(_fused_step(conv, dw, f"{conv_node.target}+{dw_node.target}"),
+                                        conv_node.args)
+        dw_node.replace_all_uses_with(fused)
+        graph.erase_node(dw_node)
+        graph.erase_node(conv_node)
+
+
+def _call_forwards(graph: fx.Graph, modules: dict) -> None:
+    for node in _calls(graph, modules, nn.Module):
+        module = modules[node.target]
+        with graph.inserting_before(node):
+            call = graph.call_function(_step(module if hooked(module) else module.forward,
+                                             node.target), node.args, node.kwargs)
+        node.replace_all_uses_with(call)
+        graph.erase_node(node)
+
+
+def _fused_step(conv, dw, target: str):
+    weight, bias, act = conv.weight, conv.bias, conv.activation   # (fixed: the copy is ours)
+    dw_weight, dw_bias, stride, dw_act = dw.weight, dw.bias, dw._fused_3x3, dw.activation
+
+    def step(x):
+        return expand_depthwise3x3(x, weight, bias, act, dw_weight, dw_bias, stride, dw_act)
+    return _named(step, target)
+
+
+def _step(fn, target: str):
+    # (a function of ours: torch.fx writes a torch.nn module's bound forward as a dotted
+    # path into torch, which does not exist)
+    def step(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return _named(step, target)
+
+
+def _named(step, target: str):
+    """``step`` named after the module path, so the written code reads like the model
+    (torch.fx names a function's global ``<__module__>_<__name__>``)."""
+    step.__name__ = step.__qualname__ = "".join(
+        c if c.isalnum() else "_" for c in target) or "module"
+    step.__module__ = "step"
+    return step
+
