@@ -45,11 +45,12 @@ def test_empty_pattern_two_threads_and_fallbacks():
                                b[:, None].expand(5, 49))
     old = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:   # enough work for both threads, an odd row count
+    try:   # enough work for both threads, an odd row count; rows copied to aligned strides
         dense, W = _weight(301, 256, 0.2)
-        x = torch.randn(256, 49)
-        torch.testing.assert_close(st.ops.spmm_narrow(W, x, None, "relu"),
-                                   F.relu(dense @ x), rtol=1e-5, atol=1e-5)
+        for p in (49, 196, 64):
+            x = torch.randn(256, p)
+            torch.testing.assert_close(st.ops.spmm_narrow(W, x, None, "relu"),
+                                       F.relu(dense @ x), rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(old)
     # wider than 256 columns, float64: einsum, the same results
