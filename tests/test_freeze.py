@@ -151,3 +151,14 @@ def test_untraceable_model_and_bad_arguments():
     frozen = st.freeze(st.sparsify(ExpandThenDepthwise(), sparsity=0.5))
     with pytest.raises(ValueError, match="expand_depthwise3x3: expand_weight must be an"):
         frozen(torch.randn(1, 4, 8, 8), gain=torch.ones(()))
+
+
+@pytest.mark.parametrize("sparsity, fused", [(0.9, True), (0.5, False)])
+def test_pairs_with_long_rows_stay_two_kernels(sparsity, fused):
+    """The fused kernel wins only where the expansion's rows are short (fuse.py)."""
+    net = nn.Sequential(nn.Conv2d(64, 64, 1), nn.Conv2d(64, 64, 3, padding=1, groups=64))
+    sparse = st.sparsify(net, sparsity=sparsity).eval()
+    frozen = st.freeze(sparse)
+    assert ("step_0_1(" in frozen.code) is fused
+    assert (type(sparse).__name__ == "ExpandDepthwiseSequential") is fused
+    _same(frozen, sparse, torch.randn(1, 64, 6, 6))

@@ -43,6 +43,13 @@ from .conv import SparseConv2d
 from .depthwise import ChannelsFirstDepthwise
 
 _is_compiling = torch.compiler.is_compiling
+# The fused kernel computes each expanded row in the depthwise walk, less efficiently than
+# spmm_narrow does; what it saves is writing and reading the expanded activation. So it
+# wins where rows are short: per pair, fused against the two kernels (2 threads, batch 1,
+# SPR): MobileNet v2 at 90% (2-16 entries a row) 1.1-1.9x; at 70%, 5-19 entries
+# 1.0-1.3x, 29-48 entries 0.80-0.97x; v1 at 90% with 3-13 entries 1.05-1.5x, 26 entries
+# 0.88-1.14x, 51 entries 0.83-0.91x.
+FUSE_UP_TO_ENTRIES_PER_ROW = 20
 
 
 class ExpandDepthwiseSequential(nn.Sequential):
@@ -133,11 +140,13 @@ def _layer(module, kind):
 
 def fusable_pair(first, second):
     """``(expansion, depthwise)`` layers of two neighbouring children (or modules, where
-    ``freeze`` finds the one feeding the other), or None."""
+    ``freeze`` finds the one feeding the other), or None: also where the expansion stores
+    more than ``FUSE_UP_TO_ENTRIES_PER_ROW`` weights per output channel on average."""
     conv, dw = _layer(first, SparseConv2d), _layer(second, ChannelsFirstDepthwise)
     if conv is None or dw is None or conv.stride != 1 or conv.blocksize is not None \
             or getattr(dw, "_fused_3x3", None) is None \
-            or dw.weight.shape[0] != conv.out_features:
+            or dw.weight.shape[0] != conv.out_features \
+            or conv.values.numel() > FUSE_UP_TO_ENTRIES_PER_ROW * conv.out_features:
         return None
     return conv, dw
 
