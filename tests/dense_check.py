@@ -67,13 +67,15 @@ def private_kernel_cache(tmp_path_factory):
 
 @pytest.fixture
 def split_by_rows(monkeypatch):
-    """Three threads, with every depthwise walk split by output rows and every
+    """Three threads, with every depthwise walk split by output rows (and the stem
+    convolution's rows split however few), every
     ``SparseConv2d`` over the narrow kernel's column bands however small the tensors
     (``ops.depthwise.ROW_SPLIT_PIXELS``): bands of one row or none, bands that start inside
     a plane, and batches whose bands span images."""
-    from sparsetorch.ops import depthwise, narrow
+    from sparsetorch.ops import depthwise, narrow, stem
     monkeypatch.setattr(depthwise, "ROW_SPLIT_PIXELS", 1)
     monkeypatch.setattr(depthwise, "_PARALLEL_OUTPUTS", 1)
+    monkeypatch.setattr(stem, "_PARALLEL_OUTPUTS", 1)
     monkeypatch.setattr(narrow, "_PARALLEL_WORK", 1)
     old = torch.get_num_threads()
     torch.set_num_threads(3)

@@ -92,8 +92,8 @@ def _sparse_mobilenet(build):
 def test_mobilenets_convert_layer_by_layer(build):
     dense, before, sparse = _sparse_mobilenet(build)
     assert _check_counts(dense, sparse, 0.8) == (14 if build is st.models.mobilenet_v1 else 35)
-    # first conv dense, depthwise kept dense in the layout-keeping wrapper, BN folded away
-    assert type(sparse.features[0][0]) is nn.Conv2d
+    # first conv and depthwise kept dense in the layout-keeping wrappers, BN folded away
+    assert type(sparse.features[0][0]) is st.nn.ChannelsFirstStem
     assert sum(isinstance(m, ChannelsFirstDepthwise) for m in sparse.modules()) == \
         sum(isinstance(m, nn.Conv2d) and m.groups > 1 for m in dense.modules())
     assert not any(isinstance(m, nn.BatchNorm2d) for m in sparse.modules())

@@ -27,8 +27,9 @@ from .graph import GATConv, GCNConv, SAGEConv
 from .linear import SparseLinear
 from .pattern import choose_blocksize, prune_mask
 from .sparsify import fold_batchnorms, sparsify
+from .stem import ChannelsFirstStem
 
-__all__ = ["SparseLinear", "SparseConv2d", "ChannelsFirstDepthwise", "GCNConv", "SAGEConv",
+__all__ = ["SparseLinear", "SparseConv2d", "ChannelsFirstDepthwise", "ChannelsFirstStem", "GCNConv", "SAGEConv",
            "GATConv", "normalized_adjacency", "SparseAttention", "masks", "channels_first",
            "fold_batchnorm", "fold_batchnorms", "choose_blocksize", "prune_mask", "sparsify",
            "freeze", "Frozen"]

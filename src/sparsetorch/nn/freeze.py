@@ -49,9 +49,11 @@ from .depthwise import ChannelsFirstDepthwise
 from .fuse import fusable_pair
 from .graph import GATConv, GCNConv, SAGEConv
 from .linear import SparseLinear
+from .stem import ChannelsFirstStem
 
 # sparsetorch's layers: called as a whole, as torch.fx calls torch.nn's own modules
-_LAYERS = (SparseLinear, ChannelsFirstDepthwise, GCNConv, SAGEConv, GATConv, SparseAttention)
+_LAYERS = (SparseLinear, ChannelsFirstDepthwise, ChannelsFirstStem, GCNConv, SAGEConv, GATConv,
+           SparseAttention)
 # modules that return their (first) input unchanged in eval mode
 _IDENTITIES = (nn.Identity, nn.modules.dropout._DropoutNd)
 

@@ -6,8 +6,9 @@ Every ``nn.Conv2d`` with a 1x1 kernel and ``groups=1`` (stride 1 or 2, no paddin
 ``"random"`` a random subset of that size; ``blocksize=(r, 1)`` (or ``r``) prunes whole blocks
 of ``r`` output channels (in layers whose output channels it divides; others are pruned entry
 by entry). Other convolutions stay dense, as in Fast Sparse ConvNets: the first
-(3-channel) convolution and the depthwise ones, which become ``ChannelsFirstDepthwise`` so
-a batch keeps the sparse layers' (C, N, H, W) layout through them.
+(3-channel) convolution, which becomes a ``ChannelsFirstStem`` when it is 3x3 with padding
+1 and stride 1 or 2, and the depthwise ones, which become ``ChannelsFirstDepthwise``; both
+write the sparse layers' (C, N, H, W) layout, so a batch keeps it through them.
 
 Only layers their parent calls as modules are replaced: when ``torch.fx`` traces the model,
 those reached by a module call (directly, or inside a called ``torch.nn`` module); a layer
@@ -48,6 +49,7 @@ from .depthwise import ChannelsFirstDepthwise, is_depthwise
 from .fold import fold_batchnorm
 from .fuse import fuse_expand_depthwise
 from .pattern import METHODS, exact_density, prune_mask
+from .stem import ChannelsFirstStem, is_stem
 
 from .linear import SparseLinear
 
@@ -82,6 +84,8 @@ def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
     def make_sparse(module, conv, act):
         if is_depthwise(module):
             return ChannelsFirstDepthwise.from_dense(conv, act)
+        if is_stem(module):
+            return ChannelsFirstStem.from_dense(conv, act)
         weight = module.weight.detach().flatten(1)
         bs = blocksize if blocksize and weight.shape[0] % blocksize[0] == 0 else None
         if isinstance(module, nn.Linear):   # the exact count, given as a density
@@ -113,7 +117,7 @@ def fold_batchnorms(model: nn.Module) -> nn.Module:
 
 def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module:
     """A copy of ``model`` with batch norms folded (``fold_bn``) and, unless ``make_sparse``
-    is None, each 1x1 or depthwise convolution and linear layer not ``skipped`` replaced by
+    is None, each 1x1, depthwise or stem convolution and linear layer not ``skipped`` replaced by
     ``make_sparse(module, module with its batch norm folded, fused activation name)``."""
     out = copy.deepcopy(model)
     links, called = _data_flow(out)
@@ -124,8 +128,8 @@ def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module
             continue
         bn_name, act_name = chains.get(name, (None, None))
         act = _ACTIVATION_OF.get(type(modules[act_name])) if act_name else None
-        convertible = (isinstance(module, nn.Linear)
-                       or _is_pointwise(module) or is_depthwise(module))
+        convertible = (isinstance(module, nn.Linear) or _is_pointwise(module)
+                       or is_depthwise(module) or is_stem(module))
         new = None
         if make_sparse is not None and convertible:
             folded = fold_batchnorm(module, modules[bn_name]) if bn_name else module

@@ -13,10 +13,11 @@ from .depthwise import depthwise3x3
 from .expand_depthwise import expand_depthwise3x3
 from .narrow import spmm_narrow
 from .rows import sparse_linear
+from .stem import stem_conv3x3
 from .torch_api import _install
 
 _install()
 
 __all__ = ["einsum", "explain", "Explanation", "lazy", "LazyExpr", "relu", "abs", "exp",
            "sqrt", "softmax", "masked_attention", "depthwise3x3",
-           "expand_depthwise3x3", "spmm_narrow", "sparse_linear"]
+           "expand_depthwise3x3", "spmm_narrow", "sparse_linear", "stem_conv3x3"]
