@@ -33,7 +33,7 @@ from torch import nn
 from ..formats import SparseTensor
 from ..formats.pack import array_names
 from ..ops import einsum, spmm_narrow
-from ..ops.narrow import MAX_COLUMNS as NARROW_COLUMNS, band_of_rows
+from ..ops.narrow import MAX_COLUMNS as NARROW_COLUMNS, band_of_rows, prepared_spmm_narrow
 from . import _pattern
 from ._common import check_pointwise as _check_pointwise, keep_facts as _keep_facts
 from .linear import SparseLinear
@@ -164,12 +164,8 @@ class SparseConv2d(SparseLinear):
         if x.dtype != weight.dtype:
             raise TypeError(f"SparseConv2d: input is {x.dtype} but the weights are "
                             f"{weight.dtype}; cast the input or the layer (.to(dtype))")
-        if self.stride == 2:
-            x = x[:, :, ::2, ::2]
-        n, c, h, w = x.shape
-        # one image in NCHW memory: its (C, H*W) matrix and the result are plain views
-        single = n == 1 and x.is_contiguous()
-        cols = x.view(c, h * w) if single else channels_first(x)
+        x, single, cols = self._columns(x)
+        n, _, h, w = x.shape
         if n * h * w <= NARROW_COLUMNS:   # few pixels: a row's 64-column chunks in registers
             y = spmm_narrow(weight, cols, bias, self.activation)
         elif band_of_rows(n * h * w, w):   # each thread the pixels it wrote (depthwise3x3)
@@ -178,9 +174,43 @@ class SparseConv2d(SparseLinear):
             y = einsum("oc,cp->op", weight, cols, bias=None if bias is None else bias.unsqueeze(1),
                        activation=self.activation)
         _keep_facts(weight, self)
+        return self._image(y, n, h, w, single)
+
+    def _columns(self, x):
+        """``(x subsampled for stride 2, whether it is one NCHW image, its (C, N*H*W)
+        matrix)``: for one image in NCHW memory the matrix and the result are plain views."""
+        if self.stride == 2:
+            x = x[:, :, ::2, ::2]
+        n, c, h, w = x.shape
+        single = n == 1 and x.is_contiguous()
+        return x, single, x.view(c, h * w) if single else channels_first(x)
+
+    def _image(self, y, n, h, w, single):
+        """The (Cout, N*H*W) result as (N, Cout, H, W) over the same memory."""
         if single:
             return y.view(1, self.out_features, h, w)
         return y.view(self.out_features, n, h, w).permute(1, 0, 2, 3)
+
+    def _inference_step(self, x):
+        """This layer's forward for inputs like ``x`` (same shape, strides, dtype, device)
+        without autograd, as a function of the input with every choice made now; None
+        where ``forward`` should run (``st.freeze``)."""
+        if (type(x) is not torch.Tensor or x.dim() != 4 or x.shape[1] != self.in_features
+                or x.dtype != self.values.dtype or torch.is_grad_enabled()):
+            return None
+        xs, single, cols = self._columns(x)
+        n, _, h, w = xs.shape
+        band = 0 if n * h * w <= NARROW_COLUMNS else band_of_rows(n * h * w, w)
+        if n * h * w > NARROW_COLUMNS and not band:
+            return None
+        run = prepared_spmm_narrow(self.weight, cols, self.bias, self.activation, band)
+        if run is None:
+            return None
+        columns, image = self._columns, self._image
+
+        def step(x):
+            return image(run(columns(x)[2]), n, h, w, single)
+        return step
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, stride={self.stride}, activation={self.activation}")

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import depthwise3x3
+from ..ops.depthwise import prepared_depthwise3x3
 
 _ACTIVATIONS = {None: None, "relu": F.relu, "relu6": F.relu6}
 
@@ -85,6 +86,14 @@ class ChannelsFirstDepthwise(nn.Module):
         act = _ACTIVATIONS[self.activation]
         # In place when no gradient needs the pre-activation: saves a pass over memory.
         return act(y, inplace=not torch.is_grad_enabled()) if act is not None else y
+
+    def _inference_step(self, x):
+        """This layer's forward for inputs like ``x`` without autograd, every choice made
+        now (``st.freeze``); None where ``forward`` should run."""
+        stride = getattr(self, "_fused_3x3", None)
+        if stride is None or type(x) is not torch.Tensor or torch.is_grad_enabled():
+            return None
+        return prepared_depthwise3x3(x, self.weight, self.bias, stride, self.activation)
 
     def extra_repr(self) -> str:
         return (f"{self.weight.shape[0]}, kernel_size={tuple(self.weight.shape[2:])}, "

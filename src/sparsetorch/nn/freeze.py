@@ -42,7 +42,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from ..ops.expand_depthwise import expand_depthwise3x3
+from ..ops.expand_depthwise import expand_depthwise3x3, prepared_expand_depthwise3x3
 from ._common import hooked
 from .attention import SparseAttention
 from .depthwise import ChannelsFirstDepthwise
@@ -54,6 +54,8 @@ from .stem import ChannelsFirstStem
 # sparsetorch's layers: called as a whole, as torch.fx calls torch.nn's own modules
 _LAYERS = (SparseLinear, ChannelsFirstDepthwise, ChannelsFirstStem, GCNConv, SAGEConv, GATConv,
            SparseAttention)
+# input signatures a step keeps plans for (then it forgets them all and starts again)
+_MOST_PLANS = 16
 # modules that return their (first) input unchanged in eval mode
 _IDENTITIES = (nn.Identity, nn.modules.dropout._DropoutNd)
 
@@ -183,8 +185,7 @@ def _call_forwards(graph: fx.Graph, modules: dict) -> None:
     for node in _calls(graph, modules, nn.Module):
         module = modules[node.target]
         with graph.inserting_before(node):
-            call = graph.call_function(_step(module if hooked(module) else module.forward,
-                                             node.target), node.args, node.kwargs)
+            call = graph.call_function(_step(module, node.target), node.args, node.kwargs)
         node.replace_all_uses_with(call)
         graph.erase_node(node)
 
@@ -193,16 +194,47 @@ def _fused_step(conv, dw, target: str):
     weight, bias, act = conv.weight, conv.bias, conv.activation   # (fixed: the copy is ours)
     dw_weight, dw_bias, stride, dw_act = dw.weight, dw.bias, dw._fused_3x3, dw.activation
 
-    def step(x):
+    def fused(x):
         return expand_depthwise3x3(x, weight, bias, act, dw_weight, dw_bias, stride, dw_act)
-    return _named(step, target)
+
+    def plan(x):
+        return prepared_expand_depthwise3x3(x, weight, bias, act, dw_weight, dw_bias, stride,
+                                            dw_act)
+    return _specialised(plan, fused, target)
 
 
-def _step(fn, target: str):
-    # (a function of ours: torch.fx writes a torch.nn module's bound forward as a dotted
-    # path into torch, which does not exist)
-    def step(*args, **kwargs):
-        return fn(*args, **kwargs)
+def _step(module: nn.Module, target: str):
+    """A call of ``module``: through ``__call__`` if it has hooks (they run), else its
+    ``forward``, specialised to each input's shape where the layer offers that."""
+    if hooked(module):
+        return _specialised(None, module, target)
+    plan = getattr(module, "_inference_step", None)
+    return _specialised(plan, module.forward, target)
+
+
+def _specialised(plan, call, target: str):
+    """``call`` as a function the graph calls (torch.fx writes a torch.nn module's bound
+    forward as a dotted path into torch, which does not exist: the step is a function of
+    ours). Given ``plan`` (an input -> a function of such inputs, or None), each input
+    signature (shape, strides, dtype, device, thread count) is planned once and its
+    function called from then on: the layers' checks and choices, a few microseconds each,
+    beside kernels of tens at batch 1."""
+    if plan is None:
+        def step(*args, **kwargs):
+            return call(*args, **kwargs)
+        return _named(step, target)
+    plans: dict = {}
+
+    def step(x, *args, **kwargs):
+        if args or kwargs or type(x) is not torch.Tensor:
+            return call(x, *args, **kwargs)
+        key = (x.shape, x.stride(), x.dtype, x.device, torch.get_num_threads())
+        run = plans.get(key, plans)
+        if run is plans:   # (not planned yet)
+            if len(plans) >= _MOST_PLANS:
+                plans.clear()
+            run = plans[key] = plan(x)
+        return call(x) if run is None else run(x)
     return _named(step, target)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops.stem import MAX_CHANNELS, stem_conv3x3
+from ..ops.stem import MAX_CHANNELS, prepared_stem_conv3x3, stem_conv3x3
 
 _ACTIVATIONS = (None, "relu", "relu6")
 
@@ -73,6 +73,14 @@ class ChannelsFirstStem(nn.Module):
         if not x.is_contiguous():
             x = x.contiguous()
         return stem_conv3x3(x, self.weight, self.bias, self.stride, self.activation)
+
+    def _inference_step(self, x):
+        """This layer's forward for inputs like ``x`` without autograd, every choice made
+        now (``st.freeze``); None where ``forward`` should run."""
+        if (type(x) is not torch.Tensor or x.dim() != 4 or x.shape[1] != self.weight.shape[1]
+                or not x.is_contiguous() or torch.is_grad_enabled()):
+            return None
+        return prepared_stem_conv3x3(x, self.weight, self.bias, self.stride, self.activation)
 
     def extra_repr(self) -> str:
         return (f"{self.weight.shape[1]}, {self.weight.shape[0]}, kernel_size=(3, 3), "

@@ -326,6 +326,38 @@ def depthwise3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         >>> y.shape, y.permute(1, 0, 2, 3).is_contiguous()
         (torch.Size([2, 4, 3, 3]), True)
     """
+    div = _kernel_div(x, weight, bias, stride, activation)
+    if div is None:
+        return _torch_depthwise(x, weight, bias, stride, activation)
+    if _records(x, weight, bias):
+        return _Depthwise.apply(x, weight, bias, stride, activation)
+    return _forward(x, weight, bias, stride, activation, div)
+
+
+def prepared_depthwise3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                          stride: int, activation: str | None):
+    """``depthwise3x3(·, weight, bias, stride, activation)`` for inputs like ``x`` (the same
+    shape, strides, dtype and device) as a function of the input alone, every check and
+    choice made now (bad operands raise as there); None where ``depthwise3x3`` runs torch
+    or records autograd. For callers that repeat a call (``st.freeze``): the function
+    trusts its input to be like ``x``, and ``weight`` and ``bias`` not to change (it holds
+    them).
+
+    Example:
+        >>> import torch
+        >>> run = prepared_depthwise3x3(torch.ones(1, 2, 4, 4), torch.ones(2, 1, 3, 3), None, 1, None)
+        >>> run is None or run(torch.ones(1, 2, 4, 4))[0, 0, 1, 1].item() == 9.0
+        True
+    """
+    div = _kernel_div(x, weight, bias, stride, activation)
+    if div is None or _records(x, weight, bias):
+        return None
+    return _launcher(x, weight, bias, stride, activation, div)
+
+
+def _kernel_div(x, weight, bias, stride, activation):
+    """The kernel's ``div`` (``_plane_order``) for these operands, None where torch runs;
+    bad operands raise."""
     # (checks by shapes and strides, no tensor ops: at batch 1 a MobileNet layer's kernel
     # takes 20-300 us, and every torch call here costs 1-4 us)
     shape = getattr(x, "shape", None)
@@ -350,11 +382,14 @@ def depthwise3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
             or (bias is not None and (bias.dtype != dtype or not bias.is_contiguous()
                                       or not bias.is_cpu))
             or backend() != "c" or _kernel(dtype) is None):
-        return _torch_depthwise(x, weight, bias, stride, activation)
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                    or (bias is not None and bias.requires_grad)):
-        return _Depthwise.apply(x, weight, bias, stride, activation)
-    return _forward(x, weight, bias, stride, activation, div)
+        return None
+    return div
+
+
+def _records(x, weight, bias) -> bool:
+    """Whether autograd records this call."""
+    return torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                        or (bias is not None and bias.requires_grad))
 
 
 def _plane_order(x: torch.Tensor, shape):
@@ -395,20 +430,30 @@ _scratch = _Scratch()
 
 
 def _forward(x, weight, bias, stride, activation, div):
+    return _launcher(x, weight, bias, stride, activation, div)(x)
+
+
+def _launcher(x, weight, bias, stride, activation, div):
+    """The kernel's call for inputs like ``x`` (checked by the callers)."""
     n, c, h, w = x.shape
     oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
     if div == 1:
-        out = torch.empty((n, c, oh, ow), dtype=x.dtype)
-    else:
-        # (C, N, OH, OW) memory seen as (N, C, OH, OW): one call, not empty and permute
-        out = torch.empty_strided((n, c, oh, ow), (oh * ow, n * oh * ow, ow, 1), dtype=x.dtype)
+        shape, strides = (n, c, oh, ow), (c * oh * ow, oh * ow, ow, 1)
+    else:   # (C, N, OH, OW) memory seen as (N, C, OH, OW): one call, not empty and permute
+        shape, strides = (n, c, oh, ow), (oh * ow, n * oh * ow, ow, 1)
     nt, rw, nr = walk_sizes(n * c * oh * ow, h, w)
     band = split_rows(nt, n * oh * ow) if div == n else 0
-    scratch = _scratch.get(x.dtype, nt * (nr + 2) * rw)
-    _kernel(x.dtype)(n * c, div, c, h, w, stride, x.data_ptr(), weight.data_ptr(),
-                     0 if bias is None else bias.data_ptr(), ACTIVATIONS[activation],
-                     out.data_ptr(), scratch.data_ptr(), rw, nr, nt, band)
-    return out
+    dtype, fn, size = x.dtype, _kernel(x.dtype), nt * (nr + 2) * rw
+    head = (n * c, div, c, h, w, stride)
+    tail = (weight.data_ptr(), 0 if bias is None else bias.data_ptr(), ACTIVATIONS[activation])
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_strided(shape, strides, dtype=dtype)
+        fn(*head, x.data_ptr(), *tail, out.data_ptr(), _scratch.get(dtype, size).data_ptr(),
+           rw, nr, nt, band)
+        return out
+    run.kept = (weight, bias)   # (their memory stays while the function does)
+    return run
 
 
 def walk_sizes(outputs: int, h: int, w: int) -> tuple[int, int, int]:

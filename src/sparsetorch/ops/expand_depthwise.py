@@ -142,6 +142,33 @@ def expand_depthwise3x3(x: torch.Tensor, expand_weight: SparseTensor,
         >>> y[0, 0].tolist()
         [[4.0, 6.0, 4.0], [6.0, 9.0, 6.0], [4.0, 6.0, 4.0]]
     """
+    run = prepared_expand_depthwise3x3(x, expand_weight, expand_bias, expand_activation,
+                                       weight, bias, stride, activation)
+    if run is None:
+        return _unfused(x, expand_weight, expand_bias, expand_activation, weight, bias,
+                        stride, activation)
+    return run(x)
+
+
+def prepared_expand_depthwise3x3(x: torch.Tensor, expand_weight: SparseTensor,
+                                 expand_bias: torch.Tensor | None,
+                                 expand_activation: str | None, weight: torch.Tensor,
+                                 bias: torch.Tensor | None = None, stride: int = 1,
+                                 activation: str | None = None):
+    """``expand_depthwise3x3(·, expand_weight, ...)`` for inputs like ``x`` (the same shape,
+    strides, dtype and device) as a function of the input alone, every check and choice
+    made now (bad operands raise as there); None where the two steps run. For callers that
+    repeat a call (``st.freeze``): the function trusts its input to be like ``x``, and the
+    weights and biases not to change (it holds them).
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> W = st.tensor(torch.eye(4), format="csr")
+        >>> run = prepared_expand_depthwise3x3(torch.ones(1, 4, 3, 3), W, None, None,
+        ...                                    torch.ones(4, 1, 3, 3))
+        >>> run is None or run(torch.ones(1, 4, 3, 3))[0, 0, 1, 1].item() == 9.0
+        True
+    """
     shape = getattr(x, "shape", None)
     if not isinstance(x, torch.Tensor) or len(shape) != 4:
         raise ValueError(f"expand_depthwise3x3: x must be a 4-D (N, C, H, W) tensor, got "
@@ -162,24 +189,30 @@ def expand_depthwise3x3(x: torch.Tensor, expand_weight: SparseTensor,
                          f"{tuple(ACTIVATIONS)}, got {expand_activation!r}")
     fn = _kernel_for(x, expand_weight, expand_bias, weight, bias, stride, activation)
     if fn is None:
-        return _unfused(x, expand_weight, expand_bias, expand_activation, weight, bias,
-                        stride, activation)
+        return None
     oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
     # (E, N, OH, OW) memory seen as (N, E, OH, OW): one call, not empty and permute
-    out = torch.empty_strided((n, e, oh, ow), (oh * ow, n * oh * ow, ow, 1), dtype=x.dtype)
+    out_shape, strides, dtype = (n, e, oh, ow), (oh * ow, n * oh * ow, ow, 1), x.dtype
     nt, rw, nr = _dw.walk_sizes(n * e * oh * ow, h, w)
     band = _dw.split_rows(nt, n * oh * ow)
     bt = min(h, max(1, BATCH_PIXELS // w))
     xr = (bt * w + 8 + rw - 1) // rw   # (+ 8: a vector stored whole past the rows)
-    scratch = _dw._scratch.get(x.dtype, nt * (nr + 2 + xr) * rw)
-    sn, sk = x.stride(0), x.stride(1)
-    fn(n * e, n, e, h, w, stride, x.data_ptr(), weight.data_ptr(),
-       0 if bias is None else bias.data_ptr(), ACTIVATIONS[activation], out.data_ptr(),
-       scratch.data_ptr(), rw, nr, nt, band, sk, sn, expand_weight._pos1.data_ptr(),
-       expand_weight._crd1.data_ptr(), expand_weight._values.data_ptr(),
-       0 if expand_bias is None else expand_bias.data_ptr(), ACTIVATIONS[expand_activation],
-       xr, bt)
-    return out
+    size = nt * (nr + 2 + xr) * rw
+    head = (n * e, n, e, h, w, stride)
+    middle = (weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+              ACTIVATIONS[activation])
+    tail = (rw, nr, nt, band, x.stride(1), x.stride(0), expand_weight._pos1.data_ptr(),
+            expand_weight._crd1.data_ptr(), expand_weight._values.data_ptr(),
+            0 if expand_bias is None else expand_bias.data_ptr(),
+            ACTIVATIONS[expand_activation], xr, bt)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_strided(out_shape, strides, dtype=dtype)
+        fn(*head, x.data_ptr(), *middle, out.data_ptr(),
+           _dw._scratch.get(dtype, size).data_ptr(), *tail)
+        return out
+    run.kept = (expand_weight, expand_bias, weight, bias)   # (their memory stays with it)
+    return run
 
 
 def _unfused(x, expand_weight, expand_bias, expand_activation, weight, bias, stride,

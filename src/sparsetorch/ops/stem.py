@@ -166,6 +166,29 @@ def stem_conv3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         >>> y.shape, y[0, 0, 0].tolist(), y.permute(1, 0, 2, 3).is_contiguous()
         (torch.Size([2, 5, 4, 4]), [12.0, 18.0, 18.0, 12.0], True)
     """
+    run = prepared_stem_conv3x3(x, weight, bias, stride, activation)
+    if run is not None:
+        return run(x)
+    y = F.conv2d(x, weight, bias, stride, 1)
+    act = _TORCH_ACTIVATION[activation]
+    y = y if act is None else act(y)
+    return y if x.shape[0] == 1 else y.transpose(0, 1).contiguous().transpose(0, 1)
+
+
+def prepared_stem_conv3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                          stride: int = 1, activation: str | None = None):
+    """``stem_conv3x3(·, weight, bias, stride, activation)`` for inputs like ``x`` (the
+    same shape, strides, dtype and device) as a function of the input alone, every check
+    and choice made now (bad operands raise as there); None where torch runs. For callers
+    that repeat a call (``st.freeze``): the function trusts its input to be like ``x``, and
+    ``weight`` and ``bias`` not to change (it holds them).
+
+    Example:
+        >>> import torch
+        >>> run = prepared_stem_conv3x3(torch.ones(1, 3, 4, 4), torch.ones(2, 3, 3, 3), None)
+        >>> run is None or run(torch.ones(1, 3, 4, 4))[0, 0, 1, 1].item() == 27.0
+        True
+    """
     shape = getattr(x, "shape", None)
     if not isinstance(x, torch.Tensor) or len(shape) != 4:
         raise ValueError(f"stem_conv3x3: x must be a 4-D (N, C, H, W) tensor, got "
@@ -186,20 +209,24 @@ def stem_conv3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                          f"got {activation!r}")
     fn = _kernel_for(x, weight, bias)
     if fn is None:
-        y = F.conv2d(x, weight, bias, stride, 1)
-        act = _TORCH_ACTIVATION[activation]
-        y = y if act is None else act(y)
-        return y if n == 1 else y.transpose(0, 1).contiguous().transpose(0, 1)
+        return None
     oh, ow = (h - 1) // stride + 1, (w - 1) // stride + 1
-    out = torch.empty_strided((n, o, oh, ow), (oh * ow, n * oh * ow, ow, 1), dtype=x.dtype)
+    shape, strides = (n, o, oh, ow), (oh * ow, n * oh * ow, ow, 1)
     nt = runtime.num_threads() if n * o * oh * ow >= _PARALLEL_OUTPUTS else 1
     rw = -(-ow // 16) * 16
     wsize = -(-(-(-o // 8) * 8 * (9 * c + 1)) // 16) * 16   # (the kernel's)
-    scratch = _buffers.get(torch.float32, nt * ((9 * c + 1) * rw + wsize))
-    fn(n, c, h, w, o, stride, x.data_ptr(), weight.data_ptr(),
-       0 if bias is None else bias.data_ptr(), ACTIVATIONS[activation], out.data_ptr(),
-       scratch.data_ptr(), rw, nt)
-    return out
+    size = nt * ((9 * c + 1) * rw + wsize)
+    head = (n, c, h, w, o, stride)
+    middle = (weight.data_ptr(), 0 if bias is None else bias.data_ptr(),
+              ACTIVATIONS[activation])
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_strided(shape, strides, dtype=torch.float32)
+        fn(*head, x.data_ptr(), *middle, out.data_ptr(),
+           _buffers.get(torch.float32, size).data_ptr(), rw, nt)
+        return out
+    run.kept = (weight, bias)   # (their memory stays while the function does)
+    return run
 
 
 def _kernel_for(x, weight, bias):
