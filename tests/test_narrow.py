@@ -30,7 +30,7 @@ def test_matches_dense(index_dtype):
     assert W.index_dtype == index_dtype
     if vector_isa() is not None:   # the kernel runs here (not einsum)
         assert _kernel_for(W, torch.randn(40, 49), None, 0) is not None
-    for p in (1, 7, 8, 9, 17, 49, 64, 65, 196, 256):   # one chunk of 64 columns, several
+    for p in (1, 7, 8, 9, 17, 49, 64, 65, 196, 256, 784):   # one chunk of columns, several
         x = torch.randn(40, p)
         for act, bias in ((None, None), ("relu", torch.randn(13)), ("relu6", torch.randn(13))):
             ref = ACT[act](dense @ x + (0 if bias is None else bias[:, None]))
@@ -53,9 +53,9 @@ def test_empty_pattern_two_threads_and_fallbacks():
                                        F.relu(dense @ x), rtol=1e-5, atol=1e-5)
     finally:
         torch.set_num_threads(old)
-    # wider than 256 columns, float64: einsum, the same results
+    # wider than max_columns() (256, or 1024 on AVX-512), float64: einsum, the same results
     dense, W = _weight(9, 20, 0.4)
-    x = torch.randn(20, 257)
+    x = torch.randn(20, 1025)
     torch.testing.assert_close(st.ops.spmm_narrow(W, x), dense @ x, rtol=1e-5, atol=1e-5)
     dense64, W64 = _weight(9, 20, 0.4, dtype=torch.float64)
     x64 = torch.randn(20, 30, dtype=torch.float64)

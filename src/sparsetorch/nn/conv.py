@@ -5,7 +5,8 @@ P)`` with ``P`` the pixels. With the activations in CHW order (each channel's pi
 contiguous) and ``W`` sparse, that is the generated SpMM kernel: pixel strips in vector
 registers, each stored weight loaded once per strip, the bias and ReLU/ReLU6 applied as the
 registers are written (``st.einsum("oc,cp->op", W, X, bias=, activation=)``). Inputs of at
-most 256 pixels (MobileNet's 14 x 14 and 7 x 7 layers at batch 1) run ``st.ops.spmm_narrow``
+most 256 pixels (MobileNet's 14 x 14 and 7 x 7 layers at batch 1; on AVX-512 CPUs 1024,
+28 x 28 too: ``ops.narrow.max_columns()``) run ``st.ops.spmm_narrow``
 in inference instead, which holds 64 columns of an output row in registers (2.2x the
 generated kernel at 49 pixels, 1.1-1.3x at 196).
 
@@ -33,7 +34,7 @@ from torch import nn
 from ..formats import SparseTensor
 from ..formats.pack import array_names
 from ..ops import einsum, spmm_narrow
-from ..ops.narrow import MAX_COLUMNS as NARROW_COLUMNS, band_of_rows, prepared_spmm_narrow
+from ..ops.narrow import band_of_rows, max_columns, prepared_spmm_narrow
 from . import _pattern
 from ._common import check_pointwise as _check_pointwise, keep_facts as _keep_facts
 from .linear import SparseLinear
@@ -166,7 +167,7 @@ class SparseConv2d(SparseLinear):
                             f"{weight.dtype}; cast the input or the layer (.to(dtype))")
         x, single, cols = self._columns(x)
         n, _, h, w = x.shape
-        if n * h * w <= NARROW_COLUMNS:   # few pixels: a row's 64-column chunks in registers
+        if n * h * w <= max_columns():   # few pixels: a row's chunks in registers
             y = spmm_narrow(weight, cols, bias, self.activation)
         elif band_of_rows(n * h * w, w):   # each thread the pixels it wrote (depthwise3x3)
             y = spmm_narrow(weight, cols, bias, self.activation, band=w)
@@ -200,8 +201,9 @@ class SparseConv2d(SparseLinear):
             return None
         xs, single, cols = self._columns(x)
         n, _, h, w = xs.shape
-        band = 0 if n * h * w <= NARROW_COLUMNS else band_of_rows(n * h * w, w)
-        if n * h * w > NARROW_COLUMNS and not band:
+        unsplit = n * h * w <= max_columns()
+        band = 0 if unsplit else band_of_rows(n * h * w, w)
+        if not unsplit and not band:
             return None
         run = prepared_spmm_narrow(self.weight, cols, self.bias, self.activation, band)
         if run is None:

@@ -1,6 +1,7 @@
 """``spmm_narrow``: ``activation(W @ X + bias)`` for a CSR ``W`` and a dense ``X`` of at most
-256 columns, the 1x1 convolutions of a ConvNet's late layers (14 x 14 = 196 and 7 x 7 = 49
-pixels at batch 1), and of any width split by columns (the early layers, below).
+256 columns (1024 on AVX-512 CPUs: ``max_columns()``), the 1x1 convolutions of a ConvNet's
+late layers (28 x 28 = 784, 14 x 14 = 196 and 7 x 7 = 49 pixels at batch 1), and of any
+width split by columns (the early layers, below).
 
 The generated SpMM kernel tiles ``X``'s columns into register tiles of 32 (AVX2), so 49
 columns take two passes over each row's stored entries: a full tile and a 17-column one
@@ -58,7 +59,11 @@ from .depthwise import STORE_PART_C, _scratch as _buffers, split_rows   # (each 
 from .einsum import einsum
 from .policy import backend
 
-MAX_COLUMNS = 256   # (measured against einsum: chunks of 64 won up to 14 x 14 = 196 pixels)
+# Columns up to which the kernel runs unsplit: 8-lane chunks of 64 won against einsum up to
+# 14 x 14 = 196 pixels (AMD Zen); on AVX-512 CPUs chunks of 256 also at 28 x 28 = 784 (512
+# x 512 at 90%, 2 threads: 0.93-0.96x einsum's time alone; MobileNet v1 frozen 2.91 -> 2.82
+# ms, v2 3.02 -> 2.94 ms, the layer's input fresh from the other core)
+MAX_COLUMNS = {"avx2": 256, "avx512": 1024}
 _ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
 _is_compiling = torch.compiler.is_compiling
 _PARALLEL_WORK = 1 << 15   # stored entries x columns below which one thread is as fast
@@ -261,6 +266,25 @@ def prepared_spmm_narrow(weight: SparseTensor, x: torch.Tensor, bias: torch.Tens
     return run
 
 
+def max_columns() -> int:
+    """The most columns ``spmm_narrow`` runs its kernel for unsplit on this CPU
+    (``MAX_COLUMNS``; 0 where it has no kernel, and while ``torch.compile`` traces: einsum
+    runs then, and the cached lookup would break the graph).
+
+    Example:
+        >>> max_columns() in (0, 256, 1024)
+        True
+    """
+    return 0 if _is_compiling() else _max_columns()
+
+
+@lru_cache(maxsize=None)
+def _max_columns() -> int:
+    from ..compiler.kernel import vector_isa
+
+    return MAX_COLUMNS.get(vector_isa(), 0)
+
+
 def band_of_rows(pixels: int, w: int) -> int:
     """``spmm_narrow``'s ``band`` for (C, N*H*W) activations of ``pixels`` columns and rows
     of ``w``: ``w`` where ``depthwise3x3`` splits as many output pixels by rows (so each
@@ -286,7 +310,7 @@ def _kernel_for(weight, x, bias, band):
         return None
     values, (m, k) = weight._values, weight._size
     if (type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 2
-            or not 0 < x.shape[1] <= (MAX_COLUMNS if band == 0 else x.shape[1])
+            or not 0 < x.shape[1] <= (max_columns() if band == 0 else x.shape[1])
             or x.shape[0] != k or not x.is_cpu
             or not x.is_contiguous() or values.dtype != torch.float32 or not values.is_cpu
             or not values.is_contiguous() or backend() != "c"):
