@@ -23,11 +23,10 @@ Sections
            and ``benchmarks/results/convnets_sweep.png``.
   layers   each 1x1 layer of MobileNet v1 at 90% (``SparseConv2d``, bias and ReLU fused) vs
            dense ``conv2d`` + bias + ReLU on the same input.
-  profile  the sparse model's leaf modules timed one by one with forward hooks (batch 1, the
-           fastest of 10 runs each), summed per kind: first conv, depthwise, sparse 1x1,
-           classifier, other, and fused expansion+depthwise pairs (MobileNet v2's, timed
-           around the call that runs them: a hook would turn their fusion off); "between
-           layers" is the rest of the forward (Python, hooks).
+  profile  the frozen sparse model's steps (each layer's call, or a fused expansion +
+           depthwise pair) timed one by one around their calls (batch 1, the fastest of 10
+           runs each), summed per kind: first conv, depthwise, sparse 1x1, classifier,
+           expansion+depthwise; "between steps" is the rest of the forward.
 
 Every ratio is a median of per-round ratios from ``sparsetorch.bench.compare`` (interleaved
 rounds): > 1 means the sparse model is faster. Outputs are checked against the dense model
@@ -49,7 +48,6 @@ import torch
 
 import sparsetorch as st
 from sparsetorch.bench import Report, compare, pinned_threads, speedup
-from sparsetorch.nn import fuse
 
 HERE = Path(__file__).resolve().parent
 MODELS = {"mobilenet_v1": st.models.mobilenet_v1, "mobilenet_v2": st.models.mobilenet_v2}
@@ -238,84 +236,66 @@ def _layer_inputs(model, x) -> dict:
 
 
 def profile_section(threads, reps: int = 10) -> list[dict]:
-    """Per-leaf-module time of each sparse model at 90%, batch 1: the fastest of ``reps``
-    runs of each module, and of the whole forward (hooks cost a few us per module). A
-    fused expansion and depthwise pair (``st.nn.fuse``; a hook on either layer would turn
-    its fusion off) is timed as one, around the call that runs it, named
-    ``<container>.<expansion>+<depthwise>``."""
+    """Per-step time of each frozen sparse model at 90%, batch 1 (``st.freeze``: a step is
+    one layer's call, or a fused expansion + depthwise pair, named after its modules): the
+    fastest of ``reps`` runs of each step, timed around its call in the frozen forward, and
+    of the whole forward; "between steps" is the rest (the forward's own lines, the pooling,
+    the timers)."""
     rows = []
     for name, build in MODELS.items():
         sparse = st.sparsify(build().eval(), sparsity=0.9)
+        frozen = st.freeze(sparse)
         x = torch.randn(1, 3, 224, 224)
         times: dict[str, list[float]] = {}
-        starts: dict[str, float] = {}
-        containers, fused = {}, set()
-        for cname, m in sparse.named_modules():
-            if isinstance(m, fuse.ExpandDepthwiseSequential):
-                containers[id(m._modules)] = cname
-                for child in (c for pair in m.pairs.items() for c in pair):
-                    fused.update(f"{cname}.{child}.{n}".rstrip(".")
-                                 for n, _ in m.get_submodule(child).named_modules())
-        hooks = []
-        for mname, m in sparse.named_modules():
-            if not list(m.children()) and not isinstance(m, torch.nn.Identity) \
-                    and mname not in fused:
-                hooks.append(m.register_forward_pre_hook(
-                    lambda mod, args, n=mname: starts.__setitem__(n, CLOCK['timer']())))
-                hooks.append(m.register_forward_hook(
-                    lambda mod, args, out, n=mname: times.setdefault(n, []).append(
-                        CLOCK['timer']() - starts[n])))
-        run_pair = fuse._fused
-
-        def timed_pair(modules, first, second, x):
-            t0 = CLOCK["timer"]()
-            y = run_pair(modules, first, second, x)
-            if y is not None:
-                times.setdefault(f"{containers[id(modules)]}.{first}+{second}", []).append(
-                    CLOCK["timer"]() - t0)
-            return y
-        fuse._fused = timed_pair
-        try:
-            with torch.no_grad(), pinned_threads(threads):
-                for _ in range(2):
-                    sparse(x)
-                times.clear()
-                totals = []
-                for _ in range(reps):
-                    t0 = CLOCK["timer"]()
-                    sparse(x)
-                    totals.append(CLOCK["timer"]() - t0)
-        finally:
-            fuse._fused = run_pair
+        steps = frozen._graph_module.forward.__globals__   # (the step functions it calls)
+        timer = CLOCK["timer"]
+        for key in [k for k in steps if k.startswith("step_")]:
+            def timed(*args, _step=steps[key], _key=key, **kwargs):
+                t0 = timer()
+                out = _step(*args, **kwargs)
+                times.setdefault(_key, []).append(timer() - t0)
+                return out
+            steps[key] = timed
+        with pinned_threads(threads):
+            for _ in range(2):
+                frozen(x)
+            times.clear()
+            totals = []
+            for _ in range(reps):
+                t0 = timer()
+                frozen(x)
+                totals.append(timer() - t0)
         total = min(totals)
-        for h in hooks:
-            h.remove()
+        modules = dict(sparse.named_modules())
         kinds: dict[str, float] = {}
-        mods = dict(sparse.named_modules())
-        for mname, ts in times.items():
+        for key, ts in times.items():
             best = min(ts)   # the least disturbed run: robust to preemption on a busy machine
-            kind = _kind(mname, mods.get(mname))
+            kind = _kind(key, modules)
             kinds[kind] = kinds.get(kind, 0.0) + best
-            rows.append({"model": name, "layer": mname, "kind": kind, "ms": best * 1e3})
-        print(f"== profile {name} 90% batch 1: {total * 1e3:.2f} ms per forward ==")
+            rows.append({"model": name, "step": key, "kind": kind, "ms": best * 1e3})
+        print(f"== profile {name} 90% batch 1, frozen: {total * 1e3:.2f} ms per forward ==")
         for kind, t in sorted(kinds.items(), key=lambda kv: -kv[1]):
             print(f"  {kind:<22} {t * 1e3:8.3f} ms  {100 * t / total:5.1f}%")
-        print(f"  {'(between layers)':<22} {(total - sum(kinds.values())) * 1e3:8.3f} ms")
+        print(f"  {'(between steps)':<22} {(total - sum(kinds.values())) * 1e3:8.3f} ms")
         for r in sorted((r for r in rows if r["model"] == name), key=lambda r: -r["ms"])[:8]:
-            print(f"    {r['layer']:<28} {r['kind']:<16} {r['ms']:7.3f} ms")
+            print(f"    {r['step']:<44} {r['kind']:<20} {r['ms']:7.3f} ms")
     return rows
 
 
-def _kind(name: str, module) -> str:
+def _kind(step: str, modules: dict) -> str:
+    """What a frozen step computes, from its name (the module path, dots as underscores;
+    a fused pair's two paths joined)."""
+    paths = {n.replace(".", "_"): m for n, m in modules.items() if n}
+    module = paths.get(step[len("step_"):])
     if module is None:   # (a fused pair's name)
         return "expansion+depthwise"
     if isinstance(module, st.nn.SparseConv2d):
         return "sparse 1x1"
     if isinstance(module, st.nn.ChannelsFirstDepthwise):
         return "depthwise"
-    if isinstance(module, torch.nn.Conv2d):
+    if isinstance(module, (st.nn.ChannelsFirstStem, torch.nn.Conv2d)):
         return "first conv (dense)"
-    if "classifier" in name:
+    if isinstance(module, st.nn.SparseLinear):
         return "classifier"
     return type(module).__name__
 
