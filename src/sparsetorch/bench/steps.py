@@ -41,9 +41,11 @@ def training(name: str, family: str, forward: Callable[[], torch.Tensor],
              grads: Callable[[], dict], config: str = "") -> Impl:
     """An ``Impl`` timing one Adam step of ``loss(forward())`` over ``params``. Its check
     computes the loss and ``grads()`` (name -> gradient in the shared layout) from the
-    starting weights, without stepping."""
+    starting weights, without stepping. Adam is torch's fused implementation, the fastest
+    for every implementation here (the default, one parameter at a time, took the dense
+    autoencoder's step from 3.3 to 4.3 ms: 1.0 ms of it optimizer), else its default."""
     params = list(params)
-    opt = torch.optim.Adam(params, lr=LEARNING_RATE)
+    opt = _adam(params)
 
     def run():
         opt.zero_grad(set_to_none=True)
@@ -61,3 +63,10 @@ def training(name: str, family: str, forward: Callable[[], torch.Tensor],
         return out
 
     return Impl(name, family, run, check, config)
+
+
+def _adam(params: list) -> torch.optim.Optimizer:
+    try:
+        return torch.optim.Adam(params, lr=LEARNING_RATE, fused=True)
+    except (RuntimeError, ValueError, TypeError):   # (parameters fused Adam does not take)
+        return torch.optim.Adam(params, lr=LEARNING_RATE)
