@@ -16,7 +16,13 @@ nothing changed since the last call. ``freeze`` pays those once:
    wherever the graph shows the pair, not only inside an ``nn.Sequential``; every other
    module call becomes a direct call of its ``forward`` (of the module itself, hooks and
    all, for a module with hooks);
-4. has ``torch.fx`` write the graph as one Python function (``Frozen.code`` shows it).
+4. has ``torch.fx`` write the graph as one Python function (``Frozen.code`` shows it);
+5. at run time each step plans its layer's call once per input signature (shape, strides,
+   dtype, device, thread count) where the layer offers that (``_inference_step``: the
+   sparse, depthwise and stem convolutions and the fused pair, through the ops'
+   ``prepared_*`` functions), so a call is its kernel and the output's allocation.
+
+MobileNet v1 / v2 at 90%, batch 1, 2 threads: 1.28-1.32x / 1.35-1.38x the module tree.
 
 The frozen model runs under ``torch.no_grad()``; it holds no parameters of its own
 (``parameters()`` is empty) and refuses ``.to()``, ``.train()`` and pickling: change,
