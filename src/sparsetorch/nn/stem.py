@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..ops.depthwise import check_epilogue
 from ..ops.stem import MAX_CHANNELS, prepared_stem_conv3x3, stem_conv3x3
 
-_ACTIVATIONS = (None, "relu", "relu6")
 
 
 class ChannelsFirstStem(nn.Module):
@@ -46,11 +46,7 @@ class ChannelsFirstStem(nn.Module):
                 or tuple(weight.shape[2:]) != (3, 3) or not 1 <= weight.shape[1] <= MAX_CHANNELS):
             raise ValueError(f"ChannelsFirstStem: weight must be (O, C, 3, 3) with C <= "
                              f"{MAX_CHANNELS}, got {tuple(getattr(weight, 'shape', ()))}")
-        if stride not in (1, 2):
-            raise ValueError(f"ChannelsFirstStem: stride must be 1 or 2, got {stride!r}")
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"ChannelsFirstStem: activation must be one of {_ACTIVATIONS}, "
-                             f"got {activation!r}")
+        check_epilogue("ChannelsFirstStem", bias, weight.shape[0], stride, activation)
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.stride, self.activation = stride, activation

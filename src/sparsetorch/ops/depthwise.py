@@ -360,22 +360,12 @@ def _kernel_div(x, weight, bias, stride, activation):
     bad operands raise."""
     # (checks by shapes and strides, no tensor ops: at batch 1 a MobileNet layer's kernel
     # takes 20-300 us, and every torch call here costs 1-4 us)
-    shape = getattr(x, "shape", None)
-    if not isinstance(x, torch.Tensor) or len(shape) != 4:
-        raise ValueError(f"depthwise3x3: x must be a 4-D (N, C, H, W) tensor, got "
-                         f"{tuple(shape or ()) or type(x).__name__}")
-    n, c, h, w = shape
+    shape = check_image("depthwise3x3", x)
+    c = shape[1]
     if not isinstance(weight, torch.Tensor) or weight.shape != (c, 1, 3, 3):
         raise ValueError(f"depthwise3x3: weight must be ({c}, 1, 3, 3) for x with {c} "
                          f"channels, got {tuple(getattr(weight, 'shape', ()))}")
-    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (c,)):
-        raise ValueError(f"depthwise3x3: bias must be None or ({c},), got "
-                         f"{tuple(getattr(bias, 'shape', ()))}")
-    if stride not in (1, 2):
-        raise ValueError(f"depthwise3x3: stride must be 1 or 2, got {stride!r}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"depthwise3x3: activation must be one of {tuple(ACTIVATIONS)}, got "
-                         f"{activation!r}")
+    check_epilogue("depthwise3x3", bias, c, stride, activation)
     dtype = x.dtype
     div = None if _is_compiling() else _plane_order(x, shape)   # traced: torch's (no pointers)
     if (div is None or weight.dtype != dtype or not weight.is_contiguous() or not weight.is_cpu
@@ -384,6 +374,39 @@ def _kernel_div(x, weight, bias, stride, activation):
             or backend() != "c" or _kernel(dtype) is None):
         return None
     return div
+
+
+def check_image(op: str, x) -> torch.Size:
+    """``x``'s (N, C, H, W) shape; a ValueError naming ``op`` unless ``x`` is a 4-D tensor.
+
+    Example:
+        >>> check_image("conv", torch.ones(1, 2, 3, 4))
+        torch.Size([1, 2, 3, 4])
+    """
+    shape = getattr(x, "shape", None)
+    if not isinstance(x, torch.Tensor) or len(shape) != 4:
+        raise ValueError(f"{op}: x must be a 4-D (N, C, H, W) tensor, got "
+                         f"{tuple(shape or ()) or type(x).__name__}")
+    return shape
+
+
+def check_epilogue(op: str, bias, channels: int | None, stride, activation) -> None:
+    """A ValueError naming ``op`` unless ``bias`` is None or a (``channels``,) tensor (any
+    length when ``channels`` is None), ``stride`` 1 or 2 and ``activation`` one of
+    ``ACTIVATIONS``: the arguments every convolution kernel here shares.
+
+    Example:
+        >>> check_epilogue("conv", None, 4, 2, "relu6")
+    """
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1
+                             or channels is not None and bias.shape[0] != channels):
+        raise ValueError(f"{op}: bias must be None or ({channels if channels is not None else 'C'},), "
+                         f"got {tuple(getattr(bias, 'shape', ()))}")
+    if stride not in (1, 2):
+        raise ValueError(f"{op}: stride must be 1 or 2, got {stride!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{op}: activation must be one of {tuple(ACTIVATIONS)}, got "
+                         f"{activation!r}")
 
 
 def _records(x, weight, bias) -> bool:

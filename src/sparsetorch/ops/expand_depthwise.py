@@ -169,11 +169,7 @@ def prepared_expand_depthwise3x3(x: torch.Tensor, expand_weight: SparseTensor,
         >>> run is None or run(torch.ones(1, 4, 3, 3))[0, 0, 1, 1].item() == 9.0
         True
     """
-    shape = getattr(x, "shape", None)
-    if not isinstance(x, torch.Tensor) or len(shape) != 4:
-        raise ValueError(f"expand_depthwise3x3: x must be a 4-D (N, C, H, W) tensor, got "
-                         f"{tuple(shape or ()) or type(x).__name__}")
-    n, c, h, w = shape
+    n, c, h, w = _dw.check_image("expand_depthwise3x3", x)
     if not isinstance(expand_weight, SparseTensor) or len(expand_weight._size) != 2 \
             or expand_weight._size[1] != c:
         raise ValueError(f"expand_depthwise3x3: expand_weight must be an (E, {c}) SparseTensor "

@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import runtime
-from .depthwise import ACTIVATIONS, STORE_PART_C, _TORCH_ACTIVATION
+from .depthwise import (ACTIVATIONS, STORE_PART_C, _TORCH_ACTIVATION, check_epilogue,
+                        check_image)
 from .depthwise import _scratch as _buffers   # (each Python thread's buffers)
 from .policy import backend
 
@@ -189,24 +190,13 @@ def prepared_stem_conv3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         >>> run is None or run(torch.ones(1, 3, 4, 4))[0, 0, 1, 1].item() == 27.0
         True
     """
-    shape = getattr(x, "shape", None)
-    if not isinstance(x, torch.Tensor) or len(shape) != 4:
-        raise ValueError(f"stem_conv3x3: x must be a 4-D (N, C, H, W) tensor, got "
-                         f"{tuple(shape or ()) or type(x).__name__}")
-    n, c, h, w = shape
+    n, c, h, w = check_image("stem_conv3x3", x)
     wshape = tuple(getattr(weight, "shape", ()))
     if not isinstance(weight, torch.Tensor) or len(wshape) != 4 or wshape[1:] != (c, 3, 3):
         raise ValueError(f"stem_conv3x3: weight must be (O, {c}, 3, 3) for x with {c} "
                          f"channels, got {wshape}")
     o = wshape[0]
-    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (o,)):
-        raise ValueError(f"stem_conv3x3: bias must be None or ({o},), got "
-                         f"{tuple(getattr(bias, 'shape', ()))}")
-    if stride not in (1, 2):
-        raise ValueError(f"stem_conv3x3: stride must be 1 or 2, got {stride!r}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"stem_conv3x3: activation must be one of {tuple(ACTIVATIONS)}, "
-                         f"got {activation!r}")
+    check_epilogue("stem_conv3x3", bias, o, stride, activation)
     fn = _kernel_for(x, weight, bias)
     if fn is None:
         return None
