@@ -162,3 +162,24 @@ def test_pairs_with_long_rows_stay_two_kernels(sparsity, fused):
     assert ("step_0_1(" in frozen.code) is fused
     assert (type(sparse).__name__ == "ExpandDepthwiseSequential") is fused
     _same(frozen, sparse, torch.randn(1, 64, 6, 6))
+
+
+def test_plans_per_input_signature(monkeypatch):
+    """Each step plans a call per input signature: shapes, layouts and thread counts
+    interleaved, and more signatures than a step keeps (it forgets and plans again)."""
+    import importlib
+    monkeypatch.setattr(importlib.import_module("sparsetorch.nn.freeze"), "_MOST_PLANS", 3)
+    torch.manual_seed(6)
+    sparse = st.sparsify(_randomise_bn(st.models.mobilenet_v2(0.25, num_classes=10)),
+                         sparsity=0.8).eval()
+    frozen = st.freeze(sparse)
+    old = torch.get_num_threads()
+    try:
+        for threads, (n, h) in zip([1, 2, 2, 1, 2, 2], [(1, 16), (2, 16), (1, 20), (1, 16),
+                                                        (3, 12), (1, 20)]):
+            torch.set_num_threads(threads)
+            x = torch.randn(n, 3, h, h)
+            _same(frozen, sparse, x)
+            _same(frozen, sparse, x.contiguous(memory_format=torch.channels_last))
+    finally:
+        torch.set_num_threads(old)
