@@ -183,3 +183,11 @@ def test_plans_per_input_signature(monkeypatch):
             _same(frozen, sparse, x.contiguous(memory_format=torch.channels_last))
     finally:
         torch.set_num_threads(old)
+
+
+def test_graph_model_layers_with_several_arguments():
+    """Layers called with several arguments (a GCN's features and adjacency) freeze too."""
+    torch.manual_seed(7)
+    gcn = st.models.GCN(12, 8, 3).eval()
+    x, edge_index = torch.randn(20, 12), torch.randint(0, 20, (2, 60))
+    _same(st.freeze(gcn), gcn, x, edge_index)
