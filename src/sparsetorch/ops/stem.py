@@ -4,14 +4,14 @@ channels, a ConvNet's first layer, with the bias and ReLU/ReLU6 fused, written i
 
 PyTorch runs MobileNet's 3 -> 32 stem (stride 2, 224 x 224) in 165-270 us on 2 threads
 (NCHW; its channels_last kernel takes 100 us but the NHWC -> NCHW copy after costs 300), plus
-14-40 us for the ReLU: 8% of a 90%-sparse MobileNet v1. Here each output row is computed
-for all output channels at once: for each of its ``9 C`` taps (``C`` channels x 3 x 3) the
-input values that tap reads for the row's output columns are first copied into a
-per-thread buffer as one zero-padded, aligned row (for stride 2 every other column), so
-that every load is an aligned unit-stride vector (one straddling two cache lines costs
-two: 1.4x here); then for each vector of output
-pixels and each block of 8 output channels, 8 accumulators take one vector load and 8
-broadcast FMAs per tap (the filters, 36 floats per output channel for RGB, stay in L1).
+14-40 us for the ReLU: 8% of a 90%-sparse MobileNet v1; this kernel takes ~120 us alone,
+146-154 us in the model. Each output row is computed for all output channels at once: for
+each of its ``9 C`` taps (``C`` channels x 3 x 3) the input values that tap reads for the
+row's output columns are first copied into a per-thread buffer as one zero-padded row
+(for stride 2 every other column), so that every load is a unit-stride vector from L1;
+then for each vector of output pixels and each block of 8 output channels, 8 accumulators
+take one vector load and 8 broadcast FMAs per tap (the filters, 36 floats per output
+channel for RGB, stay in L1). It runs at about 60% of the FMA units' peak.
 Memory traffic: the input read once per output row that needs it (1.5 times for stride 2,
 3 times for stride 1, from L1/L2), the output written once. Parallel strategy: output rows
 (of all images, in order) split statically, thread t taking the same band of rows
