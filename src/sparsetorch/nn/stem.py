@@ -5,8 +5,9 @@ layers after it read (plain NCHW for one image).
 
 ``st.sparsify`` makes such a convolution one (its batch norm folded in, the activation after
 fused), as it makes the depthwise convolutions ``ChannelsFirstDepthwise``: the layer stays
-dense, as in Fast Sparse ConvNets, but its kernel is this package's (1.5-2x PyTorch's NCHW
-convolution and separate ReLU for MobileNet's 3 -> 32 stem at 224 x 224, 2 threads).
+dense, as in Fast Sparse ConvNets, but its kernel is this package's (1.5-1.7x PyTorch's NCHW
+convolution and separate ReLU for MobileNet's 3 -> 32 stem at 224 x 224, 2 threads; PyTorch's
+time also jumped to 1 ms in some runs).
 
 Example:
     >>> import torch, sparsetorch as st
