@@ -25,6 +25,7 @@ from ..formats.pack import choose_index_dtype, pack
 from ..formats.tensor import SparseTensor
 from ..formats.validate import VALUE_DTYPES
 from .balance import ranges_per_thread
+from .merge import merged
 from .relaid import relaid
 from .result_size import check_result_fits
 from .blocked import BlockedCall, blocked_result_format, split_blocked
@@ -123,6 +124,9 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
         if alias is not None:   # memoised by an earlier call through another name
             _remember(alias, operands, out_format, prepared)
         return prepared(operands)
+    fewer = merged(assignment, operands)   # sparse factors on one pattern: one operand
+    if fewer is not None:
+        return run(*fewer, out_format, what)
     tensors, infos, dtype, device = normalize_operands(operands, what, keep_blocked=True)
     if uses_triton(device):
         return _run_triton(assignment, tensors, infos, out_format, what)
