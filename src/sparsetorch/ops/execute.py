@@ -260,6 +260,9 @@ def prefetch(assignment: Assignment, operands, out_format=None) -> None:
     """
     from .. import runtime
 
+    fewer = merged(assignment, operands, multiply=False)   # the kernel ``run`` would build
+    if fewer is not None:
+        assignment, operands = fewer
     tensors, infos, dtype, device = normalize_operands(operands, "prefetch", keep_blocked=True)
     if backend() != "c" or uses_triton(device) or device.type != "cpu" or \
             dtype not in COMPILED_DTYPES:

@@ -33,23 +33,25 @@ from ..compiler.notation import Access, Assignment, Mul
 from ..formats.tensor import SparseTensor
 
 
-def merged(assignment: Assignment, operands):
+def merged(assignment: Assignment, operands, multiply: bool = True):
     """``(assignment, operands)`` with the first pair of same-pattern sparse factors (see
-    the module docstring) multiplied into one operand, or None when there is none."""
+    the module docstring) multiplied into one operand, or None when there is none. With
+    ``multiply`` False the first factor stands for the product (the same pattern: what a
+    caller building the kernel ahead, ``execute.prefetch``, needs)."""
     sparse = [n for n, t in enumerate(operands) if type(t) is SparseTensor]
     if len(sparse) < 2:
         return None
     factors = _factors(assignment)
     if factors is None:
         return None
-    grads = torch.is_grad_enabled()
+    grads = multiply and torch.is_grad_enabled()   # (a prefetch plans the backward's call)
     for x, a in enumerate(sparse):
         for b in sparse[x + 1:]:
             ta, tb = operands[a], operands[b]
             if (factors[a] != factors[b] or not _same_pattern(ta, tb)
                     or grads and (ta._values.requires_grad or tb._values.requires_grad)):
                 continue
-            product = ta.with_values(ta._values * tb._values)
+            product = ta.with_values(ta._values * tb._values) if multiply else ta
             rest = tuple(product if n == a else t for n, t in enumerate(operands) if n != b)
             return _without(assignment, b), rest
     return None
