@@ -63,11 +63,10 @@ def _same_pattern(a: SparseTensor, b: SparseTensor) -> bool:
             and all(getattr(a, "_" + n) is getattr(b, "_" + n) for n in a._array_names))
 
 
-@lru_cache(maxsize=256)
-def _factors(assignment: Assignment):
-    """The indices each operand is read with, by operand number, when the expression is a
-    product of accesses reading operands 0, 1, ... once each; else None."""
-    accesses, stack = [], [assignment.expr]
+def _product(expr):
+    """The accesses of ``expr``, left to right, when it is a product of accesses; else
+    None."""
+    accesses, stack = [], [expr]
     while stack:
         node = stack.pop()
         if isinstance(node, Mul):
@@ -76,22 +75,25 @@ def _factors(assignment: Assignment):
             accesses.append(node)
         else:
             return None
-    if sorted(acc.operand for acc in accesses) != list(range(len(accesses))):
+    return accesses
+
+
+@lru_cache(maxsize=256)
+def _factors(assignment: Assignment):
+    """The indices each operand is read with, by operand number, when the expression is a
+    product of accesses reading operands 0, 1, ... once each; else None."""
+    accesses = _product(assignment.expr)
+    if accesses is None or sorted(acc.operand for acc in accesses) != list(range(len(accesses))):
         return None
     return tuple(acc.indices for acc in sorted(accesses, key=lambda acc: acc.operand))
 
 
 @lru_cache(maxsize=256)
 def _without(assignment: Assignment, dropped: int) -> Assignment:
-    """``assignment`` with operand ``dropped``'s factor left out, later operands renumbered
-    (the product's order kept)."""
-    accesses, stack = [], [assignment.expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Mul):
-            stack += [node.b, node.a]
-        elif node.operand != dropped:
-            accesses.append(Access(node.operand - (node.operand > dropped), node.indices))
+    """``assignment`` (a product, ``_factors``) with operand ``dropped``'s factor left out,
+    later operands renumbered (the product's order kept)."""
+    accesses = [Access(acc.operand - (acc.operand > dropped), acc.indices)
+                for acc in _product(assignment.expr) if acc.operand != dropped]
     expr = accesses[0]
     for acc in accesses[1:]:
         expr = Mul(expr, acc)
