@@ -7,8 +7,10 @@ pattern. Attention's backward asks for such terms (``dV = (scale * P)^T dO``: th
 values and the softmax's on the mask's pattern); there the kernel wants the pattern
 transposed, and every sparse operand is re-laid on each call, a gather of all its values
 (``relaid.py``). Multiplying first gathers once instead of twice and the kernel reads one
-value array instead of two: at L = 4096 (4.2M stored entries per call) a gather took 3-7
-ms of a 150 ms training step, the product 1-3 ms.
+value array instead of two. At L = 4096 (4.2M stored entries per call, both value arrays
+cold in cache) a gather took 3-8 ms and the product about as long, so the gain is the
+kernel's second array: the training step 151-161 -> 146-155 ms. (A gather that multiplies
+as it moves the values would save the product's pass too.)
 
 Applies to assignments whose expression is a product of accesses (each operand read once),
 with neither factor needing a gradient; the merged assignment is built once per (assignment,
