@@ -157,8 +157,8 @@ void st_spmm_lanes$LANES##_##I(int64_t n, int64_t k, int64_t p, const I* pos, co
   _Pragma("omp parallel num_threads(nt) if(nt > 1)")                                      \
   {                                                                                       \
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();                    \
-    /* given xpad: x's rows copied xs apart first (each thread some rows), the pad zeroed  \
-       (lanes never stored, but a denormal there would slow the FMAs) */                  \
+    /* given xpad: each thread copies all of x's rows into its own k x xs part of it, the \
+       pad zeroed (lanes never stored, but a denormal there would slow the FMAs) */       \
     float* xo = xpad ? xpad + t * k * xs : 0;                                             \
     if (xo) {                                                                             \
       for (int64_t r = 0; r < k; r++) {                                                   \
