@@ -12,12 +12,13 @@ Sections
   models   ``st.freeze(st.sparsify(mobilenet_vX(), sparsity))`` (BN folded, ReLU/ReLU6
            fused, 1x1 convolutions and the classifier sparse, activations kept in (C, N, H,
            W) memory, run as one flat function; ``sparse_modules``: the same model called as
-           its module tree, without ``st.freeze``) against (a) PyTorch dense with the same fusions (``st.nn.fold_batchnorms``): eager
-           NCHW, channels_last and ``torch.compile`` (inductor; not in ``--quick``), the
-           fastest of them per round named ``torch_best``; (b) ONNX Runtime 2-thread CPU
-           session on the dense model exported by ``torch.onnx.export``. Batch 1 and 8,
-           224x224, float32, ``--threads`` (2). At batch 8 the sparse model also runs image by
-           image (``sparse_per_image``): folding the batch into the pixels vs a loop.
+           its module tree, without ``st.freeze``) against (a) PyTorch dense with the
+           same fusions (``st.nn.fold_batchnorms``): eager NCHW, channels_last and
+           ``torch.compile`` (inductor; not in ``--quick``), the fastest of them per round
+           named ``torch_best``; (b) ONNX Runtime 2-thread CPU session on the dense model
+           exported by ``torch.onnx.export``. Batch 1 and 8, 224x224, float32, ``--threads``
+           (2). At batch 8 the sparse model also runs image by image (``sparse_per_image``):
+           folding the batch into the pixels vs a loop.
   sweep    sparse model at 50-98% sparsity, batch 1, against ``torch_best`` and ORT; the
            break-even sparsity (where the speedup crosses 1, interpolated linearly), a table
            and ``benchmarks/results/convnets_sweep.png``.

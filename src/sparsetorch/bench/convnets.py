@@ -1,8 +1,9 @@
 """The sparse ConvNet workload (inference): ``st.freeze(st.sparsify(st.models.mobilenet_v1(),
 0.9))`` (BN folded, ReLU fused, 1x1 convolutions and the classifier 90% sparse, run as one
-flat function) on one 224 x 224 image, against the dense model with the same masks and BN folded, in PyTorch eager NCHW and
-channels_last (the faster is kept). ``benchmarks/convnets.py`` has the full study (v2,
-batch 8, torch.compile, ONNX Runtime, a sparsity sweep, per-layer profile).
+flat function) on one 224 x 224 image, against the dense model with the same masks and BN
+folded, in PyTorch eager NCHW and channels_last (the faster is kept).
+``benchmarks/convnets.py`` has the full study (v2, batch 8, torch.compile, ONNX Runtime, a
+sparsity sweep, per-layer profile).
 
 Example:
     >>> from sparsetorch.bench.workloads import REGISTRY

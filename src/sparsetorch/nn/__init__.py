@@ -29,7 +29,7 @@ from .pattern import choose_blocksize, prune_mask
 from .sparsify import fold_batchnorms, sparsify
 from .stem import ChannelsFirstStem
 
-__all__ = ["SparseLinear", "SparseConv2d", "ChannelsFirstDepthwise", "ChannelsFirstStem", "GCNConv", "SAGEConv",
-           "GATConv", "normalized_adjacency", "SparseAttention", "masks", "channels_first",
-           "fold_batchnorm", "fold_batchnorms", "choose_blocksize", "prune_mask", "sparsify",
-           "freeze", "Frozen"]
+__all__ = ["SparseLinear", "SparseConv2d", "ChannelsFirstDepthwise", "ChannelsFirstStem",
+           "GCNConv", "SAGEConv", "GATConv", "normalized_adjacency", "SparseAttention", "masks",
+           "channels_first", "fold_batchnorm", "fold_batchnorms", "choose_blocksize",
+           "prune_mask", "sparsify", "freeze", "Frozen"]

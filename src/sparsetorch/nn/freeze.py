@@ -179,9 +179,9 @@ def _fuse_expand_depthwise(graph: fx.Graph, modules: dict) -> None:
         conv, dw = modules[conv_node.target], modules[dw_node.target]
         if hooked(conv) or hooked(dw) or fusable_pair(conv, dw) is None:
             continue
+        step = _fused_step(conv, dw, f"{conv_node.target}+{dw_node.target}")
         with graph.inserting_before(dw_node):
-            fused = graph.call_function(_fused_step(conv, dw, f"{conv_node.target}+{dw_node.target}"),
-                                        conv_node.args)
+            fused = graph.call_function(step, conv_node.args)
         dw_node.replace_all_uses_with(fused)
         graph.erase_node(dw_node)
         graph.erase_node(conv_node)

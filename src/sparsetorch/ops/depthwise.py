@@ -345,7 +345,8 @@ def prepared_depthwise3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
     Example:
         >>> import torch
-        >>> run = prepared_depthwise3x3(torch.ones(1, 2, 4, 4), torch.ones(2, 1, 3, 3), None, 1, None)
+        >>> x = torch.ones(1, 2, 4, 4)
+        >>> run = prepared_depthwise3x3(x, torch.ones(2, 1, 3, 3), None, 1, None)
         >>> run is None or run(torch.ones(1, 2, 4, 4))[0, 0, 1, 1].item() == 9.0
         True
     """
@@ -390,18 +391,17 @@ def check_image(op: str, x) -> torch.Size:
     return shape
 
 
-def check_epilogue(op: str, bias, channels: int | None, stride, activation) -> None:
-    """A ValueError naming ``op`` unless ``bias`` is None or a (``channels``,) tensor (any
-    length when ``channels`` is None), ``stride`` 1 or 2 and ``activation`` one of
-    ``ACTIVATIONS``: the arguments every convolution kernel here shares.
+def check_epilogue(op: str, bias, channels: int, stride, activation) -> None:
+    """A ValueError naming ``op`` unless ``bias`` is None or a (``channels``,) tensor,
+    ``stride`` 1 or 2 and ``activation`` one of ``ACTIVATIONS``: the arguments every
+    convolution kernel here shares.
 
     Example:
         >>> check_epilogue("conv", None, 4, 2, "relu6")
     """
-    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1
-                             or channels is not None and bias.shape[0] != channels):
-        raise ValueError(f"{op}: bias must be None or ({channels if channels is not None else 'C'},), "
-                         f"got {tuple(getattr(bias, 'shape', ()))}")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != (channels,)):
+        raise ValueError(f"{op}: bias must be None or ({channels},), got "
+                         f"{tuple(getattr(bias, 'shape', ()))}")
     if stride not in (1, 2):
         raise ValueError(f"{op}: stride must be 1 or 2, got {stride!r}")
     if activation not in ACTIVATIONS:
