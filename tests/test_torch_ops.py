@@ -94,6 +94,12 @@ def test_sampled_addmm(fmt):
                     [S, M1, M2])
     # its mask is kept with S (the pattern's, whatever the values): new values, new result
     assert ones_pattern(S) is ones_pattern(S)
+    # ... and with every tensor on S's arrays (a softmax's output each step), as ones
+    # made anew if someone wrote into them
+    other = S.with_values(S.values * 3)
+    assert ones_pattern(other).values is ones_pattern(S).values
+    ones_pattern(other).values[0] = 7.0
+    assert ones_pattern(S.with_values(S.values * 5)).values.eq(1).all()
     S.values.mul_(-1)
     got = torch.sparse.sampled_addmm(S, M1, M2, beta=1.0, alpha=1.0).to_dense()
     torch.testing.assert_close(got, S.to_dense() + (M1 @ M2) * mask)

@@ -15,6 +15,7 @@ import torch
 
 from ..formats.tensor import SparseTensor
 from ..ops.execute import _signature, prefetch, run
+from ..ops.merge import sharing_products
 from .derive import operand_grad
 
 _is_grad_enabled = torch.is_grad_enabled
@@ -72,8 +73,9 @@ class _ExprFunction(torch.autograd.Function):
         plan = ctx.plan
         operands = plan.rebuild(ctx.saved_tensors)
         g = grad_out if plan.out_pattern is None else plan.out_pattern.with_values(grad_out)
-        grads = [operand_grad(plan.assignment, operands, n, g, evaluate)
-                 if ctx.needs_input_grad[n + 1] else None for n in range(len(operands))]
+        with sharing_products():   # (the operands' gradients may share a product)
+            grads = [operand_grad(plan.assignment, operands, n, g, evaluate)
+                     if ctx.needs_input_grad[n + 1] else None for n in range(len(operands))]
         return (None, *grads)
 
 

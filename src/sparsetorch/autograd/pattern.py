@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..formats.pack import unpack
 from ..formats.tensor import SparseTensor
@@ -22,20 +23,46 @@ def ones_pattern(t: SparseTensor) -> SparseTensor:
     """``t``'s pattern (arrays shared) with every stored value 1: a sampling mask. Kept
     with ``t`` (it depends on the pattern only), so the SDDMM of every backward through
     ``t``, or of ``sampled_addmm`` on it, meets the same mask with its call signature known
-    (a new mask each call cost ``sampled_addmm`` 3-5x ``st.einsum``'s SDDMM).
+    (a new mask each call cost ``sampled_addmm`` 3-5x ``st.einsum``'s SDDMM). The ones
+    themselves are kept with the pattern's arrays, for every tensor on them: a softmax's
+    output is a new tensor every step on the mask's arrays (at L = 4096, filling its 4.2M
+    ones took ~1.5% of a training step).
 
     Example:
         >>> import torch, sparsetorch as st
         >>> A = st.tensor(torch.tensor([[0., 2.], [3., 0.]]), "csr")
         >>> ones_pattern(A).values.tolist(), ones_pattern(A) is ones_pattern(A)
         ([1.0, 1.0], True)
+        >>> ones_pattern(A.with_values(A.values * 2)).values is ones_pattern(A).values
+        True
     """
-    found = t.__dict__.get("_ones")
-    if found is None:
-        found = t.with_values(torch.ones(t.nnz, dtype=t.dtype, device=t.device))
-        if not is_tracing((t,)):
-            t.__dict__["_ones"] = found
+    found = t.__dict__.get("_ones")   # (``with_values`` copies it: ``PATTERN_FACTS``)
+    if found is None or found._values._version != 0:
+        if is_tracing((t,)):
+            return t.with_values(torch.ones(t.nnz, dtype=t.dtype, device=t.device))
+        found = t.with_values(_ones_of(t))
+        t.__dict__["_ones"] = found
     return found
+
+
+_ONES = WeakIdKeyDictionary()   # a pattern's first level array -> [ones kept for it]
+
+
+def _ones_of(t: SparseTensor) -> torch.Tensor:
+    """The ones kept with ``t``'s first level array (which fixes the entry count) in
+    ``t``'s dtype and device, made once; made anew if someone wrote into them."""
+    arrays = t._level_arrays
+    anchor = next(iter(arrays.values()), None)
+    kept = _ONES.get(anchor) if type(anchor) is torch.Tensor else None
+    for ones in kept or ():
+        if (ones.numel() == t.nnz and ones.dtype == t.dtype and ones.device == t.device
+                and ones._version == 0):
+            return ones
+    ones = torch.ones(t.nnz, dtype=t.dtype, device=t.device)
+    if type(anchor) is torch.Tensor:
+        _ONES.setdefault(anchor, []).append(ones)
+        del _ONES[anchor][:-4]   # (a few dtypes or devices at most)
+    return ones
 
 
 def _same_storage(a: SparseTensor, b: SparseTensor) -> bool:
