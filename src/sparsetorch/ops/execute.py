@@ -27,6 +27,7 @@ from ..formats.validate import VALUE_DTYPES
 from .balance import ranges_per_thread
 from .merge import merged
 from .relaid import relaid
+from .transposed import transposed_product
 from .result_size import check_result_fits
 from .blocked import BlockedCall, blocked_result_format, split_blocked
 from . import cshim, custom_ops
@@ -127,6 +128,14 @@ def run(assignment: Assignment, operands, out_format=None, what="einsum", alias=
     fewer = merged(assignment, operands)   # sparse factors on one pattern: one operand
     if fewer is not None:
         return run(*fewer, out_format, what)
+    transposed = transposed_product(assignment, operands, out_format)   # CSRᵀ X
+    if transposed is not None:
+        key = _signature(assignment, operands, out_format)
+        if key is not None:
+            _PREPARED[key] = transposed
+            if alias is not None:
+                _remember(alias, operands, out_format, transposed)
+        return transposed(operands)
     tensors, infos, dtype, device = normalize_operands(operands, what, keep_blocked=True)
     if uses_triton(device):
         return _run_triton(assignment, tensors, infos, out_format, what)
