@@ -79,6 +79,8 @@ def test_einsum_transposes_and_backward_take_it_without_relaying(monkeypatch, pa
     check_against_dense("ji,jk->ik", [A, X])
     check_against_dense(lambda s, x: s.T @ x, [A, X])
     check_against_dense("ij,ik->kj", [A, X])   # (the result's transpose: another path)
+    assert "ops/transposed.py" in str(st.explain("ji,jk->ik", A, X))
+    assert "ops/transposed.py" not in str(st.explain("ij,jk->ik", A, X[:10]))
     W = A.with_values(A.values.clone().requires_grad_())
     Y = torch.randn(10, 4, dtype=F64, requires_grad=True)
     torch.autograd.gradcheck(lambda v, y: st.einsum("ij,jk->ik", A.with_values(v), y),

@@ -27,6 +27,7 @@ from .expr import EXPR_MARK, FORMAT_MARK, LazyExpr, mark_format, recorded_eval
 from .policy import _BACKEND_KEY, _ENV_DATA as _ENV, asks_dense, backend
 from .promote import promoted
 from .relayout import relayout, run_relaid
+from .transposed import transposed_product
 
 
 def einsum(equation: str, *operands, out_format=None, bias=None, activation=None):
@@ -387,6 +388,10 @@ def explain(equation, *operands, out_format=None) -> Explanation:
                                             sampled_block_bytes()))
     if kernel.held is not None and isinstance(rows, SparseTensor):
         calls.append(describe_held(operands[kernel.held.gathered].shape[-1], kernel.held))
+    if transposed_product(assignment, operands, out_format) is not None:
+        calls.append("runs instead as ops/transposed.py's Aᵀ X: threads own output rows and "
+                     "take their entries of each CSR row from a table kept with the pattern "
+                     "(no re-laid copy); the plan above is the compiler's for other formats")
     return replace(explanation, notes=(*explanation.notes, *calls)) if calls else explanation
 
 
