@@ -25,8 +25,8 @@ against 5.9; random graphs of 2708 nodes x 16 (Cora's size) 49 against 72 us, 76
 
 ``execute.run`` sends such products here (``transposed_product``): CSR with sorted
 columns in float32 or float64 on the CPU, a dense ``X``, a dense result, the C backend,
-nothing traced. The kernel is compiled once per width of ``X`` (a constant: the row
-updates unrolled into whole vectors).
+nothing traced. The common widths of ``X`` (8 to 128 columns) are compiled as
+constants, the row updates unrolled into whole vectors; one kernel serves the others.
 
 Example:
     >>> import torch, sparsetorch as st
@@ -58,7 +58,7 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 #include <omp.h>
-#define K $width
+#define K $width   /* a constant for the common widths, else the argument k */
 typedef $value T;
 typedef $index I;
 /* One vector of 64 bytes: AVX-512 registers where the CPU has them, two AVX2 ones else. */
@@ -72,7 +72,7 @@ static inline void store(T* p, vec v) { memcpy(p, &v, 64); }
 /* out[j, :] = c * sum_i A[i, j] x[i, :]; thread t owns out rows [split[t], split[t+1]) and
    in row i the entries [lo_t[i], lo_{t+1}[i]): lo_0 = pos, lo_nt = pos + 1, the others
    rows of ``first`` ((nt - 1) x n). */
-void st_spmm_transposed(int64_t n, int64_t nt, const I* restrict pos,
+void st_spmm_transposed(int64_t n, int64_t k, int64_t nt, const I* restrict pos,
                         const I* restrict crd, const T* restrict val, const T* restrict x,
                         T* restrict out, const int64_t* restrict split,
                         const I* restrict first, const double* restrict scale) {
@@ -90,12 +90,12 @@ void st_spmm_transposed(int64_t n, int64_t nt, const I* restrict pos,
       vec xv[NV > 0 ? NV : 1];
       T xr[REM > 0 ? REM : 1];
       for (int64_t q = 0; q < NV; q++) xv[q] = c * load(x + i * K + q * VL);
-      for (int64_t k = 0; k < REM; k++) xr[k] = c * x[i * K + NV * VL + k];
+      for (int64_t r = 0; r < REM; r++) xr[r] = c * x[i * K + NV * VL + r];
       for (; e < end; e++) {
         const T v = val[e];
         T* restrict o = out + (int64_t)crd[e] * K;
         for (int64_t q = 0; q < NV; q++) store(o + q * VL, load(o + q * VL) + v * xv[q]);
-        for (int64_t k = 0; k < REM; k++) o[NV * VL + k] += v * xr[k];
+        for (int64_t r = 0; r < REM; r++) o[NV * VL + r] += v * xr[r];
       }
     }
   }
@@ -124,10 +124,9 @@ def spmm_transposed(A: SparseTensor, X: torch.Tensor, scale: float = 1.0) -> tor
     split, first = _table(A, nt)
     out = torch.empty(m, k, dtype=X.dtype)
     c = torch.tensor([scale], dtype=torch.float64)
-    _kernel(k, X.dtype, A.index_dtype)(n, nt, A._pos1.data_ptr(), A._crd1.data_ptr(),
-                                        A._checked_values().data_ptr(), X.data_ptr(),
-                                        out.data_ptr(), split.data_ptr(), first.data_ptr(),
-                                        c.data_ptr())
+    kernel = _kernel(k if k in _CONSTANT_WIDTHS else None, X.dtype, A.index_dtype)
+    kernel(n, k, nt, A._pos1.data_ptr(), A._crd1.data_ptr(), A._checked_values().data_ptr(),
+           X.data_ptr(), out.data_ptr(), split.data_ptr(), first.data_ptr(), c.data_ptr())
     return out
 
 
@@ -200,10 +199,16 @@ def _table(A: SparseTensor, nt: int):
     return split, first
 
 
+# Widths compiled as constants (the row updates unrolled, X's row held in registers);
+# others share one kernel with the width an argument: a kernel per width would compile
+# anew for every width a model or a test uses.
+_CONSTANT_WIDTHS = frozenset((8, 16, 32, 64, 128))
+
+
 @lru_cache(maxsize=None)
-def _kernel(width: int, dtype: torch.dtype, index_dtype: torch.dtype):
-    source = (_SOURCE.replace("$width", str(width))
+def _kernel(width: int | None, dtype: torch.dtype, index_dtype: torch.dtype):
+    source = (_SOURCE.replace("$width", "k" if width is None else str(width))
               .replace("$value", "float" if dtype == torch.float32 else "double")
               .replace("$index", "int32_t" if index_dtype == torch.int32 else "int64_t"))
-    return runtime.load_entries(source, {"st_spmm_transposed": [runtime.I64] * 2 +
+    return runtime.load_entries(source, {"st_spmm_transposed": [runtime.I64] * 3 +
                                          [runtime.PTR] * 8})["st_spmm_transposed"]
