@@ -44,7 +44,7 @@ CASES = [   # equation, (shape, format or None for dense) per operand; calls wit
     ("ij,jk->ik", [((9, 7), "csc"), ((7, 4), None)]),
     ("ij,jk->ik", [((9, 7), "csr"), ((7, 19), None)]),
     ("ij,jk->ik", [((9, 7), "dcsr"), ((7, 5), None)]),
-    ("ji,jk->ik", [((7, 9), "csr"), ((7, 3), None)]),
+    ("ji,jk->ik", [((7, 9), "dcsr"), ((7, 3), None)]),   # (CSR: ops/transposed.py)
     ("ikl,kj,lj->ij", [((4, 5, 6), "csf"), ((5, 3), None), ((6, 3), None)]),
     ("ij,ij->i", [((9, 7), "csr"), ((9, 7), None)]),
     ("bij,bjk->bik", [((2, 5, 4), "csf"), ((2, 4, 3), None)]),
