@@ -3,19 +3,16 @@
 A product term that reads two SparseTensors stored on the very same pattern (the same
 level arrays) with the same indices, ``T0[i,j] * T1[i,j] * T2[i,k]``, co-iterates two value
 arrays over one set of coordinates: their elementwise product is one operand on that
-pattern. Attention's backward asks for such terms (``dV = (scale * P)^T dO``: the mask's
-values and the softmax's on the mask's pattern); there the kernel wants the pattern
-transposed, and every sparse operand is re-laid on each call, a gather of all its values
-(``relaid.py``). Multiplying first gathers once instead of twice and the kernel reads one
-value array instead of two. At L = 4096 (4.2M stored entries per call, both value arrays
-cold in cache) a gather took 3-8 ms and the product about as long, so the gain is the
-kernel's second array: the training step 151-161 -> 146-155 ms. (A gather that multiplies
-as it moves the values would save the product's pass too.)
+pattern, and the kernel reads one value array instead of two (and a schedule that re-lays
+its sparse operands, ``relaid.py``, gathers once instead of twice). Attention's backward
+asks for such terms: the scores' ``A * (Q Kᵀ)`` give ``dQ = (A * dS) K`` and
+``dK = (A * dS)ᵀ Q``, with ``A`` the mask's values. At L = 4096 (4.2M stored entries) a
+product of two value arrays takes 1-3 ms.
 
-One backward asks for the same product more than once: the scores' ``A * (Q Kᵀ)`` give
-``dQ = (A * dS) K`` and ``dK = (A * dS)ᵀ Q``. Inside ``sharing_products()`` (which the
-autograd node's backward opens) a product of the same two value arrays is computed once
-(at L = 4096 a product of 4.2M values takes ~2.8 ms, two per layer and step).
+Where one factor's values are all one number (SparseAttention's mask holds the score
+scale) it is dropped for a ``Scale`` of the expression: no product pass at all. Otherwise,
+inside ``sharing_products()`` (which the autograd node's backward opens) a product of the
+same two value arrays is computed once, for ``dQ`` and ``dK`` alike.
 
 Applies to assignments whose expression is a product of accesses (each operand read once),
 with neither factor needing a gradient; the merged assignment is built once per (assignment,
@@ -60,7 +57,7 @@ def merged(assignment: Assignment, operands, multiply: bool = True):
             if (factors[a] != factors[b] or not _same_pattern(ta, tb)
                     or grads and (ta._values.requires_grad or tb._values.requires_grad)):
                 continue
-            for keep, drop in ((a, b), (b, a)):   # a factor of one value: a scale
+            for drop in (b, a):   # a factor of one value: a scale
                 c = _uniform(operands[drop]._values)
                 if c is not None:
                     return (_scaled(_without(assignment, drop), c),

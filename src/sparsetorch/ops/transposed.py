@@ -164,7 +164,7 @@ def _csr_sorted(A: SparseTensor) -> bool:
             A.dim() == 2 and all(level.ordered for level in fmt.levels))
 
 
-# first level array (pos) -> {threads: (versions of pos and crd, split, first)}
+# first level array (pos) -> {threads: (versions of pos and crd, crd, split, first)}
 _TABLES = WeakIdKeyDictionary()
 
 
@@ -177,13 +177,16 @@ def _table(A: SparseTensor, nt: int):
     versions = (pos._version, crd._version)
     kept = _TABLES.get(pos)
     found = kept.get(nt) if kept is not None else None
-    if found is not None and found[0] == versions and found[3] is crd:
-        return found[1], found[2]
+    if found is not None:
+        made_for, source, split, first = found
+        if made_for == versions and source is crd:
+            return split, first
     (n, m), nnz = A.shape, A.nnz
     cols = crd.long()
-    counts = torch.bincount(cols, minlength=m).cumsum(0)
-    bounds = torch.searchsorted(counts, torch.arange(1, nt, dtype=torch.int64) * nnz // nt,
-                                right=True)
+    bounds = torch.zeros(0, dtype=torch.int64)   # (one thread: it owns every row)
+    if nt > 1:
+        counts = torch.bincount(cols, minlength=m).cumsum(0)
+        bounds = torch.searchsorted(counts, torch.arange(1, nt) * nnz // nt, right=True)
     split = torch.cat([torch.zeros(1, dtype=torch.int64), bounds,
                        torch.tensor([m], dtype=torch.int64)])
     starts, ends = pos[:-1].long(), pos[1:].long()
@@ -195,7 +198,7 @@ def _table(A: SparseTensor, nt: int):
     first = first.to(pos.dtype).contiguous()
     if kept is None:
         kept = _TABLES[pos] = {}
-    kept[nt] = (versions, split, first, crd)
+    kept[nt] = (versions, crd, split, first)
     return split, first
 
 
