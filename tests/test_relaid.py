@@ -104,7 +104,7 @@ def test_relaid_values_are_differentiable():
 @pytest.mark.parametrize("dtype", [torch.float32, F64, torch.int32, torch.int64,
                                    torch.bfloat16])
 @pytest.mark.parametrize("perm_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("n", [0, 5, (1 << 16) + 3])
+@pytest.mark.parametrize("n", [0, 5, (1 << 12) + 1, (1 << 16) + 3])   # (torch, C: 1, 2 threads)
 def test_gather_matches_index_select(dtype, perm_dtype, n):
     g = torch.Generator().manual_seed(n)
     values = (torch.randn(n, generator=g) * 100).to(dtype)

@@ -90,28 +90,61 @@ def test_sigmoid_at_its_extremes():
     torch.testing.assert_close(y, torch.sigmoid(x), rtol=1e-6, atol=1e-30, equal_nan=True)
 
 
+def _check_gradients(n, k, m, act, sparse_x, wanted=("x", "values", "bias"), **kw):
+    """Recorded (float32): the wanted ones of dvalues on the pattern, dx (dense x), dbias,
+    each against the float64 dense computation; the backward is the row-block one."""
+    x, xs, W, w, b = _operands(n, k, m, **kw)
+    values = W.values.clone().requires_grad_("values" in wanted)
+    bias = b.clone().requires_grad_("bias" in wanted)
+    xin = xs if sparse_x else x.clone().requires_grad_("x" in wanted)
+    y = st.ops.sparse_linear(xin, W.with_values(values), bias, act)
+    assert type(y.grad_fn).__name__ == "_RecordedBackward"
+    dy = torch.randn(n, m)
+    y.backward(dy)
+    v64, b64 = W.values.double().requires_grad_(), b.double().requires_grad_()
+    x64 = x.double().requires_grad_()
+    dense = torch.zeros(m, k, dtype=torch.float64).index_put(
+        tuple(W.to_dense().nonzero().t()), v64)
+    ACT[act](x64 @ dense.T + b64).backward(dy.double())
+    pairs = {"values": (values, v64), "bias": (bias, b64), "x": (xin, x64)}
+    for name in wanted:
+        if name == "x" and sparse_x:
+            continue
+        got, want = pairs[name][0].grad, pairs[name][1].grad
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+    for name in set(pairs) - set(wanted) - ({"x"} if sparse_x else set()):
+        assert pairs[name][0].grad is None
+
+
 @needs_kernel
 @pytest.mark.parametrize("act", [None, "relu", "relu6", "sigmoid"])
 @pytest.mark.parametrize("sparse_x", [False, True])
 def test_gradients_match_dense(act, sparse_x):
-    """Recorded (float32): dvalues on the pattern, dx (dense x), dbias, each against the
-    float64 dense computation; the backward is the row-block one, not einsum's."""
-    x, xs, W, w, b = _operands(37, 21, 11, index=torch.int64)
-    values = W.values.clone().requires_grad_()
-    bias = b.clone().requires_grad_()
-    xin = xs if sparse_x else x.clone().requires_grad_()
-    y = st.ops.sparse_linear(xin, W.with_values(values), bias, act)
-    assert type(y.grad_fn).__name__ == "_RecordedBackward"
-    dy = torch.randn(37, 11)
-    y.backward(dy)
-    v64, b64 = W.values.double().requires_grad_(), b.double().requires_grad_()
-    x64 = x.double().requires_grad_()
-    dense = torch.zeros(11, 21, dtype=torch.float64).index_put(
-        tuple(W.to_dense().nonzero().t()), v64)
-    ACT[act](x64 @ dense.T + b64).backward(dy.double())
-    for got, want in ((values.grad, v64.grad), (bias.grad, b64.grad),
-                      *(() if sparse_x else ((xin.grad, x64.grad),))):
-        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+    _check_gradients(37, 21, 11, act, sparse_x, index=torch.int64)
+
+
+@needs_kernel
+@pytest.mark.parametrize("index", [torch.int32, torch.int64])
+@pytest.mark.parametrize("n", [16, 64, 101])
+def test_gradients_on_two_threads_whole_and_partial_blocks(index, n, monkeypatch):
+    """dx reads whole blocks of the transposed gradient in place and copies a last partial
+    one; both threads take blocks (of every pass: no size threshold); W^T's pattern of
+    either index dtype."""
+    monkeypatch.setattr(rows, "_PARALLEL_WORK", 1)
+    monkeypatch.setattr(rows, "_PARALLEL_ELEMENTS", 1)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _check_gradients(n, 70, 45, "relu", False, index=index)
+        _check_gradients(n, 45, 70, "sigmoid", False, index=index, density=0.0)
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_kernel
+@pytest.mark.parametrize("wanted", [("x",), ("bias",), ("x", "bias"), ("values",)])
+def test_only_the_wanted_gradients(wanted):
+    _check_gradients(40, 19, 13, "relu6", False, wanted)
 
 
 @needs_kernel

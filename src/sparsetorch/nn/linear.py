@@ -17,7 +17,8 @@ from torch import nn
 
 from ..formats import SparseTensor
 from ..formats.pack import array_names
-from ..ops import einsum, sparse_linear
+from ..ops import einsum
+from ..ops.rows import linear_rows
 from ..ops.epilogue import ACTIVATIONS, unfused
 from . import _pattern
 from ._common import keep_facts, outside_graph
@@ -130,12 +131,20 @@ class SparseLinear(nn.Module):
         if _is_compiling():   # traced: no Python-side caches
             return SparseTensor.from_levels(self._shape(), self._format, self._arrays(),
                                             values, check=False)
-        # Eagerly, one wrapper of the arrays (over a detached alias of the values, so
-        # optimizer steps show through) is kept: what kernels work out about the pattern
-        # stays with it, and a graph-recording wrapper inherits it.
-        # The wrapper holds validated copies of the pattern buffers, so it is rebuilt when a
-        # buffer is replaced (set_pattern) or written in place (load_state_dict): each
-        # buffer's identity and version counter are part of the key.
+        kept = self._kept_weight()
+        if not (values.requires_grad and torch.is_grad_enabled()):
+            return kept
+        # (a plain view: Parameters do not pass the check that lets wrappers share facts)
+        return kept.with_values(values.view(-1))
+
+    def _kept_weight(self) -> SparseTensor:
+        """Eagerly, one wrapper of the arrays (over a detached alias of the values, so
+        optimizer steps show through) is kept: what kernels work out about the pattern
+        stays with it, and a graph-recording wrapper inherits it. The wrapper holds
+        validated copies of the pattern buffers, so it is rebuilt when a buffer is replaced
+        (set_pattern) or written in place (load_state_dict): each buffer's identity and
+        version counter are part of the key."""
+        values = self.values
         cached = self.__dict__.get("_cached_weight")
         if not _still_valid(cached, values, self._buffers, self._array_names):
             arrays = self._arrays()
@@ -143,11 +152,7 @@ class SparseLinear(nn.Module):
             kept = SparseTensor.from_levels(self._shape(), self._format, arrays,
                                             values.detach(), check=False)
             cached = self.__dict__["_cached_weight"] = (values, values.data_ptr(), kept, stamp)
-        kept = cached[2]
-        if not (values.requires_grad and torch.is_grad_enabled()):
-            return kept
-        # (a plain view: Parameters do not pass the check that lets wrappers share facts)
-        return kept.with_values(values.view(-1))
+        return cached[2]
 
     def _shape(self):
         return (self.out_features, self.in_features)
@@ -302,14 +307,15 @@ class SparseLinear(nn.Module):
         """The product by ``st.ops.sparse_linear``'s row-block kernel (a batch of at least
         16 rows, CSR float32 weight; differentiable: see ``ops/rows.py``), or None where it
         does not apply. A dense ``x`` of more dimensions goes as its rows."""
+        if _is_compiling():   # (traced: einsum's path)
+            return None
         shape = x.shape
         if type(x) is torch.Tensor and x.dim() > 2 and x.is_contiguous():
             x = x.view(-1, shape[-1])
-        weight = self.weight
-        out = sparse_linear(x, weight, self.bias, self.activation, fallback=False)
+        # the kept wrapper and the Parameter apart: no graph-recording wrapper per step
+        out = linear_rows(x, self._kept_weight(), self.values, self.bias, self.activation)
         if out is None:
             return None
-        keep_facts(weight, self)
         return out if len(shape) <= 2 else out.view(*shape[:-1], self.out_features)
 
     def _product(self, x):

@@ -10,9 +10,10 @@ new level arrays and the permutation that moves each stored value to its new pla
 later call only gathers the values through it (nnz reads and writes, against the sort):
 on a 4096 x 4096 matrix of 167k entries the conversion took 7.6 ms, the gather 0.16 ms.
 
-From 64K entries the gather is a C loop split across threads (``gather``): torch's
-``index_select`` took 170-350 us for those 168k float32 values, this loop 110 us on two
-threads (220 us on one, so below 64K entries ``index_select`` serves: it calls faster).
+From 4K entries the gather is a C loop (``gather``), split across threads from 16K:
+torch's ``index_select`` took 170-350 us for 168k float32 values, this loop 110 us on two
+threads (220 us on one); for the 20K of an MNIST autoencoder's weight, 13-17 us against
+10 us on one thread and 8 on two (below 4K, ``index_select`` serves: it calls faster).
 Memory traffic: the permutation and the result streamed once, the values read once in
 permuted order (they fit in L2 for most weights and graphs).
 
@@ -92,18 +93,42 @@ def relaid(t: SparseTensor, fmt: Format) -> SparseTensor:
         >>> relaid(A, Format(A.format.levels, (1, 0))).to_dense().equal(A.to_dense())
         True
     """
-    # First the wrapper's own note (its arrays never change identity, only in place), then
-    # the table shared by every wrapper of the same arrays.
+    found = _found(t, fmt)
+    return t.asformat(fmt, index_dtype=t.index_dtype) if found is None else found.tensor(t)
+
+
+def relaid_pattern(t: SparseTensor, fmt: Format):
+    """``(arrays, perm)``: ``t``'s pattern in ``fmt`` (index array name -> tensor, as
+    ``fmt``'s level arrays are named) and the permutation whose entry ``e`` numbers the
+    stored value of ``t`` that goes to place ``e``, both kept as ``relaid`` keeps them; or
+    None where ``relaid`` would convert the whole tensor. For a kernel that reads
+    ``t.values[perm[e]]`` itself instead of a gathered copy.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> from sparsetorch.formats.format import Format
+        >>> A = st.tensor(torch.tensor([[0., 2., 0.], [3., 0., 4.]]), "csr")
+        >>> arrays, perm = relaid_pattern(A, Format(A.format.levels, (1, 0)))
+        >>> arrays["crd1"].tolist(), A.values[perm].tolist()
+        ([1, 0, 1], [3.0, 2.0, 4.0])
+    """
+    found = _found(t, fmt)
+    return None if found is None else (found.arrays, found.perm)
+
+
+def _found(t: SparseTensor, fmt: Format):
+    """The ``_Kept`` of ``t`` in ``fmt``, or None: first the wrapper's own note (its arrays
+    never change identity, only in place), then the table shared by every wrapper of the
+    same arrays."""
     arrays = [getattr(t, "_" + n) for n in t._array_names]
     versions = tuple([a._version for a in arrays])
     own = t.__dict__.get("_relaid")
     found = own.get(fmt) if own is not None else None
     if found is None or found.versions != versions:
         found = _shared(t, fmt, arrays, versions)
-        if found is None:
-            return t.asformat(fmt, index_dtype=t.index_dtype)
-        t.__dict__.setdefault("_relaid", {})[fmt] = found
-    return found.tensor(t)
+        if found is not None:
+            t.__dict__.setdefault("_relaid", {})[fmt] = found
+    return found
 
 
 def _shared(t: SparseTensor, fmt: Format, arrays, versions):
@@ -145,7 +170,8 @@ def _pattern(t: SparseTensor, fmt: Format):
     return arrays, perm.to(choose_index_dtype((), nnz))
 
 
-_PARALLEL_ENTRIES = 1 << 16
+_C_ENTRIES = 1 << 12
+_PARALLEL_ENTRIES = 1 << 14
 
 _SOURCE = r"""
 #include <stdint.h>
@@ -165,7 +191,7 @@ ST_GATHER(st_gather8_i64, uint64_t, int64_t)
 
 def gather(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """``values.index_select(0, perm)`` (a permutation of a 1-D tensor's entries), by the C
-    loop above where it applies: 64K entries or more, contiguous CPU values of 4- or 8-byte
+    loop above where it applies: 4K entries or more, contiguous CPU values of 4- or 8-byte
     elements that do not need a gradient, on the C backend; by torch otherwise (recorded
     where it must be).
 
@@ -175,13 +201,14 @@ def gather(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
         [30.0, 10.0, 20.0]
     """
     n = perm.numel()
-    fn = _kernel(values.element_size(), perm.dtype) \
-        if n >= _PARALLEL_ENTRIES and _c_backend() else None
+    fn = _kernel(values.element_size(), perm.dtype) if n >= _C_ENTRIES and _c_backend() \
+        else None
     if fn is None or not values.is_cpu or not values.is_contiguous() or \
             values.numel() != n or (values.requires_grad and torch.is_grad_enabled()):
         return values.index_select(0, perm)
     out = torch.empty_like(values)
-    fn(n, values.data_ptr(), perm.data_ptr(), out.data_ptr(), runtime.num_threads())
+    fn(n, values.data_ptr(), perm.data_ptr(), out.data_ptr(),
+       runtime.num_threads() if n >= _PARALLEL_ENTRIES else 1)
     return out
 
 

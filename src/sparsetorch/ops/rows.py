@@ -54,8 +54,8 @@ from .depthwise import _Scratch, _scratch as _buffers   # (each Python thread's 
 from .einsum import einsum
 from .epilogue import ACTIVATIONS as _EINSUM_ACTIVATIONS, unfused
 from .policy import backend
-from .relaid import relaid
-from .transpose import BLOCK4_C, permuted
+from .relaid import gather, relaid_pattern
+from .transpose import BLOCK4_C
 
 MIN_ROWS = 16   # (below it, most of a block's rows would be padding)
 ROWS = 32       # rows of x a block transposes (R in the kernel)
@@ -136,12 +136,14 @@ static void st_sigmoid(float* x, int64_t n) {
   for (int64_t j = 0; j < n; j += $N) ${P}_storeu_ps(x + j, st_sigmoid_v(${P}_loadu_ps(x + j)));
 }
 /* y (n x m) = act(x W^T + bias) (act 3: sigmoid): W m x k CSR (pos, crd, val); x n x k,
-   dense rows (x) or CSR rows (xpos, xcrd, xval; x null). scratch: nt x R x (k + m). */
+   dense rows (x, ldt 0), the same transposed (x, k rows ldt >= the blocks' span apart:
+   a block's columns copied as they are) or CSR rows (xpos, xcrd, xval; x null).
+   scratch: nt x R x (k + m). */
 #define ST_LINEAR(I, J)                                                                   \
 void st_sparse_linear_##I##_##J(int64_t n, int64_t k, int64_t m, const I* pos,           \
     const I* crd, const float* val, const float* x, const J* xpos, const J* xcrd,         \
-    const float* xval, const float* bias, int64_t act, float* y, float* scratch,          \
-    int64_t nt) {                                                                         \
+    const float* xval, int64_t ldt, const float* bias, int64_t act, float* y,             \
+    float* scratch, int64_t nt) {                                                         \
   const int64_t blocks = (n + R - 1) / R;                                                   \
   _Pragma("omp parallel num_threads(nt) if(nt > 1)")                                      \
   {                                                                                       \
@@ -156,6 +158,9 @@ void st_sparse_linear_##I##_##J(int64_t n, int64_t k, int64_t m, const I* pos,  
         for (int64_t r = 0; r < rows; r++)                                                \
           for (J q = xpos[r0 + r]; q < xpos[r0 + r + 1]; q++)                             \
             xt[R * (int64_t)xcrd[q] + r] = xval[q];                                      \
+      } else if (ldt) {                                                                   \
+        for (int64_t c = 0; c < k; c++)                                                   \
+          memcpy(xt + R * c, x + c * ldt + r0, R * sizeof(float));                       \
       } else {                                                                            \
         const int64_t kb = rows == R ? k - k % 8 : 0;                                     \
         for (int64_t c = 0; c < kb; c += 8)                                               \
@@ -190,14 +195,15 @@ $DOTS
 }
 /* The weight gradient on W's pattern: dvalues[q] = gt[o] . xt[crd[q]] for stored entry q
    of row o, gt (m x n) and xt (k x n) the output gradient and the input transposed (rows
-   of n batch values); dbias[o] = the sum of gt[o] (unless dbias is null), read while the
-   row is in cache. Parallel: W's rows split statically across threads. */
+   of n batch values, ld apart); dbias[o] = the sum of gt[o] (unless dbias is null), read
+   while the row is in cache. Parallel: W's rows split statically across threads. */
 #define ST_GRAD_VALUES(I)                                                                 \
 void st_linear_grad_values_##I(int64_t m, int64_t n, const I* pos, const I* crd,         \
-    const float* gt, const float* xt, float* dvalues, float* dbias, int64_t nt) {         \
+    const float* gt, const float* xt, int64_t ld, float* dvalues, float* dbias,          \
+    int64_t nt) {                                                                         \
   _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")                \
   for (int64_t o = 0; o < m; o++) {                                                       \
-    const float* g = gt + o * n;                                                          \
+    const float* g = gt + o * ld;                                                         \
     float pair[2];                                                                        \
     if (dbias) {                                                                          \
       float sum = 0.0f;                                                                   \
@@ -207,49 +213,98 @@ void st_linear_grad_values_##I(int64_t m, int64_t n, const I* pos, const I* crd,
     }                                                                                     \
     int64_t q = pos[o];                                                                   \
     for (; q + 1 < pos[o + 1]; q += 2) {                                                  \
-      st_dots(n, g, xt + (int64_t)crd[q] * n, xt + (int64_t)crd[q + 1] * n, pair);        \
+      st_dots(n, g, xt + (int64_t)crd[q] * ld, xt + (int64_t)crd[q + 1] * ld, pair);      \
       dvalues[q] = pair[0];                                                               \
       dvalues[q + 1] = pair[1];                                                           \
     }                                                                                     \
     if (q < pos[o + 1]) {                                                                 \
-      st_dots(n, g, xt + (int64_t)crd[q] * n, xt + (int64_t)crd[q] * n, pair);            \
+      st_dots(n, g, xt + (int64_t)crd[q] * ld, xt + (int64_t)crd[q] * ld, pair);          \
       dvalues[q] = pair[0];                                                               \
     }                                                                                     \
   }                                                                                       \
 }
-/* g = dy x act'(y) for the activation's output y (0 none, 1 relu, 2 relu6, 3 sigmoid),
-   n values: torch's elementwise ops took 0.1-0.5 ms for the 200K of a 784-wide output. */
-void st_activation_grad(int64_t n, const float* restrict dy, const float* restrict y,
-                        int64_t act, float* restrict g, int64_t nt) {
-  /* (one plain loop per activation: a select between them in the loop kept it scalar) */
+/* The 8 x 8 block of g = dy x act'(y) at dy, y (rows ld apart) into tmp (rows 8 apart),
+   for the activation's output y: act 0 none, 1 relu, 2 relu6, 3 sigmoid. */
+static inline void st_grad8(const float* dy, const float* y, int64_t ld, int64_t act,
+                            float* tmp) {
+  const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+  for (int64_t i = 0; i < 8; i++) {
+    __m256 d = _mm256_loadu_ps(dy + i * ld);
+    if (act) {
+      const __m256 v = _mm256_loadu_ps(y + i * ld);
+      if (act == 3) {
+        d = _mm256_mul_ps(_mm256_mul_ps(d, v), _mm256_sub_ps(one, v));
+      } else {   /* (ordered compares: a NaN output passes no gradient, as torch's) */
+        __m256 keep = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
+        if (act == 2) keep = _mm256_and_ps(keep, _mm256_cmp_ps(v, _mm256_set1_ps(6.0f),
+                                                                _CMP_LT_OQ));
+        d = _mm256_and_ps(d, keep);
+      }
+    }
+    _mm256_storeu_ps(tmp + 8 * i, d);
+  }
+}
+/* gt (m x n, rows ld apart) = (dy x act'(y))^T for dy, y (n x m): the output gradient
+   through the activation, transposed in the same pass (8 x 8 blocks, computed then
+   transposed, down each 8 rows of gt in turn: its writes in order; the edges one value at
+   a time); lanes n up to the last block's end zeroed. The forward's blocks of R rows split
+   across threads as there, so the thread that takes a block in st_linear_grad_x wrote its
+   columns. */
+void st_activation_grad_t(int64_t n, int64_t m, const float* restrict dy,
+                          const float* restrict y, int64_t act, float* restrict gt,
+                          int64_t ld, int64_t nt) {
+  const int64_t blocks = (n + R - 1) / R, mb = m - m % 8;
   const float hi = act == 2 ? 6.0f : __builtin_inff();
   #pragma omp parallel num_threads(nt) if(nt > 1)
   {
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t lo = n * t / T, up = n * (t + 1) / T;
-    if (act == 3) {
-      #pragma omp simd
-      for (int64_t j = lo; j < up; j++) g[j] = dy[j] * y[j] * (1.0f - y[j]);
-    } else {
-      #pragma omp simd
-      for (int64_t j = lo; j < up; j++) g[j] = y[j] > 0.0f && y[j] < hi ? dy[j] : 0.0f;
-    }
+    const int64_t r0 = R * (blocks * t / T), end = R * (blocks * (t + 1) / T);
+    const int64_t r1 = end < n ? end : n, rb = r0 + (r1 - r0) / 8 * 8;
+    float tmp[64];
+    for (int64_t o = 0; o < mb; o += 8)
+      for (int64_t r = r0; r < rb; r += 8) {
+        st_grad8(dy + r * m + o, y + r * m + o, m, act, tmp);
+        st_block4(tmp, 8, gt + o * ld + r, ld);
+      }
+    for (int64_t r = r0; r < r1; r++)
+      for (int64_t o = r < rb ? mb : 0; o < m; o++) {
+        const float d = dy[r * m + o], v = y[r * m + o];
+        gt[o * ld + r] = act == 0 ? d : act == 3 ? d * v * (1.0f - v)
+                                     : v > 0.0f && v < hi ? d : 0.0f;
+      }
+    if (end > r1)
+      for (int64_t o = 0; o < m; o++) memset(gt + o * ld + r1, 0, (size_t)(end - r1) * 4);
   }
 }
-/* xt (k x n) = the n CSR rows (xpos, xcrd, xval) of width k, transposed into zeros;
-   the rows (columns of xt) split across threads. */
+/* xt (k x n, rows ld apart) = the n CSR rows (xpos, xcrd, xval) of width k, transposed
+   into zeros; the rows (columns of xt) split across threads. */
 #define ST_SCATTER_T(J)                                                                   \
 void st_rows_transposed_##J(int64_t n, int64_t k, const J* xpos, const J* xcrd,         \
-    const float* xval, float* xt, int64_t nt) {                                           \
+    const float* xval, float* xt, int64_t ld, int64_t nt) {                               \
   _Pragma("omp parallel num_threads(nt) if(nt > 1)")                                      \
   {                                                                                       \
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();                    \
     const int64_t r0 = n * t / T, r1 = n * (t + 1) / T;                                   \
     for (int64_t i = 0; i < k; i++)                                                       \
-      memset(xt + i * n + r0, 0, (size_t)(r1 - r0) * sizeof(float));                     \
+      memset(xt + i * ld + r0, 0, (size_t)(r1 - r0) * sizeof(float));                    \
     for (int64_t r = r0; r < r1; r++)                                                     \
-      for (J q = xpos[r]; q < xpos[r + 1]; q++) xt[(int64_t)xcrd[q] * n + r] = xval[q];  \
+      for (J q = xpos[r]; q < xpos[r + 1]; q++) xt[(int64_t)xcrd[q] * ld + r] = xval[q]; \
   }                                                                                       \
+}
+/* xt (k x n, rows ld apart) = x (n x k) transposed: 8 x 8 transposes, down each 8 rows
+   of xt in turn (its writes in order); the rows of x split across threads. */
+void st_rows_dense_transposed(int64_t n, int64_t k, const float* restrict x,
+                              float* restrict xt, int64_t ld, int64_t nt) {
+  #pragma omp parallel num_threads(nt) if(nt > 1)
+  {
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t r0 = n * t / T, r1 = n * (t + 1) / T;
+    const int64_t rb = r0 + (r1 - r0) / 8 * 8, kb = k - k % 8;
+    for (int64_t i = 0; i < kb; i += 8)
+      for (int64_t r = r0; r < rb; r += 8) st_block4(x + r * k + i, k, xt + i * ld + r, ld);
+    for (int64_t r = r0; r < r1; r++)
+      for (int64_t i = r < rb ? kb : 0; i < k; i++) xt[i * ld + r] = x[r * k + i];
+  }
 }
 ST_COLUMN(int32_t)
 ST_COLUMN(int64_t)
@@ -304,14 +359,29 @@ def sparse_linear(x, weight: SparseTensor, bias: torch.Tensor | None = None,
             return unfused(einsum("ni,oi->no", x, weight, out_format="dense"), bias,
                            activation)
         return einsum("ni,oi->no", x, weight, bias=bias, activation=activation)
-    sparse = type(x) is SparseTensor
     values = weight._values
+    if values.requires_grad:
+        weight = weight.with_values(values.detach())
+    return _run(fn, x, weight, values, bias, activation)
+
+
+def linear_rows(x, weight: SparseTensor, values: torch.Tensor, bias, activation):
+    """``sparse_linear`` by this module's kernels for ``weight``'s pattern with ``values``
+    (a Parameter, say) in place of its own, which alias them without a gradient (a layer's
+    kept wrapper): no wrapper is made per call; None where the kernels do not apply."""
+    fn = _kernel_for(x, weight, bias, activation)
+    return None if fn is None else _run(fn, x, weight, values, bias, activation)
+
+
+def _run(fn, x, weight, values, bias, activation):
+    """The kernel's forward, recorded for autograd where a gradient is wanted; ``weight``
+    holds ``values`` without a gradient."""
+    sparse = type(x) is SparseTensor
     if torch.is_grad_enabled() and (values.requires_grad or (bias is not None and
                                                              bias.requires_grad)
                                     or not sparse and x.requires_grad):
-        return _Recorded.apply(fn, None if sparse else x, values, bias,
-                               weight.with_values(values.detach()), x if sparse else None,
-                               activation)
+        return _Recorded.apply(fn, None if sparse else x, values, bias, weight,
+                               x if sparse else None, activation)
     return _forward(fn, x, weight, bias, activation)
 
 
@@ -321,8 +391,10 @@ def _forward(fn, x, weight, bias, activation) -> torch.Tensor:
                    activation)
 
 
-def _launch(fn, x, pos, crd, values, n, k, m, bias, activation) -> torch.Tensor:
-    """The kernel on ``x``'s n rows by the (m, k) CSR arrays ``pos``, ``crd``, ``values``."""
+def _launch(fn, x, pos, crd, values, n, k, m, bias, activation, *,
+            transposed: bool = False) -> torch.Tensor:
+    """The kernel on ``x``'s n rows by the (m, k) CSR arrays ``pos``, ``crd``, ``values``;
+    ``transposed``: ``x`` holds them as k rows of ``_leading(n)`` (the backward's ``gt``)."""
     out = torch.empty((n, m), dtype=torch.float32)
     nt = runtime.num_threads()
     scratch = _buffers.get(torch.float32, nt * ROWS * (k + m))
@@ -331,8 +403,8 @@ def _launch(fn, x, pos, crd, values, n, k, m, bias, activation) -> torch.Tensor:
     fn(n, k, m, pos.data_ptr(), crd.data_ptr(), values.data_ptr(),
        0 if sparse else x.data_ptr(), x._pos1.data_ptr() if sparse else 0,
        x._crd1.data_ptr() if sparse else 0, x._values.data_ptr() if sparse else 0,
-       0 if bias is None else bias.data_ptr(), _ACTIVATIONS[activation], out.data_ptr(),
-       scratch.data_ptr(), nt)
+       x.shape[1] if transposed else 0, 0 if bias is None else bias.data_ptr(),
+       _ACTIVATIONS[activation], out.data_ptr(), scratch.data_ptr(), nt)
     return out
 
 
@@ -359,40 +431,63 @@ class _Recorded(torch.autograd.Function):
         if torch.is_grad_enabled():   # create_graph: a differentiable backward
             return _differentiable_backward(ctx, dy, x, values, bias)
         (m, k), n = weight._size, y.shape[0]
-        g = _through_activation(dy.contiguous(), y, activation, _scratch(_G, (n, m)))
-        dx = dvalues = None
-        if need_x:
-            t = relaid(weight, Format(weight._format.levels, (1, 0)))   # W^T's CSR arrays
-            dx = _launch(_kernel(t._crd1.dtype, t._crd1.dtype), g, t._pos1, t._crd1,
-                         t._values, n, m, k, None, None)
-        dbias = None
+        fns, nt = _library(vector_isa()), runtime.num_threads()
+        ld = _leading(n)
+        gt = _scratch(_GT, (m, ld))   # (the output gradient through the activation)
+        dy = dy.contiguous()   # (held: a temporary's memory is freed before the call)
+        fns["st_activation_grad_t"](n, m, dy.data_ptr(), y.data_ptr(),
+                                    _ACTIVATIONS[activation], gt.data_ptr(), ld,
+                                    nt if y.numel() >= _PARALLEL_ELEMENTS else 1)
+        dx = _grad_x(weight, gt, n) if need_x else None
+        dvalues = dbias = None
         if need_values:   # (dbias summed in the same pass)
             dbias = torch.empty(m, dtype=torch.float32) if need_bias else None
-            fns = _library(vector_isa())
-            nt = runtime.num_threads() if values.numel() * n >= _PARALLEL_WORK else 1
-            gt = permuted(g, (1, 0), out=_scratch(_GT, (m, n)))
-            xt = _scratch(_XT, (k, n))
+            nt = nt if values.numel() * n >= _PARALLEL_WORK else 1
+            xt = _scratch(_XT, (k, ld))
             if x is not None:
-                permuted(x.contiguous(), (1, 0), out=xt)
+                x = x.contiguous()
+                fns["st_rows_dense_transposed"](n, k, x.data_ptr(), xt.data_ptr(), ld, nt)
             else:
                 fns["st_rows_transposed_" + _INDEX[x_sparse._crd1.dtype]](
                     n, k, x_sparse._pos1.data_ptr(), x_sparse._crd1.data_ptr(),
-                    x_sparse._values.data_ptr(), xt.data_ptr(), nt)
+                    x_sparse._values.data_ptr(), xt.data_ptr(), ld, nt)
             dvalues = torch.empty_like(values)
             fns["st_linear_grad_values_" + _INDEX[weight._crd1.dtype]](
                 m, n, weight._pos1.data_ptr(), weight._crd1.data_ptr(), gt.data_ptr(),
-                xt.data_ptr(), dvalues.data_ptr(), 0 if dbias is None else dbias.data_ptr(),
-                nt)
+                xt.data_ptr(), ld, dvalues.data_ptr(),
+                0 if dbias is None else dbias.data_ptr(), nt)
         elif need_bias:
-            dbias = g.sum(0)
+            dbias = gt[:, :n].sum(1)
         return None, dx, dvalues, dbias, None, None, None
 
 
-# The backward's temporaries (the output gradient through the activation, it and the input
-# transposed), each kept per Python thread up to _KEEP_ELEMENTS: a fresh 800 KB buffer
-# per step came back from the allocator as new pages, ~190 page faults in the MNIST
+def _leading(n: int) -> int:
+    """The row length the backward's transposed temporaries (rows of ``n`` batch values)
+    are stored at: whole blocks of ``ROWS``, so a last partial block reads in place, plus 16
+    lanes, so the rows are an odd number of 64-byte lines apart. At a power of two (256
+    rows: 1 KB apart) a block's 32-lane slices of 784 rows fell into 1/16 of the cache's
+    sets and evicted each other (the MNIST decoder's dx: 162 us, against 109 us for a copy
+    transposed block by block)."""
+    return -(-n // ROWS) * ROWS + 16
+
+
+def _grad_x(weight: SparseTensor, gt: torch.Tensor, n: int) -> torch.Tensor:
+    """``dx = g W`` (n x k) from the transposed output gradient ``gt`` (m rows), by the
+    forward kernel on ``W^T``'s CSR pattern (kept, ``relaid.py``) and ``W``'s values
+    gathered into its order (read through the permutation instead, once per block of
+    rows, the scattered reads cost more than the gather: 146 against 96 us)."""
+    (m, k) = weight._size
+    arrays, perm = relaid_pattern(weight, Format(weight._format.levels, (1, 0)))
+    pos, crd = arrays["pos1"], arrays["crd1"]
+    return _launch(_kernel(crd.dtype, crd.dtype), gt, pos, crd, gather(weight._values, perm),
+                   n, m, k, None, None, transposed=True)
+
+
+# The backward's temporaries (the output gradient through the activation and transposed,
+# the input transposed), each kept per Python thread up to _KEEP_ELEMENTS: a fresh 800 KB
+# buffer per step came back from the allocator as new pages, ~190 page faults in the MNIST
 # autoencoder's step (0.1-0.2 ms).
-_G, _GT, _XT = _Scratch(), _Scratch(), _Scratch()
+_GT, _XT = _Scratch(), _Scratch()
 _KEEP_ELEMENTS = 1 << 22
 
 
@@ -401,16 +496,6 @@ def _scratch(kept, shape) -> torch.Tensor:
     if size > _KEEP_ELEMENTS:
         return torch.empty(shape, dtype=torch.float32)
     return kept.get(torch.float32, size)[:size].view(shape)
-
-
-def _through_activation(dy, y, activation, out):
-    """The output gradient before the activation, from its output ``y``, in ``out``."""
-    if activation is None:
-        return dy
-    nt = runtime.num_threads() if y.numel() >= _PARALLEL_ELEMENTS else 1
-    _library(vector_isa())["st_activation_grad"](y.numel(), dy.data_ptr(), y.data_ptr(),
-                                                 _ACTIVATIONS[activation], out.data_ptr(), nt)
-    return out
 
 
 def _differentiable_backward(ctx, dy, x, values, bias):
@@ -469,12 +554,13 @@ def _library(isa):
     if isa is None:
         return None
     I, P = runtime.I64, runtime.PTR
-    entries = {"st_activation_grad": [I, P, P, I, P, I]}
+    entries = {"st_activation_grad_t": [I, I, P, P, I, P, I, I],
+               "st_rows_dense_transposed": [I, I, P, P, I, I]}
     for w in _INDEX.values():
-        entries[f"st_linear_grad_values_{w}"] = [I, I, P, P, P, P, P, P, I]
-        entries[f"st_rows_transposed_{w}"] = [I, I, P, P, P, P, I]
+        entries[f"st_linear_grad_values_{w}"] = [I, I, P, P, P, P, I, P, P, I]
+        entries[f"st_rows_transposed_{w}"] = [I, I, P, P, P, P, I, I]
         for xw in _INDEX.values():
-            entries[f"st_sparse_linear_{w}_{xw}"] = [I, I, I] + [P] * 8 + [I, P, P, I]
+            entries[f"st_sparse_linear_{w}_{xw}"] = [I, I, I] + [P] * 7 + [I, P, I, P, P, I]
     try:
         return runtime.load_entries(_source(isa), entries)
     except runtime.KernelBuildError:
