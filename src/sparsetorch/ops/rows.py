@@ -407,9 +407,9 @@ def _forward(fn, x, weight, bias, activation) -> torch.Tensor:
 
 
 def _launch(fn, x, pos, crd, values, n, k, m, bias, activation, *,
-            transposed: bool = False) -> torch.Tensor:
+            ldt: int = 0) -> torch.Tensor:
     """The kernel on ``x``'s n rows by the (m, k) CSR arrays ``pos``, ``crd``, ``values``;
-    ``transposed``: ``x`` holds them as k rows of ``_leading(n)`` (the backward's ``gt``)."""
+    ``ldt``: ``x`` holds them transposed, k rows ``ldt`` apart (the backward's ``gt``)."""
     out = torch.empty((n, m), dtype=torch.float32)
     nt = runtime.num_threads()
     scratch = _buffers.get(torch.float32, nt * ROWS * (k + m))
@@ -418,7 +418,7 @@ def _launch(fn, x, pos, crd, values, n, k, m, bias, activation, *,
     fn(n, k, m, pos.data_ptr(), crd.data_ptr(), values.data_ptr(),
        0 if sparse else x.data_ptr(), x._pos1.data_ptr() if sparse else 0,
        x._crd1.data_ptr() if sparse else 0, x._values.data_ptr() if sparse else 0,
-       x.shape[1] if transposed else 0, 0 if bias is None else bias.data_ptr(),
+       ldt, 0 if bias is None else bias.data_ptr(),
        _ACTIVATIONS[activation], out.data_ptr(), scratch.data_ptr(), nt)
     return out
 
@@ -449,17 +449,17 @@ class _Recorded(torch.autograd.Function):
         (m, k), n = weight._size, y.shape[0]
         fns, nt = _library(vector_isa()), runtime.num_threads()
         ld = _leading(n)
-        gt = _scratch(_GT, (m, ld))   # (the output gradient through the activation)
+        gt = _scratch(_GT, m * ld)   # (the output gradient through the activation)
         dy = dy.contiguous()   # (held: a temporary's memory is freed before the call)
         fns["st_activation_grad_t"](n, m, dy.data_ptr(), y.data_ptr(),
                                     _ACTIVATIONS[activation], gt.data_ptr(), ld,
                                     nt if y.numel() >= _PARALLEL_ELEMENTS else 1)
-        dx = _grad_x(weight, gt, n) if need_x else None
+        dx = _grad_x(weight, gt, n, ld) if need_x else None
         dvalues = dbias = None
         if need_values:   # (dbias summed in the same pass)
             dbias = torch.empty(m, dtype=torch.float32) if need_bias else None
             nt = nt if values.numel() * n >= _PARALLEL_WORK else 1
-            xt = _scratch(_XT, (k, ld))
+            xt = _scratch(_XT, k * ld)
             if x is not None:
                 x = x.contiguous()
                 fns["st_rows_dense_transposed"](n, k, x.data_ptr(), xt.data_ptr(), ld, nt)
@@ -474,7 +474,7 @@ class _Recorded(torch.autograd.Function):
                 xt.data_ptr(), ld, dvalues.data_ptr(),
                 0 if dbias is None else dbias.data_ptr(), nt)
         elif need_bias:
-            dbias = gt[:, :n].sum(1)
+            dbias = gt[:m * ld].view(m, ld)[:, :n].sum(1)
         return None, dx, dvalues, dbias, None, None, None
 
 
@@ -488,16 +488,23 @@ def _leading(n: int) -> int:
     return -(-n // ROWS) * ROWS + 16
 
 
-def _grad_x(weight: SparseTensor, gt: torch.Tensor, n: int) -> torch.Tensor:
-    """``dx = g W`` (n x k) from the transposed output gradient ``gt`` (m rows), by the
-    forward kernel on ``W^T``'s CSR pattern (kept, ``relaid.py``) and ``W``'s values
-    gathered into its order (read through the permutation instead, once per block of
-    rows, the scattered reads cost more than the gather: 146 against 96 us)."""
+def _grad_x(weight: SparseTensor, gt: torch.Tensor, n: int, ld: int) -> torch.Tensor:
+    """``dx = g W`` (n x k) from the transposed output gradient ``gt`` (m rows ``ld``
+    apart), by the forward kernel on ``W^T``'s CSR pattern (kept, ``relaid.py``) and
+    ``W``'s values gathered into its order (read through the permutation instead, once
+    per block of rows, the scattered reads cost more than the gather: 146 against 96 us
+    for the MNIST decoder)."""
     (m, k) = weight._size
-    arrays, perm = relaid_pattern(weight, Format(weight._format.levels, (1, 0)))
+    arrays, perm = relaid_pattern(weight, _transposed_format(weight._format))
     pos, crd = arrays["pos1"], arrays["crd1"]
     return _launch(_kernel(crd.dtype, crd.dtype), gt, pos, crd, gather(weight._values, perm),
-                   n, m, k, None, None, transposed=True)
+                   n, m, k, None, None, ldt=ld)
+
+
+@lru_cache(maxsize=None)
+def _transposed_format(fmt: Format) -> Format:
+    """``fmt``'s levels in the other mode order (made once: a Format checks itself)."""
+    return Format(fmt.levels, (1, 0))
 
 
 # The backward's temporaries (the output gradient through the activation and transposed,
@@ -508,11 +515,11 @@ _GT, _XT = _Scratch(), _Scratch()
 _KEEP_ELEMENTS = 1 << 22
 
 
-def _scratch(kept, shape) -> torch.Tensor:
-    size = shape[0] * shape[1]
+def _scratch(kept, size: int) -> torch.Tensor:
+    """A float32 buffer of at least ``size`` elements (flat: the kernels take pointers)."""
     if size > _KEEP_ELEMENTS:
-        return torch.empty(shape, dtype=torch.float32)
-    return kept.get(torch.float32, size)[:size].view(shape)
+        return torch.empty(size, dtype=torch.float32)
+    return kept.get(torch.float32, size)
 
 
 def _differentiable_backward(ctx, dy, x, values, bias):
