@@ -142,6 +142,20 @@ def test_gradients_on_two_threads_whole_and_partial_blocks(index, n, monkeypatch
 
 
 @needs_kernel
+def test_dx_for_a_weight_whose_values_are_a_parameter():
+    """Values held as a frozen ``nn.Parameter`` (a tensor subclass: its transposed pattern
+    is not kept, the weight is converted whole) give the same dx."""
+    x, _, W, w, b = _operands(40, 19, 13)
+    frozen = W.with_values(torch.nn.Parameter(W.values.clone(), requires_grad=False))
+    xin = x.clone().requires_grad_()
+    dy = torch.randn(40, 13)
+    st.ops.sparse_linear(xin, frozen, b, "relu").backward(dy)
+    x64 = x.double().requires_grad_()
+    F.relu(x64 @ w.double().T + b.double()).backward(dy.double())
+    torch.testing.assert_close(xin.grad.double(), x64.grad, rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
 @pytest.mark.parametrize("wanted", [("x",), ("bias",), ("x", "bias"), ("values",)])
 def test_only_the_wanted_gradients(wanted):
     _check_gradients(40, 19, 13, "relu6", False, wanted)

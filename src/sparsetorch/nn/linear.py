@@ -18,8 +18,8 @@ from torch import nn
 from ..formats import SparseTensor
 from ..formats.pack import array_names
 from ..ops import einsum
-from ..ops.rows import linear_rows
 from ..ops.epilogue import ACTIVATIONS, unfused
+from ..ops.rows import linear_rows
 from . import _pattern
 from ._common import keep_facts, outside_graph
 

@@ -101,8 +101,8 @@ def relaid_pattern(t: SparseTensor, fmt: Format):
     """``(arrays, perm)``: ``t``'s pattern in ``fmt`` (index array name -> tensor, as
     ``fmt``'s level arrays are named) and the permutation whose entry ``e`` numbers the
     stored value of ``t`` that goes to place ``e``, both kept as ``relaid`` keeps them; or
-    None where ``relaid`` would convert the whole tensor. For a kernel that reads
-    ``t.values[perm[e]]`` itself instead of a gathered copy.
+    None where ``relaid`` would convert the whole tensor. For a caller that gathers the
+    values itself (``gather(t.values, perm)``) without a SparseTensor made around them.
 
     Example:
         >>> import torch, sparsetorch as st

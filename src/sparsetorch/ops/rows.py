@@ -57,7 +57,7 @@ from .depthwise import _Scratch, _scratch as _buffers   # (each Python thread's 
 from .einsum import einsum
 from .epilogue import ACTIVATIONS as _EINSUM_ACTIVATIONS, unfused
 from .policy import backend
-from .relaid import gather, relaid_pattern
+from .relaid import gather, relaid, relaid_pattern
 from .transpose import BLOCK4_C
 
 MIN_ROWS = 16   # (below it, most of a block's rows would be padding)
@@ -494,11 +494,16 @@ def _grad_x(weight: SparseTensor, gt: torch.Tensor, n: int, ld: int) -> torch.Te
     ``W``'s values gathered into its order (read through the permutation instead, once
     per block of rows, the scattered reads cost more than the gather: 146 against 96 us
     for the MNIST decoder)."""
-    (m, k) = weight._size
-    arrays, perm = relaid_pattern(weight, _transposed_format(weight._format))
-    pos, crd = arrays["pos1"], arrays["crd1"]
-    return _launch(_kernel(crd.dtype, crd.dtype), gt, pos, crd, gather(weight._values, perm),
-                   n, m, k, None, None, ldt=ld)
+    (m, k), fmt = weight._size, _transposed_format(weight._format)
+    found = relaid_pattern(weight, fmt)
+    if found is None:   # (arrays or values of a tensor subclass: converted whole)
+        t = relaid(weight, fmt)
+        pos, crd, values = t._pos1, t._crd1, t._values
+    else:
+        arrays, perm = found
+        pos, crd, values = arrays["pos1"], arrays["crd1"], gather(weight._values, perm)
+    return _launch(_kernel(crd.dtype, crd.dtype), gt, pos, crd, values, n, m, k, None, None,
+                   ldt=ld)
 
 
 @lru_cache(maxsize=None)
