@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hst
 
 import sparsetorch as st
-from dense_check import private_kernel_cache  # noqa: F401
+from dense_check import LONG, examples, private_kernel_cache  # noqa: F401
 from sparsetorch.compiler.kernel import vector_isa
 from sparsetorch.ops import rows
 
@@ -91,8 +93,10 @@ def test_sigmoid_at_its_extremes():
 
 
 def _check_gradients(n, k, m, act, sparse_x, wanted=("x", "values", "bias"), **kw):
-    """Recorded (float32): the wanted ones of dvalues on the pattern, dx (dense x), dbias,
-    each against the float64 dense computation; the backward is the row-block one."""
+    """Recorded (float32): the output, then the wanted ones of dvalues on the pattern, dx
+    (dense x), dbias, each against the float64 dense computation; the backward is the
+    row-block one. (ReLU's kink is taken where our output puts it: float32 rounding may
+    put an output a float64 one has just above 0 at 0.)"""
     x, xs, W, w, b = _operands(n, k, m, **kw)
     values = W.values.clone().requires_grad_("values" in wanted)
     bias = b.clone().requires_grad_("bias" in wanted)
@@ -105,7 +109,16 @@ def _check_gradients(n, k, m, act, sparse_x, wanted=("x", "values", "bias"), **k
     x64 = x.double().requires_grad_()
     dense = torch.zeros(m, k, dtype=torch.float64).index_put(
         tuple(W.to_dense().nonzero().t()), v64)
-    ACT[act](x64 @ dense.T + b64).backward(dy.double())
+    pre = x64 @ dense.T + b64
+    torch.testing.assert_close(y.detach().double(), ACT[act](pre).detach(), rtol=1e-5,
+                               atol=1e-5)
+    g = dy.double()
+    if act == "sigmoid":
+        s = torch.sigmoid(pre.detach())
+        g = g * s * (1 - s)
+    elif act in ("relu", "relu6"):
+        g = g * ((y > 0) & (y < (6 if act == "relu6" else float("inf"))))
+    pre.backward(g)
     pairs = {"values": (values, v64), "bias": (bias, b64), "x": (xin, x64)}
     for name in wanted:
         if name == "x" and sparse_x:
@@ -139,6 +152,21 @@ def test_gradients_on_two_threads_whole_and_partial_blocks(index, n, monkeypatch
         _check_gradients(n, 45, 70, "sigmoid", False, index=index, density=0.0)
     finally:
         torch.set_num_threads(old)
+
+
+@needs_kernel
+@settings(max_examples=examples(10), deadline=None, derandomize=not LONG,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(n=hst.integers(16, 90), k=hst.integers(1, 60), m=hst.integers(1, 60),
+       density=hst.sampled_from([0.0, 0.05, 0.3, 1.0]),
+       act=hst.sampled_from([None, "relu", "relu6", "sigmoid"]), sparse_x=hst.booleans(),
+       int64=hst.booleans(), seed=hst.integers(0, 2**16))
+def test_random_shapes_forward_and_backward(n, k, m, density, act, sparse_x, int64, seed):
+    """Any batch of 16+ rows, widths not multiples of the 8 x 8 blocks or 32-row blocks,
+    empty to full weights: forward and every gradient against float64 dense."""
+    index = torch.int64 if int64 else torch.int32
+    _check_gradients(n, k, m, act, sparse_x, density=density, seed=seed, index=index,
+                     x_index=index)
 
 
 @needs_kernel
