@@ -379,3 +379,27 @@ def test_layers_compile_with_every_input_kind(make):
     for x in (xd, st.tensor(xd, "csr")):
         for adj in (graph(), as_sparse(graph()).double()):
             _compiled_matches_eager(conv, x, adj)
+
+
+@pytest.mark.parametrize("out_features, generated", [(4, True), (40, False)])
+def test_narrow_dense_products_take_the_generated_kernel_where_blas_is_slow(
+        monkeypatch, out_features, generated):
+    """Where torch's BLAS is slow (MKL on AMD) an inference product of at most 16 outputs
+    runs the generated kernel, a wider one ``F.linear``; both equal the dense layer."""
+    from sparsetorch.nn import graph as graph_module
+
+    monkeypatch.setattr(graph_module, "torch_blas_is_fast", lambda: False)
+    calls = []
+    real = graph_module.einsum
+    monkeypatch.setattr(graph_module, "einsum",
+                        lambda eq, *ops, **kw: calls.append(eq) or real(eq, *ops, **kw))
+    conv = st.nn.GCNConv(50, out_features)
+    x = features(width=50).float()
+    with torch.no_grad():
+        out = conv(x, graph())
+    assert ("ij,kj->ik" in calls) == generated
+    A = dense_adjacency(graph()) + torch.eye(N, dtype=F64)
+    A.fill_diagonal_(1.0)   # (node 3's own self loop is kept, not added again)
+    d = A.sum(1).rsqrt()
+    ref = (d[:, None] * A * d[None, :]) @ (x.double() @ conv.lin.weight.double().T)
+    torch.testing.assert_close(out.double(), ref + conv.bias.double(), rtol=1e-4, atol=1e-4)
