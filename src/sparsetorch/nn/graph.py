@@ -207,8 +207,9 @@ class SAGEConv(_Propagation):
     ``aggr="mean"`` (nodes without in-edges aggregate 0) or ``"sum"``; ``root_weight=False``
     drops ``lin_r``. ``lin_l`` holds the bias. On a weighted adjacency (a SparseTensor) the
     mean is PyG's: the weighted messages ``w_ij x_j`` summed and divided by the number of
-    in-edges (stored entries), not by the sum of the weights. The aggregation matrix (``D^-1 A``) is kept as
-    GCNConv keeps its own (``cached``); the product runs in the cheaper order.
+    in-edges (stored entries), not by the sum of the weights. The aggregation matrix
+    (``D^-1 A``) is kept as GCNConv keeps its own (``cached``); the product runs in the
+    cheaper order.
 
     Example:
         >>> import torch, sparsetorch as st

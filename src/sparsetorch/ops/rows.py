@@ -383,7 +383,17 @@ def sparse_linear(x, weight: SparseTensor, bias: torch.Tensor | None = None,
 def linear_rows(x, weight: SparseTensor, values: torch.Tensor, bias, activation):
     """``sparse_linear`` by this module's kernels for ``weight``'s pattern with ``values``
     (a Parameter, say) in place of its own, which alias them without a gradient (a layer's
-    kept wrapper): no wrapper is made per call; None where the kernels do not apply."""
+    kept wrapper): no wrapper is made per call; None where the kernels do not apply.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> W = st.tensor(torch.eye(3), format="csr")
+        >>> values = W.values.clone().requires_grad_()
+        >>> kept = W.with_values(values.detach())
+        >>> y = linear_rows(torch.ones(16, 3), kept, values, None, None)
+        >>> y is None or torch.equal(y, torch.ones(16, 3))   # (None: no AVX2 or no compiler)
+        True
+    """
     fn = _kernel_for(x, weight, bias, activation)
     return None if fn is None else _run(fn, x, weight, values, bias, activation)
 
