@@ -91,6 +91,25 @@ def test_an_entry_without_a_dense_only_index_weighs_a_gathered_multiply_add():
     assert generic.work(15, 10, [5, 3, 5]) == 15 // generic.lanes + 10
 
 
+def test_a_dense_product_counts_its_multiply_adds():
+    """With no sparse operand the work is the whole loop nest, not the operands' sizes: a
+    tall narrow dense product (operands of ~2.7k vector steps, 43k of products) goes
+    parallel, in the call shim and the generic path alike."""
+    forget_call_memo()
+    x, w = torch.ones(2708, 16), torch.ones(16, 7)
+    st.einsum("ij,jk->ik", x, w)
+    shim = execute.lookup("ij,jk->ik", (x, w), None)
+    generic = shim.__globals__["generic"]
+    ext = generic.extents((x, w))                       # i, k, j: 2708, 7, 16
+    products = 2708 * 16 * -(-7 // generic.lanes)       # k in vector steps
+    operands = (x.numel() + w.numel()) // generic.lanes
+    assert generic.work(x.numel() + w.numel(), 0, ext) == operands + products
+    assert operands < execute._PARALLEL_WORK <= operands + products
+    lanes = generic.lanes                               # (the shim's own estimate)
+    assert f"e0 * ((e1 + {lanes - 1}) // {lanes}) * e2 >= {execute._PARALLEL_WORK}" in \
+        shim.source
+
+
 @pytest.mark.parametrize("eq,fmts", [
     ("ij,jk->ik", ("csr", None)), ("ij,j->i", ("csr", None)), ("ij,ik,jk->ij", ("csr", None, None)),
     ("ij,jk->ik", ("csr", "csr")), ("ij,ij->ij", ("csr", "csr")), ("ij->i", ("csr",))])

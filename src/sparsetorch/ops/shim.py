@@ -139,6 +139,8 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
             for n in range(n_ops) if n not in sparse]
     entry = f" * {prepared.entry_work}" if prepared.entry_work != 1 else ""
     work += [f"n{n}{dense_only}{entry}" for n in sparse]
+    if prepared.all_dense:   # the products of a dense kernel
+        work.append(f"1{dense_only}")
     work = " + ".join(work)
     if max_work is not None:
         lines.append(f"    if {work} >= {max_work}: return generic(ops)")
