@@ -612,3 +612,56 @@ def test_inferred_coo_like_output_is_valid():
     check_against_dense("ki,k,ijl->ijkl", [st.tensor(ones(2, 2), "csr"),
                                             st.tensor(ones(2), "csf"),
                                             st.tensor(ones(2, 2, 2), "coo")])
+
+
+# Level lists with a dense level above a compressed one below the top: the compressed
+# level is iterated from the position of every level above it.
+_DENSE_ABOVE = [(st.dense, st.dense, st.compressed), (st.compressed, st.dense, st.compressed),
+                (st.dense, st.dense, st.Compressed(unique=False), st.singleton)]
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (0, 2, 1), (1, 2, 0), (2, 1, 0)])
+@pytest.mark.parametrize("levels", _DENSE_ABOVE[:2], ids=["ddc", "cdc"])
+def test_dense_levels_above_a_compressed_one(levels, order):
+    """Regression (found by the fuzzer): the compressed level's parent position was taken
+    before the dense levels above it were bound (``(dense, dense, compressed)``: a loop
+    order with i after k), so reductions, permutations and even a copy read the wrong
+    entries, and some wrote out of bounds."""
+    fmt = st.Format(levels, mode_order=order)
+    gen = torch.Generator().manual_seed(seed_of("dense-above", levels, order))
+    for shape in [(2, 2, 2), (3, 4, 2), (4, 1, 5)]:
+        W = st.tensor(random_dense(shape, 0.5, F64, gen, empty_slices=True), format=fmt)
+        for eq in ["ijk->i", "ijk->j", "ijk->", "ijk->kji", "ijk->ijk"]:
+            check_against_dense(eq, [W], out_format="dense" if eq == "ijk->ijk" else None)
+        check_against_dense("ijk,k->ij", [W, torch.randn(shape[2], dtype=F64,
+                                                           generator=gen)])
+
+
+def test_dense_levels_above_a_coo_run():
+    """The 4-D case: two dense levels above a non-unique compressed and a singleton level,
+    reversed mode order (wrote out of bounds before the fix), and an outer product whose
+    inferred format puts dense levels above a compressed one, reduced again."""
+    fmt = st.Format(_DENSE_ABOVE[2], mode_order=(3, 2, 1, 0))
+    gen = torch.Generator().manual_seed(4)
+    W = st.tensor(random_dense((2, 3, 2, 3), 0.5, F64, gen), format=fmt)
+    check_against_dense("ijkl->ijkl", [W], out_format="dense")
+    check_against_dense("ijkl->li", [W])
+    A = st.tensor(random_dense((4, 3), 0.5, F64, gen), format="csr")
+    out = st.einsum("lk,j->jkl", A, st.tensor(torch.tensor([2., -1.], dtype=F64), "coo"))
+    check_against_dense("jkl->j", [out])
+
+
+@pytest.mark.parametrize("order", [(0, 2, 1), (1, 2, 0)])
+def test_gradient_through_dense_levels_above_a_compressed_one(order):
+    """The sampled gradient of such an operand lands on its own pattern (it raised 'stores
+    entries outside its operand's pattern' before the fix) and equals the dense gradient
+    there."""
+    gen = torch.Generator().manual_seed(seed_of("dense-above-grad", order))
+    d = random_dense((2, 3, 2), 0.6, F64, gen)
+    A = st.tensor(d, format=st.Format((st.dense, st.dense, st.compressed), mode_order=order))
+    A.requires_grad_()
+    x = torch.randn(2, dtype=F64, generator=gen, requires_grad=True)
+    dd = d.clone().requires_grad_()
+    (st.einsum("lji,i->lj", A, x) ** 2).sum().backward()   # (a sparse result)
+    torch.einsum("lji,i->lj", dd, x.detach()).square().sum().backward()
+    assert torch.allclose(A.grad.to_dense(), dd.grad * (d != 0), rtol=1e-10, atol=1e-12)

@@ -68,15 +68,18 @@ def _constraints(assignment: Assignment, formats, infos, skip=None):
     """Pairs (a, b): variable a must be iterated before b. A dense level below another one
     is located, not iterated (its position is parent * extent + coordinate), so its
     variable may also come earlier: BSR then runs each row of a block row across all its
-    blocks, keeping the output row in registers. Operand ``skip`` adds none."""
+    blocks, keeping the output row in registers. A compressed or singleton level is
+    iterated from its parent's position, so every level above it, dense ones included,
+    comes first (``(dense, dense, compressed)``: both dense variables before the last).
+    Operand ``skip`` adds none."""
     pairs = set()
     for acc in assignment.expr.accesses():
         fmt = formats[acc.operand]
         if infos[acc.operand].strided or fmt.is_dense or acc.operand == skip:
             continue
         vs = level_vars(fmt, acc.indices)
-        pairs.update((a, b) for k, (a, b) in enumerate(zip(vs, vs[1:]))
-                     if a != b and not isinstance(fmt.levels[k + 1], Dense))
+        pairs.update((a, b) for k, b in enumerate(vs) if not isinstance(fmt.levels[k], Dense)
+                     for a in vs[:k] if a != b)
     return pairs
 
 
