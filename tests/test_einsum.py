@@ -322,6 +322,11 @@ def test_sddmm_out_format(out):
     ("ijk,k->ij", (CSF, None), "csc"),
     ("ijk->kij", (CSF,), "coo"),
     ("i,j->ij", ("csf", "csf"), "csc"),
+    # no sparse operand into CSR rows (raised StopIteration: the rows emitted took the
+    # index type of a sparse operand there was none of)
+    ("ij->ij", (None,), "csr"),
+    ("ij,jk->ik", (None, None), "csr"),
+    ("k,ik->ik", (st.Format((st.dense,)), None), "csr"),
 ])
 def test_out_format_overrides(eq, fmts, out):
     gen = torch.Generator().manual_seed(seed_of(eq, fmts))

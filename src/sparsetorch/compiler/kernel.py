@@ -310,6 +310,8 @@ def lower_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_d
         row_emission = None
         if mode == "fill":   # the loop nest the count pass got fixes how entries are written
             emit_sorted, emit_rows = _emission(assignment, sched.order, out, lowerers[0])
+            # (rows emitted take the first sparse operand's index type: none, none emitted)
+            emit_rows = emit_rows and any(not f.is_dense for f in sched.formats)
             row_emission = first_sparse(sched.formats) if emit_rows else None
         cap = block_cap(value_dtype, tile) if any(i.long_rows for i in infos) else None
         plan = Plan(assignment, sched.order, sched.formats, out, mode, workspace,
