@@ -59,6 +59,11 @@ def test_ellipsis_matches_torch(eq, shapes, fmt, dtype):
     ("ij,ij->ij", [(1, 1), (3, 4)], [(3, 4), (3, 4)], 0),               # nothing left to store
     ("ij,jk->ik", [(3, 1), (4, 5)], [(3, 4), (4, 5)], 0),               # a summed index
     ("...j,...j->...", [(2, 3, 4), (1, 3, 4)], [(2, 3, 4), (2, 3, 4)], 0),
+    # the dense-only index of size 1 in one dense operand and 5 in another (found by the
+    # fuzzer: the call ran as if it had size 1, keeping the first of five rows)
+    ("j,ij,ij->i", [(3,), (1, 3), (5, 3)], [(3,), (5, 3), (5, 3)], 0),
+    ("j,ij,ij->", [(3,), (1, 3), (5, 3)], [(3,), (5, 3), (5, 3)], 0),
+    ("j,ij,ij->j", [(3,), (5, 3), (1, 3)], [(3,), (5, 3), (5, 3)], 0),
 ])
 @pytest.mark.parametrize("fmt", ["csr", "coo", "dcsc", CSF, "dense"])
 def test_broadcast_sizes_of_one_match_torch(eq, shapes, full, sparse, fmt):
@@ -69,7 +74,8 @@ def test_broadcast_sizes_of_one_match_torch(eq, shapes, full, sparse, fmt):
         ops = []
         for n, shape in enumerate(sizes):
             x = random_dense(shape, 0.5 if n <= sparse else 0.9, F64, gen)
-            f = fmt if len(shape) == 2 or fmt in (CSF, "coo", "dense") else CSF
+            f = fmt if len(shape) == 2 or fmt in (CSF, "coo", "dense") else \
+                CSF if len(shape) == 3 else "coo"
             ops.append(make_operand(x, f) if n <= sparse else x)
         check_against_dense(eq, ops)
 

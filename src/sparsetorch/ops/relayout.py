@@ -101,8 +101,9 @@ class Relayout:
             (lambda out: permuted(out, perm))
 
     def _size(self, operands) -> int:
-        n = next(n for n, d in enumerate(self.dims) if d is not None)
-        return operands[n].shape[self.dims[n]]
+        # (the largest: an operand of size 1 there broadcasts against the others, so the
+        # index has size 1 only where every operand says so)
+        return max(operands[n].shape[d] for n, d in enumerate(self.dims) if d is not None)
 
 
 def run_relaid(einsum, equation, operands, out_format, bias):
