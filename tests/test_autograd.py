@@ -269,3 +269,22 @@ def test_requires_grad_errors_and_grad_setter():
     I = st.tensor(torch.ones(3, 3, dtype=torch.int64), "csr")
     with pytest.raises(RuntimeError):
         I.requires_grad_()                        # integer values cannot require grad
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(3, 4), (0, 4)])
+def test_an_empty_operand_stays_in_the_graph(fmt, shape):
+    """Regression (found by the fuzzer): an empty SparseTensor that requires grad densified
+    to a tensor outside the graph, so a loss built only through it could not backward; its
+    gradient is an empty one on its (empty) pattern."""
+    A = st.tensor(torch.zeros(shape, dtype=F64), fmt).requires_grad_()
+    d = A.to_dense()
+    assert d.requires_grad
+    d.sum().backward()
+    assert isinstance(A.grad, st.SparseTensor) and A.grad.nnz == 0
+    B = st.tensor(torch.zeros(3, 7, dtype=F64), fmt).requires_grad_()
+    x = torch.randn(7, dtype=F64, requires_grad=True)
+    y = st.einsum("ij,j->i", B, x, activation="relu")
+    assert y.requires_grad
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.zeros(7, dtype=F64)) and B.grad.nnz == 0

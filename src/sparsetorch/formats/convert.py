@@ -323,8 +323,9 @@ def to_dense(t: SparseTensor) -> torch.Tensor:
     # a result assembled inside a compiled function has a symbolic entry count (not an int),
     # which the shortcut must not guard on; the general path handles zero entries too
     nnz = t.nnz
-    if out.numel() == 0 or (type(nnz) is int and nnz == 0):
-        return out
+    if (out.numel() == 0 or (type(nnz) is int and nnz == 0)) and not (
+            t.values.requires_grad and torch.is_grad_enabled()):
+        return out   # (recording values: the empty scatter below keeps the graph)
     rows = unpack_rows(fmt, t.shape, t._level_arrays, t.device)
     linear = rows[0].to(torch.int64)
     for row, size in zip(rows[1:], t.shape[1:]):
