@@ -4,6 +4,8 @@ outputs and gradients, edge_index vs SparseTensor adjacency, caching, isolated n
 existing self loops, duplicate edges, sparse features, gradcheck."""
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -403,3 +405,21 @@ def test_narrow_dense_products_take_the_generated_kernel_where_blas_is_slow(
     d = A.sum(1).rsqrt()
     ref = (d[:, None] * A * d[None, :]) @ (x.double() @ conv.lin.weight.double().T)
     torch.testing.assert_close(out.double(), ref + conv.bias.double(), rtol=1e-4, atol=1e-4)
+
+
+def test_gcn_counts_a_repeated_self_loop_once_as_pyg():
+    """PyG's ``add_remaining_self_loops`` keeps one loop per node whatever the edge_index
+    repeats, while other repeated edges add up (found by the fuzzer: a loop given twice
+    weighed 2 here)."""
+    conv = st.nn.GCNConv(5, 3).double()
+    x = features()
+    e = graph()
+    loop = torch.tensor([[2], [2]])
+    once, twice = torch.cat([e, loop], 1), torch.cat([e, loop, loop], 1)
+    torch.testing.assert_close(conv(x, twice), conv(x, once))
+    torch.testing.assert_close(conv(x, once), gcn_dense(x, dense_adjacency(once),
+                                                        conv.lin.weight, conv.bias))
+    if importlib.util.find_spec("torch_geometric") is not None:
+        pyg = _pyg().GCNConv(5, 3).double()
+        conv.load_state_dict(pyg.state_dict())
+        torch.testing.assert_close(conv(x, twice), pyg(x, twice))

@@ -5,7 +5,8 @@ Convention (PyG's): messages flow source -> target. An ``edge_index`` is a ``(2,
 tensor with row 0 the sources and row 1 the targets; a SparseTensor adjacency ``A`` has
 ``A[i, j] != 0`` when ``j`` sends to ``i`` (it is PyG's ``adj_t``), so a layer computes
 ``A @ x``. For an undirected graph (both directions stored) the two readings agree.
-Duplicate edges add up (as PyG's scatter-sum of their messages does).
+Duplicate edges add up (as PyG's scatter-sum of their messages does), except self loops
+where a layer adds them: one per node, as PyG's ``add_remaining_self_loops`` keeps.
 
 The normalisation runs as vectorised torch over the entries' coordinates (degrees by
 ``index_add_``, scaling by gathers), then one conversion into CSR: no loops over nodes.
@@ -29,7 +30,8 @@ def normalized_adjacency(adj, num_nodes: int, normalize="sym", self_loops: bool 
     """The propagation matrix of ``adj`` as a CSR SparseTensor of shape ``(n, n)``:
 
     - ``self_loops``: add an entry of 1 on the diagonal of every node that has none
-      (existing self loops keep their weight: PyG's ``add_remaining_self_loops``);
+      (existing self loops keep their weight, and a loop given twice counts once: PyG's
+      ``add_remaining_self_loops``);
     - ``normalize="sym"``: ``D^-1/2 A D^-1/2`` with ``D`` the row sums (in-degrees), PyG's
       ``gcn_norm``; ``"mean"``: ``D^-1 A`` (each row averages its neighbours); ``None``: as is.
       Rows of degree 0 stay empty.
@@ -50,12 +52,13 @@ def normalized_adjacency(adj, num_nodes: int, normalize="sym", self_loops: bool 
     if degree not in DEGREES:
         raise ValueError(f"{what}: degree must be one of {DEGREES}, got {degree!r}")
     rows, cols, vals = coordinates(adj, num_nodes, dtype, what)
-    if self_loops:
-        has_loop = torch.zeros(num_nodes, dtype=torch.bool, device=rows.device)
-        has_loop[rows[rows == cols]] = True
-        missing = (~has_loop).nonzero().squeeze(1)
-        rows, cols = torch.cat([rows, missing]), torch.cat([cols, missing])
-        vals = torch.cat([vals, torch.ones(missing.numel(), dtype=dtype, device=vals.device)])
+    if self_loops:   # one loop per node: its stored weight (one of them, if repeated) or 1
+        loop = rows == cols
+        weight = torch.ones(num_nodes, dtype=dtype, device=vals.device)
+        weight[rows[loop]] = vals[loop]
+        nodes = torch.arange(num_nodes, device=rows.device)
+        rows, cols = torch.cat([rows[~loop], nodes]), torch.cat([cols[~loop], nodes])
+        vals = torch.cat([vals[~loop], weight])
     if normalize is not None:
         counted = vals if degree == "weights" else torch.ones_like(vals)
         deg = torch.zeros(num_nodes, dtype=dtype, device=vals.device).index_add_(0, rows,
