@@ -67,6 +67,31 @@ def test_uniform_and_custom_densities():
     assert layer_densities({"a": (3, 4)}, 1.0, "erk") == {"a": 1.0}
 
 
+@pytest.mark.parametrize("power", [0.0, 0.5, 3.0, 1000.0])
+def test_erk_power_scale_keeps_the_budget(power):
+    """Any finite power >= 0 spends the uniform budget (found by the fuzzer: from about
+    100, every p_l ** power underflowed to 0 and every layer came out dense); 0 is
+    uniform, and a larger power moves density towards the layers ERK favours."""
+    shapes = {"fc1": (300, 784), "fc2": (100, 300), "fc3": (10, 100)}
+    d = layer_densities(shapes, 0.1, "erk", erk_power_scale=power)
+    sizes = {n: math.prod(s) for n, s in shapes.items()}
+    want = sum(kept_count(s, 0.1) for s in sizes.values())
+    assert abs(sum(d[n] * sizes[n] for n in shapes) - want) < 1e-6 * want
+    assert d["fc1"] <= d["fc2"] <= d["fc3"] <= 1
+    if power == 0:
+        assert all(abs(v - 0.1) < 1e-12 for v in d.values())
+
+
+@pytest.mark.parametrize("bad,exc", [(float("nan"), ValueError), (float("inf"), ValueError),
+                                     (-1.0, ValueError), ("1", TypeError)])
+def test_bad_erk_power_scale_is_refused(bad, exc):
+    """(NaN looped forever: no layer's raw probability ever equals a NaN maximum.)"""
+    with pytest.raises(exc, match="erk_power_scale"):
+        layer_densities({"a": (30, 20), "b": (10, 30)}, 0.1, erk_power_scale=bad)
+    with pytest.raises(ValueError, match="no weights"):
+        layer_densities({"a": (4, 0), "b": (3, 3)}, 0.5)
+
+
 def train(model, trainer, opt, steps, seed=0, batch=6):
     g = torch.Generator().manual_seed(seed)
     n_in = next(model.parameters()).shape[1]

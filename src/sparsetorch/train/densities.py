@@ -49,6 +49,15 @@ def layer_densities(shapes: Mapping[str, Sequence[int]], density: float,
         if len(shape) < 2:
             raise ValueError(f"layer_densities: layer {name!r} has shape {tuple(shape)}; only "
                              "weights with >= 2 dimensions are sparsified (keep biases dense)")
+        if 0 in tuple(shape):
+            raise ValueError(f"layer_densities: layer {name!r} has shape {tuple(shape)}, no "
+                             "weights; leave it out of the sparse layers")
+    if isinstance(erk_power_scale, bool) or not isinstance(erk_power_scale, (int, float)):
+        raise TypeError(f"layer_densities: erk_power_scale must be a number, got "
+                        f"{type(erk_power_scale).__name__}")
+    if not 0 <= erk_power_scale < math.inf:
+        raise ValueError(f"layer_densities: erk_power_scale={erk_power_scale} must be a finite "
+                         "number >= 0 (1: ERK, 0: uniform)")
     free = [n for n in shapes if n not in custom]
     if distribution == "uniform":
         out = {n: float(density) for n in free}
@@ -59,16 +68,23 @@ def layer_densities(shapes: Mapping[str, Sequence[int]], density: float,
 
 
 def _erdos_renyi(shapes, free, density, include_kernel, power):
-    raw = {}
+    log_raw = {}
     for n in free:
         shape = shapes[n]
         if include_kernel:
-            raw[n] = (sum(shape) / math.prod(shape)) ** power
+            log_raw[n] = power * (math.log(sum(shape)) - math.log(math.prod(shape)))
         else:
             n_out, n_in = shape[0], shape[1]
-            raw[n] = (n_in + n_out) / (n_in * n_out)
+            log_raw[n] = math.log(n_in + n_out) - math.log(n_in * n_out)
     dense: set[str] = set()
     while True:
+        rest = [n for n in free if n not in dense]
+        if not rest:   # every layer dense: only possible at density 1
+            return {n: 1.0 for n in free}
+        # each p_l relative to the largest left (a common factor, which eps absorbs), from
+        # logarithms: a large ``power`` underflowed every p_l ** power to 0 otherwise
+        top = max(log_raw[n] for n in rest)
+        raw = {n: math.exp(log_raw[n] - top) for n in rest}
         rhs, divisor = 0.0, 0.0
         for n in free:
             size = math.prod(shapes[n])
@@ -78,13 +94,10 @@ def _erdos_renyi(shapes, free, density, include_kernel, power):
             else:
                 rhs += size - n_zeros
                 divisor += raw[n] * size
-        if divisor == 0:  # every layer dense: only possible at density 1
-            return {n: 1.0 for n in free}
         eps = rhs / divisor
-        max_prob = max(raw[n] for n in free if n not in dense)
-        if max_prob * eps <= 1:
+        if eps <= 1:   # (the largest raw left is 1)
             break
-        dense.update(n for n in free if n not in dense and raw[n] == max_prob)
+        dense.update(n for n in rest if raw[n] == 1.0)
     return {n: 1.0 if n in dense else eps * raw[n] for n in free}
 
 
