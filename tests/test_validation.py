@@ -134,6 +134,22 @@ def test_pos_out_of_range_never_reads_out_of_bounds():
         from_levels({"pos1": torch.tensor([0, -1, 3]), "crd1": torch.tensor([1, 0, 2])})
 
 
+@pytest.mark.parametrize("kind", ["csr", "csc", "bsr"])
+@pytest.mark.parametrize("damage", ["indptr", "indices"])
+def test_scipy_matrix_edited_into_nonsense(kind, damage):
+    """A scipy matrix whose arrays were edited in place past its own checks (found by the
+    fuzzer: an indptr of [0, 5, 3] was read through scipy's tocoo into wrong rows)."""
+    m = sp.random(4, 6, density=0.5, format="csr", random_state=1)
+    m = m.asformat(kind) if kind != "bsr" else sp.bsr_matrix(m.toarray(), blocksize=(2, 2))
+    if damage == "indptr":
+        m.indptr[1] = m.indptr[-1] + 2
+    else:
+        m.indices[0] = 99
+    m.has_canonical_format = False
+    with pytest.raises(ValueError, match=damage):
+        st.tensor(m)
+
+
 def test_unsorted_where_level_is_ordered():
     with pytest.raises(ValueError, match=r"level 1 \(compressed\): unsorted coordinates at "
                                          r"positions 1 and 2 \(2, 0\).*sort"):

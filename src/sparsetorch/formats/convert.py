@@ -230,6 +230,8 @@ def _from_scipy(m, format, blocksize, index_dtype) -> SparseTensor:
         source = SparseTensor(*SparseTensor._checked_levels(m.shape, fmt, arrays,
                                                             data.reshape(-1)))
         return _convert_owned(source, format, blocksize, index_dtype)
+    if kind in ("csr", "csc", "bsr"):
+        _check_scipy_compressed(m, name)   # (scipy's tocoo trusts them)
     if kind == "bsr" and blocksize is None and _is_bsr_name(format):
         blocksize = m.blocksize
     coo = m.tocoo() if kind != "coo" else m       # keeps duplicates; _from_coo_pair sums them
@@ -237,6 +239,26 @@ def _from_scipy(m, format, blocksize, index_dtype) -> SparseTensor:
     indices = [torch.from_numpy(np.ascontiguousarray(c)) for c in coords]
     return _from_coo_pair(indices, torch.from_numpy(np.ascontiguousarray(coo.data)), format,
                           tuple(m.shape), blocksize, index_dtype)
+
+
+def _check_scipy_compressed(m, name: str) -> None:
+    """Raise unless a scipy CSR/CSC/BSR matrix's ``indptr`` and ``indices`` describe valid
+    rows (columns, block rows) of its shape: what a matrix edited in place can break."""
+    ptr, idx = np.asarray(m.indptr), np.asarray(m.indices)
+    major, minor = m.shape if m.format != "csc" else m.shape[::-1]
+    if m.format == "bsr":
+        major, minor = major // m.blocksize[0], minor // m.blocksize[1]
+    if ptr.ndim != 1 or ptr.size != major + 1:
+        raise ValueError(f"{name}: indptr has {ptr.size} entries, a {m.format} matrix of shape "
+                         f"{m.shape} needs {major + 1}; rebuild the matrix")
+    if ptr[0] != 0 or (ptr.size > 1 and np.any(np.diff(ptr) < 0)) or ptr[-1] > idx.size:
+        raise ValueError(f"{name}: indptr must start at 0, never decrease and end at most at "
+                         f"len(indices)={idx.size}; got {ptr.tolist()[:10]}... Rebuild the "
+                         "matrix (e.g. scipy.sparse.csr_array((data, indices, indptr)))")
+    used = idx[:ptr[-1]]
+    if used.size and (used.min() < 0 or used.max() >= minor):
+        raise ValueError(f"{name}: indices hold {int(used.min())}..{int(used.max())}, outside "
+                         f"[0, {minor}); rebuild the matrix")
 
 
 def _is_bsr_name(format) -> bool:
