@@ -257,7 +257,7 @@ def expected_kind(equation: str, operands, out_format=None, conversions=(),
     size = {}
     for term, t in zip(terms, operands):
         for c, m in zip(term, t.shape):
-            size[c] = max(size.get(c, m), m)
+            size[c] = m if m != 1 else size.get(c, 1)   # (1 broadcasts, against 0 too)
     for k, (n, term, t) in enumerate(sparse):   # (README) a diagonal, and an operand whose
         kept = "".join(c for c, m in zip(term, t.shape) if m != 1 or size[c] == 1)
         if len(set(kept)) < len(term):          # sizes of 1 broadcast, are compressed levels

@@ -136,7 +136,9 @@ def test_diagonal_sums_duplicates_and_keeps_index_dtype():
 FORMATS_BY_ORDER = {
     1: ["csf", "dense", None],
     2: ["csr", "csc", "coo", "dcsr", "dcsc", "dense", CD, DENSE_T, ("bsr", (1, 1)), None],
-    3: [CSF, "coo", CSF021, CSF201, CSF120, "dense", None],
+    3: [CSF, "coo", CSF021, CSF201, CSF120, "dense", None,
+        st.Format((st.dense, st.dense, st.compressed), (1, 2, 0)),    # dense levels above a
+        st.Format((st.compressed, st.dense, st.compressed), (2, 0, 1))],   # compressed one
 }
 
 
