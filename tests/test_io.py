@@ -234,6 +234,8 @@ def test_complex_is_a_type_error(tmp_path):
      "has 2 entry lines but its size line promises 1"),
     ("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n2 2\n",
      r"line 4 has 2 values .*needs 3"),
+    ("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1 2 2 1\n",   # two in one
+     r"line 3 has 6 values .*needs 3"),
     ("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n2 x 1\n",
      r"line 4: cannot read b'2 x 1' as 3 numbers"),
     ("%%MatrixMarket matrix coordinate integer general\n2 2 1\n1 1 1.5\n",

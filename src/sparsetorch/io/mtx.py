@@ -312,11 +312,28 @@ def _numbers(body: bytes, np_dtype, per_line: int, count: int, path: str, first_
                     pass
     if out is not None and out.dtype == np.int64:
         _check_int64_range(out, body, path, first_line)
-    if out is not None and out.size == per_line * count:
-        return out.reshape(count, per_line)
-    if lenient and out is not None and out.size == (per_line + 1) * count:
-        return out.reshape(count, per_line + 1)
-    raise _locate_problem(body, np_dtype, per_line, count, path, first_line, lenient)
+    for width in (per_line, per_line + 1) if lenient else (per_line,):
+        if out is not None and out.size == width * count:
+            # (the numbers are read as one stream: entry lines of 4 and 2 numbers also make
+            # 3 a line; where the lines do not count ``count``, the walk below names a bad
+            # one, and finds none when blank-looking lines held only spaces)
+            problem = None if per_line == 1 or _lines(body) == count else \
+                _locate_problem(body, np_dtype, per_line, count, path, first_line, lenient)
+            if problem is not None:
+                raise problem
+            return out.reshape(count, width)
+    raise _locate_problem(body, np_dtype, per_line, count, path, first_line, lenient) or \
+        ValueError(f"read_mtx: {path!r}: cannot read the entries")
+
+
+def _lines(body: bytes) -> int:
+    """Lines of ``body`` that are not empty, counted at C speed and without a copy (a line
+    of spaces counts; so does one of a run of empty lines: ``count`` takes ``\\n\\n``
+    without overlaps, so such a file takes the walk)."""
+    if not body:
+        return 0
+    return (body.count(b"\n") + (not body.endswith(b"\n")) - body.count(b"\n\n")
+            - body.startswith(b"\n"))
 
 
 def _check_int64_range(out: np.ndarray, body: bytes, path: str, first_line: int) -> None:
@@ -339,8 +356,8 @@ def _check_int64_range(out: np.ndarray, body: bytes, path: str, first_line: int)
 
 
 def _locate_problem(body, np_dtype, per_line, count, path, first_line,
-                    lenient=False) -> ValueError:
-    """Error path only: walk the lines to name the first bad one."""
+                    lenient=False) -> ValueError | None:
+    """Error path only: walk the lines to name the first bad one (None: none is)."""
     kind = "integers" if np_dtype == np.int64 and not lenient else "numbers"
     seen = 0
     allowed = (per_line, per_line + 1) if lenient else (per_line,)
@@ -368,6 +385,8 @@ def _locate_problem(body, np_dtype, per_line, count, path, first_line,
             return ValueError(f"{where}: cannot read {line[:60]!r} as {per_line} {kind}; fix "
                               "or remove that line")
         seen += 1
+    if seen == count:
+        return None   # (every line well formed)
     what = "values" if per_line == 1 else "entry lines"
     return ValueError(f"read_mtx: {path!r} has {seen} {what} but its size line promises "
                       f"{count}; the file is truncated or the size line is wrong")
