@@ -396,3 +396,22 @@ def test_step_calls_the_closure_on_update_steps_too():
             assert rigl.last_update["weight"][1] > 0
             assert not torch.equal(before, rigl.masks["weight"])
     assert calls == [0, 1, 2, 3]
+
+
+def test_an_update_step_without_a_gradient_changes_nothing():
+    """Every layer's gradient is checked before any mask or weight changes (found by the
+    fuzzer: the first layer was already dropped and grown when the second raised, and the
+    step count stayed, so a retry updated it twice)."""
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    trainer = st.train.RigL(model, opt, density=0.3, delta_t=1, total_steps=10)
+    model(torch.randn(4, 12)).sum().backward()
+    model[2].weight.grad = None
+    before = [p.detach().clone() for p in model.parameters()]
+    active = {n: a.clone() for n, a in trainer.state_dict()["active"].items()}
+    with pytest.raises(RuntimeError, match="2.weight has no gradient"):
+        trainer.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert all(torch.equal(active[n], a) for n, a in trainer.state_dict()["active"].items())
+    assert trainer.step_count == 0 and not opt.state

@@ -196,6 +196,13 @@ class SparseTrainer:
         if update and self.skips_optimizer_on_update and closure is not None:
             with torch.enable_grad():   # the update scores the gradient the closure computes
                 loss = closure()
+        if update and self.grows and self.uses_gradient:   # (before anything changes)
+            missing = [n for n, layer in self.layers.items() if not layer.has_grad()]
+            if missing:
+                raise RuntimeError(f"{type(self).__name__}: {', '.join(missing)} "
+                                   f"{'has' if len(missing) == 1 else 'have'} no gradient at "
+                                   f"update step {t}; call loss.backward() before step() "
+                                   "(nothing was changed)")
         self._before_optimizer_step()
         if not (update and self.skips_optimizer_on_update):
             for layer in self.layers.values():
@@ -226,9 +233,6 @@ class SparseTrainer:
         for name, layer in self.layers.items():
             k = self._drop_count(layer, t)
             score = self._grow_score(layer) if self.grows else None
-            if score is not None and self.uses_gradient and not layer.has_grad():
-                raise RuntimeError(f"{type(self).__name__}: {name} has no gradient at update "
-                                   f"step {t}; call loss.backward() before step()")
             ch = drop_and_grow(layer.active(), layer.values(), k, layer.shape2d, score,
                                self.generator, self.noise_std)
             layer.apply(ch, self.optimizer)
