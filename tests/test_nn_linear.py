@@ -158,6 +158,16 @@ def test_state_dict_round_trip_across_patterns():
     bad["crd1"] = bad["crd1"] + 100
     with pytest.raises(RuntimeError, match="valid csr pattern"):
         SparseLinear(8, 6, density=0.5).load_state_dict(bad)
+    # ... and leaves the layer as it was (found by the fuzzer: the bad arrays were copied in
+    # before the check, and the layer then ran them), of the same pattern size or another
+    for bad_crd in (state["crd1"].flip(0), state["crd1"][:-1]):
+        bad = {**state, "crd1": bad_crd, "values": 2 * state["values"][:bad_crd.numel()]}
+        d = SparseLinear(8, 6, density=0.5, generator=gen(2))
+        kept, y = copy.deepcopy(d.state_dict()), d(x)
+        with pytest.raises(RuntimeError, match="nothing of this layer was loaded"):
+            d.load_state_dict(bad)
+        assert all(torch.equal(v, kept[k]) for k, v in d.state_dict().items())
+        torch.testing.assert_close(d(x), y)
 
 
 def test_optimizer_steps_and_dtype_and_compile():

@@ -350,8 +350,23 @@ class SparseLinear(nn.Module):
     # -- state_dict of another pattern --------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
+        # The pattern it describes is checked first: nothing is copied from an invalid one
+        # (the layer would run it: the kernels trust a layer's own arrays).
+        arrays = {name: state_dict.get(prefix + name, self._buffers.get(name))
+                  for name in self._array_names}
+        values = state_dict.get(prefix + "values", self.values)
+        if all(isinstance(t, torch.Tensor) for t in (values, *arrays.values())):
+            try:
+                SparseTensor.from_levels(self._shape(), self._format,
+                                         {k: v.detach() for k, v in arrays.items()},
+                                         values.detach(), check=True)
+            except (ValueError, TypeError) as e:
+                error_msgs.append(f"SparseLinear {prefix!r}: the loaded pattern is not a valid "
+                                  f"{self._format.name} pattern of shape {self._shape()}: {e} "
+                                  "(nothing of this layer was loaded)")
+                return
         # A state of another pattern stores other entry counts: take its sizes (and index
-        # dtype) first, so the copies below fit, then check the pattern it describes.
+        # dtype) first, so the copies below fit.
         for name in (*self._array_names, "values"):
             incoming = state_dict.get(prefix + name)
             current = self._buffers.get(name) if name != "values" else self.values
@@ -364,12 +379,6 @@ class SparseLinear(nn.Module):
                 setattr(self, name, incoming.new_empty(incoming.shape).to(current.device))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
                                       missing_keys, unexpected_keys, error_msgs)
-        try:
-            SparseTensor.from_levels(self._shape(), self._format, self._arrays(),
-                                     self.values.detach(), check=True)
-        except (ValueError, TypeError) as e:
-            error_msgs.append(f"SparseLinear {prefix!r}: the loaded pattern is not a valid "
-                              f"{self._format.name} pattern of shape {self._shape()}: {e}")
         self.__dict__.pop("_cached_weight", None)
 
     def __getstate__(self):
