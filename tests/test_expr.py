@@ -254,6 +254,17 @@ def test_unary_and_scaling(f):
         check_against_dense(lambda a: a / 2, [A], kind=k, same_pattern_as=pat)
 
 
+def test_division_by_zero_divides_the_stored_values_like_torch_sparse():
+    """(ZeroDivisionError before; found by a fuzzer.) The pattern stays, as torch.sparse
+    keeps it: stored values over zero, signed by the zero."""
+    A = st.tensor(torch.tensor([[1.0, 0.0], [-2.0, 0.0]], dtype=F64), "csr")
+    inf = float("inf")
+    assert (A / 0).values.tolist() == [inf, -inf]
+    assert (A / -0.0).values.tolist() == [-inf, inf]
+    assert (st.lazy(A) / 0).eval().values.tolist() == [inf, -inf]
+    assert (A / 0).values.tolist() == (A.to_torch().to_sparse_coo() / 0).coalesce().values().tolist()
+
+
 def test_sqrt_of_negative_values_is_nan_like_torch():
     a = torch.tensor([[4.0, 0.0, -1.0], [0.0, 9.0, 0.0]], dtype=F64)
     A = st.tensor(a, "csr")

@@ -7,6 +7,8 @@ gives a dense result; otherwise the result is sparse in the inferred format.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..compiler.notation import UNARY, Access, Add, Assignment, Expr, Mul, Scale, Unary
@@ -97,7 +99,8 @@ class LazyExpr:
     def __truediv__(self, other):
         if not isinstance(other, (int, float)):
             raise TypeError("only division by a scalar is supported")
-        out = self * (1.0 / other)
+        # (by zero: the stored values times +-inf, as torch.sparse divides its values)
+        out = self * (1.0 / other if other else math.copysign(math.inf, other))
         out.floats = True   # true division, as torch's: floats even for an int divisor
         return out
 
