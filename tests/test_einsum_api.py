@@ -46,6 +46,14 @@ def test_errors():
         st.einsum("ijk,j->i", A, torch.ones(4, dtype=F64))          # order mismatch
     with pytest.raises(TypeError):
         st.einsum("ij,jk->ik", A, b.to_sparse())                    # raw torch.sparse
+    # (found by a fuzzer: AttributeError, an unpacking error, 'int' is not iterable)
+    for equation in (None, b"ij,jk->ik"):
+        with pytest.raises(TypeError, match="must be a string"):
+            st.einsum(equation, A, B)
+    with pytest.raises(ValueError, match="more than one '->'"):
+        st.einsum("ij,jk->ik->i", A, torch.ones(4, 2, dtype=F64))
+    with pytest.raises(TypeError, match="out_format must be"):
+        st.einsum("ij,jk->ik", A, B, out_format=5)
 
 
 def test_non_tensor_operand_is_a_type_error():

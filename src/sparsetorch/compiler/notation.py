@@ -250,12 +250,18 @@ def parse_einsum(equation: str, ndims) -> Assignment:
         >>> str(parse_einsum("...ij,jk", [3, 2]))
         'out[A,i,k] = sum_{j} T0[A,i,j] * T1[j,k]'
     """
+    if not isinstance(equation, str):
+        raise TypeError(f"einsum: the equation must be a string such as 'ij,jk->ik', got "
+                        f"{type(equation).__name__}")
     return _parse_cached(equation, tuple(ndims))
 
 
 def _parse(equation: str, ndims) -> Assignment:
     eq = equation.replace(" ", "")
     lhs, arrow, rhs = eq.partition("->")
+    if "->" in rhs:
+        raise ValueError(f"einsum: equation {equation!r} has more than one '->'; write "
+                         "inputs->output once")
     terms = lhs.split(",")
     if len(terms) != len(ndims):
         raise ValueError(f"einsum: equation {equation!r} names {len(terms)} operands but "

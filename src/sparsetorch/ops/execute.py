@@ -426,8 +426,12 @@ def _long_rows(t: SparseTensor) -> bool:
 
 
 def _fmt_key(out_format):
-    return out_format if (out_format is None or isinstance(out_format, (str, Format))) \
-        else tuple(out_format)
+    if out_format is None or isinstance(out_format, (str, Format)):
+        return out_format
+    if not isinstance(out_format, (list, tuple)):
+        raise TypeError(f"einsum: out_format must be a format name, a Format or a list of "
+                        f"levels, got {type(out_format).__name__}")
+    return tuple(out_format)
 
 
 def _compile_args(assignment, tensors, infos, dtype, out_format, static=()) -> tuple:

@@ -157,7 +157,7 @@ def _plan(equation: str, kinds: tuple, dense_result: bool, forced: bool):
     """``kinds``: per operand, None (dense) or the modes a sparse operand stores;
     ``forced``: ``out_format`` names dense (else the result is dense only when no stored
     index of a sparse operand is in it)."""
-    if "->" not in equation:
+    if equation.count("->") != 1:   # (implicit, or malformed: the parser says so)
         return None
     lhs, out = equation.replace(" ", "").split("->")
     terms = lhs.split(",")
