@@ -202,6 +202,21 @@ def test_gcn_bad_inputs():
         st.nn.GCNConv(5, 3, normalize="rw")
 
 
+@pytest.mark.parametrize("make", [st.nn.GCNConv, st.nn.SAGEConv, st.nn.GATConv])
+def test_bad_sizes_and_dtypes_name_the_problem(make):
+    """(Found by a fuzzer: torch's 'negative dimension' RuntimeError, a ZeroDivisionError
+    from the initialiser, a matmul dtype RuntimeError.)"""
+    name = make.__name__
+    for sizes in [(-1, 3), (5, 0), (5.5, 3)]:
+        with pytest.raises(ValueError, match=f"{name}: .*must be a positive int"):
+            make(*sizes)
+    conv = make(5, 3)
+    with pytest.raises(TypeError, match=f"{name}: x is torch.float64 but the layer's weights "
+                                        "are torch.float32"):
+        conv(features(), graph())
+    assert conv.double()(features(), graph()).dtype == F64
+
+
 def test_gcn_self_loops_follow_normalize_as_in_pyg():
     # PyG's GCNConv(normalize=False) adds no self loops; ours did with normalize=None
     e, x = graph(), features()

@@ -22,13 +22,22 @@ from ._common import member, outside_graph
 from .adjacency import AdjacencyCache, coordinates, normalized_adjacency
 
 
-def _check_x(x, in_features: int, what: str) -> None:
+def _check_x(x, in_features: int, what: str, dtype: torch.dtype) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what}: x must be a tensor or SparseTensor of node features, got "
                         f"{type(x).__name__}")
     if x.dim() != 2 or x.shape[1] != in_features:
         raise ValueError(f"{what}: x must be (num_nodes, in_features={in_features}), got "
                          f"shape {tuple(x.shape)}")
+    if x.dtype != dtype:
+        raise TypeError(f"{what}: x is {x.dtype} but the layer's weights are {dtype}; convert "
+                        f"one of them (x.to({dtype}) or layer.to({x.dtype}))")
+
+
+def _check_sizes(what: str, **sizes) -> None:
+    for name, n in sizes.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{what}: {name} must be a positive int, got {n!r}")
 
 
 def _propagate(A: SparseTensor, h: torch.Tensor, bias, activation=None) -> torch.Tensor:
@@ -175,6 +184,7 @@ class GCNConv(_Propagation):
                 bool(add_self_loops) != bool(self_loops):
             raise ValueError(f"GCNConv: add_self_loops={add_self_loops!r} and its alias "
                              f"self_loops={self_loops!r} disagree; give one of them")
+        _check_sizes("GCNConv", in_features=in_features, out_features=out_features)
         loops = add_self_loops if add_self_loops is not None else self_loops
         super().__init__(normalize, normalize is not None if loops is None else bool(loops),
                          cached)
@@ -185,9 +195,9 @@ class GCNConv(_Propagation):
         nn.init.xavier_uniform_(self.lin.weight)
 
     def forward(self, x, adj) -> torch.Tensor:
-        _check_x(x, self.in_features, "GCNConv")
-        A = self.adjacency(adj, x)
         weight, bias = member(member(self, "lin"), "weight"), member(self, "bias")
+        _check_x(x, self.in_features, "GCNConv", weight.dtype)
+        A = self.adjacency(adj, x)
         if isinstance(x, SparseTensor):
             return _propagate(A, _sparse_product(x, self._sparse_weights(weight)[0]), bias,
                               self.activation)
@@ -222,16 +232,17 @@ class SAGEConv(_Propagation):
                  root_weight: bool = True, bias: bool = True, cached: bool = True):
         if aggr not in ("mean", "sum"):
             raise ValueError(f"SAGEConv: aggr must be 'mean' or 'sum', got {aggr!r}")
+        _check_sizes("SAGEConv", in_features=in_features, out_features=out_features)
         super().__init__("mean" if aggr == "mean" else None, False, cached, degree="edges")
         self.in_features, self.out_features, self.aggr = in_features, out_features, aggr
         self.lin_l = nn.Linear(in_features, out_features, bias=bias)
         self.lin_r = nn.Linear(in_features, out_features, bias=False) if root_weight else None
 
     def forward(self, x, adj) -> torch.Tensor:
-        _check_x(x, self.in_features, "SAGEConv")
+        lin_l, lin_r = member(self, "lin_l"), member(self, "lin_r")
+        _check_x(x, self.in_features, "SAGEConv", member(lin_l, "weight").dtype)
         A = self.adjacency(adj, x)
         sparse = isinstance(x, SparseTensor)
-        lin_l, lin_r = member(self, "lin_l"), member(self, "lin_r")
         if not sparse and self.out_features > self.in_features:
             out = lin_l(A @ x)
             return out if lin_r is None else out + lin_r(x)
@@ -283,8 +294,8 @@ class GATConv(nn.Module):
                  concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
                  add_self_loops: bool = True, bias: bool = True, cached: bool = True):
         super().__init__()
-        if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
-            raise ValueError(f"GATConv: heads must be a positive int, got {heads!r}")
+        _check_sizes("GATConv", in_features=in_features, out_features=out_features,
+                     heads=heads)
         self.in_features, self.out_features, self.heads = in_features, out_features, heads
         self.concat, self.negative_slope, self.dropout = concat, negative_slope, dropout
         self.add_self_loops, self.cached = add_self_loops, cached
@@ -339,7 +350,7 @@ class GATConv(nn.Module):
     _eager_pattern = outside_graph(_pattern)
 
     def forward(self, x, adj) -> torch.Tensor:
-        _check_x(x, self.in_features, "GATConv")
+        _check_x(x, self.in_features, "GATConv", self.lin.weight.dtype)
         P, dst, src = self.pattern(adj, x)
         n, H, C = x.shape[0], self.heads, self.out_features
         h = (_sparse_product(x, self._sparse_weights(self.lin.weight)[0])
