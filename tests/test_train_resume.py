@@ -59,6 +59,34 @@ def test_load_checkpoint_errors(tmp_path):
     torch.save({"x": 1}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match="not written"):
         st.train.load_checkpoint(tmp_path / "other.pt", model=model, trainer=trainer)
+    torch.save(5, tmp_path / "five.pt")
+    with pytest.raises(ValueError, match="not written"):
+        st.train.load_checkpoint(tmp_path / "five.pt", model=model, trainer=trainer)
+    run(model, opt, trainer, 4)
+    good = st.train.save_checkpoint(tmp_path / "good.pt", model=model, trainer=trainer)
+    for name, data in [("empty", b""), ("junk", b"garbage"), ("cut", good.read_bytes()[:200])]:
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError, match="not a readable checkpoint"):
+            st.train.load_checkpoint(tmp_path / name, model=model, trainer=trainer)
+
+
+def test_a_checkpoint_that_does_not_fit_changes_nothing(tmp_path):
+    """All or nothing (found by a fuzzer: the trainer's step, masks and optimizer state were
+    loaded, then the model's mismatched weights raised)."""
+    model, opt, trainer = make("RigL", 0)
+    run(model, opt, trainer, 4)
+    path = st.train.save_checkpoint(tmp_path / "c.pt", model=model, trainer=trainer)
+    torch.manual_seed(1)
+    other = nn.Sequential(nn.Linear(10, 24), nn.ReLU(), nn.Dropout(0.2), nn.Linear(24, 5))
+    opt2 = torch.optim.Adam(other.parameters(), lr=1e-2)
+    trainer2 = st.train.RigL(other, opt2, density=0.3, delta_t=3, total_steps=24, seed=5)
+    weights = {k: v.clone() for k, v in other.state_dict().items()}
+    masks = {n: m.clone() for n, m in trainer2.masks.items()}
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        st.train.load_checkpoint(path, model=other, trainer=trainer2)
+    assert all(torch.equal(v, weights[k]) for k, v in other.state_dict().items())
+    assert all(torch.equal(m, masks[n]) for n, m in trainer2.masks.items())
+    assert trainer2.step_count == 0 and not opt2.state
 
 
 def test_model_then_trainer_load_order_resumes_truly_sparse_bit_for_bit():

@@ -6,6 +6,7 @@ any picklable extras (epoch, data-order generator state, ...). Out: the same, re
 """
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 from pathlib import Path
@@ -47,16 +48,34 @@ def save_checkpoint(path, *, model: torch.nn.Module, trainer, **extra) -> Path:
 def load_checkpoint(path, *, model: torch.nn.Module, trainer) -> dict:
     """Restore what ``save_checkpoint`` wrote into ``model`` and ``trainer`` (the trainer
     first, so truly sparse layers get their saved patterns before their values); returns the
-    extras. Also restores torch's global CPU RNG state (dropout, shuffling by default)."""
+    extras. Also restores torch's global CPU RNG state (dropout, shuffling by default).
+
+    All or nothing: a checkpoint that does not fit (another architecture, a damaged file)
+    raises with ``model`` and ``trainer`` as they were. The file is unpickled in full
+    (``weights_only=False``: it holds generator states and extras), so load only
+    checkpoints you trust."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"load_checkpoint: {path} does not exist")
-    blob = torch.load(path, map_location="cpu", weights_only=False)
-    missing = {"model", "trainer", "torch_rng"} - set(blob)
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:   # (pickle, zip and I/O errors of a damaged file)
+        raise ValueError(f"load_checkpoint: {path} is not a readable checkpoint "
+                         f"({type(e).__name__}: {e}); was it written completely by "
+                         "st.train.save_checkpoint?") from e
+    missing = {"model", "trainer", "torch_rng"} - set(blob) if isinstance(blob, dict) else \
+        {"model", "trainer", "torch_rng"}
     if missing:
         raise ValueError(f"load_checkpoint: {path} lacks {sorted(missing)}; it was not written "
                          "by st.train.save_checkpoint")
-    trainer.load_state_dict(blob["trainer"])
-    model.load_state_dict(blob["model"])
-    torch.set_rng_state(blob["torch_rng"])
-    return blob["extra"]
+    kept_model = {k: v.clone() for k, v in model.state_dict().items()}
+    kept_trainer = copy.deepcopy(trainer.state_dict())
+    try:
+        trainer.load_state_dict(blob["trainer"])
+        model.load_state_dict(blob["model"])
+        torch.set_rng_state(blob["torch_rng"])
+    except Exception:
+        trainer.load_state_dict(kept_trainer)
+        model.load_state_dict(kept_model)
+        raise
+    return blob.get("extra", {})
