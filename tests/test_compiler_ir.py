@@ -16,7 +16,7 @@ from sparsetorch.codegen.c import render_c
 from sparsetorch.codegen.kernel import compile_kernel
 from sparsetorch.compiler import OperandInfo, parse_einsum
 from sparsetorch.compiler.ir import (Assign, Bin, Block, Decl, For, Function, If, IRError, Lit,
-                                     Load, Param, Sym, block, dump, verify)
+                                     Load, Param, Sym, block, dump, statements, verify)
 from sparsetorch.compiler.output import infer_output
 from sparsetorch.compiler.schedule import schedule
 from sparsetorch.formats.format import as_format
@@ -144,6 +144,68 @@ def test_generated_c_uses_64_bit_loops_and_stored_index_width():
     assert "const int32_t* restrict t0_pos1" in src and "const int32_t* restrict t0_crd1" in src
     assert not re.search(r"for \(int32_t|for \(int ", src)    # GCC's vectoriser trap
     assert "#pragma omp parallel num_threads(nt)" in src    # rows split across threads
+
+
+def _evaluate(e, arrays: dict, dims: dict) -> int:
+    """An index expression of the IR on concrete arrays and extents."""
+    if isinstance(e, Lit):
+        return e.value
+    if isinstance(e, Sym):
+        return dims[e.name]
+    if isinstance(e, Load):
+        return int(arrays[e.array][_evaluate(e.index, arrays, dims)])
+    a, b = _evaluate(e.a, arrays, dims), _evaluate(e.b, arrays, dims)
+    return {"+": a + b, "-": a - b, "*": a * b}[e.op]
+
+
+@pytest.mark.parametrize("fmt", [
+    "csr", "csc", "dcsr", "coo", CSF201, st.Format((st.dense, st.compressed, st.compressed)),
+    st.Format((st.dense, st.dense, st.compressed)),
+    st.Format((st.compressed, st.dense, st.compressed), mode_order=(1, 0, 2))])
+def test_loops_over_stored_entries_know_how_many_there_are(fmt):
+    """Each loop over stored positions carries its level's entry count (the bound for reads
+    ahead of the loop: prefetches); evaluated on a tensor, it is the coordinate array's
+    length, for every level kind above it."""
+    ndim = 3 if isinstance(fmt, st.Format) else 2
+    g = torch.Generator().manual_seed(0)
+    d = torch.rand((3, 4, 5)[:ndim], generator=g) * (torch.rand((3, 4, 5)[:ndim], generator=g)
+                                                      < 0.3)
+    d[-1, -1] = 1.0   # the last row of the last slice stores an entry
+    eq = ("ijl,jk->ik" if ndim == 3 else "ij,jk->ik")
+    a = parse_einsum(eq, [ndim, 2])
+    k = compile_kernel(a, (info(fmt, ndim), DENSE2), "float32", ("int32", "int64"))
+    A = st.tensor(d, format=k.schedule.formats[0])   # (as the kernel reads it)
+    arrays = {f"t0_{name}": v for name, v in A.arrays.items()}
+    dims = dict(zip("ijl" if ndim == 3 else "ij", A.shape), n_k=7)
+    dims = {f"n_{v}": n for v, n in dims.items()} | dims
+    seen = 0
+    for fn in k.functions:
+        for s in statements(fn.body):
+            if isinstance(s, For) and s.entries is not None:
+                first = s.body.stmts[0]
+                assert isinstance(first, Decl) and first.init.array.startswith("t0_crd")
+                assert _evaluate(s.entries, arrays, dims) == len(arrays[first.init.array])
+                seen += 1
+    assert seen
+
+
+def test_wide_spmm_prefetches_rows_ahead_inside_the_coordinates():
+    """SpMM over more columns than a paired loop holds prefetches the dense row of the entry
+    ``PREFETCH_AHEAD`` on, guarded by the column array's length; results stay exact up to
+    the last entry (rows ending at the array's end, one entry, none)."""
+    a = parse_einsum("ij,jk->ik", [2, 2])
+    k = compile_kernel(a, (info("csr"), DENSE2), "float32", ("int32", "int64"))
+    assert re.search(r"if \(ahead_v\d+ < t0_pos1\[n_i\]\)", k.source)
+    assert "__builtin_prefetch(&t1_vals[" in k.source
+    g = torch.Generator().manual_seed(1)
+    for rows, nnz in ((40, 200), (3, 1), (5, 0), (2, 40)):
+        d = torch.zeros(rows, 20)
+        flat = torch.randperm(rows * 20, generator=g)[:nnz]
+        d.view(-1)[flat] = torch.rand(nnz, generator=g) + 0.5
+        for n in (33, 64, 100):
+            x = torch.randn(20, n, generator=g)
+            got = st.einsum("ij,jk->ik", st.tensor(d, format="csr"), x)
+            torch.testing.assert_close(got, d @ x)
 
 
 # -- notation ----------------------------------------------------------------------------------

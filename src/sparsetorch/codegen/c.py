@@ -397,7 +397,8 @@ class _CRenderer:
         step = f"{s.var}++" if s.step == 1 else f"{s.var} += {s.step}"
         head = (f"{pad}for (int64_t {s.var} = {self.expr(s.start)}; {s.var} < "
                 f"{self.expr(s.end)}; {step}) {{")
-        body = [*self.stmt(s.body, pad + "  "), f"{pad}}}"]
+        ahead = self.vec.prefetches(s.body, s.entries, pad + "  ") if self.vec else []
+        body = [*ahead, *self.stmt(s.body, pad + "  "), f"{pad}}}"]
         if s.reduction and s.parallel is None:
             # A vectorised sum pays a horizontal add and masked tails per loop; short loops
             # (graph rows of a few nonzeros) run faster scalar, so version on trip count.

@@ -38,7 +38,7 @@ statements and expressions in ``vector_body.py``; this file shapes the loops aro
 from __future__ import annotations
 
 from ..compiler.ir import (Assign, Bin, Decl, For, Lit, Load, Sym, arrays_read,
-                           names_read, rewrite, statements)
+                           names_read, rewrite, statements, substitute)
 from .lanes import SHAPES, Lanes, NeedIndexLanes, Unsupported, full_lanes
 from .vector_body import ACC, LANE0, MASK, REG, Body, V
 
@@ -74,6 +74,17 @@ TILE_SUM_CHAINS = 4
 # Sapphire Rapids, 2 threads, a 2048 x 2048 CSR of 10% times 8 / 16 / 32 columns: 1.75x /
 # 1.55x / 1.07x; with four registers (64 columns) it ran 15% slower, so those stay alone.
 PAIRED_REGISTERS = 2
+# A loop over stored entries that adds rows of a dense operand into a register tile wider
+# than ``PAIRED_REGISTERS`` registers (SpMM with over 32 float32 columns) prefetches the row
+# of the entry this many positions on (``prefetches``): the rows are random reads, one per
+# entry, and a graph row's few entries give the hardware prefetcher no stride to follow.
+# Generated SpMM with and without, one process, rotated order (AMD Zen 4, 2 threads): a
+# random 200k-node graph of 2M edges 1.06x at 64 columns, 1.07-1.12x at 128; PubMed
+# 1.12-1.18x at 64; Cora 1.03-1.06x at 64; at 256 columns 0.93-1.05x. Paired loops (up to
+# 32 columns: one or two registers, an FMA or two per entry) do without: there the extra
+# instructions cost more than the misses (Cora and PubMed at 7-32 columns 0.79-0.91x).
+# 8 positions gained less on the large graph than 16; 32 was no better.
+PREFETCH_AHEAD = 16
 
 
 class VectorLoops:
@@ -233,6 +244,44 @@ class VectorLoops:
         finally:
             self.unpaired = False
         return [*out, f"{pad}}} else {{", *alone, f"{pad}}}"]
+
+    def prefetches(self, body, entries, pad: str) -> list[str]:
+        """For a loop body over stored entries that starts ``j = crd[p]`` and adds a dense
+        operand's row at ``j`` into a register tile: C that prefetches that row's first
+        lane for the entry ``PREFETCH_AHEAD`` positions on, if that position is below
+        ``entries`` (the coordinate array's length, from ``For.entries``; None: nothing).
+        Empty for any other body. The read of ``crd`` ahead never leaves the array; the
+        prefetch itself cannot fault."""
+        first = body.stmts[0] if body.stmts else None
+        if entries is None or not (isinstance(first, Decl) and first.ctype == "idx" and
+                                   isinstance(first.init, Load)):
+            return []
+        coord, ahead = first.name, self.fresh("ahead")
+        inside = {d.name for d in statements(body) if isinstance(d, Decl)} | \
+            {f.var for f in statements(body) if isinstance(f, For)}
+        rows = set()
+        for loop in body.stmts[1:]:
+            if not (isinstance(loop, For) and loop.simd):
+                continue
+            lane = {Sym(loop.var): Lit(0)}   # (and the lane's indices, in its terms)
+            for d in loop.body.stmts:
+                if isinstance(d, Decl) and d.ctype == "idx" and d.init is not None:
+                    lane[Sym(d.name)] = substitute(d.init, lane)
+            for load in _loads(loop.body):
+                index = substitute(load.index, lane)
+                reads = names_read(index)
+                if coord in reads and not reads & (inside - {coord}) and \
+                        load.array not in self.tiles:
+                    at = substitute(index, {Sym(coord): Load(first.init.array, Sym(ahead))})
+                    rows.add(Load(load.array, at))
+        if not rows:
+            return []
+        at = self.scalar.expr(Bin("+", first.init.index, Lit(PREFETCH_AHEAD)))
+        return [f"{pad}{{ const int64_t {ahead} = {at};",
+                f"{pad}  if ({ahead} < {self.scalar.expr(entries)}) {{",
+                *(f"{pad}    __builtin_prefetch(&{self.scalar.expr(row)});"
+                  for row in sorted(rows, key=repr)),
+                f"{pad}  }}", f"{pad}}}"]
 
     # -- sums ----------------------------------------------------------------------------
     def sum_loop(self, s: For, pad: str) -> list[str]:
@@ -446,6 +495,18 @@ def _tile_of(node, tiles):
                     walk(c)
     walk(node)
     return found.pop() if len(found) == 1 else None
+
+
+def _loads(node) -> set:
+    """The array elements ``node`` reads or writes (``Load`` nodes)."""
+    found = set()
+
+    def visit(n):
+        if isinstance(n, Load):
+            found.add(n)
+        return n
+    rewrite(node, visit)
+    return found
 
 
 def _declares(text: list[str]) -> bool:

@@ -105,7 +105,10 @@ class For(Node):
     names a scalar the iterations sum into (lets the renderer reassociate that sum), or a
     tuple of scalars when the loop computes several sums side by side (``jam_sums``).
     ``combine="max"`` makes ``reduction`` a maximum instead: the body updates it as
-    ``m = (v > m ? v : m)`` (``max_update``), which the renderers may regroup too."""
+    ``m = (v > m ? v : m)`` (``max_update``), which the renderers may regroup too.
+    ``entries``, on a loop over stored positions, is how many positions its level stores
+    (its coordinate array's length): renderers may read coordinates ahead of the loop, up to
+    there (prefetches); None where not known."""
 
     var: str
     start: Node
@@ -116,6 +119,7 @@ class For(Node):
     simd: bool = False
     reduction: str | tuple | None = None
     combine: str = "+"
+    entries: Node | None = None
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,8 @@ def verify(fn: Function) -> None:
                 expr(s.target, scope)
             elif isinstance(s, For):
                 expr(s.start, scope), expr(s.end, scope)
+                if s.entries is not None:
+                    expr(s.entries, scope)
                 private = WORKSPACE_NAMES.get(s.parallel.workspace, ()) if s.parallel else ()
                 if s.parallel and s.parallel.weights:
                     private = (*private, RANGE_END)

@@ -80,6 +80,20 @@ class LevelCode:
             lo, hi = Cond(flag, lo, Lit(0)), Cond(flag, hi, Lit(0))
         return lo, hi
 
+    def entries(self):
+        """How many positions this level stores (its coordinate array's length), as IR:
+        ``t0_pos1[n_i]`` for CSR's columns."""
+        fmt, vars_ = self.lowerer.plan.formats[self.n], self.lowerer.levels[self.n]
+        count = None   # positions of the level above; None: the root's one
+        for k in range(self.k + 1):
+            level = fmt.levels[k]
+            if isinstance(level, Dense):
+                count = dim(vars_[k]) if count is None else Bin("*", count, dim(vars_[k]))
+            elif isinstance(level, Compressed):
+                count = Load(arr(self.n, f"pos{k}"), Lit(1) if count is None else count)
+            # (a singleton level stores one coordinate per position of its parent)
+        return count
+
     def coord(self, p):
         return Load(arr(self.n, f"crd{self.k}"), p)
 

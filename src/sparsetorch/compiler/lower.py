@@ -390,7 +390,7 @@ class _Lowerer(Assembly):
         if depth == 0:
             self.outer_extent = ("level", n)
         return bits + [For(p, lo, hi, block(body), self.parallel(depth, v, sparse=True),
-                           reduction=self.vector_sum(depth, st))]
+                           reduction=self.vector_sum(depth, st), entries=c.entries())]
 
     def vector_sum(self, depth, st):
         """The innermost loop of a scalar reduction may reassociate its sum (SIMD)."""
