@@ -288,6 +288,11 @@ def test_blocksize_misuse():
         st.tensor(X, format="csr", blocksize=(1, 1))
     with pytest.raises(ValueError, match=r"blocksize \(0, 1\) needs one positive size per mode"):
         st.tensor(X, format="bsr", blocksize=(0, 1))
+    for bad in ((1.5, 2), (True, 1), "22", 2.0):
+        with pytest.raises(TypeError, match=r"blocksize must be an int or a tuple of ints"):
+            st.tensor(torch.ones(4, 4), format="bsr", blocksize=bad)
+    # an int is the same block size along every mode (as the layers take it)
+    assert st.tensor(torch.ones(4, 4), format="bsr", blocksize=2).format.blocksize == (2, 2)
 
 
 @pytest.mark.parametrize("name", ["foo", "CSX", "", 3])
@@ -322,6 +327,33 @@ def test_unsupported_inputs():
         st.tensor([[0, 1]])
     with pytest.raises(ValueError, match=r"only 2-D, non-hybrid torch torch.sparse_csr"):
         st.tensor(torch.ones(2, 2, 2).to_sparse_csr(), format="csf")
+
+
+def test_meta_tensors_rejected():
+    with pytest.raises(ValueError, match=r"data is a meta tensor, which has no values"):
+        st.tensor(torch.empty(3, 3, device="meta"), format="csr")
+
+
+@pytest.mark.parametrize("kind", ["dok", "lil", "dia"])
+def test_scipy_formats_without_a_value_array_convert(kind):
+    m = sp.random(5, 6, density=0.4, format="csr", random_state=1)
+    got = st.tensor(m.asformat(kind), format="csr")
+    assert torch.equal(got.to_dense(), torch.from_numpy(m.toarray()))
+
+
+def test_linear_and_addmm_check_what_they_add():
+    A = st.tensor(torch.rand(4, 4), format="csr")
+    with pytest.raises(ValueError, match=r"linear: bias of shape \(3,\) does not broadcast to "
+                                         r"the product's shape \(2, 4\)"):
+        torch.nn.functional.linear(torch.rand(2, 4), A, torch.rand(3))
+    with pytest.raises(ValueError, match=r"addmm: input of shape \(3,\) does not broadcast"):
+        torch.addmm(torch.rand(3), A, torch.rand(4, 2))
+    with pytest.raises(ValueError, match=r"addmm: input of shape \(2, 4, 2\)"):
+        torch.addmm(torch.rand(2, 4, 2), A, torch.rand(4, 2))   # (would grow the result)
+    x, b = torch.rand(2, 4), torch.rand(4)
+    torch.testing.assert_close(torch.nn.functional.linear(x, A, b), x @ A.to_dense().T + b)
+    c, y = torch.rand(4, 1), torch.rand(4, 2)     # (broadcasts: passes)
+    torch.testing.assert_close(torch.addmm(c, A, y), c + A.to_dense() @ y)
 
 
 def test_hybrid_torch_coo_rejected():

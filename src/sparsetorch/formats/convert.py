@@ -78,6 +78,9 @@ def _from_any(data, format, shape, blocksize, index_dtype) -> SparseTensor:
                         "pass a torch.Tensor, numpy array, scipy.sparse matrix, torch.sparse "
                         "tensor or an (indices, values) pair")
     _check_shape_kw(data.shape, shape)
+    if data.device.type == "meta":
+        raise ValueError("st.tensor: data is a meta tensor, which has no values to store; "
+                         "pass a tensor with data (build it on the cpu or a gpu)")
     data = data.detach()
     if data.layout == torch.sparse_coo:
         if data.dense_dim() or data._values().dim() != 1:
@@ -214,6 +217,8 @@ def _from_torch_compressed(x, format, blocksize, index_dtype) -> SparseTensor:
 
 def _from_scipy(m, format, blocksize, index_dtype) -> SparseTensor:
     name = "st.tensor(scipy matrix)"
+    if m.format not in ("csr", "csc", "bsr", "coo"):   # dok, lil, dia: no flat value array
+        m = m.tocoo()
     data = torch.from_numpy(np.ascontiguousarray(m.data))
     check_value_dtype(data, name)
     kind = m.format

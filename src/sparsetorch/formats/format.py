@@ -9,6 +9,7 @@ BSR is therefore ``(dense, compressed, dense, dense)`` over ``(M/r, N/c, r, c)``
 from __future__ import annotations
 
 import functools
+import operator
 
 from dataclasses import dataclass
 from functools import cached_property
@@ -50,7 +51,7 @@ class Format:
                              f"0..{order - 1}")
         object.__setattr__(self, "mode_order", mode_order)
         if self.blocksize is not None:
-            bs = tuple(int(b) for b in self.blocksize)
+            bs = block_sizes(self.blocksize, order)
             if len(levels) % 2 or len(bs) != order or min(bs, default=1) < 1:
                 raise ValueError(f"blocksize {self.blocksize} needs one positive size per mode "
                                  f"and twice as many levels as modes")
@@ -157,18 +158,43 @@ _NAMED = {"csr": _csr, "csc": _csc, "dcsr": _dcsr, "dcsc": _dcsc, "coo": _coo,
 FORMAT_NAMES = tuple(_NAMED)
 
 
+def block_sizes(blocksize, ndim: int) -> tuple[int, ...]:
+    """``blocksize`` as a tuple of ints, one per mode: an int is the same size for every
+    mode; a float or anything else that is not an integer is a ``TypeError``.
+
+    Example:
+        >>> block_sizes(2, 2), block_sizes((2, 3), 2)
+        ((2, 2), (2, 3))
+    """
+    try:
+        if isinstance(blocksize, bool):
+            raise TypeError
+        if not hasattr(blocksize, "__iter__"):
+            return (operator.index(blocksize),) * ndim
+        sizes = tuple(blocksize)
+        if any(isinstance(b, bool) for b in sizes):
+            raise TypeError
+        return tuple(operator.index(b) for b in sizes)
+    except TypeError:
+        raise TypeError(f"blocksize must be an int or a tuple of ints (one per mode), e.g. "
+                        f"(2, 2); got {blocksize!r}") from None
+
+
 def as_format(fmt, ndim: int, blocksize=None) -> Format:
-    """Resolve a format name or ``Format`` for a tensor of order ``ndim``.
+    """Resolve a format name or ``Format`` for a tensor of order ``ndim``; ``blocksize``:
+    see ``block_sizes``.
 
     Example:
         >>> as_format("csr", 2).levels
         (Dense(unique=True, ordered=True), Compressed(unique=True, ordered=True))
     """
+    if blocksize is not None:
+        blocksize = block_sizes(blocksize, ndim)
     if isinstance(fmt, Format):
         if fmt.ndim != ndim:
             raise ValueError(f"format {fmt.name!r} stores {fmt.ndim}-D tensors, but the "
                              f"tensor is {ndim}-D")
-        if blocksize is not None and tuple(blocksize) != fmt.blocksize:
+        if blocksize is not None and blocksize != fmt.blocksize:
             raise ValueError(f"blocksize={blocksize} conflicts with the format's "
                              f"blocksize {fmt.blocksize}")
         return fmt
@@ -180,7 +206,7 @@ def as_format(fmt, ndim: int, blocksize=None) -> Format:
     name = fmt.lower()
     if blocksize is not None and name != "bsr":
         raise ValueError(f"blocksize is only meaningful for format 'bsr', not {name!r}")
-    return _named_format(name, ndim, None if blocksize is None else tuple(blocksize))
+    return _named_format(name, ndim, blocksize)
 
 
 @functools.lru_cache(maxsize=256)

@@ -24,6 +24,21 @@ def _check(x, what: str, n: int):
                         "SparseTensors")
 
 
+def _check_addend(x, result_shape, what: str, name: str):
+    """Raise unless ``x`` (added to a product of ``result_shape``) broadcasts to it: torch's
+    add would otherwise fail in its own terms, or broadcast the result to a larger shape."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what}: {name} is a {type(x).__name__}; pass a tensor")
+    try:
+        fits = torch.broadcast_shapes(x.shape, result_shape) == result_shape
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"{what}: {name} of shape {tuple(x.shape)} does not broadcast to the "
+                         f"product's shape {tuple(result_shape)}; pass one of shape "
+                         f"{tuple(result_shape)} or ({result_shape[-1]},)")
+
+
 def _formats(*xs) -> str:
     return ", ".join(sorted({x.format.name for x in xs if isinstance(x, SparseTensor)}))
 
@@ -127,6 +142,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
         out = out * alpha
     if beta == 0:   # (torch ignores input then, nan and inf included)
         return out
+    _check_addend(input, out.shape, "addmm", "input")
     return out + (input if beta == 1 else input * beta)
 
 
@@ -209,6 +225,7 @@ def linear(input, weight, bias=None):
             out = out.reshape(*lead, weight.shape[0])
     if bias is None:
         return out
+    _check_addend(bias, out.shape, "linear", "bias")
     if isinstance(out, SparseTensor):   # bias fills every row: the sum is dense by nature
         from .expr import lazy
 
