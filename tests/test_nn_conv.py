@@ -157,6 +157,8 @@ def test_bad_arguments_are_clear():
         SparseConv2d.from_dense(nn.Conv2d(4, 6, 1), sparsity=0.5, blocksize=(4, 1))
     with pytest.raises(ValueError, match="activation"):
         SparseConv2d(4, 4, activation="gelu")
+    with pytest.raises(TypeError, match="SparseConv2d: dtype=torch.int32 is not a floating"):
+        SparseConv2d(4, 4, density=0.5, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"input must be \(N, 4, H, W\)"):
         SparseConv2d(4, 4, density=1.0)(torch.randn(1, 3, 2, 2))
 

@@ -311,6 +311,9 @@ def test_bad_inputs_raise_clearly():
         SparseLinear(4, 3, density=1.5)
     with pytest.raises(ValueError, match="does not divide"):
         SparseLinear(4, 3, density=0.5, blocksize=2)
+    for dtype in (torch.int64, torch.bool, "float32"):
+        with pytest.raises(TypeError, match=f"SparseLinear: dtype={dtype} is not a floating"):
+            SparseLinear(4, 3, density=0.5, dtype=dtype)
     layer = SparseLinear(4, 3, density=0.5)
     with pytest.raises(ValueError, match="in_features=4"):
         layer(torch.randn(2, 5))
