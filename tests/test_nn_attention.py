@@ -216,6 +216,28 @@ def test_attention_bad_input():
         SparseAttention(8, 2, mask=torch.ones(5, 5))
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_attention_of_an_empty_batch_is_empty(training):
+    """A batch of 0 sequences (the last shard of a split, a filtered batch) gives 0 outputs
+    and a backward, as nn.MultiheadAttention does; it used to fail in a reshape."""
+    attn = SparseAttention(8, 2, mask=masks.sliding_window(5, 1)).train(training)
+    x = torch.randn(0, 5, 8, requires_grad=True)
+    out = attn(x)
+    assert out.shape == (0, 5, 8)
+    out.sum().backward()
+    assert x.grad.shape == x.shape
+
+
+def test_model_refuses_token_ids_outside_the_vocabulary():
+    model = _model().eval()
+    for bad, seen in (([[1, 12]], "from 1 to 12"), ([[-1, 2]], "from -1 to 2")):
+        with pytest.raises(ValueError, match=rf"token ids must lie in \[0, 12\) \(vocab_size\), "
+                                             rf"got ids {seen}"):
+            model(torch.tensor(bad))
+    assert model(torch.tensor([[0, 11] * 8])).shape == (1, 3)
+    assert model(torch.zeros(0, 16, dtype=torch.long)).shape == (0, 3)
+
+
 # -- model ---------------------------------------------------------------------------------
 def _model(**kw):
     return SparseTransformer(12, 3, embed_dim=16, num_heads=2, num_layers=2, ff_dim=32,

@@ -68,6 +68,13 @@ class SparseTransformer(nn.Module):
             got = f"{tokens.dtype} of shape {tuple(tokens.shape)}" \
                 if isinstance(tokens, torch.Tensor) else type(tokens).__name__
             raise TypeError(f"SparseTransformer: tokens must be integer ids (B, L), got {got}")
+        if tokens.numel() and not torch.compiler.is_compiling():
+            # (nn.Embedding's own error is an IndexError, a device assert on a GPU)
+            low, high = (int(t) for t in torch.aminmax(tokens))
+            if low < 0 or high >= self.embed.num_embeddings:
+                raise ValueError(f"SparseTransformer: token ids must lie in [0, "
+                                 f"{self.embed.num_embeddings}) (vocab_size), got ids from "
+                                 f"{low} to {high}; map them into the vocabulary")
         if tokens.shape[1] > self.max_len:
             raise ValueError(f"SparseTransformer: sequence length {tokens.shape[1]} exceeds "
                              f"max_len={self.max_len}; build the model with a larger max_len")

@@ -97,7 +97,8 @@ class SparseAttention(nn.Module):
             q, k, v = (F.linear(t, w_, b_) for t, w_, b_ in zip(
                 (q_in, k_in, v_in), w.chunk(3), b.chunk(3) if b is not None else (None,) * 3))
         # (B, L, H*d) -> (B*H*L, d): every (batch, head) is one diagonal block of A.
-        q, k, v = (t.reshape(B, -1, H, d).transpose(1, 2).reshape(-1, d) for t in (q, k, v))
+        q, k, v = (t.reshape(B, L, H, d).transpose(1, 2).reshape(-1, d)
+                   for t, L in ((q, Lq), (k, Lk), (v, Lk)))
         if self.training and self.dropout > 0:
             probs = torch.sparse.softmax(einsum("ij,ik,jk->ij", A, q, k), 1)
             probs = probs.with_values(F.dropout(probs.values, self.dropout))
