@@ -329,6 +329,20 @@ def test_bad_arguments_give_clear_errors():
         st.train.RigL(model, opt, layer_density={"x": 0.1}, total_steps=10)
     with pytest.raises(ValueError, match="delta_t"):
         st.train.RigL(model, opt, delta_t=0, total_steps=10)
+    for kw, exc, said in (
+            (dict(delta_t=1.5), TypeError, r"delta_t=1.5 must be an int"),
+            (dict(delta_t="10"), TypeError, r"delta_t='10' must be an int"),
+            (dict(t_end="x"), TypeError, r"t_end='x' must be an int"),
+            (dict(total_steps=2.5), TypeError, r"total_steps=2.5 must be an int"),
+            (dict(total_steps=0), ValueError, r"total_steps=0 must be an int >= 1"),
+            (dict(seed="s"), TypeError, r"seed='s' must be an int"),
+            (dict(alpha="a"), TypeError, r"alpha='a' must be a number \(the initial fraction"),
+            (dict(alpha=1.5), ValueError, r"alpha=1.5 must be in \[0.0, 1.0\]"),
+            (dict(noise_std=-1.0), ValueError, r"noise_std=-1.0 must be in"),
+            (dict(noise_std=float("inf")), ValueError, r"noise_std=inf must be in"),
+            (dict(layer_density=[0.5]), TypeError, r"layer_density must be a dict")):
+        with pytest.raises(exc, match=said):
+            st.train.RigL(model, opt, **{"total_steps": 10, **kw})
     with pytest.raises(ValueError, match="optimizer does not hold"):
         st.train.RigL(model, torch.optim.SGD(mlp().parameters(), lr=0.1), total_steps=10)
     with pytest.raises(TypeError, match="optimizer"):

@@ -9,6 +9,10 @@ Out: a trainer whose ``step()`` replaces ``optimizer.step()``. Algorithms (``alg
 """
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -57,18 +61,21 @@ class SparseTrainer:
         if grow_init not in GROW_INITS:
             raise ValueError(f"{cls}: grow_init={grow_init!r} is not supported; grown weights "
                              f"start at {GROW_INITS} (the paper's choice)")
-        for what, v in (("delta_t", delta_t),):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{cls}: {what}={v!r} must be a positive int")
-        if not 0.0 <= alpha <= 1.0:
-            raise ValueError(f"{cls}: alpha={alpha} must be in [0, 1] (the initial fraction "
-                             "of active weights dropped per update)")
+        _check_int(cls, "delta_t", delta_t, 1)
+        _check_int(cls, "seed", seed)
+        for what, v in (("t_end", t_end), ("total_steps", total_steps)):
+            if v is not None:
+                _check_int(cls, what, v, 0 if what == "t_end" else 1)
+        _check_real(cls, "alpha", alpha, 0.0, 1.0, "the initial fraction of active weights "
+                    "dropped per update")
+        _check_real(cls, "noise_std", noise_std, 0.0, math.inf, "the tie-breaking noise")
+        if layer_density is not None and not isinstance(layer_density, Mapping):
+            raise TypeError(f"{cls}: layer_density must be a dict of layer name -> density, "
+                            f"got {type(layer_density).__name__}")
         if t_end is None and needs_schedule:
             if total_steps is None:
                 raise ValueError(f"{cls}: give total_steps= (t_end defaults to 3/4 of it) "
                                  "or t_end= (the last step that updates masks)")
-            if total_steps < 1:
-                raise ValueError(f"{cls}: total_steps={total_steps} must be >= 1")
             t_end = int(0.75 * total_steps)
         self.model, self.optimizer = model, optimizer
         self.delta_t, self.alpha, self.t_end = delta_t, float(alpha), t_end
@@ -307,6 +314,22 @@ def _is_sparse_conv(module) -> bool:
 
 def _identity(t):
     return t
+
+
+def _check_int(cls, what, v, least=None) -> None:
+    """Raise unless ``v`` is an int (not a bool), at least ``least`` if given."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{cls}: {what}={v!r} must be an int")
+    if least is not None and v < least:
+        raise ValueError(f"{cls}: {what}={v!r} must be an int >= {least}")
+
+
+def _check_real(cls, what, v, low, high, meaning) -> None:
+    """Raise unless ``v`` is a finite real number (not a bool) in [low, high]."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{cls}: {what}={v!r} must be a number ({meaning})")
+    if not low <= v <= high or math.isinf(v):
+        raise ValueError(f"{cls}: {what}={v} must be in [{low}, {high}] ({meaning})")
 
 
 def _by_param_name(mapping, layers, cls, what):
