@@ -6,6 +6,8 @@ dims, disjoint and identical patterns).
 """
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -370,6 +372,31 @@ def test_operator_results_feed_further_operators():
                         structure=None, kind="sparse")
     check_against_dense(lambda a, b, c: st.relu(a - b) + st.abs(c), [A, B, C],
                         ref=lambda a, b, c: (a - b).relu() + c.abs(), kind="sparse")
+
+
+def test_expressions_built_in_long_loops_stay_correct_and_quick():
+    """A sum of hundreds of terms built in a loop, and hundreds of nested maps, evaluate
+    (in parts: ``expr._MAX_DEPTH`` / ``_MAX_OPERANDS``) to the dense result, gradients
+    included. A chain of 500 sums exceeded Python's recursion limit; 20 nested relus
+    (each repeated its argument's C text) did not compile in a minute."""
+    A, B = _three(("csr", "coo"), seed=15, integer=False)
+    a, b = A.to_dense(), B.to_dense()
+    total, ref = L(A), a
+    for k in range(300):
+        total, ref = total + L(B) * (k % 3), ref + b * (k % 3)
+    torch.testing.assert_close(total.eval().to_dense(), ref)
+    deep, ref = L(A), a
+    start = time.perf_counter()
+    for _ in range(150):
+        deep, ref = (deep * -1.25).relu() - L(B).abs(), (ref * -1.25).relu() - b.abs()
+    torch.testing.assert_close(deep.eval().to_dense(), ref)
+    assert time.perf_counter() - start < 60
+    x = torch.rand(4, 3, dtype=F64, requires_grad=True)
+    chain = L(x)
+    for _ in range(200):
+        chain = chain - L(x) * 0.25
+    chain.eval().sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 1 - 200 * 0.25))
 
 
 # -- errors ------------------------------------------------------------------------------------

@@ -17,10 +17,10 @@ from functools import lru_cache
 UNARY = {
     "neg": ("(-({x}))", lambda t: -t, True),
     "abs": ("{fabs}({x})", lambda t: t.abs(), True),
-    "relu": ("(({x}) > 0 ? ({x}) : 0)", lambda t: t.clamp_min(0), True),
+    "relu": ("st_relu({x})", lambda t: t.clamp_min(0), True),
     "exp": ("{exp}({x})", lambda t: t.exp(), False),
     "sqrt": ("{sqrt}({x})", lambda t: t.sqrt(), True),
-    "relu6": ("(({x}) < 0 ? 0 : (({x}) > 6 ? 6 : ({x})))", lambda t: t.clamp(0, 6), True),
+    "relu6": ("st_relu6({x})", lambda t: t.clamp(0, 6), True),
     "sigmoid": ("(1 / (1 + {exp}(-({x}))))", lambda t: t.sigmoid(), False),
 }
 

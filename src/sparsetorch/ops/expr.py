@@ -23,6 +23,12 @@ EXPR_MARK = "="
 FORMAT_MARK = "|"
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 _FLOAT_MAPS = ("sqrt", "exp")   # floats of integers, as torch.sqrt and torch.exp give
+# An expression this deep, or over this many operands, is evaluated before it grows on (a
+# sum built in a loop): the compiler walks trees recursively (a chain of 500 additions
+# exceeded Python's recursion limit), and a kernel's compile time grows with its operands
+# (0.26 s at 16, 1.4 s at 64 here).
+_MAX_DEPTH = 64
+_MAX_OPERANDS = 64
 
 
 def _remap(e: Expr, offset: int) -> Expr:
@@ -51,11 +57,13 @@ class LazyExpr:
                 [1., 6.]])
     """
 
-    def __init__(self, tree: Expr, operands: tuple, shape: tuple, floats: bool = False):
+    def __init__(self, tree: Expr, operands: tuple, shape: tuple, floats: bool = False,
+                 depth: int = 1):
         self.tree, self.operands, self.shape = tree, tuple(operands), tuple(shape)
         # whether the tree makes floats of integers (a Python float factor, true division,
         # sqrt, exp): ``eval`` promotes as torch would (``ops/promote.py``)
         self.floats = floats
+        self.depth = depth   # of ``tree``, counted as it is built (a walk would recurse)
 
     @property
     def vars(self) -> tuple[str, ...]:
@@ -64,14 +72,22 @@ class LazyExpr:
     def assignment(self) -> Assignment:
         return Assignment(self.vars, self.tree)
 
+    def _settled(self) -> LazyExpr:
+        """This expression, evaluated first if it is as deep or as wide as an expression
+        may grow (``_MAX_DEPTH``, ``_MAX_OPERANDS``)."""
+        if self.depth < _MAX_DEPTH and len(self.operands) < _MAX_OPERANDS:
+            return self
+        return lazy(self.eval())
+
     def _combine(self, other, make):
         other = lazy(other)
         if other.shape != self.shape:
             raise ValueError(f"elementwise operands must have equal shapes, got "
                              f"{self.shape} and {other.shape} (broadcasting is not supported)")
-        tree = make(self.tree, _remap(other.tree, len(self.operands)))
-        return LazyExpr(tree, self.operands + other.operands, self.shape,
-                        self.floats or other.floats)
+        a, b = self._settled(), other._settled()
+        tree = make(a.tree, _remap(b.tree, len(a.operands)))
+        return LazyExpr(tree, a.operands + b.operands, self.shape, a.floats or b.floats,
+                        max(a.depth, b.depth) + 2)   # (a subtraction adds a Scale too)
 
     def __add__(self, other):
         if isinstance(other, (int, float)) and other == 0:
@@ -90,8 +106,9 @@ class LazyExpr:
 
     def __mul__(self, other):
         if isinstance(other, (int, float)):
-            return LazyExpr(Scale(float(other), self.tree), self.operands, self.shape,
-                            self.floats or isinstance(other, float))
+            a = self._settled()
+            return LazyExpr(Scale(float(other), a.tree), a.operands, self.shape,
+                            a.floats or isinstance(other, float), a.depth + 1)
         return self._combine(other, Mul)
 
     __rmul__ = __mul__
@@ -108,8 +125,9 @@ class LazyExpr:
         return self * -1
 
     def _unary(self, fn):
-        return LazyExpr(Unary(fn, self.tree), self.operands, self.shape,
-                        self.floats or fn in _FLOAT_MAPS)
+        a = self._settled()
+        return LazyExpr(Unary(fn, a.tree), a.operands, self.shape, a.floats or fn in _FLOAT_MAPS,
+                        a.depth + 1)
 
     def relu(self):
         return self._unary("relu")
