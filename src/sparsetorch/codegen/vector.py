@@ -83,7 +83,8 @@ PAIRED_REGISTERS = 2
 # 1.12-1.18x at 64; Cora 1.03-1.06x at 64; at 256 columns 0.93-1.05x. Paired loops (up to
 # 32 columns: one or two registers, an FMA or two per entry) do without: there the extra
 # instructions cost more than the misses (Cora and PubMed at 7-32 columns 0.79-0.91x).
-# 8 positions gained less on the large graph than 16; 32 was no better.
+# 8 positions gained less on the large graph than 16; 32 was no better. 0: no prefetches
+# (``benchmarks/variants.py --knob vector.PREFETCH_AHEAD=0,16 --kernel spmm`` compares).
 PREFETCH_AHEAD = 16
 
 
@@ -253,8 +254,8 @@ class VectorLoops:
         Empty for any other body. The read of ``crd`` ahead never leaves the array; the
         prefetch itself cannot fault."""
         first = body.stmts[0] if body.stmts else None
-        if entries is None or not (isinstance(first, Decl) and first.ctype == "idx" and
-                                   isinstance(first.init, Load)):
+        if entries is None or PREFETCH_AHEAD < 1 or not (
+                isinstance(first, Decl) and first.ctype == "idx" and isinstance(first.init, Load)):
             return []
         coord, ahead = first.name, self.fresh("ahead")
         inside = {d.name for d in statements(body) if isinstance(d, Decl)} | \
