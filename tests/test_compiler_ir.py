@@ -190,20 +190,27 @@ def test_loops_over_stored_entries_know_how_many_there_are(fmt):
 
 
 def test_wide_spmm_prefetches_rows_ahead_inside_the_coordinates():
-    """SpMM over more columns than a paired loop holds prefetches the dense row of the entry
-    ``PREFETCH_AHEAD`` on, guarded by the column array's length; results stay exact up to
-    the last entry (rows ending at the array's end, one entry, none)."""
+    """SpMM over more columns than a paired loop holds, on a dense operand of at least
+    ``PREFETCH_FROM_BYTES``, prefetches the row of the entry ``PREFETCH_AHEAD`` on, guarded by
+    the column array's length; results stay exact up to the last entry (rows ending at the
+    array's end, one entry, none), on both sides of the size threshold."""
+    from sparsetorch.codegen.vector import PREFETCH_FROM_BYTES
+
     a = parse_einsum("ij,jk->ik", [2, 2])
     k = compile_kernel(a, (info("csr"), DENSE2), "float32", ("int32", "int64"))
     assert re.search(r"if \(ahead_v\d+ < t0_pos1\[n_i\]\)", k.source)
+    assert f"* sizeof(val_t) >= {PREFETCH_FROM_BYTES}.0" in k.source
     assert "__builtin_prefetch(&t1_vals[" in k.source
     g = torch.Generator().manual_seed(1)
-    for rows, nnz in ((40, 200), (3, 1), (5, 0), (2, 40)):
-        d = torch.zeros(rows, 20)
-        flat = torch.randperm(rows * 20, generator=g)[:nnz]
+    n = 64
+    for rows, cols, nnz in ((40, 20, 200), (3, 20, 1), (5, 20, 0), (2, 20, 40),
+                            (30, PREFETCH_FROM_BYTES // (4 * n), 3000), (2, 2 ** 14, 1)):
+        d = torch.zeros(rows, cols)
+        flat = torch.randperm(rows * cols, generator=g)[:nnz]
         d.view(-1)[flat] = torch.rand(nnz, generator=g) + 0.5
-        for n in (33, 64, 100):
-            x = torch.randn(20, n, generator=g)
+        d[-1, -1] = 1.0 if nnz else 0.0    # the last entry stored: reads ahead hit the end
+        for width in (33, n, 100):
+            x = torch.randn(cols, width, generator=g)
             got = st.einsum("ij,jk->ik", st.tensor(d, format="csr"), x)
             torch.testing.assert_close(got, d @ x)
 

@@ -402,8 +402,13 @@ class _CRenderer:
         step = f"{s.var}++" if s.step == 1 else f"{s.var} += {s.step}"
         head = (f"{pad}for (int64_t {s.var} = {self.expr(s.start)}; {s.var} < "
                 f"{self.expr(s.end)}; {step}) {{")
-        ahead = self.vec.prefetches(s.body, s.entries, pad + "  ") if self.vec else []
-        body = [*ahead, *self.stmt(s.body, pad + "  "), f"{pad}}}"]
+        body = [*self.stmt(s.body, pad + "  "), f"{pad}}}"]
+        ahead = self.vec.prefetches(s.body, s.entries, pad + "  ") \
+            if self.vec and s.parallel is None else None
+        if ahead is not None:   # a version that prefetches, taken for large operands
+            large, lines = ahead
+            return [f"{pad}if ({large}) {{", *("  " + line for line in [head, *lines, *body]),
+                    f"{pad}}} else {{", *("  " + line for line in [head, *body]), f"{pad}}}"]
         if s.reduction and s.parallel is None:
             # A vectorised sum pays a horizontal add and masked tails per loop; short loops
             # (graph rows of a few nonzeros) run faster scalar, so version on trip count.

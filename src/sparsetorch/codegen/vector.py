@@ -77,15 +77,20 @@ PAIRED_REGISTERS = 2
 # A loop over stored entries that adds rows of a dense operand into a register tile wider
 # than ``PAIRED_REGISTERS`` registers (SpMM with over 32 float32 columns) prefetches the row
 # of the entry this many positions on (``prefetches``): the rows are random reads, one per
-# entry, and a graph row's few entries give the hardware prefetcher no stride to follow.
-# Generated SpMM with and without, one process, rotated order (AMD Zen 4, 2 threads): a
-# random 200k-node graph of 2M edges 1.06x at 64 columns, 1.07-1.12x at 128; PubMed
-# 1.12-1.18x at 64; Cora 1.03-1.06x at 64; at 256 columns 0.93-1.05x. Paired loops (up to
-# 32 columns: one or two registers, an FMA or two per entry) do without: there the extra
-# instructions cost more than the misses (Cora and PubMed at 7-32 columns 0.79-0.91x).
-# 8 positions gained less on the large graph than 16; 32 was no better. 0: no prefetches
-# (``benchmarks/variants.py --knob vector.PREFETCH_AHEAD=0,16 --kernel spmm`` compares).
+# entry, and a graph row's few entries give the hardware prefetcher no stride to follow. It
+# does so in a version of the loop taken where the dense operand spans at least
+# ``PREFETCH_FROM_BYTES``: rows that stay in cache need no prefetch, and its instructions
+# then cost 3-11% (SuiteSparse matrices of up to 8k rows at 128 columns). Generated SpMM with
+# and without, one process, alternating (AMD Zen 4, 2 threads, three runs): PubMed (20k
+# nodes, 89k edges) 1.05-1.13x at 64 columns, 1.00-1.10x at 128, 0.90-1.00x at 256; a random
+# 200k-node graph of 2M edges 0.98-1.06x, 1.06-1.15x, 1.02-1.08x; the 27 matrices of
+# ``benchmarks/variants.py --knob vector.PREFETCH_AHEAD=0,16 --kernel spmm`` (operands under
+# the threshold: the plain version) geomean 0.996x. Paired loops (up to 32 columns: an FMA or
+# two per entry) do without: there the prefetch cost 10-20% on Cora and PubMed whatever
+# their size. 8 positions gained less on the large graph than 16; 32 was no better.
+# ``PREFETCH_AHEAD = 0`` turns prefetching off.
 PREFETCH_AHEAD = 16
+PREFETCH_FROM_BYTES = 4 << 20
 
 
 class VectorLoops:
@@ -246,21 +251,25 @@ class VectorLoops:
             self.unpaired = False
         return [*out, f"{pad}}} else {{", *alone, f"{pad}}}"]
 
-    def prefetches(self, body, entries, pad: str) -> list[str]:
+    def prefetches(self, body, entries, pad: str):
         """For a loop body over stored entries that starts ``j = crd[p]`` and adds a dense
-        operand's row at ``j`` into a register tile: C that prefetches that row's first
-        lane for the entry ``PREFETCH_AHEAD`` positions on, if that position is below
-        ``entries`` (the coordinate array's length, from ``For.entries``; None: nothing).
-        Empty for any other body. The read of ``crd`` ahead never leaves the array; the
-        prefetch itself cannot fault."""
+        operand's row at ``j`` into a register tile: (when, lines), C that prefetches that
+        row's first lane for the entry ``PREFETCH_AHEAD`` positions on, if that position is
+        below ``entries`` (the coordinate array's length, from ``For.entries``), and the
+        condition under which the loop should (the operand spans ``PREFETCH_FROM_BYTES``).
+        None for any other body, or without ``entries``. The read of ``crd`` ahead never
+        leaves the array; the prefetch itself cannot fault."""
         first = body.stmts[0] if body.stmts else None
         if entries is None or PREFETCH_AHEAD < 1 or not (
                 isinstance(first, Decl) and first.ctype == "idx" and isinstance(first.init, Load)):
-            return []
+            return None
         coord, ahead = first.name, self.fresh("ahead")
+        extent = f"n_{coord}"   # the dense operand's rows (the coordinate's extent)
+        if extent not in {p.name for p in self.scalar.fn.params}:
+            return None
         inside = {d.name for d in statements(body) if isinstance(d, Decl)} | \
             {f.var for f in statements(body) if isinstance(f, For)}
-        rows = set()
+        rows, strides = set(), set()
         for loop in body.stmts[1:]:
             if not (isinstance(loop, For) and loop.simd):
                 continue
@@ -273,16 +282,21 @@ class VectorLoops:
                 reads = names_read(index)
                 if coord in reads and not reads & (inside - {coord}) and \
                         load.array not in self.tiles:
-                    at = substitute(index, {Sym(coord): Load(first.init.array, Sym(ahead))})
-                    rows.add(Load(load.array, at))
+                    rows.add(Load(load.array, substitute(
+                        index, {Sym(coord): Load(first.init.array, Sym(ahead))})))
+                    strides.add(Bin("-", substitute(index, {Sym(coord): Lit(1)}),
+                                    substitute(index, {Sym(coord): Lit(0)})))
         if not rows:
-            return []
+            return None
+        large = " || ".join(f"(double){extent} * (double){self.scalar.expr(stride)} * "
+                            f"sizeof(val_t) >= {PREFETCH_FROM_BYTES}.0"
+                            for stride in sorted(strides, key=repr))
         at = self.scalar.expr(Bin("+", first.init.index, Lit(PREFETCH_AHEAD)))
-        return [f"{pad}{{ const int64_t {ahead} = {at};",
-                f"{pad}  if ({ahead} < {self.scalar.expr(entries)}) {{",
-                *(f"{pad}    __builtin_prefetch(&{self.scalar.expr(row)});"
-                  for row in sorted(rows, key=repr)),
-                f"{pad}  }}", f"{pad}}}"]
+        return large, [f"{pad}{{ const int64_t {ahead} = {at};",
+                       f"{pad}  if ({ahead} < {self.scalar.expr(entries)}) {{",
+                       *(f"{pad}    __builtin_prefetch(&{self.scalar.expr(row)});"
+                         for row in sorted(rows, key=repr)),
+                       f"{pad}  }}", f"{pad}}}"]
 
     # -- sums ----------------------------------------------------------------------------
     def sum_loop(self, s: For, pad: str) -> list[str]:
