@@ -125,6 +125,34 @@ def test_issue31_7_entry_bounds_hold_on_random_products():
             assert (lower_t, upper_t) == (lower, upper)
 
 
+def test_issue31_7_entry_bounds_of_empty_operands():
+    from sparsetorch.ops.result_size import entry_bounds
+
+    empty, some = st.tensor(torch.zeros(4, 3), "csr"), st.tensor(torch.ones(3, 5), "coo")
+    assert entry_bounds(empty, some) == (0, 0)
+    assert entry_bounds(st.tensor(torch.ones(4, 3), "dcsr"), st.tensor(torch.zeros(3, 5),
+                                                                       "csr")) == (0, 0)
+
+
+def test_hypersparse_product_of_huge_dimensions_runs_in_its_entries_memory():
+    """DCSR operands of 2^31 + 5 rows and columns and 3 entries: the result-size bound took
+    a row pointer per row (16 GiB: killed for memory); now O(entries). Run under an 8 GiB
+    address-space limit, so a regression fails instead of taking the machine."""
+    run_isolated("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+        import torch, sparsetorch as st
+        n = 2 ** 31 + 5
+        idx = torch.tensor([[0, 5, n - 1], [3, n - 2, 7]])
+        A = st.tensor((idx, torch.tensor([1., 2., 3.])), shape=(n, n), format="dcsr")
+        B = st.tensor((idx.flip(0), torch.tensor([4., 5., 6.])), shape=(n, n), format="dcsr")
+        C = st.einsum("ij,jk->ik", A, B).asformat("coo")
+        got = sorted(zip(C.arrays["crd0"].tolist(), C.arrays["crd1"].tolist(),
+                         C.values.tolist()))
+        assert got == [(0, 0, 4.0), (5, 5, 10.0), (n - 1, n - 1, 18.0)], got
+    """)
+
+
 # -- item 4: unchecked levels reached kernels -------------------------------------------------
 BAD_CSR = {"pos1": torch.tensor([0, 1, 2, 3]), "crd1": torch.tensor([0, 10**8, 1])}
 

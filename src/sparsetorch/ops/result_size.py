@@ -44,29 +44,30 @@ def entry_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size() + 4
 
 
-def _rows_of(t: SparseTensor, transposed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(pos, crd)`` of ``t`` (or of its transpose) in CSR: its own arrays where it is
-    stored that way, else a conversion (O(entries); only calls whose dense result would not
-    fit get here)."""
-    c = t.asformat("csc" if transposed else "csr")
-    return c._level_arrays["pos1"].to(torch.int64), c._level_arrays["crd1"].to(torch.int64)
+def _coordinates(t: SparseTensor, transposed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, cols)`` of ``t``'s stored entries (of its transpose where ``transposed``), as
+    int64: O(entries) for every format, hypersparse ones included (a conversion to CSR
+    would allocate a row pointer per row: 2^31 rows of 3 entries were killed for memory)."""
+    c = t.asformat("coo")
+    rows, cols = (c._level_arrays[f"crd{k}"].to(torch.int64) for k in (0, 1))
+    return (cols, rows) if transposed else (rows, cols)
 
 
 def entry_bounds(a, b, a_transposed: bool = False, b_transposed: bool = False
                  ) -> tuple[int, int]:
     """``(lower, upper)`` bounds on the stored entries of the product ``a @ b`` of 2-D
     SparseTensors in any format (``a.T`` / ``b.T`` where ``*_transposed``), from row
-    lengths alone."""
-    a_pos, a_crd = _rows_of(a, a_transposed)
-    b_pos, _ = _rows_of(b, b_transposed)
-    b_rows = torch.diff(b_pos)
-    gathered = b_rows.index_select(0, a_crd)                 # per entry of a
-    a_rows = torch.diff(a_pos)
-    row_of = torch.repeat_interleave(torch.arange(a_rows.numel()), a_rows,
-                                     output_size=a_crd.numel())
-    longest = torch.zeros(a_rows.numel(), dtype=torch.int64).scatter_reduce_(
+    lengths alone; time and memory O(entries log entries), whatever the shapes."""
+    a_rows, a_cols = _coordinates(a, a_transposed)
+    b_rows, counts = torch.unique(_coordinates(b, b_transposed)[0], return_counts=True)
+    at = torch.searchsorted(b_rows, a_cols).clamp_(max=max(b_rows.numel() - 1, 0))
+    gathered = torch.where(b_rows[at] == a_cols, counts[at], 0) if b_rows.numel() else \
+        torch.zeros_like(a_cols)                             # per entry of a: its B row's length
+    row_of = torch.unique(a_rows, return_inverse=True)[1]
+    groups = int(row_of.max()) + 1 if row_of.numel() else 0
+    longest = torch.zeros(groups, dtype=torch.int64).scatter_reduce_(
         0, row_of, gathered, "amax")
-    summed = torch.zeros(a_rows.numel(), dtype=torch.int64).index_add_(0, row_of, gathered)
+    summed = torch.zeros(groups, dtype=torch.int64).index_add_(0, row_of, gathered)
     columns = int(b._size[0 if b_transposed else 1])
     return int(longest.sum()), int(summed.clamp_(max=columns).sum())
 
