@@ -153,6 +153,30 @@ def test_hypersparse_product_of_huge_dimensions_runs_in_its_entries_memory():
     """)
 
 
+@pytest.mark.parametrize("equation,formats,b_shape", [
+    ("ij,jk->ik", ("csr", "csr"), (1, 2 ** 31 + 5)), ("ij,jk->ik", ("csc", "csr"), (1, 2 ** 31 + 5)),
+    ("ij,kj->ik", ("csr", "csc"), (2 ** 31 + 5, 1)), ("ji,jk->ik", ("csr", "csr"), (1, 2 ** 31 + 5)),
+    ("ij,jk->ki", ("csr", "csr"), (1, 2 ** 31 + 5))])
+def test_product_columns_past_int32_keep_their_values(equation, formats, b_shape):
+    """An int32 A times an int64 B whose columns pass 2^31: a CSR-like result's columns
+    were written in A's index type (2^31 + 4 came back as -2^31 + 4)."""
+    far = 2 ** 31 + 4
+    A = st.tensor((torch.tensor([[0], [0]]), torch.tensor([1.])), shape=(1, 1),
+                  format=formats[0])
+    at = [[0], [far]] if b_shape[0] == 1 else [[far], [0]]
+    B = st.tensor((torch.tensor(at), torch.tensor([2.])), shape=b_shape, format=formats[1])
+    assert A.index_dtype == torch.int32 and B.index_dtype == torch.int64
+    C = st.einsum(equation, A, B).asformat("coo")
+    coords = sorted(zip(C.arrays["crd0"].tolist(), C.arrays["crd1"].tolist()))
+    assert coords == ([(far, 0)] if equation.endswith("ki") else [(0, far)])
+    assert C.values.tolist() == [2.0]
+
+
+def test_products_of_int32_operands_keep_int32_results():
+    A = st.tensor(torch.eye(3), "csr")
+    assert (A @ A).index_dtype == torch.int32
+
+
 # -- item 4: unchecked levels reached kernels -------------------------------------------------
 BAD_CSR = {"pos1": torch.tensor([0, 1, 2, 3]), "crd1": torch.tensor([0, 10**8, 1])}
 

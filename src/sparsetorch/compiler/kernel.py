@@ -21,7 +21,7 @@ from .sblock import column_blocked, held_rows
 from .lower import Plan, lower
 from .notation import Assignment
 from .output import OutputSpec, infer_output
-from .schedule import OperandInfo, Schedule, schedule
+from .schedule import OperandInfo, Schedule, level_vars, schedule
 
 
 @dataclass(frozen=True)
@@ -73,10 +73,18 @@ def _emission(assignment, order, out: OutputSpec, lw) -> tuple[bool, bool]:
     return emit_sorted, emit_rows
 
 
-def first_sparse(formats) -> int:
-    """The number of the first sparse operand (whose index type a CSR result's emitted
-    columns take: ``CompiledKernel.emit_rows``)."""
-    return next(n for n, fmt in enumerate(formats) if not fmt.is_dense)
+def emitted_index_operand(assignment: Assignment, formats, out_format) -> int:
+    """The operand whose index type a CSR-like result's emitted columns take
+    (``CompiledKernel.emit_rows``): the first sparse operand that stores the result's
+    column variable, so its index type holds every column (SpGEMM's B: with A's, a column
+    past 2^31 of an int64 B was truncated into an int32 array); else the first sparse one."""
+    column = assignment.out_vars[out_format.mode_order[-1]]
+    sparse = [acc.operand for acc in assignment.expr.accesses()
+              if not formats[acc.operand].is_dense]
+    storing = [acc.operand for acc in assignment.expr.accesses()
+               if acc.operand in sparse and column in level_vars(formats[acc.operand],
+                                                                  acc.indices)]
+    return min(storing) if storing else min(sparse)
 
 
 @lru_cache(maxsize=None)
@@ -310,9 +318,10 @@ def lower_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_d
         row_emission = None
         if mode == "fill":   # the loop nest the count pass got fixes how entries are written
             emit_sorted, emit_rows = _emission(assignment, sched.order, out, lowerers[0])
-            # (rows emitted take the first sparse operand's index type: none, none emitted)
+            # (rows emitted take a sparse operand's index type: none, none emitted)
             emit_rows = emit_rows and any(not f.is_dense for f in sched.formats)
-            row_emission = first_sparse(sched.formats) if emit_rows else None
+            row_emission = emitted_index_operand(assignment, sched.formats, out.format) \
+                if emit_rows else None
         cap = block_cap(value_dtype, tile) if any(i.long_rows for i in infos) else None
         plan = Plan(assignment, sched.order, sched.formats, out, mode, workspace,
                     tile, notes, row_emission, cap, panel_factors())
