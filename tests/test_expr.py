@@ -6,8 +6,10 @@ dims, disjoint and identical patterns).
 """
 from __future__ import annotations
 
+import math
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -397,6 +399,23 @@ def test_expressions_built_in_long_loops_stay_correct_and_quick():
         chain = chain - L(x) * 0.25
     chain.eval().sum().backward()
     torch.testing.assert_close(x.grad, torch.full_like(x, 1 - 200 * 0.25))
+
+
+def test_scalars_of_every_kind():
+    """NumPy scalars scale like Python ones; adding a float 0 makes floats of integers (as
+    torch); a Python int past float's range scales to +-inf instead of an OverflowError."""
+    xi = st.tensor(torch.tensor([[1, 0], [0, 2]]))
+    d = xi.to_dense()
+    for got in (xi + 0.0, 0.0 + xi, xi - 0.0, (L(xi) - 0.0).eval(), (0.0 + L(xi)).eval()):
+        assert got.dtype == (d + 0.0).dtype
+        torch.testing.assert_close(got.to_dense(), d + 0.0)
+    assert (xi + 0).dtype == (L(xi) + 0).eval().dtype == torch.int64
+    torch.testing.assert_close((L(xi) * np.int64(3)).eval().to_dense(), d * 3)
+    half = (L(xi) * np.float32(2.5)).eval()
+    torch.testing.assert_close(half.to_dense(), d * 2.5)
+    S = st.tensor(torch.tensor([[1.0, -2.0, 0.0]]))
+    assert (S * 10 ** 400).to_dense().tolist() == [[math.inf, -math.inf, 0.0]]
+    assert (L(S) / 10 ** 400).eval().to_dense().tolist() == [[0.0, -0.0, 0.0]]
 
 
 # -- errors ------------------------------------------------------------------------------------

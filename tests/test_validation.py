@@ -354,6 +354,14 @@ def test_linear_and_addmm_check_what_they_add():
     torch.testing.assert_close(torch.nn.functional.linear(x, A, b), x @ A.to_dense().T + b)
     c, y = torch.rand(4, 1), torch.rand(4, 2)     # (broadcasts: passes)
     torch.testing.assert_close(torch.addmm(c, A, y), c + A.to_dense() @ y)
+    with pytest.raises(ValueError, match=r"addmm: input of shape \(3,\)"):   # beta=0 too
+        torch.addmm(torch.rand(3), A, torch.rand(4, 2), beta=0)
+    with pytest.raises(ValueError, match=r"linear: bias of shape \(3, 2, 4\) does not broadcast "
+                                         r"to the product's shape \(2, 4\); pass one of shape "
+                                         r"\(4,\) or \(2, 4\)$"):
+        torch.nn.functional.linear(torch.rand(2, 4), A, torch.rand(3, 2, 4))   # (as torch)
+    with pytest.raises(ValueError, match=r"linear: input is 0-d"):
+        torch.nn.functional.linear(torch.tensor(1.0), A)
 
 
 def test_hybrid_torch_coo_rejected():

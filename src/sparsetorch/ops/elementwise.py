@@ -111,9 +111,9 @@ def add(a, b, *, alpha=1):
                     "A.to_dense() + c for that, or A.with_values(A.values + c) to change "
                     "only the stored entries")
     if _is_scalar(b):
-        return _copy(a)
+        return _floated(_copy(a), b)
     if _is_scalar(a):
-        return mul(b, alpha)
+        return _floated(mul(b, alpha), a)
     rhs = lazy(b) if alpha == 1 else lazy(b) * _scalar(alpha)
     if a.shape != b.shape:
         sparse_a = isinstance(a, SparseTensor)
@@ -130,6 +130,14 @@ def add(a, b, *, alpha=1):
         else:
             a = dense
     return (lazy(a) + rhs).eval()
+
+
+def _floated(t, zero):
+    """``t + zero`` (a scalar 0): a float 0 makes floats of integers, as torch's add."""
+    if isinstance(_scalar(zero), int) or t.dtype.is_floating_point:
+        return t
+    floats = torch.get_default_dtype()
+    return t.with_values(t.values.to(floats)) if isinstance(t, SparseTensor) else t.to(floats)
 
 
 def _copy(t):

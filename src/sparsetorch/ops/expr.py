@@ -8,6 +8,7 @@ gives a dense result; otherwise the result is sparse in the inferred format.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -29,6 +30,19 @@ _FLOAT_MAPS = ("sqrt", "exp")   # floats of integers, as torch.sqrt and torch.ex
 # (0.26 s at 16, 1.4 s at 64 here).
 _MAX_DEPTH = 64
 _MAX_OPERANDS = 64
+
+
+def _scalar(x) -> bool:
+    """A Python or NumPy number (a scalar operand of ``+ - * /``)."""
+    return isinstance(x, numbers.Real)
+
+
+def _as_float(x) -> float:
+    """``x`` as a float; a Python int past float's range is +-inf (torch's result for it)."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
 
 
 def _remap(e: Expr, offset: int) -> Expr:
@@ -90,14 +104,15 @@ class LazyExpr:
                         max(a.depth, b.depth) + 2)   # (a subtraction adds a Scale too)
 
     def __add__(self, other):
-        if isinstance(other, (int, float)) and other == 0:
-            return self
+        if _scalar(other) and other == 0:   # (a float 0 makes floats of integers, as torch)
+            return self if self.floats or isinstance(other, numbers.Integral) else \
+                LazyExpr(self.tree, self.operands, self.shape, True, self.depth)
         return self._combine(other, Add)
 
     __radd__ = __add__
 
     def __sub__(self, other):
-        if isinstance(other, (int, float)):
+        if _scalar(other):
             return self + (-other)
         return self._combine(other, lambda a, b: Add(a, Scale(-1.0, b)))
 
@@ -105,19 +120,19 @@ class LazyExpr:
         return (-self) + other
 
     def __mul__(self, other):
-        if isinstance(other, (int, float)):
+        if _scalar(other):
             a = self._settled()
-            return LazyExpr(Scale(float(other), a.tree), a.operands, self.shape,
-                            a.floats or isinstance(other, float), a.depth + 1)
+            return LazyExpr(Scale(_as_float(other), a.tree), a.operands, self.shape,
+                            a.floats or not isinstance(other, numbers.Integral), a.depth + 1)
         return self._combine(other, Mul)
 
     __rmul__ = __mul__
 
     def __truediv__(self, other):
-        if not isinstance(other, (int, float)):
+        if not _scalar(other):
             raise TypeError("only division by a scalar is supported")
         # (by zero: the stored values times +-inf, as torch.sparse divides its values)
-        out = self * (1.0 / other if other else math.copysign(math.inf, other))
+        out = self * (1.0 / _as_float(other) if other else math.copysign(math.inf, other))
         out.floats = True   # true division, as torch's: floats even for an int divisor
         return out
 

@@ -25,8 +25,9 @@ def _check(x, what: str, n: int):
 
 
 def _check_addend(x, result_shape, what: str, name: str):
-    """Raise unless ``x`` (added to a product of ``result_shape``) broadcasts to it: torch's
-    add would otherwise fail in its own terms, or broadcast the result to a larger shape."""
+    """Raise unless ``x`` (added to a product of ``result_shape``) broadcasts to that shape:
+    torch's add would fail in its own terms, or broadcast the result to a larger shape
+    (which torch's ``F.linear`` and ``addmm`` refuse)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what}: {name} is a {type(x).__name__}; pass a tensor")
     try:
@@ -34,9 +35,10 @@ def _check_addend(x, result_shape, what: str, name: str):
     except RuntimeError:
         fits = False
     if not fits:
+        hint = {tuple(result_shape), tuple(result_shape[-1:])}
         raise ValueError(f"{what}: {name} of shape {tuple(x.shape)} does not broadcast to the "
                          f"product's shape {tuple(result_shape)}; pass one of shape "
-                         f"{tuple(result_shape)} or ({result_shape[-1]},)")
+                         f"{' or '.join(str(h) for h in sorted(hint, key=len))}")
 
 
 def _formats(*xs) -> str:
@@ -138,11 +140,11 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
                 [3.]])
     """
     out = mm(mat1, mat2)
+    _check_addend(input, out.shape, "addmm", "input")
     if alpha != 1:
         out = out * alpha
-    if beta == 0:   # (torch ignores input then, nan and inf included)
+    if beta == 0:   # (torch ignores input's values then, nan and inf included)
         return out
-    _check_addend(input, out.shape, "addmm", "input")
     return out + (input if beta == 1 else input * beta)
 
 
@@ -206,6 +208,9 @@ def linear(input, weight, bias=None):
     """
     _check(input, "linear", 0)
     _check(weight, "linear", 1)
+    if input.dim() == 0:
+        raise ValueError("linear: input is 0-d; it needs a last dimension of in_features "
+                         f"= {weight.shape[-1] if weight.dim() else '?'}")
     if weight.dim() != 2:
         raise ValueError(f"linear: weight must be 2-D (out_features, in_features), got "
                          f"shape {tuple(weight.shape)}")
