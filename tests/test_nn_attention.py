@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 
@@ -214,6 +215,15 @@ def test_attention_bad_input():
         SparseAttention(8, 2)(torch.randn(1, 5, 8))
     with pytest.raises(TypeError, match="bool"):
         SparseAttention(8, 2, mask=torch.ones(5, 5))
+    with pytest.raises(TypeError, match=r"dropout must be a number in \[0, 1\), got '0.1'"):
+        SparseAttention(8, 2, dropout="0.1")
+    assert SparseAttention(8, np.int64(2)).num_heads == 2          # NumPy ints count
+    for kw, said in ((dict(max_len=-1), "max_len must be a positive int, got -1"),
+                     (dict(vocab_size=0), "vocab_size must be a positive int, got 0"),
+                     (dict(num_layers=-1), "num_layers must be an int >= 0, got -1")):
+        with pytest.raises(ValueError, match=f"SparseTransformer: {said}"):
+            SparseTransformer(**{"vocab_size": 12, "num_classes": 3, "embed_dim": 8,
+                                 "num_heads": 2, "max_len": 8, **kw})
 
 
 @pytest.mark.parametrize("training", [False, True])

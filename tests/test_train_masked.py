@@ -356,6 +356,32 @@ def test_bad_arguments_give_clear_errors():
         t.load_state_dict(st.train.SET(model, opt, total_steps=5).state_dict())
 
 
+def test_a_refused_trainer_leaves_no_hook_on_the_model():
+    """Constructors that raise leave the user's SparseLinear as it was: its forward hook
+    (which keeps inputs for growth scores) used to stay behind, holding tensors."""
+    model = nn.Sequential(st.nn.SparseLinear(8, 6, density=0.5), nn.Linear(6, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for kw in (dict(erk_power_scale=-1), dict(density=2.0), dict(layer_density={"x": 0.1}),
+               dict(dense=["9"]), dict(dense=5)):
+        with pytest.raises((ValueError, TypeError)):
+            st.train.RigL(model, opt, **{"density": 0.3, "total_steps": 10, **kw})
+        assert not model[0]._forward_hooks, kw
+    trainer = st.train.RigL(model, opt, density=0.3, total_steps=10)
+    assert len(model[0]._forward_hooks) == 1
+    trainer.close()
+
+
+@pytest.mark.parametrize("algo", ["RigL", "SET", "SNFS"])
+def test_a_one_step_run_steps(algo):
+    """total_steps=1 gives t_end = 0: the drop fraction divided by it (ZeroDivisionError)."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = getattr(st.train, algo)(model, opt, density=0.5, total_steps=1)
+    model(torch.randn(2, model[0].in_features)).sum().backward()
+    trainer.step()
+    assert trainer.step_count == 1
+
+
 def test_kept_count_is_exact_for_large_layers():
     # (1 - 0.33) * 1e8 is 66999999.99999999 in floats: an absolute 1e-9 misses it
     assert kept_count(10 ** 8, 0.33) == 33_000_000

@@ -329,6 +329,11 @@ def test_unsupported_inputs():
         st.tensor(torch.ones(2, 2, 2).to_sparse_csr(), format="csf")
 
 
+def test_zero_dim_numpy_data_is_refused_like_a_zero_dim_tensor():
+    with pytest.raises(ValueError, match=r"a 0-d tensor has no sparse structure"):
+        st.tensor(np.array(5.0), format="coo")
+
+
 def test_meta_tensors_rejected():
     with pytest.raises(ValueError, match=r"data is a meta tensor, which has no values"):
         st.tensor(torch.empty(3, 3, device="meta"), format="csr")

@@ -72,7 +72,7 @@ def _from_any(data, format, shape, blocksize, index_dtype) -> SparseTensor:
         if data.dtype == np.bool_ or data.dtype.kind not in "fiu":
             raise TypeError(f"st.tensor: numpy arrays of dtype {data.dtype} are not supported; "
                             "pass a float or integer array")
-        data = torch.from_numpy(np.ascontiguousarray(data))
+        data = torch.from_numpy(np.require(data, requirements="C"))   # (0-d stays 0-d)
     if not isinstance(data, torch.Tensor):
         raise TypeError(f"st.tensor: cannot make a sparse tensor from {type(data).__name__}; "
                         "pass a torch.Tensor, numpy array, scipy.sparse matrix, torch.sparse "

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn._common import check_sizes
 from ..nn.attention import MaskArg, SparseAttention
 from ..nn.masks import block_diagonal
 
@@ -50,6 +51,9 @@ class SparseTransformer(nn.Module):
                  max_len: int = 4096, mask: MaskArg = None, dropout: float = 0.0,
                  pool: str = "mean"):
         super().__init__()
+        check_sizes("SparseTransformer", vocab_size=vocab_size, num_classes=num_classes,
+                    embed_dim=embed_dim, ff_dim=ff_dim, max_len=max_len)
+        check_sizes("SparseTransformer", least=0, num_layers=num_layers)
         if pool not in ("mean", "first"):
             raise ValueError(f"SparseTransformer: pool must be 'mean' or 'first', got {pool!r}")
         self.pool, self.max_len = pool, max_len

@@ -8,12 +8,26 @@ Example:
 from __future__ import annotations
 
 import functools
+import numbers
 
 import torch
 from torch import nn
 
 from ..formats import SparseTensor
 from ..formats.tensor import inherit_pattern_facts
+
+
+def check_sizes(what: str, least: int = 1, **sizes) -> None:
+    """Raise a ``ValueError`` naming the first of ``sizes`` that is not an int (NumPy's
+    count) of at least ``least``.
+
+    Example:
+        >>> check_sizes("Layer", in_features=3, out_features=2)
+    """
+    for name, n in sizes.items():
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < least:
+            kind = "a positive int" if least == 1 else f"an int >= {least}"
+            raise ValueError(f"{what}: {name} must be {kind}, got {n!r}")
 
 
 def keep_facts(weight: SparseTensor, layer: nn.Module) -> None:

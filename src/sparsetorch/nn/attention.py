@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from typing import Callable
 
 import torch
@@ -24,7 +25,7 @@ from torch import nn
 from ..formats.tensor import SparseTensor
 from ..ops import einsum
 from ..ops.attention import masked_attention
-from ._common import outside_graph
+from ._common import check_sizes, outside_graph
 from .masks import as_mask, block_diagonal
 
 MaskArg = SparseTensor | torch.Tensor | Callable[[int], SparseTensor] | None
@@ -53,13 +54,15 @@ class SparseAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, mask: MaskArg = None,
                  dropout: float = 0.0, bias: bool = True, batch_first: bool = True):
         super().__init__()
-        for name, v in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"SparseAttention: {name} must be a positive int, got {v!r}")
+        check_sizes("SparseAttention", embed_dim=embed_dim, num_heads=num_heads)
+        embed_dim, num_heads = int(embed_dim), int(num_heads)
         if embed_dim % num_heads:
             raise ValueError(f"SparseAttention: embed_dim ({embed_dim}) must be divisible by "
                              f"num_heads ({num_heads}); each head gets embed_dim // num_heads "
                              "features")
+        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
+            raise TypeError(f"SparseAttention: dropout must be a number in [0, 1), got "
+                            f"{dropout!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"SparseAttention: dropout must be in [0, 1), got {dropout}")
         self.embed_dim, self.num_heads = embed_dim, num_heads

@@ -18,7 +18,7 @@ from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
 from ..ops import einsum, softmax
 from ..ops.policy import torch_blas_is_fast
-from ._common import member, outside_graph
+from ._common import check_sizes, member, outside_graph
 from .adjacency import AdjacencyCache, coordinates, normalized_adjacency
 
 
@@ -32,12 +32,6 @@ def _check_x(x, in_features: int, what: str, dtype: torch.dtype) -> None:
     if x.dtype != dtype:
         raise TypeError(f"{what}: x is {x.dtype} but the layer's weights are {dtype}; convert "
                         f"one of them (x.to({dtype}) or layer.to({x.dtype}))")
-
-
-def _check_sizes(what: str, **sizes) -> None:
-    for name, n in sizes.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{what}: {name} must be a positive int, got {n!r}")
 
 
 def _propagate(A: SparseTensor, h: torch.Tensor, bias, activation=None) -> torch.Tensor:
@@ -184,7 +178,7 @@ class GCNConv(_Propagation):
                 bool(add_self_loops) != bool(self_loops):
             raise ValueError(f"GCNConv: add_self_loops={add_self_loops!r} and its alias "
                              f"self_loops={self_loops!r} disagree; give one of them")
-        _check_sizes("GCNConv", in_features=in_features, out_features=out_features)
+        check_sizes("GCNConv", in_features=in_features, out_features=out_features)
         loops = add_self_loops if add_self_loops is not None else self_loops
         super().__init__(normalize, normalize is not None if loops is None else bool(loops),
                          cached)
@@ -232,7 +226,7 @@ class SAGEConv(_Propagation):
                  root_weight: bool = True, bias: bool = True, cached: bool = True):
         if aggr not in ("mean", "sum"):
             raise ValueError(f"SAGEConv: aggr must be 'mean' or 'sum', got {aggr!r}")
-        _check_sizes("SAGEConv", in_features=in_features, out_features=out_features)
+        check_sizes("SAGEConv", in_features=in_features, out_features=out_features)
         super().__init__("mean" if aggr == "mean" else None, False, cached, degree="edges")
         self.in_features, self.out_features, self.aggr = in_features, out_features, aggr
         self.lin_l = nn.Linear(in_features, out_features, bias=bias)
@@ -294,7 +288,7 @@ class GATConv(nn.Module):
                  concat: bool = True, negative_slope: float = 0.2, dropout: float = 0.0,
                  add_self_loops: bool = True, bias: bool = True, cached: bool = True):
         super().__init__()
-        _check_sizes("GATConv", in_features=in_features, out_features=out_features,
+        check_sizes("GATConv", in_features=in_features, out_features=out_features,
                      heads=heads)
         self.in_features, self.out_features, self.heads = in_features, out_features, heads
         self.concat, self.negative_slope, self.dropout = concat, negative_slope, dropout

@@ -85,12 +85,18 @@ class SparseTrainer:
         seed = _dist.same_seed(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.layers = self._find_layers(model, dense)
-        self._check_optimizer()
-        custom = _by_param_name(layer_density or {}, self.layers, cls, "layer_density")
-        shapes = {name: layer.shape for name, layer in self.layers.items()}
-        self.densities = layer_densities(shapes, density, distribution, custom, erk_power_scale)
-        self.counts = {n: kept_count(self.layers[n].size, d) for n, d in self.densities.items()}
-        self._initial_masks(torch.Generator().manual_seed(seed + 1))
+        try:   # (an error leaves no hook on the user's layers)
+            self._check_optimizer()
+            custom = _by_param_name(layer_density or {}, self.layers, cls, "layer_density")
+            shapes = {name: layer.shape for name, layer in self.layers.items()}
+            self.densities = layer_densities(shapes, density, distribution, custom,
+                                             erk_power_scale)
+            self.counts = {n: kept_count(self.layers[n].size, d)
+                           for n, d in self.densities.items()}
+            self._initial_masks(torch.Generator().manual_seed(seed + 1))
+        except BaseException:
+            self.close()
+            raise
         self.last_update: dict[str, tuple[int, int]] = {}
 
     # ---- layers -------------------------------------------------------------------------
@@ -99,42 +105,52 @@ class SparseTrainer:
         reduce = _identity if _dist.grads_already_averaged(model) else _dist.mean_over_ranks
         sparse_type = _sparse_linear_type()
         found = []
-        for mname, module in model.named_modules():
-            prefix = mname + "." if mname else ""
-            if sparse_type is not None and isinstance(module, sparse_type):
-                if module.blocksize and not _is_sparse_conv(module):
-                    raise ValueError(f"{cls}: layer {mname!r} stores blocks "
-                                     f"(blocksize={module.blocksize}); sparse training updates "
-                                     "single entries, so build it without blocksize")
-                found.append((mname, SparseLayer(prefix + "values", module,
-                                                 _dist.mean_over_ranks, self._capturing,
-                                                 conv=_is_sparse_conv(module))))
-            elif isinstance(module, (nn.Linear, nn.Conv2d)):
-                found.append((mname, MaskedLayer(prefix + "weight", module.weight, reduce)))
-        if dense is None:   # the official ImageNet/CIFAR code keeps a first conv dense
-            first = found[0][1] if found else None
-            dense = [first.name] if isinstance(first, MaskedLayer) and len(first.shape) == 4 \
-                else []
-        elif isinstance(dense, str):
-            dense = [dense]
-        names = {}
-        for mname, layer in found:
-            names[mname] = names[layer.name] = layer.name
-        dense_params = set()
-        for d in dense:
-            if d not in names:
-                raise ValueError(f"{cls}: dense= names {d!r}, which is not a Linear/Conv2d/"
-                                 f"SparseLinear layer of the model; layers: "
-                                 f"{[m for m, _ in found]}")
-            dense_params.add(names[d])
-        layers = {}
-        for _, layer in found:
-            if layer.name in dense_params:
+        try:   # (a SparseLayer hooks its module: none may stay behind an error)
+            for mname, module in model.named_modules():
+                prefix = mname + "." if mname else ""
+                if sparse_type is not None and isinstance(module, sparse_type):
+                    if module.blocksize and not _is_sparse_conv(module):
+                        raise ValueError(f"{cls}: layer {mname!r} stores blocks (blocksize="
+                                         f"{module.blocksize}); sparse training updates single "
+                                         "entries, so build it without blocksize")
+                    found.append((mname, SparseLayer(prefix + "values", module,
+                                                     _dist.mean_over_ranks, self._capturing,
+                                                     conv=_is_sparse_conv(module))))
+                elif isinstance(module, (nn.Linear, nn.Conv2d)):
+                    found.append((mname, MaskedLayer(prefix + "weight", module.weight, reduce)))
+            if dense is None:   # the official ImageNet/CIFAR code keeps a first conv dense
+                first = found[0][1] if found else None
+                dense = [first.name] if isinstance(first, MaskedLayer) and len(first.shape) == 4 \
+                    else []
+            elif isinstance(dense, str):
+                dense = [dense]
+            elif not isinstance(dense, (list, tuple, set)) or \
+                    not all(isinstance(d, str) for d in dense):
+                raise TypeError(f"{cls}: dense= must be a layer name or a list of them, got "
+                                f"{dense!r}")
+            names = {}
+            for mname, layer in found:
+                names[mname] = names[layer.name] = layer.name
+            dense_params = set()
+            for d in dense:
+                if d not in names:
+                    raise ValueError(f"{cls}: dense= names {d!r}, which is not a Linear/Conv2d/"
+                                     f"SparseLinear layer of the model; layers: "
+                                     f"{[m for m, _ in found]}")
+                dense_params.add(names[d])
+            layers = {}
+            for _, layer in found:
+                if layer.name in dense_params:
+                    if isinstance(layer, SparseLayer):
+                        raise ValueError(f"{cls}: {layer.name!r} is a SparseLinear and cannot "
+                                         "be trained dense; use nn.Linear for a dense layer")
+                    continue
+                layers[layer.name] = layer
+        except BaseException:
+            for _, layer in found:
                 if isinstance(layer, SparseLayer):
-                    raise ValueError(f"{cls}: {layer.name!r} is a SparseLinear and cannot be "
-                                     "trained dense; use nn.Linear for a dense layer")
-                continue
-            layers[layer.name] = layer
+                    layer.close()
+            raise
         if not layers:
             raise ValueError(f"{cls}: the model has no Linear/Conv2d/SparseLinear layer left to "
                              f"sparsify (found {[m for m, _ in found]}, dense={list(dense)})")

@@ -29,7 +29,7 @@ def cosine_drop_fraction(t: int, alpha: float, t_end: int) -> float:
     """
     if t > t_end:
         return 0.0
-    return alpha / 2 * (1 + math.cos(math.pi * t / t_end))
+    return alpha / 2 * (1 + math.cos(math.pi * t / t_end)) if t_end else alpha
 
 
 def cubic_sparsity(t: int, final_sparsity: float, t_begin: int, t_end: int,
