@@ -356,6 +356,13 @@ def test_bad_arguments_give_clear_errors():
         t.load_state_dict(st.train.SET(model, opt, total_steps=5).state_dict())
 
 
+def test_snfs_momentum_must_be_a_number():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match=r"SNFS: momentum='0.9' must be a number in \[0, 1\)"):
+        st.train.SNFS(model, opt, total_steps=10, momentum="0.9")
+
+
 def test_a_refused_trainer_leaves_no_hook_on_the_model():
     """Constructors that raise leave the user's SparseLinear as it was: its forward hook
     (which keeps inputs for growth scores) used to stay behind, holding tensors."""

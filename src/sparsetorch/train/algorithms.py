@@ -7,6 +7,8 @@ In: a model and its optimizer. Out: a trainer; call ``trainer.step()`` where you
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from . import distributed as _dist
@@ -95,6 +97,8 @@ class SNFS(RigL):
     uses_gradient = False
 
     def __init__(self, model, optimizer, *, momentum: float = 0.9, **kwargs):
+        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
+            raise TypeError(f"SNFS: momentum={momentum!r} must be a number in [0, 1)")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"SNFS: momentum={momentum} must be in [0, 1)")
         self.momentum = float(momentum)
