@@ -60,7 +60,8 @@ class LazyExpr:
 
     Build with ``st.lazy(t)`` and operators (``+ - *``, scalars, ``.relu()``, ``.abs()``,
     ``.exp()``, ``.sqrt()``); ``.eval(out_format=None)`` compiles the whole tree into one
-    kernel.
+    kernel. A tree that reaches 64 levels or 64 operands (a sum built in a loop) is
+    evaluated there and continues from its result, so long chains run as a few kernels.
 
     Example:
         >>> import torch, sparsetorch as st
