@@ -177,6 +177,26 @@ def test_products_of_int32_operands_keep_int32_results():
     assert (A @ A).index_dtype == torch.int32
 
 
+def test_a_format_that_cannot_fit_is_refused_before_allocating():
+    """One entry in a (2^40, 4) CSC, asked for as CSR (a row pointer per row: 8 TiB), by
+    asformat or by a product's conversion: a ValueError that ``except MemoryError`` also
+    catches, naming the size, instead of the allocator's RuntimeError."""
+    from sparsetorch.ops.result_size import ResultTooLarge
+
+    huge = 2 ** 40
+    A = st.tensor((torch.tensor([[0], [huge - 1]]), torch.tensor([1.0])), shape=(3, huge),
+                  format="csr")
+    B = st.tensor((torch.tensor([[huge - 1], [3]]), torch.tensor([1.0])), shape=(huge, 4),
+                  format="csc")
+    with pytest.raises(ResultTooLarge, match=r"asformat: a csr tensor of shape "
+                                             r"\(1099511627776, 4\) with 1 entries needs about "
+                                             r"8,192.0 GiB"):
+        B.asformat("csr")
+    with pytest.raises(MemoryError, match=r"keep a format without dense levels"):
+        st.einsum("ij,jk->ik", A, B)
+    assert B.asformat("dcsr").nnz == 1                      # O(entries) formats still work
+
+
 # -- item 4: unchecked levels reached kernels -------------------------------------------------
 BAD_CSR = {"pos1": torch.tensor([0, 1, 2, 3]), "crd1": torch.tensor([0, 10**8, 1])}
 

@@ -20,6 +20,7 @@ from .scipy_routes import (SCIPY_VALUES, as_scipy, compressed_to_coo, coo_tensor
                            coo_to_compressed, plain_cpu, scipy_takes_arrays,
                            scipy_takes_values, swap_compressed)
 from .tensor import SparseTensor, map_arrays
+from .memory import check_fits_memory
 from .validate import (check_blocks, check_coords, check_dtype_argument, check_index_tensor,
                        check_same_device, check_shape, check_value_dtype)
 
@@ -324,6 +325,7 @@ def convert(t: SparseTensor, format, *, blocksize=None, index_dtype=None) -> Spa
         return map_arrays(t, lambda a: a.to(index_dtype), lambda v: v)
     if index_dtype is None and t._level_arrays and t.index_dtype == torch.int64:
         index_dtype = torch.int64            # keep the caller's wider indices
+    check_fits_memory(fmt, t.shape, t.nnz, t.values.element_size(), "asformat")
     if t.format.is_dense or fmt.is_dense:
         return _from_dense(to_dense(t), fmt, None, None, index_dtype)
     for route in (swap_compressed, compressed_to_coo, coo_tensor_to_compressed):

@@ -27,6 +27,7 @@ import torch
 
 from .format import Format
 from .levels import INT32_MAX, index_dtype_for
+from .memory import check_fits_memory
 from .order import (atom_size, atom_value, decode, linear_key, resort_prefix, sort_key,
                     stable_sort, storage_atoms)
 
@@ -169,6 +170,7 @@ def pack(fmt: Format, shape, coords, values: torch.Tensor, index_dtype=None,
     ``sorted_unique=True`` promises they are already in ``fmt``'s order. Returns
     ``(arrays, values)``; the result never shares memory with ``coords`` or ``values``.
     """
+    check_fits_memory(fmt, shape, values.numel(), values.element_size())
     rows = _rows(coords)
     inputs = {_storage_ptr(t) for t in rows + [values]}
     dims = fmt.storage_dims(shape)

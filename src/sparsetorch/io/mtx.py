@@ -22,8 +22,8 @@ import torch
 from ..formats import SparseTensor
 from ..formats import tensor as _tensor
 from ..formats.format import as_format
-from ..formats.levels import Compressed, Dense
 from ..formats.pack import choose_index_dtype
+from ..formats.memory import stored_bytes
 from ..formats.validate import VALUE_DTYPES
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -204,25 +204,14 @@ def _check_memory(header: MtxHeader, body_bytes: int, format, target, max_bytes)
 
 
 def _stored_bytes(format, shape, nnz: int, value_bytes: int) -> int:
-    """Bytes of a ``format`` tensor of ``shape`` with ``nnz`` entries (int64 indices): dense
-    levels multiply the positions, compressed ones add a pointer array (positions + 1)
-    and a coordinate per stored position. 0 for a format this cannot resolve (the
-    constructor then names the problem)."""
+    """``stored_bytes`` of ``format``; 0 for a format this cannot resolve (the constructor
+    then names the problem)."""
     try:
         fmt = as_format(format, len(shape))
-        dims = fmt.storage_dims(shape)
+        fmt.storage_dims(shape)
     except (TypeError, ValueError):
         return 0
-    count, total = 1, 0
-    for level, size in zip(fmt.levels, dims):
-        if isinstance(level, Dense):
-            count *= size
-            continue
-        if isinstance(level, Compressed):
-            total += (count + 1) * 8
-        count = min(count * size, nnz)
-        total += count * 8
-    return total + count * value_bytes
+    return stored_bytes(fmt, shape, nnz, value_bytes)
 
 
 def _parse_header(data: bytes, path: str):

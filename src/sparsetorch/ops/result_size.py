@@ -18,25 +18,11 @@ Example:
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ..formats.levels import Compressed, Dense
 from ..formats.tensor import SparseTensor
-
-
-class ResultTooLarge(ValueError, MemoryError):
-    """A result that cannot fit in memory: a ``ValueError`` (bad input for this machine)
-    that ``except MemoryError`` also catches."""
-
-
-def memory_bytes() -> int:
-    """Physical memory of this machine (a generous limit: 2**62 where unknown)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
+from ..formats.memory import ResultTooLarge, memory_bytes
 
 
 def entry_bytes(dtype: torch.dtype) -> int:
