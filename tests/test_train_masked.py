@@ -3,6 +3,7 @@ optimizer state for grown weights, drop/grow disjointness, each algorithm's grow
 hand-built case, and clear errors."""
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -340,6 +341,7 @@ def test_bad_arguments_give_clear_errors():
             (dict(alpha=1.5), ValueError, r"alpha=1.5 must be in \[0.0, 1.0\]"),
             (dict(noise_std=-1.0), ValueError, r"noise_std=-1.0 must be in"),
             (dict(noise_std=float("inf")), ValueError, r"noise_std=inf must be in"),
+            (dict(seed=2 ** 64), ValueError, r"seed=18446744073709551616 must fit in 64 bits"),
             (dict(layer_density=[0.5]), TypeError, r"layer_density must be a dict")):
         with pytest.raises(exc, match=said):
             st.train.RigL(model, opt, **{"total_steps": 10, **kw})
@@ -354,6 +356,15 @@ def test_bad_arguments_give_clear_errors():
     t = st.train.Static(model, opt, density=0.5)
     with pytest.raises(ValueError, match="saved by"):
         t.load_state_dict(st.train.SET(model, opt, total_steps=5).state_dict())
+
+
+def test_numpy_numbers_are_numbers():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = st.train.RigL(model, opt, density=np.float32(0.5), alpha=np.float64(0.3),
+                            delta_t=np.int64(2), total_steps=10)
+    assert trainer.densities
+    trainer.close()
 
 
 def test_snfs_momentum_must_be_a_number():

@@ -334,6 +334,12 @@ def test_zero_dim_numpy_data_is_refused_like_a_zero_dim_tensor():
         st.tensor(np.array(5.0), format="coo")
 
 
+def test_a_device_that_is_not_one_is_named():
+    for bad in ("bogus", 3.5):
+        with pytest.raises(ValueError, match=r"st.tensor: device=.* is not a device"):
+            st.tensor(X, device=bad)
+
+
 def test_meta_tensors_rejected():
     with pytest.raises(ValueError, match=r"data is a meta tensor, which has no values"):
         st.tensor(torch.empty(3, 3, device="meta"), format="csr")

@@ -50,6 +50,12 @@ def tensor(data, format="csr", *, shape=None, blocksize=None, index_dtype=None,
                 [2., 0., 0.]])
     """
     check_dtype_argument(dtype, "st.tensor")
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"st.tensor: device={device!r} is not a device; use e.g. 'cpu' or "
+                             "'cuda'") from None
     if shape is not None:
         shape = check_shape(shape, "st.tensor")
     out = _from_any(data, format, shape, blocksize, index_dtype)

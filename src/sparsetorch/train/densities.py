@@ -14,6 +14,7 @@ Layers given a custom density are left out of the ERK solve, as there.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Mapping, Sequence
 
 DISTRIBUTIONS = ("erk", "er", "uniform")
@@ -117,7 +118,7 @@ def kept_count(size: int, density: float) -> int:
 
 
 def _check_density(what: str, d) -> None:
-    if isinstance(d, bool) or not isinstance(d, (int, float)):
+    if isinstance(d, bool) or not isinstance(d, numbers.Real):   # (NumPy's too)
         raise TypeError(f"{what} must be a number in (0, 1], got {type(d).__name__}")
     if not 0.0 < d <= 1.0:
         raise ValueError(f"{what}={d} must be in (0, 1] (it is the fraction of weights kept; "

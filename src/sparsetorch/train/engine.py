@@ -63,6 +63,8 @@ class SparseTrainer:
                              f"start at {GROW_INITS} (the paper's choice)")
         _check_int(cls, "delta_t", delta_t, 1)
         _check_int(cls, "seed", seed)
+        if not -2 ** 63 <= seed < 2 ** 63:
+            raise ValueError(f"{cls}: seed={seed} must fit in 64 bits (a signed int64)")
         for what, v in (("t_end", t_end), ("total_steps", total_steps)):
             if v is not None:
                 _check_int(cls, what, v, 0 if what == "t_end" else 1)
