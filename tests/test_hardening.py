@@ -153,10 +153,13 @@ def test_hypersparse_product_of_huge_dimensions_runs_in_its_entries_memory():
     """)
 
 
+WIDE = 2 ** 31 + 5   # columns past int32
+
+
 @pytest.mark.parametrize("equation,formats,b_shape", [
-    ("ij,jk->ik", ("csr", "csr"), (1, 2 ** 31 + 5)), ("ij,jk->ik", ("csc", "csr"), (1, 2 ** 31 + 5)),
-    ("ij,kj->ik", ("csr", "csc"), (2 ** 31 + 5, 1)), ("ji,jk->ik", ("csr", "csr"), (1, 2 ** 31 + 5)),
-    ("ij,jk->ki", ("csr", "csr"), (1, 2 ** 31 + 5))])
+    ("ij,jk->ik", ("csr", "csr"), (1, WIDE)), ("ij,jk->ik", ("csc", "csr"), (1, WIDE)),
+    ("ij,kj->ik", ("csr", "csc"), (WIDE, 1)), ("ji,jk->ik", ("csr", "csr"), (1, WIDE)),
+    ("ij,jk->ki", ("csr", "csr"), (1, WIDE))])
 def test_product_columns_past_int32_keep_their_values(equation, formats, b_shape):
     """An int32 A times an int64 B whose columns pass 2^31: a CSR-like result's columns
     were written in A's index type (2^31 + 4 came back as -2^31 + 4)."""

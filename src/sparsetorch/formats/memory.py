@@ -59,7 +59,7 @@ def check_fits_memory(fmt: Format, shape, nnz: int, value_bytes: int, what: str 
     need, limit = stored_bytes(fmt, shape, nnz, value_bytes), memory_bytes()
     if need > limit:
         raise ResultTooLarge(
-            f"{what + ': ' if what else ''}a {fmt.name} tensor of shape {tuple(shape)} with {nnz:,} entries needs "
-            f"about {need / 2**30:,.1f} GiB, more than this machine's {limit / 2**30:,.1f} GiB "
-            "of memory; keep a format without dense levels over the large dimensions (coo, "
-            "dcsr, dcsc)")
+            f"{what + ': ' if what else ''}a {fmt.name} tensor of shape {tuple(shape)} with "
+            f"{nnz:,} entries needs about {need / 2**30:,.1f} GiB, more than this machine's "
+            f"{limit / 2**30:,.1f} GiB of memory; keep a format without dense levels over the "
+            "large dimensions (coo, dcsr, dcsc)")

@@ -22,8 +22,8 @@ import torch
 from ..formats import SparseTensor
 from ..formats import tensor as _tensor
 from ..formats.format import as_format
-from ..formats.pack import choose_index_dtype
 from ..formats.memory import stored_bytes
+from ..formats.pack import choose_index_dtype
 from ..formats.validate import VALUE_DTYPES
 
 _GZIP_MAGIC = b"\x1f\x8b"

@@ -38,7 +38,8 @@ def _scalar(x) -> bool:
 
 
 def _as_float(x) -> float:
-    """``x`` as a float; a Python int past float's range is +-inf (torch's result for it)."""
+    """``x`` as a float; a Python int past float's range is +-inf (the factor it tends to;
+    torch raises ``OverflowError`` there)."""
     try:
         return float(x)
     except OverflowError:
