@@ -38,7 +38,7 @@ statements and expressions in ``vector_body.py``; this file shapes the loops aro
 from __future__ import annotations
 
 from ..compiler.ir import (Assign, Bin, Decl, For, Lit, Load, Sym, arrays_read,
-                           names_read, rewrite, statements, substitute)
+                           loads, names_read, rewrite, statements, substitute)
 from .lanes import SHAPES, Lanes, NeedIndexLanes, Unsupported, full_lanes
 from .vector_body import ACC, LANE0, MASK, REG, Body, V
 
@@ -277,7 +277,7 @@ class VectorLoops:
             for d in loop.body.stmts:
                 if isinstance(d, Decl) and d.ctype == "idx" and d.init is not None:
                     lane[Sym(d.name)] = substitute(d.init, lane)
-            for load in _loads(loop.body):
+            for load in loads(loop.body):
                 index = substitute(load.index, lane)
                 reads = names_read(index)
                 if coord in reads and not reads & (inside - {coord}) and \
@@ -510,18 +510,6 @@ def _tile_of(node, tiles):
                     walk(c)
     walk(node)
     return found.pop() if len(found) == 1 else None
-
-
-def _loads(node) -> set:
-    """The array elements ``node`` reads or writes (``Load`` nodes)."""
-    found = set()
-
-    def visit(n):
-        if isinstance(n, Load):
-            found.add(n)
-        return n
-    rewrite(node, visit)
-    return found
 
 
 def _declares(text: list[str]) -> bool:

@@ -340,6 +340,16 @@ def arrays_read(e: Node) -> set:
     return _collected(e, lambda n: n.array if isinstance(n, Load) else None)
 
 
+def loads(e: Node) -> set:
+    """The array elements (``Load`` nodes) an expression or statement reads or writes.
+
+    Example:
+        >>> sorted(repr(x.index) for x in loads(Load("x", Load("crd", Sym("p")))))
+        ["Load(array='crd', index=Sym(name='p'))", "Sym(name='p')"]
+    """
+    return _collected(e, lambda n: n if isinstance(n, Load) else None)
+
+
 def _collected(e: Node, pick) -> set:
     """``pick(n)`` of every node ``n`` of ``e`` for which it is not None."""
     found = set()

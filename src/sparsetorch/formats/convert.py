@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 from .format import Format, as_format, compressed, dense
+from .memory import check_fits_memory
 from .pack import choose_index_dtype, pack, unpack_rows
 from .scipy_routes import (SCIPY_VALUES, as_scipy, compressed_to_coo, coo_tensor_to_compressed,
                            coo_to_compressed, plain_cpu, scipy_takes_arrays,
                            scipy_takes_values, swap_compressed)
 from .tensor import SparseTensor, map_arrays
-from .memory import check_fits_memory
 from .validate import (check_blocks, check_coords, check_dtype_argument, check_index_tensor,
                        check_same_device, check_shape, check_value_dtype)
 

@@ -217,4 +217,3 @@ def check_restored_state(state, wrapper) -> tuple:
         raise ValueError(f"{what}: format {fmt.name!r} stores arrays {list(arrays)}; {bad} "
                          "missing or not tensors; the file is damaged")
     return fmt, shape, arrays, values
-

@@ -112,9 +112,9 @@ class SparseLinear(nn.Module):
         pattern = _pattern.from_mask(mask, shape, self.blocksize, "SparseLinear")
         dtype = dtype if dtype is not None else torch.get_default_dtype()
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"{type(self).__name__}: dtype={dtype} is not a floating-point dtype; its "
-                            "weights are trained: use torch.float32 (the default) or "
-                            "torch.float64")
+            raise TypeError(f"{type(self).__name__}: dtype={dtype} is not a floating-point "
+                            "dtype; its weights are trained: use torch.float32 (the default) "
+                            "or torch.float64")
         for name, array in pattern.arrays.items():
             self.register_buffer(name, array.to(device))
         # fan-in: the entries a row actually sums (nn.Linear's rule with in_features)

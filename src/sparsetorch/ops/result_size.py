@@ -49,8 +49,8 @@ def entry_bounds(a, b, a_transposed: bool = False, b_transposed: bool = False
     at = torch.searchsorted(b_rows, a_cols).clamp_(max=max(b_rows.numel() - 1, 0))
     gathered = torch.where(b_rows[at] == a_cols, counts[at], 0) if b_rows.numel() else \
         torch.zeros_like(a_cols)                             # per entry of a: its B row's length
-    row_of = torch.unique(a_rows, return_inverse=True)[1]
-    groups = int(row_of.max()) + 1 if row_of.numel() else 0
+    rows_of_a, row_of = torch.unique(a_rows, return_inverse=True)
+    groups = rows_of_a.numel()
     longest = torch.zeros(groups, dtype=torch.int64).scatter_reduce_(
         0, row_of, gathered, "amax")
     summed = torch.zeros(groups, dtype=torch.int64).index_add_(0, row_of, gathered)
