@@ -61,6 +61,13 @@ def run_cases():
                     check_against_dense("ij,ik,jk->ij", [A, _dense((43, k), dtype, k),
                                                          _dense((40, k), dtype, k + 1)],
                                         kind="sampled")
+            # Dense products: blocks of four rows side by side (``jam.jam_rows``), a last
+            # partial block row by row, and their partial tiles in one version per register
+            # count.
+            for rows in (1, 4, 5, 11):
+                for n in (1, 7, 16, 17, 33, 64, 65, 130):
+                    check_against_dense("ij,jk->ik", [_dense((rows, 5), dtype, rows),
+                                                      _dense((5, n), dtype, n)])
             # A factor fixed over the sum (d[i]) is multiplied once per row, after it.
             A = st.tensor(d, format=fmt, index_dtype=index)
             check_against_dense("i,ij,j->i", [_dense((43,), dtype, 5), A,
@@ -144,6 +151,34 @@ def test_narrow_tiles_take_two_entries_a_trip(n):
     # a tile of one register (a blocked operand's 16-entry block rows): one version only
     B = st.tensor(torch.block_diag(*[torch.ones(16, 16)] * 2), format="bsr", blocksize=(16, 16))
     check_against_dense("ij,ik->jk", [B, _dense((32, n), torch.float32, n + 1)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [0, 1, 3, 4, 6, 9])
+@pytest.mark.parametrize("n", [1, 7, 17, 64, 70])
+def test_dense_products_run_blocks_of_rows(rows, n, dtype):
+    """A dense product computes four rows' register tiles side by side, each loaded
+    segment of the right operand feeding four rows; the rows past the last whole block run
+    one at a time. Every row count around the block, every width around a register and the
+    tile, against dense."""
+    x, w = _dense((rows, 6), dtype, rows), _dense((6, n), dtype, n)
+    e = st.explain("ij,jk->ik", x, w)
+    assert "blocks of 4 rows side by side" in str(e) and "tile2_j3" in e.loops, e
+    check_against_dense("ij,jk->ik", [x, w])
+    # bias and activation ride on the blocked rows' stores
+    b = _dense((n,), dtype, 7)
+    torch.testing.assert_close(st.einsum("ij,jk->ik", x, w, bias=b, activation="relu"),
+                               torch.relu(x @ w + b))
+
+
+@needs_avx512
+def test_blocked_rows_take_one_version_per_register_count():
+    """Four rows' partial tiles of 7 columns add into one register each in a loop
+    versioned on the width (not four registers' lane tests at every step)."""
+    src = st.explain("ij,jk->ik", torch.ones(9, 16), torch.ones(16, 7)).source
+    assert "if ((n_k - k0_4) <= 16) {" in src and "<= 48) {" in src, src
+    check_against_dense("ij,jk->ik", [_dense((9, 16), torch.float32, 1),
+                                      _dense((16, 7), torch.float32, 2)])
 
 
 @needs_avx2

@@ -179,8 +179,9 @@ class VectorLoops:
         tile (its width known at run time) is paired only when that width needs at most
         ``PAIRED_REGISTERS`` registers, in a version per register count that touches only
         those (a 16-column row in a 64-column tile otherwise tested all four registers'
-        lanes at every entry); the loop as it stands runs past that. Anything else raises
-        ``Unsupported``, and the caller renders the loop as it stands."""
+        lanes at every entry); the loop as it stands runs past that. A body adding into
+        several tiles of one width (jammed rows) goes to ``narrowed_loop``. Anything else
+        raises ``Unsupported``, and the caller renders the loop as it stands."""
         if self.unpaired or s.step != 1 or s.simd or s.reduction or s.parallel is not None:
             raise Unsupported("not a plain loop")
         tiles, widths = set(), set()
@@ -196,20 +197,20 @@ class VectorLoops:
                 raise Unsupported("a loop body that does more than add into a tile")
             tiles.add(tile)
             widths.add(st.end)
-        if len(tiles) != 1 or len(widths) != 1:
-            raise Unsupported("not one register tile of one width")
-        tile, width = tiles.pop(), widths.pop()
+        if len(widths) != 1 or len({self.tiles[t] for t in tiles}) != 1:
+            raise Unsupported("not register tiles of one width")
+        width = widths.pop()
+        if not isinstance(width, Lit) and \
+                names_read(width) & ({s.var} | {d.name for d in statements(s.body)
+                                                if isinstance(d, Decl)}):
+            raise Unsupported("a tile width that changes along the loop")
+        test = None if isinstance(width, Lit) else self.scalar.expr(width)
+        if len(tiles) > 1:
+            return self.narrowed_loop(s, pad, tiles, test)
+        tile = tiles.pop()
         regs, lanes = self.tiles[tile], self.shape()
-        pairs = PAIRED_REGISTERS * lanes.n
-        if isinstance(width, Lit):
-            if width.value > pairs:
-                raise Unsupported("a tile wide enough to fill the FMA units")
-            test = None
-        else:   # (the width must not change along the loop)
-            if names_read(width) & ({s.var} | {d.name for d in statements(s.body)
-                                              if isinstance(d, Decl)}):
-                raise Unsupported("a tile width that changes along the loop")
-            test = self.scalar.expr(width)
+        if isinstance(width, Lit) and width.value > PAIRED_REGISTERS * lanes.n:
+            raise Unsupported("a tile wide enough to fill the FMA units")
         twin = self.fresh(tile)
         var, end = s.var, self.fresh("end")
         second = rewrite(s.body, lambda n: Bin("+", n, Lit(1)) if n == Sym(var) else
@@ -238,12 +239,38 @@ class VectorLoops:
                 self.tiles[tile] = regs
         if test is None:
             return [f"{pad}{{", *paired(regs), f"{pad}}}"]
-        # A partial tile: one version per number of registers its width needs (each adds
-        # into those only: no per-entry tests of the others), the loop alone past that.
-        out = []
-        for used in range(1, min(PAIRED_REGISTERS, regs) + 1):
+        return self.versions(s, pad, test, min(PAIRED_REGISTERS, regs), paired)
+
+    def narrowed_loop(self, s: For, pad: str, tiles: set, test) -> list[str]:
+        """A loop adding into several register tiles of one width (the rows of a block,
+        ``jam.jam_rows``), whose copies already run independent FMA chains: not paired, but
+        for a partial width, one version per number of registers it needs, each touching
+        only those (a dense product with 7 columns then adds into one register a row
+        instead of testing four registers' lanes at every step)."""
+        regs = self.tiles[next(iter(tiles))]
+        if test is None or regs == 1:
+            raise Unsupported("full tiles, or of one register: the loop as it stands")
+
+        def narrowed(used):
+            for t in tiles:
+                self.tiles[t] = used
+            self.unpaired = True
+            try:
+                return self.scalar.stmt(s, pad + "  ")
+            finally:
+                self.unpaired = False
+                for t in tiles:
+                    self.tiles[t] = regs
+        return self.versions(s, pad, test, regs - 1, narrowed)
+
+    def versions(self, s: For, pad: str, test: str, most: int, render) -> list[str]:
+        """``s`` for a partial tile of ``test`` values: ``render(used)`` where they fill
+        ``used`` registers, for ``used`` up to ``most`` (each adds into those only: no
+        per-step tests of the others), the loop as it stands past that."""
+        lanes, out = self.shape(), []
+        for used in range(1, most + 1):
             out += [f"{pad}{'} else ' if out else ''}if ({test} <= {used * lanes.n}) {{",
-                    *paired(used)]
+                    *render(used)]
         self.unpaired = True
         try:
             alone = self.scalar.stmt(s, pad + "  ")

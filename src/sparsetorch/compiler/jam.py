@@ -81,6 +81,77 @@ def jam_tiles(body: Block, static: dict, tile_registers: int,
     return body, tuple(dict.fromkeys(jammed))
 
 
+def jam_rows(body: Block, rows: int, tile_registers: int,
+             max_registers: int = 16) -> tuple[Block, bool]:
+    """``(body', done)``: each parallel loop over dense output rows that encloses a register
+    tile, run as blocks of ``rows`` rows whose tiles are computed side by side (the
+    copies' loops over the reduction and the tile fused, as ``jam_tiles`` fuses a block's
+    rows); a last partial block runs its rows one at a time. Only while the copies hold at
+    most ``max_registers`` accumulators (``rows * tile_registers``).
+
+    Dense products (loop order i, j, k; the tile over k) broadcast ``A[i, j]`` against a
+    row segment of ``B``: one row gives each tile register one FMA chain per ``j``, which
+    waits on its own latency when the tile is one register (``k`` of 16 or fewer: a
+    classifier's few outputs), and loads ``B``'s segment once per row. ``rows`` rows share
+    each load and run that many chains: the register blocking of a GEMM micro-kernel.
+    Four rows against one at a time, AVX-512 (Zen 4), 2 threads, three alternating runs:
+    2708 x 16 by 16 x 7 (a GCN's class scores) 25-34 -> 17-21 us, 2708 x 1433 by 1433 x 16
+    1.8-2.8 -> 0.75-0.9 ms, 8192 rows of 256 by 256 x 256 1.45x, of 64 by 64 x 32 1.05x.
+    Legal as ``jam_tiles`` is: the copies write different rows and only read the
+    operands.
+
+    Example:
+        >>> from sparsetorch.compiler.ir import Parallel, block, dump
+        >>> inner = For("kk", Lit(0), Lit(16), block(
+        ...     Assign(Load("tile", Sym("kk")), Load("x", Sym("i")), "+=")), simd=True)
+        >>> tile = For("k0", Lit(0), Sym("n_k"), block(Decl("val[]", "tile", Lit(16)), inner),
+        ...            step=16)
+        >>> loop = block(For("i", Lit(0), Sym("n_i"), block(tile), Parallel()))
+        >>> print(dump(jam_rows(loop, 2, 1)[0]))
+        for i_b in [0, ((n_i + 1) / 2))  [parallel static]
+          if (((i_b * 2) + 2) <= n_i)
+            for k0 in [0, n_k) by 16
+              val[] tile_j0 = 16
+              val[] tile_j1 = 16
+              for kk in [0, 16)  [simd]
+                tile_j0[kk] += x[((i_b * 2) + 0)]
+              for kk in [0, 16)  [simd]
+                tile_j1[kk] += x[((i_b * 2) + 1)]
+          else
+            for i in [(i_b * 2), n_i)
+              for k0 in [0, n_k) by 16
+                val[] tile = 16
+                for kk in [0, 16)  [simd]
+                  tile[kk] += x[i]
+    """
+    if rows < 2 or rows * tile_registers > max_registers:
+        return body, False
+    done = []
+
+    def blocked(s):
+        if not (isinstance(s, For) and s.parallel is not None and
+                s.parallel.weights is None and s.parallel.workspace is None and
+                s.step == 1 and s.start == Lit(0) and _encloses_tile(s.body)):
+            return s
+        block_var = f"{s.var}_b"
+        first = Bin("*", Sym(block_var), Lit(rows))
+        copies = [substitute(s.body, {Sym(s.var): Bin("+", first, Lit(r))}).stmts
+                  for r in range(rows)]
+        try:
+            fused = _fuse(copies, [{} for _ in range(rows)])
+        except _NotJammable:
+            return s
+        done.append(s.var)
+        one_by_one = For(s.var, first, s.end, s.body)
+        return replace(s, var=block_var, end=Bin("/", Bin("+", s.end, Lit(rows - 1)),
+                                                 Lit(rows)),
+                       body=Block((If(Bin("<=", Bin("+", first, Lit(rows)), s.end),
+                                      Block(tuple(fused)), Block((one_by_one,))),)))
+
+    out = Block(tuple(blocked(s) for s in body.stmts))
+    return out, bool(done)
+
+
 def _jam_block(node: Block, static, regs, most, jammed: list) -> Block:
     out = []
     for s in node.stmts:

@@ -16,7 +16,7 @@ from functools import lru_cache
 from ..formats.levels import Compressed, Dense
 from . import hold
 from .ir import Function, dump, verify
-from .jam import jam_sums, jam_tiles, sum_widths
+from .jam import jam_rows, jam_sums, jam_tiles, sum_widths
 from .sblock import column_blocked, held_rows
 from .lower import Plan, lower
 from .notation import Assignment
@@ -220,6 +220,10 @@ def vector_isa() -> str | None:
 _TILE_REGISTERS = 4
 
 
+# Rows of a dense product computed side by side (``jam.jam_rows``).
+JAMMED_ROWS = 4
+
+
 def sum_copies() -> int:
     """Inner products computed side by side (``jam.jam_sums``; SDDMM's entries): eight
     with AVX2 or AVX-512 (two combined horizontal adds), four on other targets. Eight keep
@@ -330,6 +334,13 @@ def lower_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_d
             body, jammed = jam_tiles(fn.body, dict(static), tile // vector_lanes(value_dtype),
                                      max_tile_registers())
             fn = replace(fn, body=body)
+        elif mode == "dense" and lw.tile_var is not None and \
+                all(f.is_dense for f in sched.formats):
+            body, blocked = jam_rows(fn.body, JAMMED_ROWS, tile // vector_lanes(value_dtype),
+                                     max_tile_registers())
+            if blocked:
+                fn = replace(fn, body=body)
+                notes.append(f"blocks of {JAMMED_ROWS} rows side by side (register blocking)")
         if mode in ("dense", "sampled") and lw.acc_depth is not None:
             copies = sum_copies()
             body, summed = jam_sums(fn.body, copies)
