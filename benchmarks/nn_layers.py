@@ -16,6 +16,11 @@ Sections
           coalesced COO tensor (``torch.sparse.mm``; both orders x W first, as ours).
           Forward alone too. Again with 64 random features: at 500 the dense products
           x W (and their gradient), the same in every implementation, take ~80% of a step.
+  narrow  the dense products ``x W^T`` with few outputs that the graph layers run without
+          autograd where torch's BLAS is slow (MKL on AMD; ``sparsetorch.nn.graph._linear``):
+          ``F.linear`` against the generated kernel in both of its forms, inner products
+          (``st.einsum("ij,kj->ik", x, W)``) and rows (``st.einsum("ij,jk->ik", x, W^T)``,
+          four rows side by side), on 2708 and 8192 rows of 16-1024 inputs, 2-64 outputs.
 
 Timing: ``sparsetorch.bench.compare`` (interleaved rounds, medians of per-round ratios;
 ``speedup`` > 1 means faster than the baseline, the first implementation listed).
@@ -35,7 +40,7 @@ def _args():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2, help="threads for every library (2)")
     p.add_argument("--rounds", type=int, default=15, help="timed rounds per case (15)")
-    p.add_argument("--only", default=None, help="regex of cases to run (linear, gcn)")
+    p.add_argument("--only", default=None, help="regex of sections to run (linear, gcn, narrow)")
     p.add_argument("--out", default=str(HERE / "results" / "nn_layers.json"), help="JSON path")
     return p.parse_args()
 
@@ -155,10 +160,26 @@ def gcn_case(report, g, width):
     run(report, f"gcn pubmed x{width} train", {k: step(k) for k in models}, **fields)
 
 
+def section_narrow(report):
+    torch.manual_seed(0)
+    for rows in (2708, 8192):
+        for inputs in (16, 64, 256, 1024):
+            for outputs in (2, 4, 8, 16, 32, 64):
+                x, w = torch.randn(rows, inputs), torch.randn(outputs, inputs)
+                wt = w.t().contiguous()
+                with torch.no_grad():
+                    run(report, f"narrow {rows}x{inputs}->{outputs}",
+                        {"F.linear": lambda: F.linear(x, w),
+                         "inner products": lambda: st.einsum("ij,kj->ik", x, w),
+                         "rows": lambda: st.einsum("ij,jk->ik", x, wt)},
+                        section="narrow", rows=rows, inputs=inputs, outputs=outputs)
+
+
 def main():
     quiet_sparse_warnings()
     report = Report(f"st.nn layers and models ({ARGS.threads} threads)")
-    for name, section in (("linear", section_linear), ("gcn", section_gcn)):
+    for name, section in (("linear", section_linear), ("gcn", section_gcn),
+                          ("narrow", section_narrow)):
         if ARGS.only is None or re.search(ARGS.only, name):
             print(f"{name}:", flush=True)
             section(report)

@@ -398,11 +398,14 @@ def test_layers_compile_with_every_input_kind(make):
             _compiled_matches_eager(conv, x, adj)
 
 
-@pytest.mark.parametrize("out_features, generated", [(4, True), (40, False)])
+@pytest.mark.parametrize("in_features, out_features, form", [
+    (50, 4, "ij,jk->ik"), (80, 4, "ij,kj->ik"), (80, 24, "ij,jk->ik"), (50, 40, None)])
 def test_narrow_dense_products_take_the_generated_kernel_where_blas_is_slow(
-        monkeypatch, out_features, generated):
-    """Where torch's BLAS is slow (MKL on AMD) an inference product of at most 16 outputs
-    runs the generated kernel, a wider one ``F.linear``; both equal the dense layer."""
+        monkeypatch, in_features, out_features, form):
+    """Where torch's BLAS is slow (MKL on AMD) an inference product of at most 32 outputs
+    runs the generated kernel, as inner products (few outputs from many inputs) or as rows
+    times the kept W^T, a wider one ``F.linear``; all equal the dense layer, also after
+    the weights change in place (the kept W^T follows)."""
     from sparsetorch.nn import graph as graph_module
 
     monkeypatch.setattr(graph_module, "torch_blas_is_fast", lambda: False)
@@ -410,16 +413,38 @@ def test_narrow_dense_products_take_the_generated_kernel_where_blas_is_slow(
     real = graph_module.einsum
     monkeypatch.setattr(graph_module, "einsum",
                         lambda eq, *ops, **kw: calls.append(eq) or real(eq, *ops, **kw))
-    conv = st.nn.GCNConv(50, out_features)
-    x = features(width=50).float()
-    with torch.no_grad():
-        out = conv(x, graph())
-    assert ("ij,kj->ik" in calls) == generated
+    conv = st.nn.GCNConv(in_features, out_features)
+    x = features(width=in_features).float()
     A = dense_adjacency(graph()) + torch.eye(N, dtype=F64)
     A.fill_diagonal_(1.0)   # (node 3's own self loop is kept, not added again)
     d = A.sum(1).rsqrt()
-    ref = (d[:, None] * A * d[None, :]) @ (x.double() @ conv.lin.weight.double().T)
-    torch.testing.assert_close(out.double(), ref + conv.bias.double(), rtol=1e-4, atol=1e-4)
+    for _ in range(2):
+        calls.clear()
+        with torch.no_grad():
+            out = conv(x, graph())
+        assert calls[0] == form if form else calls == ["ij,jk->ik"]   # (then A times it)
+        ref = (d[:, None] * A * d[None, :]) @ (x.double() @ conv.lin.weight.double().T)
+        torch.testing.assert_close(out.double(), ref + conv.bias.double(), rtol=1e-4,
+                                   atol=1e-4)
+        with torch.no_grad():
+            conv.lin.weight.mul_(-2)
+
+
+@pytest.mark.parametrize("make", [lambda: st.nn.SAGEConv(5, 3), lambda: st.nn.GATConv(5, 2)])
+def test_narrow_dense_products_of_other_layers_match_autograd(monkeypatch, make):
+    """SAGEConv's two weights keep a W^T each; GATConv's dense x takes ``_linear`` too:
+    inference through the generated kernels equals the recorded (``F.linear``) forward."""
+    from sparsetorch.nn import graph as graph_module
+
+    monkeypatch.setattr(graph_module, "torch_blas_is_fast", lambda: False)
+    conv, x, e = make().double(), features(), graph()
+    for _ in range(2):
+        with torch.no_grad():
+            got = conv(x, e)
+        torch.testing.assert_close(got, conv(x, e).detach())
+        with torch.no_grad():
+            for p in conv.parameters():
+                p.add_(0.5)
 
 
 def test_gcn_counts_a_repeated_self_loop_once_as_pyg():

@@ -40,28 +40,25 @@ def _propagate(A: SparseTensor, h: torch.Tensor, bias, activation=None) -> torch
     return einsum("ij,jk->ik", A, h, bias=bias, activation=activation)
 
 
-class _SparseInputWeights:
-    """The weights a sparse ``x`` is multiplied with, each transposed to ``(in, out)``: the
-    kernel for a sparse ``x`` reads its right operand row by row, so ``x W^T`` with ``W``
-    as ``nn.Linear`` keeps it ``(out, in)`` would copy ``W^T`` on every call (Cora, 1433 x
-    16: ~45 us of a 130 us product). A tuple, one per weight given, kept between calls while
-    the weights are unchanged (their versions) and no gradient is recorded; rebuilt
-    (differentiable copies) otherwise."""
+class _TransposedWeight:
+    """A weight transposed to ``(in, out)`` for the kernels that read their right operand
+    row by row: the product with a sparse ``x``, and narrow dense products (``_linear``).
+    ``x W^T`` with ``W`` as ``nn.Linear`` keeps it ``(out, in)`` would copy ``W^T`` on
+    every call (Cora, 1433 x 16: ~45 us of a 130 us product). Kept between calls while the
+    weight is unchanged (its data pointer and version) and no gradient is recorded;
+    rebuilt (a differentiable copy) otherwise."""
 
     def __init__(self):
         self._key = self._value = None
 
-    def __call__(self, *weights) -> tuple:
-        recording = _is_grad_enabled() and any(w.requires_grad for w in weights)
-        if recording or _is_compiling():
-            return tuple(w.t().contiguous() for w in weights)
-        # (a resize or an assignment to .data changes the pointer or the version; one
-        # weight, GCNConv's and GATConv's, skips building a list: this runs every call)
-        key = ((weights[0].data_ptr(), weights[0]._version) if len(weights) == 1 else
-               [(w.data_ptr(), w._version) for w in weights])
+    def __call__(self, weight: torch.Tensor) -> torch.Tensor:
+        if _is_grad_enabled() and weight.requires_grad or _is_compiling():
+            return weight.t().contiguous()
+        # (a resize or an assignment to .data changes the pointer or the version)
+        key = (weight.data_ptr(), weight._version)
         if key != self._key:
             self._key = key
-            self._value = tuple(w.detach().t().contiguous() for w in weights)
+            self._value = weight.detach().t().contiguous()
         return self._value
 
     def __getstate__(self):   # (a copy starts empty: derived data)
@@ -76,27 +73,39 @@ _is_compiling = torch.compiler.is_compiling
 
 
 # The dense products the generated kernel takes where torch's BLAS is slow: at most this
-# many outputs from at most this many inputs. ``F.linear`` against it on a Zen 4 (MKL, 2
-# threads, 8192 rows of 64-1024 inputs): the kernel 1.5-2.5x faster at 8 outputs,
-# 0.93-1.28x at 16 from up to 512 inputs (0.72x from 1024), 0.5-1.0x from 32 outputs on.
-_NARROW_OUT, _NARROW_IN = 16, 512
+# many outputs. ``F.linear`` against the form ``_DOT_OUT`` picks on a Zen 4 (MKL, 2 threads,
+# 2708 and 8192 rows of 16-1024 inputs, ``benchmarks/nn_layers.py --only narrow``): the
+# kernel 1.29-3.26x faster at 2-8 outputs, 1.33-2.41x at 16, 1.13-1.92x at 32, 0.96-1.52x
+# at 64.
+_NARROW_OUT = 32
+# Up to this many outputs from at least this many inputs, the kernel computes each output as
+# an inner product of ``x``'s row and ``W``'s (``ij,kj->ik``, eight side by side: each
+# vector step does a register's worth of useful multiply-adds); otherwise it adds ``W^T``'s
+# rows scaled by ``x``'s entries into a row of outputs held in registers (``ij,jk->ik``,
+# four rows side by side), whose steps carry as many useful lanes as there are outputs. At
+# 2-8 outputs from 64-1024 inputs the inner products ran 1.2-4x faster than the rows (but
+# 1024 -> 8: 0.8-0.9x); from 16 inputs, or at 16 or more outputs, the rows did (1.3-3x).
+_DOT_OUT, _DOT_IN = 8, 64
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias=None) -> torch.Tensor:
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias=None, transposed=None) -> torch.Tensor:
     """``x W^T + b`` for a dense ``x``: torch's ``F.linear`` (whose backward is the faster
     one too: a GCN training step on Cora, 1 thread, 3.0 ms where the recorded einsum took
     3.6), except where no gradient is recorded, torch's BLAS is slow on narrow products
     (``torch_blas_is_fast``: MKL on AMD CPUs) and this one is narrow (``_NARROW_OUT``),
-    where the compiler's dense kernel runs, given detached weights (a Parameter is not a
-    plain tensor to einsum's guarded call shims: each call would take its full path,
-    ~0.3 ms here)."""
+    where the compiler's dense kernel runs, in the form ``_DOT_OUT`` picks
+    (``transposed``: the layer's kept ``W^T``, a ``_TransposedWeight``), given detached
+    weights (a Parameter is not a plain tensor to einsum's guarded call shims: each call
+    would take its full path, ~0.3 ms here)."""
     out_features, in_features = weight.shape
-    if torch_blas_is_fast() or out_features > _NARROW_OUT or in_features > _NARROW_IN or \
+    if torch_blas_is_fast() or out_features > _NARROW_OUT or \
             _is_grad_enabled() and (x.requires_grad or weight.requires_grad or
                                     (bias is not None and bias.requires_grad)):
         return F.linear(x, weight, bias)
-    return einsum("ij,kj->ik", x, weight.detach(),
-                  bias=None if bias is None else bias.detach())
+    bias = None if bias is None else bias.detach()
+    if transposed is None or out_features <= _DOT_OUT and in_features >= _DOT_IN:
+        return einsum("ij,kj->ik", x, weight.detach(), bias=bias)
+    return einsum("ij,jk->ik", x, transposed(weight), bias=bias)
 
 
 def _sparse_product(x: SparseTensor, weights_t: torch.Tensor) -> torch.Tensor:
@@ -111,7 +120,7 @@ class _Propagation(nn.Module):
         self.normalize, self.add_self_loops, self.cached = normalize, add_self_loops, cached
         self._degree = degree
         self._cache = AdjacencyCache()
-        self._sparse_weights = _SparseInputWeights()
+        self._transposed = _TransposedWeight()
 
     @property
     def self_loops(self) -> bool:
@@ -193,10 +202,11 @@ class GCNConv(_Propagation):
         _check_x(x, self.in_features, "GCNConv", weight.dtype)
         A = self.adjacency(adj, x)
         if isinstance(x, SparseTensor):
-            return _propagate(A, _sparse_product(x, self._sparse_weights(weight)[0]), bias,
+            return _propagate(A, _sparse_product(x, self._transposed(weight)), bias,
                               self.activation)
         if self.out_features <= self.in_features:
-            return _propagate(A, _linear(x, weight), bias, self.activation)
+            return _propagate(A, _linear(x, weight, transposed=self._transposed), bias,
+                              self.activation)
         out = F.linear(A @ x, weight, bias)
         return out if self.activation is None else F.relu(out)
 
@@ -231,6 +241,7 @@ class SAGEConv(_Propagation):
         self.in_features, self.out_features, self.aggr = in_features, out_features, aggr
         self.lin_l = nn.Linear(in_features, out_features, bias=bias)
         self.lin_r = nn.Linear(in_features, out_features, bias=False) if root_weight else None
+        self._transposed_r = _TransposedWeight()
 
     def forward(self, x, adj) -> torch.Tensor:
         lin_l, lin_r = member(self, "lin_l"), member(self, "lin_r")
@@ -248,12 +259,12 @@ class SAGEConv(_Propagation):
         w_l, bias = member(lin_l, "weight"), member(lin_l, "bias")
         w_r = None if lin_r is None else member(lin_r, "weight")
         if sparse:
-            t = self._sparse_weights(w_l) if w_r is None else self._sparse_weights(w_l, w_r)
-            messages = _sparse_product(x, t[0])
-            root = None if w_r is None else einsum("ij,jk->ik", x, t[1], bias=bias)
+            messages = _sparse_product(x, self._transposed(w_l))
+            root = None if w_r is None else einsum("ij,jk->ik", x, self._transposed_r(w_r),
+                                                   bias=bias)
         else:
-            messages = _linear(x, w_l)
-            root = None if w_r is None else _linear(x, w_r, bias)
+            messages = _linear(x, w_l, transposed=self._transposed)
+            root = None if w_r is None else _linear(x, w_r, bias, self._transposed_r)
         return _propagate(A, messages, bias if root is None else root)
 
     def extra_repr(self) -> str:
@@ -301,7 +312,7 @@ class GATConv(nn.Module):
         for w in (self.lin.weight, self.att_src, self.att_dst):
             nn.init.xavier_uniform_(w)
         self._cache = AdjacencyCache()
-        self._sparse_weights = _SparseInputWeights()
+        self._transposed = _TransposedWeight()
 
     def pattern(self, adj, x):
         """``(P, dst, src)``: the attention pattern of all heads as one CSR SparseTensor of
@@ -347,8 +358,9 @@ class GATConv(nn.Module):
         _check_x(x, self.in_features, "GATConv", self.lin.weight.dtype)
         P, dst, src = self.pattern(adj, x)
         n, H, C = x.shape[0], self.heads, self.out_features
-        h = (_sparse_product(x, self._sparse_weights(self.lin.weight)[0])
-             if isinstance(x, SparseTensor) else F.linear(x, self.lin.weight))
+        h = (_sparse_product(x, self._transposed(self.lin.weight))
+             if isinstance(x, SparseTensor) else
+             _linear(x, self.lin.weight, transposed=self._transposed))
         # every head's source and target terms in one product: h (n, H*C) times the
         # (H*C, 2H) matrix holding att_src and att_dst head by head on its block diagonal
         # (elementwise products and sums over (n, H, C) took 4x as long, backward included)
