@@ -255,7 +255,7 @@ class _Lowerer(Assembly):
         kind = self.plan.mode
         acc = Sym(st.acc)
         if self.factor is not None:
-            factor = Lit(self.factor) if isinstance(self.factor, float) else \
+            factor = Lit(self.factor) if isinstance(self.factor, (int, float)) else \
                 self.value(self.factor, st)
             acc = Bin("*", factor, acc)
         if kind == "dense":

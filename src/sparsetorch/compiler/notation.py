@@ -81,7 +81,7 @@ class Mul(_Node):
 
 @dataclass(frozen=True)
 class Scale(_Node):
-    factor: float
+    factor: float   # (an int where the expression scales integers exactly: ops/expr.py)
     a: Expr
 
     def __str__(self):
@@ -204,7 +204,7 @@ def factor_out(expr: Expr, inner: set) -> tuple:
         >>> print(summand, "|", factor)
         T1[i,k] * T2[j,k] | 2 * T0[i,j]
     """
-    scale, fixed, varying = 1.0, [], []
+    scale, fixed, varying = 1, [], []   # (int factors stay ints: exact for integers)
     stack = [expr]
     while stack:
         e = stack.pop()

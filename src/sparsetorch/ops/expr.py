@@ -46,6 +46,15 @@ def _as_float(x) -> float:
         return math.inf if x > 0 else -math.inf
 
 
+def _factor(x):
+    """A scale factor as the kernel multiplies by it: an integer that fits int64 stays an
+    int (a C integer literal: exact past 2^53, and an int32 product wraps as torch's does,
+    where a float factor lost the low bits or saturated), anything else a float."""
+    if isinstance(x, numbers.Integral) and -2 ** 63 < x < 2 ** 63:
+        return int(x)
+    return _as_float(x)
+
+
 def _remap(e: Expr, offset: int) -> Expr:
     if isinstance(e, Access):
         return Access(e.operand + offset, e.indices)
@@ -124,7 +133,7 @@ class LazyExpr:
     def __mul__(self, other):
         if _scalar(other):
             a = self._settled()
-            return LazyExpr(Scale(_as_float(other), a.tree), a.operands, self.shape,
+            return LazyExpr(Scale(_factor(other), a.tree), a.operands, self.shape,
                             a.floats or not isinstance(other, numbers.Integral), a.depth + 1)
         return self._combine(other, Mul)
 
@@ -195,7 +204,9 @@ def _parse(tokens, indices) -> Expr:
         a = _parse(tokens, indices)
         return (Add if tok == "+" else Mul)(a, _parse(tokens, indices))
     if tok[0] == "s":
-        return Scale(float(tok[1:]), _parse(tokens, indices))
+        factor = tok[1:]   # (an int factor stays an int: see ``_factor``)
+        return Scale(int(factor) if factor.lstrip("-").isdigit() else float(factor),
+                     _parse(tokens, indices))
     return Unary(tok[1:], _parse(tokens, indices))
 
 
