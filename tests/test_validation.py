@@ -75,6 +75,27 @@ def test_negative_or_non_integer_shape():
         coo_pair([[0], [0]], [1.], shape=(2.5, 3))
 
 
+@pytest.mark.parametrize("fmt", ["coo", "dcsr", "csr"])
+def test_shape_past_torchs_element_count(fmt):
+    """A SparseTensor is a torch.Tensor of its shape: more than 2^63 - 1 elements in all
+    is a ValueError naming the limit, at construction (before any array is allocated) and
+    for an einsum result (before the kernel runs); 2^31 x 2^31 works (hypersparse formats:
+    CSR would hold 2^31 row pointers)."""
+    n = 2 ** 32 + 1
+    with pytest.raises(ValueError, match=r"shape \(4294967297, 4294967297\).*2\^63 - 1"):
+        coo_pair([[0, n - 1], [0, n - 1]], [1., 2.], shape=(n, n), fmt=fmt)
+    with pytest.raises(ValueError, match=r"2\^63 - 1"):
+        st.random((n, n), density=0.0)
+    if fmt == "csr":
+        return
+    m = 2 ** 31
+    A = coo_pair([[0, m - 1], [0, m - 1]], [1., 2.], shape=(m, m), fmt=fmt)
+    assert A.shape == (m, m) and A.nnz == 2
+    with pytest.raises(ValueError, match=r"result's shape \(2147483648, 2147483648, "
+                                         r"2147483648, 2147483648\).*2\^63 - 1"):
+        st.einsum("ij,kl->ijkl", A, A)
+
+
 def test_shape_required_without_entries():
     with pytest.raises(ValueError, match="shape= is required"):
         st.tensor((torch.zeros(2, 0, dtype=torch.long), torch.zeros(0)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from math import prod
 
 # Unary maps: C expression template, torch reference, and whether f(0) == 0 (a map that keeps
 # zeros keeps sparsity; one that does not, like exp, makes the result dense).
@@ -363,5 +364,9 @@ def var_extents(assignment: Assignment, shapes) -> dict:
                 raise size_mismatch(v, sizes[v], shape[d], f"in one operand but {shape[d]} "
                                     f"in operand {acc.operand} (dimension {d})")
             sizes[v] = int(shape[d])
+    if prod(sizes[v] for v in assignment.out_vars) >= 2 ** 63:
+        raise ValueError(f"the result's shape {tuple(sizes[v] for v in assignment.out_vars)} "
+                         "holds more elements than a torch tensor can describe (2^63 - 1); "
+                         "use smaller dimensions or split the expression")
     return sizes
 

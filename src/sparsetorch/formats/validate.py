@@ -13,6 +13,7 @@ Example:
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -55,6 +56,10 @@ def check_shape(shape, name: str) -> tuple[int, ...]:
         raise TypeError(f"{name}: shape {shape!r} must be a sequence of integers") from None
     if any(s < 0 for s in out):
         raise ValueError(f"{name}: shape {out} has a negative size; sizes must be non-negative")
+    if math.prod(out) >= 2 ** 63:   # (a SparseTensor is a torch.Tensor of this shape)
+        raise ValueError(f"{name}: shape {out} holds {math.prod(out)} elements in all, past "
+                         "torch's limit for a tensor's element count (2^63 - 1); use smaller "
+                         "dimensions")
     return out
 
 
