@@ -394,6 +394,13 @@ def test_linear_and_addmm_check_what_they_add():
         torch.nn.functional.linear(torch.rand(2, 4), A, torch.rand(3, 2, 4))   # (as torch)
     with pytest.raises(ValueError, match=r"linear: input is 0-d"):
         torch.nn.functional.linear(torch.tensor(1.0), A)
+    # another dtype is refused, whatever beta (as torch does), not promoted or dropped
+    for beta in (0, 1, 0.5):
+        with pytest.raises(TypeError, match=r"addmm: input is torch.float64 but the product "
+                                            r"is torch.float32; convert"):
+            torch.addmm(torch.rand(4, 2, dtype=torch.float64), A, torch.rand(4, 2), beta=beta)
+    with pytest.raises(TypeError, match=r"linear: bias is torch.int64 but the product"):
+        torch.nn.functional.linear(x, A, torch.ones(4, dtype=torch.int64))
 
 
 def test_hybrid_torch_coo_rejected():

@@ -24,12 +24,16 @@ def _check(x, what: str, n: int):
                         "SparseTensors")
 
 
-def _check_addend(x, result_shape, what: str, name: str):
-    """Raise unless ``x`` (added to a product of ``result_shape``) broadcasts to that shape:
-    torch's add would fail in its own terms, or broadcast the result to a larger shape
-    (which torch's ``F.linear`` and ``addmm`` refuse)."""
+def _check_addend(x, product, what: str, name: str):
+    """Raise unless ``x`` (added to ``product``) has its dtype and broadcasts to its shape:
+    torch's add would fail in its own terms, or broadcast the result to a larger shape, or
+    promote it (which torch's ``F.linear`` and ``addmm`` refuse)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what}: {name} is a {type(x).__name__}; pass a tensor")
+    if x.dtype != product.dtype:
+        raise TypeError(f"{what}: {name} is {x.dtype} but the product is {product.dtype}; "
+                        f"convert one of them ({name}.to({product.dtype}))")
+    result_shape = product.shape
     try:
         fits = torch.broadcast_shapes(x.shape, result_shape) == result_shape
     except RuntimeError:
@@ -140,7 +144,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
                 [3.]])
     """
     out = mm(mat1, mat2)
-    _check_addend(input, out.shape, "addmm", "input")
+    _check_addend(input, out, "addmm", "input")
     if alpha != 1:
         out = out * alpha
     if beta == 0:   # (torch ignores input's values then, nan and inf included)
@@ -230,7 +234,7 @@ def linear(input, weight, bias=None):
             out = out.reshape(*lead, weight.shape[0])
     if bias is None:
         return out
-    _check_addend(bias, out.shape, "linear", "bias")
+    _check_addend(bias, out, "linear", "bias")
     if isinstance(out, SparseTensor):   # bias fills every row: the sum is dense by nature
         from .expr import lazy
 
