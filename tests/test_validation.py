@@ -2,6 +2,8 @@
 and the fix. Kernels trust what passes, so nothing here may slip through or crash."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -364,6 +366,11 @@ def test_a_device_that_is_not_one_is_named():
 def test_meta_tensors_rejected():
     with pytest.raises(ValueError, match=r"data is a meta tensor, which has no values"):
         st.tensor(torch.empty(3, 3, device="meta"), format="csr")
+    with warnings.catch_warnings():   # (torch warns that nested tensors are a prototype)
+        warnings.simplefilter("ignore")
+        nested = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(3, 3)])
+    with pytest.raises(TypeError, match=r"data is a nested tensor.*to_padded_tensor"):
+        st.tensor(nested, format="csr")
 
 
 @pytest.mark.parametrize("kind", ["dok", "lil", "dia"])

@@ -84,6 +84,10 @@ def _from_any(data, format, shape, blocksize, index_dtype) -> SparseTensor:
         raise TypeError(f"st.tensor: cannot make a sparse tensor from {type(data).__name__}; "
                         "pass a torch.Tensor, numpy array, scipy.sparse matrix, torch.sparse "
                         "tensor or an (indices, values) pair")
+    if data.is_nested:   # (before anything reads its shape: nested tensors have none)
+        raise TypeError("st.tensor: data is a nested tensor, whose rows differ in shape; "
+                        "convert each of its tensors (data.unbind()), or pad it first "
+                        "(data.to_padded_tensor(0))")
     _check_shape_kw(data.shape, shape)
     if data.device.type == "meta":
         raise ValueError("st.tensor: data is a meta tensor, which has no values to store; "
