@@ -220,7 +220,8 @@ def vector_isa() -> str | None:
 _TILE_REGISTERS = 4
 
 
-# Rows of a dense product computed side by side (``jam.jam_rows``).
+# Rows of a dense product computed side by side (``jam.jam_rows``), at most: as many as
+# keep the tiles within ``max_tile_registers`` (AVX2: two rows of four registers).
 JAMMED_ROWS = 4
 
 
@@ -334,13 +335,14 @@ def lower_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_d
             body, jammed = jam_tiles(fn.body, dict(static), tile // vector_lanes(value_dtype),
                                      max_tile_registers())
             fn = replace(fn, body=body)
-        elif mode == "dense" and lw.tile_var is not None and \
+        elif mode == "dense" and lw.tile_var is not None and vector_isa() and \
                 all(f.is_dense for f in sched.formats):
-            body, blocked = jam_rows(fn.body, JAMMED_ROWS, tile // vector_lanes(value_dtype),
-                                     max_tile_registers())
+            regs = tile // vector_lanes(value_dtype)
+            rows = min(JAMMED_ROWS, max_tile_registers() // regs)
+            body, blocked = jam_rows(fn.body, rows, regs, max_tile_registers())
             if blocked:
                 fn = replace(fn, body=body)
-                notes.append(f"blocks of {JAMMED_ROWS} rows side by side (register blocking)")
+                notes.append(f"blocks of {rows} rows side by side (register blocking)")
         if mode in ("dense", "sampled") and lw.acc_depth is not None:
             copies = sum_copies()
             body, summed = jam_sums(fn.body, copies)
