@@ -84,11 +84,12 @@ _NARROW_OUT = 32
 # rows scaled by ``x``'s entries into a row of outputs held in registers (``ij,jk->ik``,
 # four rows side by side), whose steps carry as many useful lanes as there are outputs. At
 # 2-8 outputs from 64-1024 inputs the inner products ran 1.2-4x faster than the rows (but
-# 1024 -> 8: 0.8-0.9x); from 16 inputs, or at 16 or more outputs, the rows did (1.3-3x).
+# from 1024 inputs to 8 outputs 0.76-0.91x); from 16 inputs the rows ran 0.95-1.7x as fast,
+# at 16 or more outputs 1.3-2.9x.
 _DOT_OUT, _DOT_IN = 8, 64
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias=None, transposed=None) -> torch.Tensor:
+def _linear(x: torch.Tensor, weight: torch.Tensor, transposed, bias=None) -> torch.Tensor:
     """``x W^T + b`` for a dense ``x``: torch's ``F.linear`` (whose backward is the faster
     one too: a GCN training step on Cora, 1 thread, 3.0 ms where the recorded einsum took
     3.6), except where no gradient is recorded, torch's BLAS is slow on narrow products
@@ -103,7 +104,7 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias=None, transposed=None) -
                                     (bias is not None and bias.requires_grad)):
         return F.linear(x, weight, bias)
     bias = None if bias is None else bias.detach()
-    if transposed is None or out_features <= _DOT_OUT and in_features >= _DOT_IN:
+    if out_features <= _DOT_OUT and in_features >= _DOT_IN:
         return einsum("ij,kj->ik", x, weight.detach(), bias=bias)
     return einsum("ij,jk->ik", x, transposed(weight), bias=bias)
 
@@ -205,7 +206,7 @@ class GCNConv(_Propagation):
             return _propagate(A, _sparse_product(x, self._transposed(weight)), bias,
                               self.activation)
         if self.out_features <= self.in_features:
-            return _propagate(A, _linear(x, weight, transposed=self._transposed), bias,
+            return _propagate(A, _linear(x, weight, self._transposed), bias,
                               self.activation)
         out = F.linear(A @ x, weight, bias)
         return out if self.activation is None else F.relu(out)
@@ -263,8 +264,8 @@ class SAGEConv(_Propagation):
             root = None if w_r is None else einsum("ij,jk->ik", x, self._transposed_r(w_r),
                                                    bias=bias)
         else:
-            messages = _linear(x, w_l, transposed=self._transposed)
-            root = None if w_r is None else _linear(x, w_r, bias, self._transposed_r)
+            messages = _linear(x, w_l, self._transposed)
+            root = None if w_r is None else _linear(x, w_r, self._transposed_r, bias)
         return _propagate(A, messages, bias if root is None else root)
 
     def extra_repr(self) -> str:
@@ -360,7 +361,7 @@ class GATConv(nn.Module):
         n, H, C = x.shape[0], self.heads, self.out_features
         h = (_sparse_product(x, self._transposed(self.lin.weight))
              if isinstance(x, SparseTensor) else
-             _linear(x, self.lin.weight, transposed=self._transposed))
+             _linear(x, self.lin.weight, self._transposed))
         # every head's source and target terms in one product: h (n, H*C) times the
         # (H*C, 2H) matrix holding att_src and att_dst head by head on its block diagonal
         # (elementwise products and sums over (n, H, C) took 4x as long, backward included)
