@@ -46,7 +46,8 @@ class _TransposedWeight:
     ``x W^T`` with ``W`` as ``nn.Linear`` keeps it ``(out, in)`` would copy ``W^T`` on
     every call (Cora, 1433 x 16: ~45 us of a 130 us product). Kept between calls while the
     weight is unchanged (its data pointer and version) and no gradient is recorded;
-    rebuilt (a differentiable copy) otherwise."""
+    rebuilt (a differentiable copy) otherwise. (A write in place through ``weight.data``
+    bumps no version and goes unseen: docs/layers.md says so.)"""
 
     def __init__(self):
         self._key = self._value = None
