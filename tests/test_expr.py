@@ -418,14 +418,16 @@ def test_scalars_of_every_kind():
     assert (L(S) / 10 ** 400).eval().to_dense().tolist() == [[0.0, -0.0, 0.0]]
 
 
-@pytest.mark.parametrize("dtype, factor", [(torch.int64, 2 ** 53 + 1), (torch.int64, -(2 ** 62) - 3),
-                                           (torch.int32, 2 ** 31), (torch.int32, 3_000_000_001),
-                                           (torch.int32, np.int64(-(2 ** 40) - 1))])
+@pytest.mark.parametrize("dtype, factor", [
+    (torch.int64, 2 ** 53 + 1), (torch.int64, -(2 ** 62) - 3), (torch.int64, 2 ** 64 - 3),
+    (torch.int32, 2 ** 31), (torch.int32, 3_000_000_001), (torch.int32, -(2 ** 63)),
+    (torch.int32, 2 ** 63 + 12345), (torch.int32, np.int64(-(2 ** 40) - 1))])
 def test_integer_scaling_is_exact_and_wraps_as_torch(dtype, factor):
     """An integer factor multiplies integers exactly (past 2^53, where a float factor
     loses the low bits) and an int32 product wraps as torch's does (a float factor
     saturated); so does a factor of a factored-out sum and one that crossed a traced
-    graph as text."""
+    graph as text. -2^63 and factors in [2^63, 2^64) too (modulo 2^64, as torch); past 64
+    bits a ValueError (torch: OverflowError)."""
     d = torch.tensor([[3, 0, -7], [0, 1, 0]], dtype=dtype)
     xi = st.tensor(d, "csr")
     want = d * int(factor)
@@ -439,6 +441,8 @@ def test_integer_scaling_is_exact_and_wraps_as_torch(dtype, factor):
     from sparsetorch.ops.expr import _parse, _render
     tree = (L(xi) * factor).tree
     assert _parse(iter(_render(tree).split()), ("i", "j")) == tree
+    with pytest.raises(ValueError, match="does not fit in 64 bits"):
+        xi * 2 ** 64
 
 
 # -- errors ------------------------------------------------------------------------------------

@@ -332,7 +332,8 @@ class _CRenderer:
                 text = repr(v) if v == v and abs(v) != float("inf") else \
                     "NAN" if v != v else ("INFINITY" if v > 0 else "-INFINITY")
                 return f"((val_t){text})"
-            return str(int(v))
+            # (-2^63 is no C literal: the constant 2^63 it would negate has no signed type)
+            return "INT64_MIN" if v == -2 ** 63 else str(int(v))
         if isinstance(e, Load):
             return f"{e.array}[{self.expr(e.index)}]"
         if isinstance(e, Bin):

@@ -46,12 +46,20 @@ def _as_float(x) -> float:
         return math.inf if x > 0 else -math.inf
 
 
-def _factor(x):
-    """A scale factor as the kernel multiplies by it: an integer that fits int64 stays an
+def _factor(x, integer: bool):
+    """A scale factor as the kernel multiplies by it. An integer that fits int64 stays an
     int (a C integer literal: exact past 2^53, and an int32 product wraps as torch's does,
-    where a float factor lost the low bits or saturated), anything else a float."""
-    if isinstance(x, numbers.Integral) and -2 ** 63 < x < 2 ** 63:
-        return int(x)
+    where a float factor lost the low bits or saturated); scaling ``integer`` values, one
+    in [2^63, 2^64) is its two's complement (the same product modulo 2^64, as torch's) and
+    a larger one a ValueError (torch's OverflowError); anything else a float."""
+    if isinstance(x, numbers.Integral):
+        if -2 ** 63 <= x < 2 ** 63:
+            return int(x)
+        if integer:
+            if 2 ** 63 <= x < 2 ** 64:
+                return int(x) - 2 ** 64
+            raise ValueError(f"scaling integer values by {int(x)}, which does not fit in 64 "
+                             "bits; convert the tensor to floats first (.to(torch.float64))")
     return _as_float(x)
 
 
@@ -133,8 +141,10 @@ class LazyExpr:
     def __mul__(self, other):
         if _scalar(other):
             a = self._settled()
-            return LazyExpr(Scale(_factor(other), a.tree), a.operands, self.shape,
-                            a.floats or not isinstance(other, numbers.Integral), a.depth + 1)
+            floats = a.floats or not isinstance(other, numbers.Integral)
+            integer = not floats and not any(t.dtype.is_floating_point for t in a.operands)
+            return LazyExpr(Scale(_factor(other, integer), a.tree), a.operands, self.shape,
+                            floats, a.depth + 1)
         return self._combine(other, Mul)
 
     __rmul__ = __mul__
