@@ -432,7 +432,7 @@ def test_integer_scaling_is_exact_and_wraps_as_torch(dtype, factor):
     xi = st.tensor(d, "csr")
     want = d * int(factor)
     for got in (xi * factor, factor * xi, (L(xi) * factor - L(xi)).eval() + xi,
-                (L(xi).relu() * factor + (L(xi) * -1).relu() * -factor).eval()):
+                (L(xi).relu() * factor - (L(xi) * -1).relu() * factor).eval()):
         assert got.dtype == dtype
         assert torch.equal(got.to_dense(), want)
     ones = torch.ones(3, 2, dtype=dtype)
