@@ -38,7 +38,7 @@ class CompiledKernel:
     emit_rows: bool                   # ...and one row per outer iteration of a CSR-like
                                       # result: pos is the running count, no packing, and
                                       # the fill pass writes only the columns, typed as
-                                      # the first sparse operand's indices
+                                      # operand ``emit_index``'s indices
     workspace_vars: tuple[str, ...]
     workspace_kind: str | None
     tile: tuple | None                # (variable, width) of the register tile, if any
@@ -52,6 +52,7 @@ class CompiledKernel:
                                        # (sblock.py)
     held: hold.Held | None = None     # SDDMM's nest with the row's operand held in
                                       # registers (hold.py)
+    emit_index: int | None = None     # with emit_rows: ``emitted_index_operand``
     source: str | None = None         # the rendered C (None until codegen renders it)
 
     def describe_loops(self) -> str:
@@ -331,13 +332,12 @@ def lower_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_d
         plan = Plan(assignment, sched.order, sched.formats, out, mode, workspace,
                     tile, notes, row_emission, cap, panel_factors())
         fn, lw = lower(plan, f"kernel_{mode}")
+        regs = tile // vector_lanes(value_dtype)   # (a register tile's registers)
         if static and mode == "dense" and lw.tile_var is not None:
-            body, jammed = jam_tiles(fn.body, dict(static), tile // vector_lanes(value_dtype),
-                                     max_tile_registers())
+            body, jammed = jam_tiles(fn.body, dict(static), regs, max_tile_registers())
             fn = replace(fn, body=body)
         elif mode == "dense" and lw.tile_var is not None and vector_isa() and \
                 all(f.is_dense for f in sched.formats):
-            regs = tile // vector_lanes(value_dtype)
             rows = min(JAMMED_ROWS, max_tile_registers() // regs)
             body, blocked = jam_rows(fn.body, rows, regs, max_tile_registers())
             if blocked:
@@ -368,7 +368,7 @@ def lower_kernel(assignment: Assignment, infos: tuple[OperandInfo, ...], value_d
                           lw.balanced, jammed, tuple(dict.fromkeys(notes)),
                           time.perf_counter() - t0, lw.stores_every_entry,
                           lw.plan.block_cap if lw.k_blocked else None, lw.column_blocked,
-                          lw.held)
+                          lw.held, row_emission)
 
 
 def lower_plain(assignment: Assignment, infos: tuple[OperandInfo, ...], out_format=None):

@@ -14,8 +14,7 @@ import torch
 
 from ..compiler.kblock import long_rows
 from ..codegen.kernel import compile_kernel
-from ..compiler.kernel import (CompiledKernel, block_cap, emitted_index_operand,
-                               tile_width, vector_lanes)
+from ..compiler.kernel import CompiledKernel, block_cap, tile_width, vector_lanes
 from ..compiler.notation import Assignment, size_mismatch, var_extents
 from ..compiler.output import infer_output
 from ..compiler.schedule import OperandInfo, schedule
@@ -625,8 +624,7 @@ class _Prepared:
         fmt = kernel.output.format
         vals = torch.empty(total, dtype=self.dtype)
         if kernel.emit_rows:  # CSR-like: the counts are the row lengths, columns in order
-            crd = torch.empty(total, dtype=tensors[emitted_index_operand(
-                kernel.assignment, kernel.schedule.formats, fmt)].index_dtype)
+            crd = torch.empty(total, dtype=tensors[kernel.emit_index].index_dtype)
             self.fns[1](*args, pos.data_ptr(), crd.data_ptr(), vals.data_ptr(), *ws)
             index = choose_index_dtype(fmt.storage_dims(out_shape), total)
             rows = extents[kernel.outer_extent[1]]   # slices is at least 1

@@ -31,7 +31,6 @@ import ctypes
 
 import torch
 
-from ..compiler.kernel import emitted_index_operand
 from ..compiler.lower import MAX_WORKSPACE
 from ..formats.tensor import SparseTensor, layout
 from . import cshim
@@ -228,12 +227,10 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
 def _emit_rows(kernel, args, dims, first, tensors) -> list[str]:
     """Lines for a CSR-like result (``CompiledKernel.emit_rows``): count each row's entries
     into ``pos[1:]`` (the kernel leaves running totals there), read the total, fill the
-    columns (in ``emitted_index_operand``'s index type) and values, wrap with the narrowest
-    index type that holds them."""
+    columns (in operand ``kernel.emit_index``'s index type) and values, wrap with the
+    narrowest index type that holds them."""
     rows = f"e{first[kernel.outer_extent[1]]}"
-    crd = "int32" if tensors[emitted_index_operand(
-        kernel.assignment, kernel.schedule.formats, kernel.output.format)].index_dtype == \
-        torch.int32 else "int64"
+    crd = "int32" if tensors[kernel.emit_index].index_dtype == torch.int32 else "int64"
     shape = "".join(f"{d}, " for d in dims)
     return [f"    m = {rows} or 1",
             "    pos = zeros(m + 1, dtype=int64); pp = pos.data_ptr()",
