@@ -312,14 +312,21 @@ def test_variants_benchmark_compares_settings_of_a_tuning_function(tmp_path, cap
             capsys.readouterr().err
 
 
-def test_overhead_chained_replay_feeds_fresh_outputs():
-    """``chained`` reruns the recorded calls in order, each fed what the earlier ones just
-    produced; a call replayed on its own keeps the output recorded the first time."""
-    from sparsetorch.bench.overhead import chained, record
+def test_overhead_times_each_einsum_call_inside_the_forward():
+    """Beside the recorded calls replayed alone, the overhead metric times each st.einsum
+    call where it runs, inside the forwards it times: the layers' code is the rest."""
+    from sparsetorch.bench.overhead import _medians, gcn_overhead, record
+    from sparsetorch.bench.workloads import Context
 
+    res = gcn_overhead(Context(data_root=None), rounds=1, threads=1)
+    assert len(res["calls"]) == len(res["inside_calls"]) == 4   # two layers, two products
+    assert all(t > 0 for t in res["inside_calls"])
+    assert res["inside_s"] == sum(res["inside_calls"]) < res["forward_s"]
+    assert "inside the forward the same calls took" in res["detail"]
+    assert _medians([[1.0, 4.0], [3.0, 2.0], [2.0, 9.0]], 2) == [2.0, 4.0]
+    assert _medians([[1.0, 4.0], [3.0]], 2) is None   # (forwards that made other calls)
+    # a recorded call repeats itself with the arguments it was given
     a = torch.ones(3)
     calls = record(lambda: torch.mul(torch.relu(a), 2))
     assert [c.name for c in calls] == ["relu", "mul"]
-    a.sub_(2)                                   # relu(a) is now 0
-    assert torch.equal(chained(calls)(), torch.zeros(3))
     assert torch.equal(calls[1](), torch.full((3,), 2.0))

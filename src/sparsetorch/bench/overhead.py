@@ -11,22 +11,26 @@ the cached adjacency lookup, module calls).
 
 A call replayed on its own finds its operands in its cores' caches, written by itself the
 round before; in the forward each kernel reads what the previous one just wrote, with
-several threads partly in another core's cache. So the calls are also timed back to back
-(``chained``: each fed the outputs the earlier ones just produced, as in the forward) and
-``forward / sequence - 1`` is reported beside the overhead: the layers' own code alone.
+several threads partly in another core's cache. So each ``st.einsum`` call is also timed
+where it runs, inside the forwards timed (the same interleaved rounds), and
+``forward / sum(inside) - 1`` is reported beside the overhead: the layers' own code alone.
+(Only ``st.einsum`` calls: timing torch functions would take a function mode, which slows
+every torch call inside them; a forward making others gets no such line.)
 
 Example:
     >>> import torch
     >>> calls = record(lambda: torch.relu(torch.ones(2)).detach() + 1)
     >>> [call.name for call in calls]      # (detach, a view, ran no kernel)
     ['ones', 'relu', 'add']
-    >>> chained(calls)().tolist()
-    [2.0, 2.0]
+    >>> calls[1]().tolist()                # (a call repeats itself)
+    [1.0, 1.0]
 """
 from __future__ import annotations
 
+import statistics
 import sys
 from contextlib import contextmanager
+from time import perf_counter
 from typing import Callable, NamedTuple
 
 import torch
@@ -73,18 +77,21 @@ def _aliases(out: torch.Tensor, args) -> bool:
 
 
 @contextmanager
-def _einsum_recorded(recorder: _Recorder):
-    """Swap ``st.einsum`` for a recording wrapper wherever the layers imported it."""
+def _einsum_swapped(on_call, depth):
+    """Swap ``st.einsum`` wherever the layers imported it for a wrapper that calls
+    ``on_call(args, kwargs, out, seconds)`` after each top-level call; ``depth.inside``
+    counts the calls under way (a ``_Recorder`` records none of their own torch calls)."""
     from ..ops import einsum
 
     def wrapper(*args, **kwargs):
-        recorder.inside += 1
+        depth.inside += 1
+        start = perf_counter()
         try:
             out = einsum(*args, **kwargs)
         finally:
-            recorder.inside -= 1
-        if not recorder.inside:
-            recorder.calls.append(Call("st.einsum " + str(args[0]), einsum, args, kwargs, out))
+            depth.inside -= 1
+        if not depth.inside:
+            on_call(args, kwargs, out, perf_counter() - start)
         return out
 
     swapped = []
@@ -104,33 +111,23 @@ def _einsum_recorded(recorder: _Recorder):
 
 def record(forward) -> list:
     """``[Call]``: the top-level kernel calls of one ``forward()``, in order."""
+    from ..ops import einsum
     recorder = _Recorder()
-    with torch.no_grad(), _einsum_recorded(recorder), recorder:
+
+    def on_call(args, kwargs, out, _):
+        recorder.calls.append(Call("st.einsum " + str(args[0]), einsum, args, kwargs, out))
+
+    with torch.no_grad(), _einsum_swapped(on_call, recorder), recorder:
         forward()
     return recorder.calls
 
 
-def chained(calls: list) -> Callable:
-    """A zero-argument callable running ``calls`` in order, where a recorded argument is an
-    earlier call's output, with the output that call just produced (positional arguments
-    and keyword values); it returns the last output."""
-    made = {id(c.out): k for k, c in enumerate(calls)}
-
-    def source(k, value):   # (an earlier output's index, or None: the recorded value)
-        j = made.get(id(value)) if isinstance(value, torch.Tensor) else None
-        return j if j is not None and j < k else None
-
-    steps = [(c.func, [(source(k, a), a) for a in c.args],
-              {name: (source(k, v), v) for name, v in c.kwargs.items()})
-             for k, c in enumerate(calls)]
-
-    def run():
-        outs = []
-        for func, args, kwargs in steps:
-            outs.append(func(*[a if j is None else outs[j] for j, a in args],
-                             **{n: v if j is None else outs[j] for n, (j, v) in kwargs.items()}))
-        return outs[-1]
-    return run
+def _medians(times: list, n: int) -> list | None:
+    """The median of each of ``n`` call positions over forwards' lists of call times; None
+    where a forward made another number of calls."""
+    if any(len(t) != n for t in times):
+        return None
+    return [statistics.median(t[k] for t in times) for k in range(n)]
 
 
 def gcn_overhead(ctx, rounds: int = 10, threads=None, graph: str = "cora") -> dict:
@@ -156,21 +153,41 @@ def gcn_overhead(ctx, rounds: int = 10, threads=None, graph: str = "cora") -> di
     with torch.no_grad():
         forward()                     # builds the cached adjacency and the kernels
     calls = record(forward)
-    cases = {"forward": forward, "sequence": chained(calls)}
+    # Each forward also times its st.einsum calls where they run (the wrapper's two clock
+    # reads cost ~0.1 us a call, counted in the forward's time), in the same interleaved
+    # rounds as the calls replayed on their own.
+    inside = []
+
+    def timed_forward():
+        inside.append([])
+        return forward()
+
+    cases = {"forward": timed_forward}
     cases.update({f"{i}: {call.name}": call for i, call in enumerate(calls)})
-    with torch.no_grad():
+    with torch.no_grad(), _einsum_swapped(lambda *call: inside[-1].append(call[-1]),
+                                          _Recorder()):
         res = compare(cases, baseline="forward", rounds=rounds, warmup=2, min_time=2e-3,
                       threads=threads)
+    inside = _medians(inside, len(calls)) \
+        if all(call.name.startswith("st.einsum") for call in calls) else None
     times = {k: v["median_s"] for k, v in res["impls"].items()}
-    fwd, sequence = times.pop("forward"), times.pop("sequence")
+    fwd = times.pop("forward")
     total = sum(times.values())
     over = fwd / total - 1
     detail = (f"GCN forward on {graph} ({g.source}) {fwd * 1e6:.0f}us vs {len(times)} kernel "
               f"calls {total * 1e6:.0f}us (" + ", ".join(f"{k.split(': ', 1)[1]} "
                                                       f"{v * 1e6:.0f}us" for k, v in times.items())
-              + f"): {100 * over:+.0f}%; the calls back to back, each fed the previous ones' "
-              f"outputs, {sequence * 1e6:.0f}us: the layers' code adds "
-              f"{100 * (fwd / sequence - 1):+.0f}%")
-    return {"graph": graph, "overhead": over, "forward_s": fwd, "kernels_s": total,
-            "sequence_s": sequence, "layers_over_sequence": fwd / sequence - 1,
-            "calls": times, "detail": detail}
+              + f"): {100 * over:+.0f}%; ")
+    out = {"graph": graph, "overhead": over, "forward_s": fwd, "kernels_s": total,
+           "calls": times}
+    if inside is None:
+        return {**out, "detail": detail + "the calls inside the forward: not timed (it "
+                "makes kernel calls other than st.einsum, or not the same ones each time)"}
+    within = sum(inside)
+    detail += (f"inside the forward the same calls took {within * 1e6:.0f}us ("
+               + ", ".join(f"{t * 1e6:.0f}us" for t in inside)
+               + f"; {100 * (within / total - 1):+.0f}% over on their own: each reads what "
+               f"the one before just wrote, partly in the other core's cache): the layers' "
+               f"code adds {100 * (fwd / within - 1):+.0f}%")
+    return {**out, "inside_s": within, "inside_calls": inside,
+            "layers_over_inside": fwd / within - 1, "detail": detail}
