@@ -154,6 +154,36 @@ def test_narrow_tiles_take_two_entries_a_trip(n):
 
 
 @needs_avx2
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_narrow_spmm_takes_a_version_per_register_count(dtype, threads):
+    """A balanced SpMM's row loop is compiled once more for the widths that fill 1, 2, 3
+    registers of its tile (``vector.NARROW_VERSIONS``) and once for any other width: the
+    dispatch in the source, and every width either side of each version's bounds against
+    dense, on rows of every length (the first empty) and on a matrix with no entries,
+    split over one thread and over three."""
+    from sparsetorch.codegen import vector
+
+    lanes = (16 if vector_isa() == "avx512" else 8) // (2 if dtype == torch.float64 else 1)
+    d = _rows_of_every_length(cols=12, dtype=dtype)
+    A = st.tensor(d, format="csr")
+    src = st.explain("ij,jk->ik", A, torch.ones(12, 3, dtype=dtype)).source
+    bounds = [(r * lanes, (r + 1) * lanes) for r in range(vector.NARROW_VERSIONS)]
+    for lo, hi in bounds:
+        assert f"if (n_k > {lo} && n_k <= {hi}) kernel_dense_loop0_rows(" in src, src
+    assert "else kernel_dense_loop0_any(" in src and f"<= {bounds[-1][1] + lanes})" not in src
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n in sorted({1, *(b + e for _, b in bounds for e in (-1, 0, 1)), 4 * lanes + 1}):
+            check_against_dense("ij,jk->ik", [A, _dense((12, n), dtype, n)])
+        check_against_dense("ij,jk->ik", [st.tensor(torch.zeros(5, 12, dtype=dtype),
+                                                    format="csr"), _dense((12, 9), dtype, 9)])
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_avx2
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("rows", [0, 1, 3, 4, 6, 9])
 @pytest.mark.parametrize("n", [1, 7, 17, 64, 70])

@@ -509,10 +509,26 @@ class _CRenderer:
                      f"{self.expr(s.end)}; {s.var}++) {{"]
         body = [*self.stmt(s.body, "    "), "  }", *close]
         params = ",\n    ".join(params)
-        self.regions.append("\n".join([
-            f"static __attribute__((noinline)) void {name}(\n    {params}) {{",
-            *split, *body, "}"]))
         call = f"{name}({', '.join(args)});"
+        narrow = self.vec.narrow_extent(s) if self.vec and par.weights is not None else None
+        if narrow is None:
+            self.regions.append("\n".join([
+                f"static __attribute__((noinline)) void {name}(\n    {params}) {{",
+                *split, *body, "}"]))
+        else:
+            # The loop inlined under each narrow range of its tiles' extent (see
+            # narrow_extent), and as a function of its own for any other extent, compiled
+            # as before (inlined there too, 128-column SpMM measured 1% slower).
+            extent, ranges = narrow
+            rows, alone = (f"{name}_{kind}({', '.join(args)});" for kind in ("rows", "any"))
+            self.regions.append("\n".join([
+                f"static inline __attribute__((always_inline)) void {name}_rows(\n"
+                f"    {params}) {{", *split, *body, "}",
+                f"static __attribute__((noinline)) void {name}_any(\n    {params}) {{",
+                *split, *body, "}",
+                f"static __attribute__((noinline)) void {name}(\n    {params}) {{",
+                *(f"  {'else ' if k else ''}if ({extent} > {lo} && {extent} <= {hi}) {rows}"
+                  for k, (lo, hi) in enumerate(ranges)), f"  else {alone}", "}"]))
         return [*(pad + line for line in counter),
                 *_unless_one_thread(pad, [f"{pad}#pragma omp parallel num_threads(nt)"],
                                     [f"{pad}{call}"])]
