@@ -7,6 +7,8 @@ and timed side by side in one process.
     python benchmarks/variants.py --knob wide_gathers_from=none,48 --kernel spmv
     python benchmarks/variants.py --knob sblock.NEAR_ENTRIES=8,12,16 --kernel sddmm --inner 256
     python benchmarks/variants.py --knob sum_copies=4,8 --kernel sddmm --quick --out /tmp/v.json
+    python benchmarks/variants.py --knob vector.NARROW_VERSIONS=0,2 --kernel spmm --graphs \
+        --width 7,16,32,64 --threads 1      # GCN propagations, as narrow as the layers'
     python benchmarks/variants.py --knob sampled_block_bytes=65536,32768 \
         --knob sblock.NEAR_BYTES=0,8192 --kernel sddmm     # setting i: each knob's i-th value
 
@@ -28,8 +30,10 @@ variant's result is checked against the first's. Facts a SparseTensor caches abo
 pattern (whether its rows are long enough for the blocked nests) are computed under the
 first setting and kept for the others.
 
-Inputs: ``spmv`` (``ij,j->i``) and ``spmm`` (``ij,jk->ik``, 128 columns) run the SuiteSparse
-and DLMC matrices of ``compiler.py``; ``sddmm`` (``ij,ik,jk->ij``, inner dimension
+Inputs: ``spmv`` (``ij,j->i``) and ``spmm`` (``ij,jk->ik``, 128 columns, or each width of
+``--width``) run the SuiteSparse and DLMC matrices of ``compiler.py``, or with ``--graphs``
+the six shipped graphs' GCN propagation matrices (D^-1/2 (A + I) D^-1/2; ``--quick``: the
+three Planetoid graphs); ``sddmm`` (``ij,ik,jk->ij``, inner dimension
 ``--inner``) runs the DLMC transformer 0.7 and 0.9 masks of ``kernels.py``. Float32.
 Output: each case's ratio of the first setting's time to each setting's (> 1: faster than the
 first), then per setting the geomean, median and smallest ratio; JSON with every row.
@@ -74,6 +78,10 @@ def parse_args(argv=None):
                    "repeat it to move several knobs together (as many settings each)")
     p.add_argument("--kernel", choices=sorted(EQUATIONS), required=True)
     p.add_argument("--inner", type=int, default=64, help="SDDMM inner dimension (64)")
+    p.add_argument("--width", default=str(SPMM_N),
+                   help=f"SpMM columns, one or several: 16,64 ({SPMM_N})")
+    p.add_argument("--graphs", action="store_true",
+                   help="the shipped graphs' GCN propagations instead of the matrices")
     p.add_argument("--quick", action="store_true", help="a quarter of the matrices")
     p.add_argument("--threads", type=int, default=2, help="torch and kernel threads (2)")
     p.add_argument("--rounds", type=int, default=30, help="timed rounds per case (30)")
@@ -83,6 +91,14 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None,
                    help="JSON path (default benchmarks/results/variants.json)")
     args = p.parse_args(argv)
+    try:
+        args.widths = [int(w) for w in args.width.split(",")]
+    except ValueError:
+        p.error(f"--width: integers separated by commas, got {args.width!r}")
+    if min(args.widths) < 1 or (args.kernel != "spmm" and args.width != str(SPMM_N)):
+        p.error("--width: positive column counts, for --kernel spmm")
+    if args.graphs and args.kernel == "sddmm":
+        p.error("--graphs: for spmv and spmm")
     args.names, args.targets, settings = [], [], []
     for knob in args.knob:
         name, _, values = knob.partition("=")
@@ -108,8 +124,14 @@ def parse_args(argv=None):
     return args
 
 
-def matrices(kernel: str, root: Path, quick: bool) -> list:
+def matrices(kernel: str, root: Path, quick: bool, graphs: bool = False) -> list:
     """(name, loader) of the matrices ``kernel`` runs (see the module docstring)."""
+    if graphs:
+        from sparsetorch.bench.graph_data import GRAPHS, gcn_normalized, load
+
+        names = list(GRAPHS)[:3] if quick else list(GRAPHS)
+        return [(name, lambda name=name: gcn_normalized(load(name, root).adj))
+                for name in names]
     if kernel == "sddmm":
         picked = [m for m in select_dlmc(root, 12) if m[1].startswith(SDDMM_SETS)]
     else:
@@ -118,7 +140,7 @@ def matrices(kernel: str, root: Path, quick: bool) -> list:
     return picked[::4] if quick else picked
 
 
-def operands(kernel: str, m, inner: int, seed: int) -> tuple:
+def operands(kernel: str, m, inner: int, seed: int, width: int = SPMM_N) -> tuple:
     g = torch.Generator().manual_seed(seed)
     rows, cols = m.shape
     if kernel == "sddmm":
@@ -128,7 +150,7 @@ def operands(kernel: str, m, inner: int, seed: int) -> tuple:
     A = st.tensor(m, format="csr")
     if kernel == "spmv":
         return A, torch.randn(cols, generator=g)
-    return A, torch.randn(cols, SPMM_N, generator=g)
+    return A, torch.randn(cols, width, generator=g)
 
 
 def _knob(name: str) -> tuple:
@@ -183,6 +205,25 @@ def _values(result):
     return result._values if isinstance(result, st.SparseTensor) else result
 
 
+def time_case(args, labels: list, equation: str, case: str, ops: tuple):
+    """``compare``'s result for the variants of one call, or an exit status (a setting
+    failed to compile, or a variant's result disagrees with the first's)."""
+    calls = []
+    for lab, values in zip(labels, args.settings):
+        try:
+            calls.append(compiled_call(args.targets, values, equation, ops))
+        except RuntimeError as e:
+            print(f"!! {case}: {lab}: {e}", file=sys.stderr)
+            return 2
+    first = _values(calls[0](ops))
+    for lab, call in zip(labels[1:], calls[1:]):
+        if not torch.allclose(_values(call(ops)), first, rtol=1e-4, atol=1e-3):
+            print(f"!! {case}: {lab} disagrees with {labels[0]}", file=sys.stderr)
+            return 1
+    return compare({lab: (lambda c=c: c(ops)) for lab, c in zip(labels, calls)},
+                   baseline=labels[0], rounds=args.rounds, min_time=args.min_time)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     quiet_sparse_warnings()
@@ -199,34 +240,29 @@ def main(argv=None) -> int:
                           "kernel": args.kernel, "knobs": args.names,
                           "settings": args.settings,
                           "inner": args.inner if args.kernel == "sddmm" else None,
+                          "widths": args.widths if args.kernel == "spmm" else None,
+                          "graphs": args.graphs,
                           "threads": args.threads, "rounds": args.rounds})
     equation, ratios, t0 = EQUATIONS[args.kernel], {lab: [] for lab in labels}, time.time()
-    for n, (name, load) in enumerate(matrices(args.kernel, root, args.quick)):
+    widths = args.widths if args.kernel == "spmm" else [None]
+    for n, (name, load) in enumerate(matrices(args.kernel, root, args.quick, args.graphs)):
         m = load()
-        ops = operands(args.kernel, m, args.inner, seed=n)
-        calls = []
-        for lab, values in zip(labels, args.settings):
-            try:
-                calls.append(compiled_call(args.targets, values, equation, ops))
-            except RuntimeError as e:
-                print(f"!! {name}: {lab}: {e}", file=sys.stderr)
-                return 2
-        first = _values(calls[0](ops))
-        for lab, call in zip(labels[1:], calls[1:]):
-            if not torch.allclose(_values(call(ops)), first, rtol=1e-4, atol=1e-3):
-                print(f"!! {name}: {lab} disagrees with {labels[0]}", file=sys.stderr)
-                return 1
-        res = compare({lab: (lambda c=c: c(ops)) for lab, c in zip(labels, calls)},
-                      baseline=labels[0], rounds=args.rounds, min_time=args.min_time)
-        report.add(name, res, nnz=int(m.nnz), shape=f"{m.shape[0]}x{m.shape[1]}")
-        line = []
-        for lab in labels:
-            r = res["impls"][lab]["speedup"]
-            ratios[lab].append(r)
-            line.append(f"{r:.3f}x")
-        print(f"{name[:48]:48s} {m.shape[0]:>6}x{m.shape[1]:<6} nnz {m.nnz:>8} "
-              f"{res['impls'][labels[0]]['median_s'] * 1e6:9.1f} us  {'  '.join(line)}",
-              flush=True)
+        for width in widths:
+            case = name if widths == [SPMM_N] else f"{name} x{width}"
+            ops = operands(args.kernel, m, args.inner, n, width or SPMM_N)
+            res = time_case(args, labels, equation, case, ops)
+            if isinstance(res, int):
+                return res
+            report.add(case, res, nnz=int(m.nnz), shape=f"{m.shape[0]}x{m.shape[1]}",
+                       width=width)
+            line = []
+            for lab in labels:
+                r = res["impls"][lab]["speedup"]
+                ratios[lab].append(r)
+                line.append(f"{r:.3f}x")
+            print(f"{case[:48]:48s} {m.shape[0]:>6}x{m.shape[1]:<6} nnz {m.nnz:>8} "
+                  f"{res['impls'][labels[0]]['median_s'] * 1e6:9.1f} us  {'  '.join(line)}",
+                  flush=True)
     print(f"\n== {report.title}: time of {labels[0]} / time of each (> 1: faster) ==")
     for lab in labels:
         rs = [r for r in ratios[lab] if r is not None and math.isfinite(r)]

@@ -287,9 +287,24 @@ def test_variants_benchmark_compares_settings_of_a_tuning_function(tmp_path, cap
     with pytest.raises(SystemExit):
         bench.parse_args(["--knob", "sblock.NEAR_ENTRIES=8,12", "--knob", "sum_copies=4,8,16",
                           "--kernel", "sddmm"])
+    for bad in (["--kernel", "spmm", "--width", "0,16"], ["--kernel", "spmm", "--width", "x"],
+                ["--kernel", "spmv", "--width", "16"], ["--kernel", "sddmm", "--graphs"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--knob", "sum_copies=4,8", *bad])
     root = find_data()
-    if root is None or not (root / "dlmc").is_dir():
-        pytest.skip("no shared DLMC data")
+    if root is None or not (root / "dlmc").is_dir() or not (root / "planetoid").is_dir():
+        pytest.skip("no shared DLMC and Planetoid data")
+    # the graphs' propagations, one row per graph and width, the constant restored
+    from sparsetorch.codegen import vector
+    versions = vector.NARROW_VERSIONS
+    out = tmp_path / "g.json"
+    assert bench.main(["--knob", "vector.NARROW_VERSIONS=0,2", "--kernel", "spmm", "--graphs",
+                       "--quick", "--width", "3,16", "--rounds", "1", "--min-time", "0",
+                       "--out", str(out)]) == 0
+    assert vector.NARROW_VERSIONS == versions
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["case"], r["width"]) for r in rows} == {
+        (f"{g} x{w}", w) for g in ("cora", "citeseer", "pubmed") for w in (3, 16)}
     before = kernel.sum_copies
     out = tmp_path / "v.json"
     near = sblock.NEAR_ENTRIES
@@ -304,7 +319,6 @@ def test_variants_benchmark_compares_settings_of_a_tuning_function(tmp_path, cap
     assert "geomean" in capsys.readouterr().out
     # a constant the code generator cannot take (no 4-lane shape): a clear stop, and the
     # constant restored
-    from sparsetorch.codegen import vector
     if kernel.vector_isa() == "avx512":
         assert bench.main(["--knob", "vector.HALF_SUM=8,4", "--kernel", "spmv", "--quick",
                            "--rounds", "1", "--min-time", "0", "--out", str(out)]) == 2
