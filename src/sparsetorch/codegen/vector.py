@@ -96,9 +96,13 @@ PREFETCH_FROM_BYTES = 4 << 20
 # registers (``narrow_extent``, taken by ``c.py``'s outlined loops): there the compiler
 # knows the full-tile loops run no trip and which partial-tile version runs, and a row
 # costs only its own work. A graph row holds a few entries, so that per-row code was most
-# of a narrow SpMM. Cora's propagation (2708 rows, 13264 entries), 1 thread, the generic
-# loop against the versions: 7 columns 21.9 -> 15.0 us, 16 columns 20.7 -> 12.7 us, 24
-# columns 27.8 -> 19.9 us; 64 columns (no version) unchanged.
+# of a narrow SpMM. Cora's propagation (2708 rows, 13264 entries), 1 thread, AVX-512 (Zen
+# 4), the generic loop against two versions: 7 columns 21.9 -> 15.0 us, 16 columns 20.7 ->
+# 12.7 us, 24 columns 27.8 -> 19.9 us; 64 columns unchanged. AVX2 (Zen, 2 threads; the six
+# graphs, ``benchmarks/variants.py --knob vector.NARROW_VERSIONS=0,3 --kernel spmm --graphs
+# --width 7,16,24,32,64``): 16 columns 1.12-1.33x, 24 columns (the third version) 1.29-1.52x,
+# 7 columns 0.92-1.04x, 32 and 64 0.96-1.02x; 128-column SpMM of the SuiteSparse and DLMC
+# matrices 0.998x geomean.
 NARROW_VERSIONS = 3
 
 
