@@ -133,6 +133,9 @@ def test_partial_tiles_run_whole_registers_unmasked(n):
     assert f"_n >= {lanes}) {{" in src and f"_n > {lanes}) {{" in src, src
     # AVX2: the partial register's loads end at the run's end, shifted (no maskload)
     assert (vector_isa() == "avx2") == ("st_tail_load_ps256(t1_vals" in src)
+    # ... and its stores are plain stores of 4, 2 and 1 lanes (no maskstore)
+    assert (vector_isa() == "avx2") == ("st_tail_store_ps256(" in src)
+    assert "_mm256_maskstore_ps" not in src
     check_against_dense("ij,jk->ik", [A, _dense((12, n), torch.float32, n)])
 
 

@@ -160,6 +160,20 @@ static inline __m256d st_tail_load_pd256(const double* base, int64_t i, int64_t 
   }
   return _mm256_maskload_pd(base + i, m);
 }
+/* Lanes [0, r) of v to p (0 < r < a register's lanes) by plain stores of 4, 2 and 1
+   lanes as r's bits ask: maskstore, which it replaces, is microcoded on AMD Zen before
+   Zen 4 (a register's partial tile stored once per row of a narrow SpMM). */
+static inline void st_tail_store_ps256(float* p, __m256 v, int64_t r) {
+  __m128 x = _mm256_castps256_ps128(v);
+  if (r & 4) { _mm_storeu_ps(p, x); x = _mm256_extractf128_ps(v, 1); p += 4; }
+  if (r & 2) { _mm_storel_pi((__m64*)p, x); x = _mm_movehl_ps(x, x); p += 2; }
+  if (r & 1) _mm_store_ss(p, x);
+}
+static inline void st_tail_store_pd256(double* p, __m256d v, int64_t r) {
+  __m128d x = _mm256_castpd256_pd128(v);
+  if (r & 2) { _mm_storeu_pd(p, x); x = _mm256_extractf128_pd(v, 1); p += 2; }
+  if (r & 1) _mm_store_sd(p, x);
+}
 static inline double st_hsum256d(__m256d v) {
   __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
   return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));

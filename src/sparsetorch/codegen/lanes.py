@@ -77,6 +77,11 @@ class Lanes:
         ran 2.3x slower on AMD Zen (``st_tail_load_*``, ``intrinsics.py``)."""
         return f"st_tail_load_{self.suf}256({base}, {index}, {count}, {mask})"
 
+    def tail_store(self, ptr, value, count):
+        """AVX2: lanes [0, count) of ``value`` to ``ptr`` (``count`` < a register) by plain
+        stores (``st_tail_store_*``, ``intrinsics.py``), not maskstore."""
+        return f"st_tail_store_{self.suf}256({ptr}, {value}, {count})"
+
     def keep(self, mask, old, new):
         """``new`` in the lanes of ``mask``, ``old`` in the others."""
         if self.isa == "avx2":

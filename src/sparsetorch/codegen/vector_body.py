@@ -103,6 +103,8 @@ class Body:
             value = lanes.op("add", self.load(ptr), value)
         if self.mask is None:
             return [f"{lanes.op('storeu', ptr, value)};"]
+        if self.tail is not None and lanes.isa == "avx2" and not self.shift:
+            return [f"{lanes.tail_store(ptr, value, self.tail)};"]
         return [f"{lanes.masked_store(ptr, self.mask, value)};"]
 
     def accumulate(self, reg, value) -> str:
