@@ -30,7 +30,7 @@ def parallel(monkeypatch):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("width", [1, 3, 8, 16, 17, 33])
+@pytest.mark.parametrize("width", [1, 3, 8, 16, 17, 32, 33, 128])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_matches_dense(dtype, index_dtype, width, threads, parallel):
