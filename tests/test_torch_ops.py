@@ -465,6 +465,18 @@ def test_errors():
         A * torch.ones(2, 4, 3, dtype=F64)
     with pytest.raises(ValueError, match="size"):
         A @ torch.ones(4, 2, dtype=F64)
+    # a contracted size of 1 is an error, as in torch, not einsum's broadcast (a fuzzer's
+    # finding: the sum over a repeated row came back)
+    one_row, one_col = torch.ones(1, 2, dtype=F64), torch.ones(2, 1, dtype=F64)
+    for product in (lambda: A @ one_row, lambda: torch.mm(A, one_row),
+                    lambda: torch.mv(A, torch.ones(1, dtype=F64)),
+                    lambda: torch.addmm(torch.zeros(4, 2, dtype=F64), A, one_row),
+                    lambda: one_col @ A, lambda: F.linear(one_col, A),
+                    lambda: torch.bmm(sp((2, 2, 3), 0.5, "csf", 38),
+                                      torch.ones(2, 1, 2, dtype=F64)),
+                    lambda: st.ops.sparse_linear(torch.ones(20, 1), A.to(F32))):
+        with pytest.raises(ValueError, match="must be equal"):
+            product()
     with pytest.raises(ValueError, match="2-D"):
         torch.mm(A, torch.ones(3, dtype=F64))
     with pytest.raises(ValueError, match="3-D"):

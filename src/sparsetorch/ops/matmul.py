@@ -7,6 +7,8 @@ supported here (1-D to 3-D, no broadcasting of batch dimensions).
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from ..formats.tensor import SparseTensor
@@ -49,7 +51,22 @@ def _formats(*xs) -> str:
     return ", ".join(sorted({x.format.name for x in xs if isinstance(x, SparseTensor)}))
 
 
-def _product(eq, a, b):
+@lru_cache(maxsize=None)
+def _shared_axes(eq: str) -> tuple:
+    """``(axis of a, axis of b)`` of each index the two operands of ``eq`` share."""
+    ia, ib = eq.split("->")[0].split(",")
+    return tuple((ia.index(c), ib.index(c)) for c in ia if c in ib)
+
+
+def _product(eq, a, b, what: str):
+    # A size of 1 broadcasts in einsum (as in torch.einsum), never in a matrix product: a
+    # (5, 4) matrix times a (1, 3) one is an error in torch, not a sum over a repeated row.
+    for i, j in _shared_axes(eq):
+        if a.shape[i] != b.shape[j]:
+            raise ValueError(
+                f"{what}: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied: "
+                f"the sizes of dimension {i} of the first ({a.shape[i]}) and dimension {j} "
+                f"of the second ({b.shape[j]}) must be equal")
     if eq == "ij,jk->ik":
         # A dense operand of one column (``A @ x[:, None]``) or one row: the matrix-vector
         # product it is, SpMV's kernel instead of a register tile over one column (2x
@@ -57,14 +74,14 @@ def _product(eq, a, b):
         # squeeze: ``ij,jk->ik`` needs no permutation, so st.einsum's fast path answers it
         # before relayout could look at the size.
         if type(a) is SparseTensor and _strided(b) and b.shape[1] == 1:
-            return _product("ij,j->i", a, b.select(1, 0)).unsqueeze(1)
+            return _product("ij,j->i", a, b.select(1, 0), what).unsqueeze(1)
         if type(b) is SparseTensor and _strided(a) and a.shape[0] == 1:
-            return _product("j,jk->k", a.select(0, 0), b).unsqueeze(0)
+            return _product("j,jk->k", a.select(0, 0), b, what).unsqueeze(0)
     elif eq == "ni,oi->no" and type(b) is SparseTensor and _strided(a) and a.shape[0] == 1:
         # ``F.linear`` of one input row (batch-1 inference, a decoding step): the weight's
         # SpMV. Relayout would drop the row too, but after a plan lookup and a rewrite per
         # call: 15 -> 9 us on a DLMC 90%-sparse 512 x 512 weight here (dense: 9 us).
-        return _product("i,oi->o", a.select(0, 0), b).unsqueeze(0)
+        return _product("i,oi->o", a.select(0, 0), b, what).unsqueeze(0)
     # torch's products with a dense operand return dense tensors; keep that contract even
     # where format inference would pick a sparse vector (CSC @ v)
     dense = not (isinstance(a, SparseTensor) and isinstance(b, SparseTensor))
@@ -99,7 +116,7 @@ def matmul(a, b):
     if eq == "bij,bjk->bik" and a.shape[0] != b.shape[0]:
         raise ValueError(f"matmul: batch sizes differ ({a.shape[0]} and {b.shape[0]}); "
                          "broadcasting batch dimensions of sparse operands is not supported")
-    return _product(eq, a, b)
+    return _product(eq, a, b, "matmul")
 
 
 def mm(a, b):
@@ -115,7 +132,7 @@ def mm(a, b):
         if x.dim() != 2:
             raise ValueError(f"mm: operand {n} must be 2-D, got shape {tuple(x.shape)} "
                              "(use matmul or bmm for other ranks)")
-    return _product("ij,jk->ik", a, b)
+    return _product("ij,jk->ik", a, b, "mm")
 
 
 def mv(a, b):
@@ -131,7 +148,7 @@ def mv(a, b):
     if a.dim() != 2 or b.dim() != 1:
         raise ValueError(f"mv: takes a 2-D and a 1-D tensor, got shapes {tuple(a.shape)} and "
                          f"{tuple(b.shape)} (use matmul for other ranks)")
-    return _product("ij,j->i", a, b)
+    return _product("ij,j->i", a, b, "mv")
 
 
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
@@ -166,7 +183,7 @@ def bmm(a, b):
             raise ValueError(f"bmm: operand {n} must be 3-D, got shape {tuple(x.shape)}")
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"bmm: batch sizes differ ({a.shape[0]} and {b.shape[0]})")
-    return _product("bij,bjk->bik", a, b)
+    return _product("bij,bjk->bik", a, b, "bmm")
 
 
 def sampled_addmm(input, mat1, mat2, *, beta=1.0, alpha=1.0, out=None):
@@ -225,11 +242,12 @@ def linear(input, weight, bias=None):
         if input.dim() not in (1, 2):
             raise NotImplementedError(f"linear with a {input.dim()}-D sparse input is not "
                                       "supported; use a 1-D or 2-D SparseTensor")
-        out = _product("ni,oi->no" if input.dim() == 2 else "i,oi->o", input, weight)
+        out = _product("ni,oi->no" if input.dim() == 2 else "i,oi->o", input, weight,
+                       "linear")
     else:
         lead = input.shape[:-1]
         x = input.reshape(-1, input.shape[-1]) if input.dim() > 2 else input
-        out = _product("i,oi->o" if input.dim() == 1 else "ni,oi->no", x, weight)
+        out = _product("i,oi->o" if input.dim() == 1 else "ni,oi->no", x, weight, "linear")
         if input.dim() > 2:
             out = out.reshape(*lead, weight.shape[0])
     if bias is None:

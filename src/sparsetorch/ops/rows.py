@@ -363,6 +363,13 @@ def sparse_linear(x, weight: SparseTensor, bias: torch.Tensor | None = None,
         >>> sparse_linear(torch.full((2, 3), -1.0), W, torch.ones(3), "relu").tolist()
         [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
     """
+    for name, t, dims in (("x", x, 2), ("weight", weight, 2)):
+        if not isinstance(t, torch.Tensor) or t.dim() != dims:
+            raise TypeError(f"sparse_linear: {name} must be a 2-D tensor or SparseTensor, got "
+                            f"{type(t).__name__} of shape {tuple(getattr(t, 'shape', ()))}")
+    if x.shape[1] != weight.shape[1]:   # (einsum would broadcast a size of 1)
+        raise ValueError(f"sparse_linear: x has {x.shape[1]} columns but weight "
+                         f"{tuple(weight.shape)} takes {weight.shape[1]}; they must be equal")
     if activation is not None and activation not in _EINSUM_ACTIVATIONS:
         raise ValueError(f"sparse_linear: activation must be None or one of "
                          f"{_EINSUM_ACTIVATIONS}, got {activation!r}")
