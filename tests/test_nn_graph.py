@@ -200,6 +200,15 @@ def test_gcn_bad_inputs():
         conv(torch.randn(N, 4), graph())
     with pytest.raises(ValueError, match="normalize"):
         st.nn.GCNConv(5, 3, normalize="rw")
+    # an adjacency whose values require grad: an error, not a gradient silently dropped
+    # (a fuzzer's finding); detached, or without grad recorded, it runs
+    A = st.tensor(torch.eye(N) + torch.diag(torch.ones(N - 1), 1), "csr").requires_grad_()
+    for layer in (conv, st.nn.SAGEConv(5, 3)):
+        with pytest.raises(ValueError, match="require grad.*adj.detach"):
+            layer(x, A)
+        assert layer(x, A.detach()).shape == (N, 3)
+        with torch.no_grad():
+            assert layer(x, A).shape == (N, 3)
 
 
 @pytest.mark.parametrize("make", [st.nn.GCNConv, st.nn.SAGEConv, st.nn.GATConv])

@@ -131,6 +131,13 @@ class _Propagation(nn.Module):
 
     def adjacency(self, adj, x) -> SparseTensor:
         """The normalised propagation matrix for ``adj`` and ``x``'s node count and dtype."""
+        if type(adj) is SparseTensor and adj.requires_grad and _is_grad_enabled():
+            # (a fuzzer's finding: the gradient was silently dropped)
+            raise ValueError(
+                f"{type(self).__name__}: the adjacency's values require grad, but the layer "
+                "normalises a detached copy of them, so no gradient would reach them; pass "
+                "adj.detach(), or for learnable edge weights normalise the adjacency "
+                "yourself and propagate with st.einsum('ij,jk->ik', A, h)")
         # built eagerly under torch.compile, a graph break: building an adjacency reads
         # values (validation), its entry count depends on them, and the cache compares data
         # pointers; the products around it are traced
