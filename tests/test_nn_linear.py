@@ -4,6 +4,7 @@ gradients (CSR and BSR, float32 and float64, 1-D to 3-D and sparse inputs, densi
 from __future__ import annotations
 
 import copy
+import io
 import importlib
 
 import pytest
@@ -168,6 +169,16 @@ def test_state_dict_round_trip_across_patterns():
             d.load_state_dict(bad)
         assert all(torch.equal(v, kept[k]) for k, v in d.state_dict().items())
         torch.testing.assert_close(d(x), y)
+    # a state of a layer of other sizes: refused, even where its pattern would fit (a
+    # fuzzer's finding: 7 inputs loaded into 8), also after torch.save and torch.load
+    narrow, buf = SparseLinear(7, 6, density=0.5, generator=gen(3)), io.BytesIO()
+    torch.save(narrow.state_dict(), buf)
+    for state in (narrow.state_dict(), torch.load(io.BytesIO(buf.getvalue()))):
+        d = SparseLinear(8, 6, density=0.5, generator=gen(2))
+        kept = copy.deepcopy(d.state_dict())
+        with pytest.raises(RuntimeError, match="size mismatch.*6 x 7.*6 x 8"):
+            d.load_state_dict(state)
+        assert all(torch.equal(v, kept[k]) for k, v in d.state_dict().items())
 
 
 def test_optimizer_steps_and_dtype_and_compile():

@@ -98,6 +98,7 @@ class SparseLinear(nn.Module):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"SparseLinear: {name} must be a positive int, got {n!r}")
         self.in_features, self.out_features = in_features, out_features
+        self.register_state_dict_post_hook(_record_shape)
         shape = (out_features, in_features)
         self.blocksize = _pattern.blocks(blocksize, shape, "SparseLinear")
         self._format = _pattern.weight_format(self.blocksize)
@@ -354,6 +355,13 @@ class SparseLinear(nn.Module):
     # -- state_dict of another pattern --------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
+        shape = local_metadata.get("shape")   # (see _record_shape; older states lack it)
+        if shape is not None and tuple(shape) != (self.out_features, self.in_features):
+            error_msgs.append(f"SparseLinear {prefix!r}: size mismatch: the state is of a "
+                              f"{shape[0]} x {shape[1]} layer (out_features x in_features), "
+                              f"this layer is {self.out_features} x {self.in_features} "
+                              "(nothing of this layer was loaded)")
+            return
         # The pattern it describes is checked first: nothing is copied from an invalid one
         # (the layer would run it: the kernels trust a layer's own arrays).
         arrays = {name: state_dict.get(prefix + name, self._buffers.get(name))
@@ -402,6 +410,13 @@ class SparseLinear(nn.Module):
                 f"format={self._format.name}"
                 + (f", blocksize={self.blocksize}" if self.blocksize else "")
                 + (f", activation={self.activation!r}" if self.activation else ""))
+
+
+def _record_shape(module, state_dict, prefix, local_metadata) -> None:
+    """A state dict's metadata keeps the layer's ``(out_features, in_features)``: its arrays
+    do not tell the column count, so a state of a narrower layer would load into a wider
+    one unnoticed (``_load_from_state_dict`` checks it; a fuzzer's finding)."""
+    local_metadata["shape"] = (module.out_features, module.in_features)
 
 
 def _uniform(n: int, bound: float, dtype, device, generator) -> torch.Tensor:
