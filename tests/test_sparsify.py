@@ -131,6 +131,44 @@ def test_user_model_with_residuals(model_cls):
         torch.testing.assert_close(sparse(x), masked(x), rtol=1e-4, atol=1e-4)
 
 
+class ViewsConvOutputs(nn.Module):
+    """Convolutions whose outputs are flattened with ``.view`` (which the (C, N, H, W)
+    layout of a sparse layer's output cannot take at batch > 1) and returned as features."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.pw = nn.Conv2d(8, 6, 1)
+        self.pw2 = nn.Conv2d(6, 4, 1)
+        self.fc = nn.Linear(4 * 25, 3)
+
+    def forward(self, x):
+        t = torch.relu(self.pw(self.dw(self.stem(x))))
+        u = self.pw2(t)
+        return self.fc(u.view(u.size(0), -1)), t
+
+
+def test_outputs_viewed_or_returned_are_written_nchw():
+    """(A fuzzer's finding: ``t.view(t.size(0), -1)`` after a sparse 1x1 convolution raised
+    at batch 2.) The layers whose output reaches a view or the model's output write NCHW
+    memory; the others keep the layout the next sparse layer reads."""
+    torch.manual_seed(2)
+    dense = ViewsConvOutputs().eval()
+    sparse = st.sparsify(dense, sparsity=0.5)
+    asked = {name for name, m in sparse.named_modules() if m.__dict__.get("nchw_output")}
+    assert asked == {"pw", "pw2"}, asked
+    masked = _masked_dense(dense, sparse)
+    for batch in (1, 2, 3):
+        x = torch.randn(batch, 3, 5, 5)
+        with torch.no_grad():
+            want = masked(x)
+            for model in (sparse, st.freeze(sparse)):
+                got = model(x)
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+                assert got[1].is_contiguous()
+
+
 def test_random_and_block_pruning_counts():
     dense = _randomise_bn(TinyResNet())
     sp = st.sparsify(dense, sparsity=0.75, method="random",

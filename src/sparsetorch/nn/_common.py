@@ -89,6 +89,30 @@ def member(module: nn.Module, name: str):
     return found if found is not None else getattr(module, name)
 
 
+def as_asked(module: nn.Module, y: torch.Tensor) -> torch.Tensor:
+    """``y``, a CHW layer's output, in plain NCHW memory where ``module.nchw_output`` asks
+    for it (``st.sparsify`` sets it where the model reads the output in a way that needs
+    it, such as ``.view``), else as the layer wrote it: (C, N, H, W) memory at batch > 1.
+
+    Example:
+        >>> y = torch.ones(3, 2, 1, 1).permute(1, 0, 2, 3)   # (N, C, H, W) in CNHW memory
+        >>> lin = torch.nn.Identity()
+        >>> as_asked(lin, y).is_contiguous(), lin.__setattr__("nchw_output", True)
+        (False, None)
+        >>> as_asked(lin, y).is_contiguous()
+        True
+    """
+    return y.contiguous() if module.__dict__.get("nchw_output", False) else y
+
+
+def step_as_asked(module: nn.Module, run):
+    """A layer's planned inference step ``run`` (a function of the input, or None) whose
+    output ``as_asked`` puts in NCHW memory where ``module.nchw_output`` asks."""
+    if run is None or not module.__dict__.get("nchw_output", False):
+        return run
+    return lambda x: run(x).contiguous()
+
+
 def hooked(module: nn.Module) -> bool:
     """Whether ``module`` has forward or backward hooks of its own (global hooks aside).
 

@@ -36,7 +36,7 @@ from ..formats.pack import array_names
 from ..ops import einsum, spmm_narrow
 from ..ops.narrow import band_of_rows, max_columns, prepared_spmm_narrow
 from . import _pattern
-from ._common import check_pointwise as _check_pointwise, keep_facts as _keep_facts
+from ._common import as_asked, check_pointwise as _check_pointwise, keep_facts as _keep_facts
 from .linear import SparseLinear
 from .pattern import choose_blocksize, prune_mask
 
@@ -187,10 +187,11 @@ class SparseConv2d(SparseLinear):
         return x, single, x.view(c, h * w) if single else channels_first(x)
 
     def _image(self, y, n, h, w, single):
-        """The (Cout, N*H*W) result as (N, Cout, H, W) over the same memory."""
+        """The (Cout, N*H*W) result as (N, Cout, H, W) over the same memory (copied into
+        NCHW memory where ``nchw_output`` asks: ``_common.as_asked``)."""
         if single:
             return y.view(1, self.out_features, h, w)
-        return y.view(self.out_features, n, h, w).permute(1, 0, 2, 3)
+        return as_asked(self, y.view(self.out_features, n, h, w).permute(1, 0, 2, 3))
 
     def _inference_step(self, x):
         """This layer's forward for inputs like ``x`` (same shape, strides, dtype, device)

@@ -29,6 +29,7 @@ from torch import nn
 
 from ..ops import depthwise3x3
 from ..ops.depthwise import prepared_depthwise3x3
+from ._common import as_asked, step_as_asked
 
 _ACTIVATIONS = {None: None, "relu": F.relu, "relu6": F.relu6}
 
@@ -69,6 +70,9 @@ class ChannelsFirstDepthwise(nn.Module):
         return cls(conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return as_asked(self, self._written(x))
+
+    def _written(self, x: torch.Tensor) -> torch.Tensor:
         stride = getattr(self, "_fused_3x3", None)   # (None in a module pickled before it)
         if stride is not None:
             return depthwise3x3(x, self.weight, self.bias, stride, self.activation)
@@ -93,7 +97,8 @@ class ChannelsFirstDepthwise(nn.Module):
         stride = getattr(self, "_fused_3x3", None)
         if stride is None or type(x) is not torch.Tensor or torch.is_grad_enabled():
             return None
-        return prepared_depthwise3x3(x, self.weight, self.bias, stride, self.activation)
+        return step_as_asked(self, prepared_depthwise3x3(x, self.weight, self.bias, stride,
+                                                          self.activation))
 
     def extra_repr(self) -> str:
         return (f"{self.weight.shape[0]}, kernel_size={tuple(self.weight.shape[2:])}, "

@@ -49,7 +49,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..ops.expand_depthwise import expand_depthwise3x3, prepared_expand_depthwise3x3
-from ._common import hooked
+from ._common import as_asked, hooked, step_as_asked
 from .attention import SparseAttention
 from .depthwise import ChannelsFirstDepthwise
 from .fuse import fusable_pair
@@ -201,11 +201,12 @@ def _fused_step(conv, dw, target: str):
     dw_weight, dw_bias, stride, dw_act = dw.weight, dw.bias, dw._fused_3x3, dw.activation
 
     def fused(x):
-        return expand_depthwise3x3(x, weight, bias, act, dw_weight, dw_bias, stride, dw_act)
+        return as_asked(dw, expand_depthwise3x3(x, weight, bias, act, dw_weight, dw_bias,
+                                                stride, dw_act))
 
     def plan(x):
-        return prepared_expand_depthwise3x3(x, weight, bias, act, dw_weight, dw_bias, stride,
-                                            dw_act)
+        return step_as_asked(dw, prepared_expand_depthwise3x3(x, weight, bias, act, dw_weight,
+                                                              dw_bias, stride, dw_act))
     return _specialised(plan, fused, target)
 
 

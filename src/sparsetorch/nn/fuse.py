@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from ..ops.expand_depthwise import expand_depthwise3x3
-from ._common import hooked
+from ._common import as_asked, hooked
 from .conv import SparseConv2d
 from .depthwise import ChannelsFirstDepthwise
 
@@ -175,5 +175,5 @@ def _fused(modules: dict, first: str, second: str, x):
     if torch.is_grad_enabled() and any(p.requires_grad for p in (
             conv.values, conv.bias, dw.weight, dw.bias, x) if p is not None):
         return None
-    return expand_depthwise3x3(x, conv.weight, conv.bias, conv.activation, dw.weight,
-                               dw.bias, dw._fused_3x3, dw.activation)
+    return as_asked(dw, expand_depthwise3x3(x, conv.weight, conv.bias, conv.activation,
+                                            dw.weight, dw.bias, dw._fused_3x3, dw.activation))

@@ -21,6 +21,13 @@ else) is folded into it, with its running statistics (the model as in ``eval()``
 flow is read by ``torch.fx`` tracing; models that do not trace are read as ``nn.Sequential``
 chains (neighbouring children) only.
 
+These layers write their output in (C, N, H, W) memory (at batch 1 that is plain NCHW):
+the next such layer reads it as it is, where NCHW would cost a transposing copy per layer.
+Where the traced data flow shows a layer's output (through any other operations) reaching
+a ``.view`` or the model's output, the layer writes plain NCHW memory instead
+(``nchw_output``), as a dense convolution would: ``x.view(x.size(0), -1)`` cannot view
+the other layout. A model that does not trace gets NCHW outputs throughout.
+
 A sparse 1x1 expansion followed by a 3x3 depthwise layer in an ``nn.Sequential`` (MobileNet
 v2's inverted residual blocks) then runs as one kernel in inference, the expanded
 activation never written to memory: that Sequential becomes an
@@ -41,6 +48,7 @@ import copy
 from typing import Callable, Iterable
 
 import torch
+import torch.fx as fx
 from torch import nn
 
 from ._common import check_pointwise as _check_pointwise
@@ -96,7 +104,59 @@ def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
                           generator=generator)
         return SparseConv2d._from_mask(conv, mask, act)
 
-    return fuse_expand_depthwise(_rebuild(model, fold_bn, skipped, make_sparse))
+    return fuse_expand_depthwise(_ask_nchw_outputs(_rebuild(model, fold_bn, skipped,
+                                                             make_sparse)))
+
+
+# The layers that write (C, N, H, W) memory, and those that read any layout of their input
+# and write their own (where the search for a ``.view`` stops).
+_CNHW_WRITERS = (SparseConv2d, ChannelsFirstDepthwise, ChannelsFirstStem)
+_LAYOUT_READERS = _CNHW_WRITERS + (SparseLinear, nn.Conv2d, nn.Linear)
+
+
+class _Tracer(fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, _LAYOUT_READERS) or super().is_leaf_module(m, qualname)
+
+
+def _ask_nchw_outputs(model: nn.Module) -> nn.Module:
+    """Sets ``nchw_output`` on each (C, N, H, W) writer in ``model`` whose output may be
+    viewed (see the module docstring; a fuzzer's finding: ``t.view(t.size(0), -1)`` after
+    a sparse 1x1 convolution failed at batch 2); returns ``model``."""
+    writers = [m for m in model.modules() if isinstance(m, _CNHW_WRITERS)]
+    if not writers:
+        return model
+    try:
+        graph = _Tracer().trace(model)
+    except Exception:   # (control flow on values, ...): the data flow is unknown
+        for m in writers:
+            m.nchw_output = True
+        return model
+    modules = dict(model.named_modules())
+    for node in graph.nodes:
+        if node.op == "call_module" and isinstance(modules[node.target], _CNHW_WRITERS) \
+                and _may_be_viewed(node, modules):
+            modules[node.target].nchw_output = True
+    return model
+
+
+def _may_be_viewed(node: fx.Node, modules: dict) -> bool:
+    """Whether ``node``'s output, through any operations but the layers that read any
+    layout (``_LAYOUT_READERS``), reaches a ``view`` or the model's output."""
+    seen, todo = set(), list(node.users)
+    while todo:
+        user = todo.pop()
+        if user in seen:
+            continue
+        seen.add(user)
+        if user.op == "output" or user.op == "call_method" and user.target in (
+                "view", "view_as") or user.op == "call_function" and user.target in (
+                torch.Tensor.view, torch.Tensor.view_as):
+            return True
+        if user.op == "call_module" and isinstance(modules[user.target], _LAYOUT_READERS):
+            continue
+        todo.extend(user.users)
+    return False
 
 
 def fold_batchnorms(model: nn.Module) -> nn.Module:

@@ -24,6 +24,7 @@ from torch import nn
 
 from ..ops.depthwise import check_epilogue
 from ..ops.stem import MAX_CHANNELS, prepared_stem_conv3x3, stem_conv3x3
+from ._common import as_asked, step_as_asked
 
 
 
@@ -69,7 +70,8 @@ class ChannelsFirstStem(nn.Module):
                              f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
         if not x.is_contiguous():
             x = x.contiguous()
-        return stem_conv3x3(x, self.weight, self.bias, self.stride, self.activation)
+        return as_asked(self, stem_conv3x3(x, self.weight, self.bias, self.stride,
+                                           self.activation))
 
     def _inference_step(self, x):
         """This layer's forward for inputs like ``x`` without autograd, every choice made
@@ -77,7 +79,8 @@ class ChannelsFirstStem(nn.Module):
         if (type(x) is not torch.Tensor or x.dim() != 4 or x.shape[1] != self.weight.shape[1]
                 or not x.is_contiguous() or torch.is_grad_enabled()):
             return None
-        return prepared_stem_conv3x3(x, self.weight, self.bias, self.stride, self.activation)
+        return step_as_asked(self, prepared_stem_conv3x3(x, self.weight, self.bias,
+                                                          self.stride, self.activation))
 
     def extra_repr(self) -> str:
         return (f"{self.weight.shape[1]}, {self.weight.shape[0]}, kernel_size=(3, 3), "
