@@ -17,7 +17,7 @@ from dense_check import (check_against_dense, private_kernel_cache,  # noqa: F40
                          random_dense, stored_pattern)
 from test_autograd import gradcheck_mixed
 
-F64, F32 = torch.float64, torch.float32
+F64, F32, C64 = torch.float64, torch.float32, torch.complex64
 FORMATS = ["csr", "csc", "coo", "dcsr"]
 SHAPES = {"small": ((6, 5), 0.4), "nnz0": ((4, 3), 0.0), "size1": ((1, 1), 1.0),
           "column": ((3, 1), 0.7)}
@@ -501,6 +501,10 @@ def test_errors():
         sp((2, 2, 2), 0.5, "csf", 38).t()
     with pytest.raises(TypeError, match="dtype"):
         A.to(torch.complex64)
+    for complex_operand in (lambda: st.einsum("ij,jk->ik", A, torch.ones(3, 2, dtype=C64)),
+                            lambda: A * torch.ones(4, 3, dtype=C64)):
+        with pytest.raises(TypeError, match="operand 1 is torch.complex64.*real"):
+            complex_operand()   # (named with_values, an internal function, before)
     assert (A @ torch.ones(3, 2, dtype=F32)).dtype == F64   # promoted (issue 31 item 1)
     with pytest.raises(TypeError, match="str"):
         A * "x"

@@ -60,6 +60,11 @@ def promoted(operands, floats: bool = False) -> tuple:
     dtype = result_dtype(operands, floats)
     if all(t.dtype == dtype for t in operands):
         return operands
+    if dtype is not None and dtype.is_complex:   # (a SparseTensor holds no complex values)
+        n = next(i for i, t in enumerate(operands) if t.dtype.is_complex)
+        raise TypeError(f"operand {n} is {operands[n].dtype}, which would make the result "
+                        f"complex; sparse operands hold real values: pass real tensors "
+                        f"(.real, .imag, or .to(torch.float32))")
     return tuple(cast(t, dtype) for t in operands)
 
 
