@@ -206,6 +206,10 @@ def test_mnist_bad_file(tmp_path):
     (tmp_path / "mnist" / "t10k-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x01" + b"\0" * 8)
     with pytest.raises(ValueError, match="magic 2049, expected 2051"):
         D.mnist(root=tmp_path, train=False)
+    # a .gz that is no gzip file (a fuzzer's finding: gzip's bare BadGzipFile)
+    (tmp_path / "mnist" / "t10k-images-idx3-ubyte.gz").write_bytes(b"hello")
+    with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte.gz is not a readable gzip"):
+        D.mnist(root=tmp_path, train=False)
 
 
 # -- SuiteSparse and DLMC listings -----------------------------------------------------------
@@ -339,7 +343,8 @@ def test_tampered_planetoid_parts_are_refused(tmp_path, part, bad, message):
 
 @pytest.mark.parametrize("test_index, message", [
     ("", "lists 0 nodes"), ("5\n5\n", "2 distinct nodes"), ("3\n4\n", "from 3 to 4"),
-    ("5\n1000000000000\n", r"2 distinct nodes in \[4, 8\)")])
+    ("5\n1000000000000\n", r"2 distinct nodes in \[4, 8\)"),
+    ("5\nsix\n", r"test.index must hold node ids")])   # (numpy's error, no file, before)
 def test_bad_test_index_is_refused(tmp_path, test_index, message):
     _write_planetoid(tmp_path, _planetoid_parts(), test_index)
     with pytest.raises(ValueError, match=message):

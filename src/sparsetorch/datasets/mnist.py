@@ -49,7 +49,12 @@ def mnist(root=None, train=True, dtype=torch.uint8) -> MNIST:
 def _idx(folder: Path, name: str, magic: int, ndim: int) -> np.ndarray:
     gz, raw = folder / (name + ".gz"), folder / name
     if gz.is_file():
-        path, data = gz, gzip.decompress(gz.read_bytes())
+        path = gz
+        try:
+            data = gzip.decompress(gz.read_bytes())
+        except (OSError, EOFError) as e:   # (gzip.BadGzipFile is an OSError)
+            raise ValueError(f"mnist: {gz} is not a readable gzip file ({e}); restore the "
+                             "shipped MNIST files (see shared/data/README.md)") from e
     elif raw.is_file():
         path, data = raw, raw.read_bytes()
     else:

@@ -54,7 +54,11 @@ def planetoid(name: str, root=None) -> Graph:
     allx_path = folder / f"ind.{key}.allx"
     allx = part("allx", sparse_matrix) if key != "pubmed" or allx_path.is_file() else None
     test_path = need_file(folder / f"ind.{key}.test.index", where)
-    test_idx = np.fromstring(test_path.read_bytes(), dtype=np.int64, sep=" ")
+    try:
+        test_idx = np.array(test_path.read_bytes().split(), dtype=np.int64)
+    except ValueError as e:   # (a word that is no integer)
+        raise ValueError(f"{where}: {test_path} must hold node ids (integers), one per line: "
+                         f"{e}; the file is corrupt") from e
     start = len(ally)
     classes, width = ally.shape[1], x.shape[1]
     if (not test_idx.size or test_idx.size != len(ty) or test_idx.min() < start
