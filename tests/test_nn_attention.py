@@ -104,6 +104,10 @@ def test_as_mask_and_block_diagonal():
         masks.bigbird(64, 8, window_blocks=2)
     with pytest.raises(ValueError, match="positions in"):
         masks.longformer(8, 1, global_tokens=(9,))
+    for not_positions in ([1.5], [True]):   # (1.5 was truncated to 1: a fuzzer's finding)
+        with pytest.raises(ValueError, match="positions in"):
+            masks.longformer(8, 1, global_tokens=not_positions)
+    assert masks.longformer(8, 1, global_tokens=()).nnz == 22   # none: the window alone
 
 
 # -- attention -----------------------------------------------------------------------------

@@ -223,8 +223,11 @@ def _global_positions(global_tokens, L):
     if isinstance(global_tokens, int):
         glob = torch.arange(min(_count("global_tokens", global_tokens), L))
     else:
-        glob = torch.as_tensor(list(global_tokens), dtype=torch.long)
-        if glob.dim() != 1 or (len(glob) and (glob.min() < 0 or glob.max() >= L)):
+        given = torch.as_tensor(list(global_tokens))
+        glob = given.long()   # (1.5 would become 1 unseen: a fuzzer's finding)
+        if glob.dim() != 1 or len(glob) and (
+                given.is_floating_point() or given.is_complex() or given.dtype == torch.bool
+                or glob.min() < 0 or glob.max() >= L):
             raise ValueError(f"longformer: global_tokens must be positions in [0, {L}), got "
                              f"{list(global_tokens)}")
     return torch.unique(glob)   # sorted, no repeats
