@@ -322,6 +322,8 @@ def test_bad_inputs_raise_clearly():
         SparseLinear(4, 3, density=1.5)
     with pytest.raises(ValueError, match="does not divide"):
         SparseLinear(4, 3, density=0.5, blocksize=2)
+    with pytest.raises(ValueError, match="device='meta' holds no data"):
+        SparseLinear(4, 3, density=0.5, device="meta")
     for dtype in (torch.int64, torch.bool, "float32"):
         with pytest.raises(TypeError, match=f"SparseLinear: dtype={dtype} is not a floating"):
             SparseLinear(4, 3, density=0.5, dtype=dtype)

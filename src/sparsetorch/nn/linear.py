@@ -90,6 +90,11 @@ class SparseLinear(nn.Module):
                  density=None, mask=None, blocksize=None, dtype=None, device=None,
                  generator=None, activation: str | None = None):
         super().__init__()
+        if device is not None and torch.device(device).type == "meta":
+            # (a fuzzer's finding: it built, then failed inside its first use)
+            raise ValueError("SparseLinear: device='meta' holds no data, and the layer's "
+                             "pattern is data (the positions of its stored weights); build "
+                             "it on a real device (device='cpu') and move it with .to()")
         if activation is not None and activation not in ACTIVATIONS:
             raise ValueError(f"SparseLinear: activation must be None or one of "
                              f"{', '.join(ACTIVATIONS)}, got {activation!r}")
