@@ -74,6 +74,7 @@ def test_bad_input():
         st.ops.masked_attention(A.to(torch.int64), *(o.long() for o in (ones, ones, ones)))
 
 
+@pytest.mark.slow   # ~3 s; test_nn_attention compiles the layer by default (the full suite runs it)
 def test_compiles_with_torch_compile():
     mask, dense, A, Q, K, V = operands(10, 9, 4, 5, torch.float64, "csr", seed=4)
     f = torch.compile(lambda A, Q, K, V: st.ops.masked_attention(A, Q, K, V),

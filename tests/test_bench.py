@@ -247,6 +247,7 @@ def _load_conversions_script():
     return _load_script("conversions")
 
 
+@pytest.mark.slow   # ~4 s: a benchmark script's smoke run (the full suite runs it)
 def test_conversions_benchmark_smoke(tmp_path, capsys):
     """The benchmark script runs end to end on stand-in data and writes valid JSON."""
     bench = _load_conversions_script()
@@ -326,6 +327,7 @@ def test_variants_benchmark_compares_settings_of_a_tuning_function(tmp_path, cap
             capsys.readouterr().err
 
 
+@pytest.mark.slow   # ~3 s: the overhead metric's rounds (the full suite runs it)
 def test_overhead_times_each_einsum_call_inside_the_forward():
     """Beside the recorded calls replayed alone, the overhead metric times each st.einsum
     call where it runs, inside the forwards it times: the layers' code is the rest."""

@@ -120,6 +120,7 @@ def test_bad_compile_timeout_is_named(monkeypatch, value):
         compile_timeout()
 
 
+@pytest.mark.slow   # ~3 s: a build killed in a subprocess (the full suite runs it)
 def test_temp_files_of_a_killed_build_are_swept(cache, tmp_path, monkeypatch):
     """A process killed mid-build leaves its temp library; the next cache open removes it
     (its owner is dead), but not a live process's, another host's or a young unnamed one."""

@@ -17,6 +17,7 @@ def _format_lines(out):
             {"csr", "csc", "coo", "dcsr", "dcsc", "bsr"}}
 
 
+@pytest.mark.slow   # ~3 s: the demo again, on a stand-in (the full suite runs it)
 def test_demo_falls_back_to_generated_graph(tmp_path, capsys):
     assert main(["demo", "--data", str(tmp_path), "--rounds", "2", "--threads", "1"]) == 0
     out = capsys.readouterr().out

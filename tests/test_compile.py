@@ -187,6 +187,7 @@ def test_inductor_sparse_input_requiring_grad():
     _same(ref, got)
 
 
+@pytest.mark.slow   # inductor compiles the graph and its backward: ~9 s (the full suite runs it)
 def test_inductor_spmm_forward_and_backward():
     ref = _grads(BACKWARD["spmm_relu"])
     got = _grads(BACKWARD["spmm_relu"], "inductor")

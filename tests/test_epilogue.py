@@ -191,6 +191,7 @@ def test_a_column_bias_takes_the_fast_path_by_its_own_shape():
                                        (d @ x + row).clamp(0, 6))
 
 
+@pytest.mark.slow   # ~4 s (the full suite runs it)
 def test_relaid_linear_bias_takes_the_fast_path_and_keeps_its_broadcast():
     """``x W^T + b`` runs relaid as ``W x^T + b[:, None]``: the kernel takes the column bias
     as ``(out,)``, so its shim is offered behind a reshape. That reshape must answer only

@@ -376,6 +376,7 @@ def test_operator_results_feed_further_operators():
                         ref=lambda a, b, c: (a - b).relu() + c.abs(), kind="sparse")
 
 
+@pytest.mark.slow   # ~9 s of long loops (the full suite runs it)
 def test_expressions_built_in_long_loops_stay_correct_and_quick():
     """A sum of hundreds of terms built in a loop, and hundreds of nested maps, evaluate
     (in parts: ``expr._MAX_DEPTH`` / ``_MAX_OPERANDS``) to the dense result, gradients

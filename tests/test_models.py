@@ -80,6 +80,7 @@ def test_graph_models_dropout_only_in_training():
     assert not torch.allclose(model(x, edge_index), model(x, edge_index))
 
 
+@pytest.mark.slow   # ~2 s of model training (the full suite runs it)
 def test_autoencoder_trains_on_dense_and_sparse_rows():
     g = torch.Generator().manual_seed(0)
     ae = st.models.SparseAutoencoder(16, 8, density=0.5, generator=g)

@@ -118,6 +118,7 @@ def test_blocked_sddmm_in_other_index_orders(small_l2, equation, fmt):
 
 
 @needs_intrinsics
+@pytest.mark.slow   # ~5 s of gradchecks (the blocked forward runs by default)
 def test_blocked_sddmm_gradients(small_l2):
     check_sddmm_gradients(long_rows(6, 300, 0.6, torch.float64, seed=3), 3, NOTE)
 

@@ -245,6 +245,7 @@ def test_avx2_spmm_tiles_and_spmv_gathers_by_scalar_loads():
         assert f"st_gather_{suffix}(t1_vals, (t0_crd1 + " in src, src
 
 
+@pytest.mark.slow   # ~3 s: a fresh interpreter (the full suite runs it)
 def test_simd_setting_is_checked():
     run_isolated("""
         import os
