@@ -96,10 +96,11 @@ def as_asked(module: nn.Module, y: torch.Tensor) -> torch.Tensor:
 
     Example:
         >>> y = torch.ones(3, 2, 1, 1).permute(1, 0, 2, 3)   # (N, C, H, W) in CNHW memory
-        >>> lin = torch.nn.Identity()
-        >>> as_asked(lin, y).is_contiguous(), lin.__setattr__("nchw_output", True)
-        (False, None)
-        >>> as_asked(lin, y).is_contiguous()
+        >>> layer = torch.nn.Identity()
+        >>> as_asked(layer, y).is_contiguous()
+        False
+        >>> layer.nchw_output = True
+        >>> as_asked(layer, y).is_contiguous()
         True
     """
     return y.contiguous() if module.__dict__.get("nchw_output", False) else y

@@ -363,8 +363,8 @@ def sparse_linear(x, weight: SparseTensor, bias: torch.Tensor | None = None,
         >>> sparse_linear(torch.full((2, 3), -1.0), W, torch.ones(3), "relu").tolist()
         [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
     """
-    for name, t, dims in (("x", x, 2), ("weight", weight, 2)):
-        if not isinstance(t, torch.Tensor) or t.dim() != dims:
+    for name, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise TypeError(f"sparse_linear: {name} must be a 2-D tensor or SparseTensor, got "
                             f"{type(t).__name__} of shape {tuple(getattr(t, 'shape', ()))}")
     if x.shape[1] != weight.shape[1]:   # (einsum would broadcast a size of 1)
