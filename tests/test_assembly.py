@@ -44,6 +44,7 @@ def _same_as_torch_product(r, A, B):
     torch.testing.assert_close(got.values(), want.values(), rtol=1e-10, atol=0)
 
 
+@pytest.mark.slow   # ~2 s (the full suite runs it)
 def test_huge_dimension_uses_a_hashed_workspace():
     """A 2**25-column SpGEMM: a dense row workspace would be 256 MiB per thread."""
     n = 2 ** 25

@@ -183,6 +183,7 @@ def test_no_grad_path_records_nothing():
     assert st.einsum("ij,jk->ik", A.detach(), _dense((4, 2), 16)).grad_fn is None
 
 
+@pytest.mark.slow   # ~2 s of double backward (the full suite runs it)
 def test_second_derivative():
     A = _sparse((4, 3), 0.6, "csr", 17)
     x = _dense((3,), 18).requires_grad_()

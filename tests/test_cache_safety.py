@@ -246,6 +246,7 @@ gcc_only = pytest.mark.skipif(not rt_build.pch._is_gcc(rt_build.toolchain().vers
 
 
 @gcc_only
+@pytest.mark.slow   # ~2 s of compiling (the full suite runs it)
 def test_planted_header_is_never_compiled_in(cache, tmp_path):
     """A header with planted code, a .gch GCC would reject (so it parses the text) and a
     marker recomputed to match that .gch."""

@@ -134,6 +134,7 @@ def test_issue31_7_entry_bounds_of_empty_operands():
                                                                        "csr")) == (0, 0)
 
 
+@pytest.mark.slow   # ~3 s (the full suite runs it)
 def test_hypersparse_product_of_huge_dimensions_runs_in_its_entries_memory():
     """DCSR operands of 2^31 + 5 rows and columns and 3 entries: the result-size bound took
     a row pointer per row (16 GiB: killed for memory); now O(entries). Run under an 8 GiB

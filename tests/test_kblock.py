@@ -136,6 +136,7 @@ def test_random_products_over_long_rows(data):
 
 
 @needs_intrinsics
+@pytest.mark.slow   # ~2 s (the full suite runs it)
 def test_blocked_spmm_on_one_thread_and_with_epilogue(monkeypatch):
     d = long_rows(70, 256, 0.5, torch.float32, seed=1)
     A = st.tensor(d, format="csr")

@@ -121,6 +121,7 @@ def test_second_load_is_memo_hit_same_object(cache):
     assert s["builds"] == 1 and s["memo_hits"] == 2 and s["disk_hits"] == 0
 
 
+@pytest.mark.slow   # ~3 s: a fresh interpreter (the full suite runs it)
 def test_fresh_process_finds_kernel_on_disk(cache, tmp_path):
     src = saxpy_source()
     rt.load_kernel(src, "saxpy", SAXPY_ARGS)

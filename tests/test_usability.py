@@ -119,6 +119,7 @@ def test_explain_prints_a_summary_and_keeps_the_source():
     assert "#include" in e.source and e.source in e.full() and e.loops in e.full()
 
 
+@pytest.mark.slow   # ~3 s: a fresh interpreter (the full suite runs it)
 def test_import_is_light_and_complete():
     """Regressions: ``st.bench`` raised AttributeError until ``import sparsetorch.bench``;
     a decorator in ``nn/attention.py`` imported ``torch._dynamo`` (and triton) on every
