@@ -46,11 +46,12 @@ def test_empty_pattern_two_threads_and_fallbacks():
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:   # enough work for both threads, an odd row count; rows copied to aligned strides
+        # (on AVX2 the strip kernel: 51 terms a row in two chains, summed in another order)
         dense, W = _weight(301, 256, 0.2)
         for p in (49, 196, 64):
             x = torch.randn(256, p)
             torch.testing.assert_close(st.ops.spmm_narrow(W, x, None, "relu"),
-                                       F.relu(dense @ x), rtol=1e-5, atol=1e-5)
+                                       F.relu(dense @ x), rtol=1e-5, atol=1e-4)
     finally:
         torch.set_num_threads(old)
     # wider than max_columns() (256, or 1024 on AVX-512), float64: einsum, the same results
@@ -97,3 +98,42 @@ def test_sparse_conv_on_seven_by_seven():
         with torch.no_grad():
             y = layer(x)
         torch.testing.assert_close(y, F.relu6(F.conv2d(x, w, conv.bias)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def strips_everywhere(monkeypatch):
+    """The strip kernel (AVX2-only CPUs) for every weight, however few its input channels
+    or stored entries."""
+    from sparsetorch.ops import narrow
+    monkeypatch.setattr(narrow, "_STRIP_FROM", dict.fromkeys(narrow._STRIP_FROM, 0))
+
+
+@pytest.mark.skipif(vector_isa() != "avx2", reason="the strip kernel runs on AVX2-only CPUs")
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_strips_match_dense(strips_everywhere, split_by_rows, index_dtype):
+    """Strips of 1-4 vectors and partial ones, fewer strips than the three threads (split
+    by rows too, a thread's units spanning two strips), wider than the chunk kernel's
+    limit, column bands; rows of 0, 1 and odd numbers of entries (the second chain)."""
+    dense, W = _weight(13, 40, 0.3, index_dtype)
+    assert _kernel_for(W, torch.randn(40, 49), None, 0)[1] is None   # (lanes None: strips)
+    for p, band in ((1, 0), (7, 0), (8, 0), (9, 0), (17, 0), (31, 0), (32, 0), (33, 0),
+                    (49, 0), (65, 0), (196, 0), (300, 0), (784, 28), (300, 7), (5, 9),
+                    (17, 1)):
+        x = torch.randn(40, p)
+        for act, bias in ((None, None), ("relu", torch.randn(13)), ("relu6", torch.randn(13))):
+            ref = ACT[act](dense @ x + (0 if bias is None else bias[:, None]))
+            torch.testing.assert_close(st.ops.spmm_narrow(W, x, bias, act, band=band), ref,
+                                       rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(vector_isa() != "avx2", reason="the strip kernel runs on AVX2-only CPUs")
+def test_which_kernel_runs():
+    """Strips from 384 input channels (or 256 read 40 times each); chunks below; past 256
+    columns unsplit, strips where each channel is read 8 times, else einsum."""
+    def lanes(m, k, p, density=0.1, band=0):
+        _, W = _weight(m, k, density)
+        found = _kernel_for(W, torch.randn(k, p), None, band)
+        return "einsum" if found is None else found[1]
+    assert lanes(64, 384, 196) is None and lanes(512, 256, 196, density=0.2) is None
+    assert lanes(64, 256, 196) == 8 and lanes(64, 128, 3136, band=56) == 8
+    assert lanes(256, 128, 784) is None and lanes(16, 128, 784) == "einsum"

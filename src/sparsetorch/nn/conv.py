@@ -4,11 +4,13 @@ A 1x1 convolution is a matrix product over channels: ``Y (Cout x P) = W (Cout x 
 P)`` with ``P`` the pixels. With the activations in CHW order (each channel's pixels
 contiguous) and ``W`` sparse, that is the generated SpMM kernel: pixel strips in vector
 registers, each stored weight loaded once per strip, the bias and ReLU/ReLU6 applied as the
-registers are written (``st.einsum("oc,cp->op", W, X, bias=, activation=)``). Inputs of at
-most 256 pixels (MobileNet's 14 x 14 and 7 x 7 layers at batch 1; on AVX-512 CPUs 1024,
-28 x 28 too: ``ops.narrow.max_columns()``) run ``st.ops.spmm_narrow``
-in inference instead, which holds 64 columns of an output row in registers (2.2x the
-generated kernel at 49 pixels, 1.1-1.3x at 196).
+registers are written (``st.einsum("oc,cp->op", W, X, bias=, activation=)``). In inference
+``st.ops.spmm_narrow`` runs instead where one of its kernels pays (it falls back to einsum
+elsewhere): inputs of at most 256 pixels (MobileNet's 14 x 14 and 7 x 7 layers at batch 1;
+on AVX-512 CPUs 1024, 28 x 28 too: ``ops.narrow.max_columns()``), whose output rows it
+holds 64 columns at a time in registers (2.2x the generated kernel at 49 pixels, 1.1-1.3x
+at 196); inputs split in bands of image rows (below); and, on AVX2 CPUs, weights of many
+input channels at any width (strips packed into L1/L2-friendly blocks).
 
 Layout: a batch of ``N`` images is folded into the pixels, ``X = (Cin, N*H*W)``. The result
 is returned as an ordinary ``(N, Cout, H, W)`` tensor whose memory is ``(Cout, N, H, W)``
@@ -33,7 +35,7 @@ from torch import nn
 
 from ..formats import SparseTensor
 from ..formats.pack import array_names
-from ..ops import einsum, spmm_narrow
+from ..ops import spmm_narrow
 from ..ops.narrow import band_of_rows, max_columns, prepared_spmm_narrow
 from . import _pattern
 from ._common import as_asked, check_pointwise as _check_pointwise, keep_facts as _keep_facts
@@ -167,13 +169,8 @@ class SparseConv2d(SparseLinear):
                             f"{weight.dtype}; cast the input or the layer (.to(dtype))")
         x, single, cols = self._columns(x)
         n, _, h, w = x.shape
-        if n * h * w <= max_columns():   # few pixels: a row's chunks in registers
-            y = spmm_narrow(weight, cols, bias, self.activation)
-        elif band_of_rows(n * h * w, w):   # each thread the pixels it wrote (depthwise3x3)
-            y = spmm_narrow(weight, cols, bias, self.activation, band=w)
-        else:
-            y = einsum("oc,cp->op", weight, cols, bias=None if bias is None else bias.unsqueeze(1),
-                       activation=self.activation)
+        # (spmm_narrow runs einsum where its kernels do not pay)
+        y = spmm_narrow(weight, cols, bias, self.activation, _band(n, h, w))
         _keep_facts(weight, self)
         return self._image(y, n, h, w, single)
 
@@ -202,11 +199,8 @@ class SparseConv2d(SparseLinear):
             return None
         xs, single, cols = self._columns(x)
         n, _, h, w = xs.shape
-        unsplit = n * h * w <= max_columns()
-        band = 0 if unsplit else band_of_rows(n * h * w, w)
-        if not unsplit and not band:
-            return None
-        run = prepared_spmm_narrow(self.weight, cols, self.bias, self.activation, band)
+        run = prepared_spmm_narrow(self.weight, cols, self.bias, self.activation,
+                                   _band(n, h, w))
         if run is None:
             return None
         columns, image = self._columns, self._image
@@ -217,6 +211,14 @@ class SparseConv2d(SparseLinear):
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, stride={self.stride}, activation={self.activation}")
+
+
+def _band(n: int, h: int, w: int) -> int:
+    """``spmm_narrow``'s ``band`` for (C, N*H*W) activations: columns split in image rows
+    where the depthwise convolution before splits its output so (each thread then reads
+    the pixels it wrote); 0 up to ``max_columns()``, which the kernels take unsplit."""
+    pixels = n * h * w
+    return 0 if pixels <= max_columns() else band_of_rows(pixels, w)
 
 
 def channels_first(x: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,12 @@ went from 167 to 125 us in the model (2 threads), the copy included; each thread
 rows, as it reads them all and a shared copy would leave half of them in the other core's
 cache.
 
+On CPUs with AVX2 and not AVX-512, weights of many input channels (384 and more, or 256
+read 40 times each: ``_STRIP_FROM``) run a second kernel instead, at any width, split in
+bands or not: strips of 32 columns, each packed into its thread's scratch as whole cache
+lines before the rows are computed from it (``_STRIPS``): MobileNet v1's 1x1 layers at 14 x
+14 ran 1.16-1.25x the chunks (2 threads, AMD Zen 3), its 28 x 28 ones 1.24x einsum.
+
 Used for float32 CPU tensors on AVX2 (or AVX-512) CPUs with the C backend, and only where
 no gradient is recorded and ``torch.compile`` is not tracing; everything else is ``st.einsum("oc,cp->op", ...)``, which this
 matches up to rounding (the bias is added first here, last there).
@@ -128,6 +134,14 @@ _MOST_VECTORS = {"avx2": 8, "avx512": 16}
 # accumulators cover the FMA latency where four 16-lane ones do not (49 columns: the
 # 16-lane kernel 0.84-0.97x; 196: 1.04-1.13x; 784 and more: 1.3-1.5x)
 _EIGHT_LANES_UP_TO = 64
+# Where AVX2 CPUs run the strip kernel (``_STRIPS``) instead of the chunks: from this many
+# input channels (a chunk of 64 columns then spans 96 KB of L2; 49 and 196 columns, 90%
+# sparsity, 2 threads, AMD Zen 3: 1.16-1.25x at 512-1024 channels, 1.16x at 384 with 64
+# outputs), or from 256 with 40 stored entries per channel (each packed row read that
+# often: 512 x 256 1.15-1.18x; 64-256 outputs lost 3-32%); and, where the chunks do not run
+# (more than ``MAX_COLUMNS`` columns not split in bands), instead of einsum from 8 entries
+# per channel (784 columns: 1.07-1.44x; 3 per channel 0.89x).
+_STRIP_FROM = {"inputs": 384, "reused inputs": 256, "reuse": 40, "reuse over einsum": 8}
 _HEADER = r"""/* the narrow CSR SpMM kernels (ops/narrow.py) */
 #include <stdint.h>
 #include <string.h>
@@ -171,8 +185,13 @@ void st_spmm_lanes$LANES##_##I(int64_t n, int64_t k, int64_t p, const I* pos, co
     const int64_t lo = band ? 0 : n * t / T, hi = band ? n : n * (t + 1) / T;             \
     const int64_t cb = band ? p / band * t / T * band : 0;                                \
     const int64_t ce = band ? (t + 1 == T ? p : p / band * (t + 1) / T * band) : p;       \
-    for (int64_t c0 = cb; c0 < ce; c0 += $CHUNK) {   /* chunks of the most vectors, then the rest */\
-    const int64_t width = ce - c0 < $CHUNK ? ce - c0 : $CHUNK;                            \
+    /* chunks of equally many vectors (at most $MOST): 196 columns as 7+6+6+6 vectors, \
+       not 8+8+8+1, whose last chunk is one FMA chain waiting on its latency */            \
+    const int64_t vectors = (ce - cb + $LANES - 1) / $LANES;                               \
+    const int64_t chunks = vectors > $MOST ? (vectors + $MOST - 1) / $MOST : 1;           \
+    const int64_t step = (vectors + chunks - 1) / chunks * $LANES;                         \
+    for (int64_t c0 = cb; c0 < ce; c0 += step) {                                          \
+    const int64_t width = ce - c0 < step ? ce - c0 : step;                                \
     switch ((width + $LANES - 1) / $LANES) {                                              \
 $CASES    }                                                                                     \
     }                                                                                     \
@@ -182,13 +201,103 @@ ST_NARROW$LANES(int32_t)
 ST_NARROW$LANES(int64_t)
 """)
 
+# AVX2 CPUs: strips of at most 32 columns (four 8-lane registers), each packed first into its
+# thread's scratch (k rows of 8 x V floats, V = the strip's vectors), then every output row's
+# strip computed from it in two FMA chains per register (a row's entries alternate between
+# them, ``$CHAINS`` sets of accumulators summed at the end). Packed rows are whole cache
+# lines in one block, where the chunks above read a row's 56-64 columns out of a 196-wide
+# row (4-5 lines, some half used) from L2. Memory traffic: ``x`` read once (each thread its
+# strips) and written once into the scratch; the scratch (k x 128 bytes: 64 KB for 512 input
+# channels, L2) read once per stored entry and strip; ``W``'s arrays read once per strip;
+# ``y`` written once. Parallel strategy: threads split the strips (or, given ``band``, each
+# thread the strips of its own bands); fewer strips than threads are also split by rows.
+_STRIPS = Template(r"""
+/* Rows [lo, hi) of y's columns [c0, c0 + width) = clamp(W x + bias, mn, mx), x's columns
+   packed into buf (k rows of 8 * V floats); y's rows p apart. */
+#define ST_STRIP(V, CHAINS, I)                                                                \
+static void st_strip_##V##_##I(int64_t lo, int64_t hi, int64_t c0, int64_t width, int64_t p, \
+    const I* pos, const I* crd, const float* val, const float* buf, const float* bias,   \
+    float mn, float mx, float* y) {                                                       \
+  for (int64_t o = lo; o < hi; o++) {                                                     \
+    __m256 acc[CHAINS][V];                                                                \
+    for (int v = 0; v < V; v++) {                                                         \
+      acc[0][v] = _mm256_set1_ps(bias ? bias[o] : 0.0f);                                  \
+      for (int c = 1; c < CHAINS; c++) acc[c][v] = _mm256_setzero_ps();                    \
+    }                                                                                     \
+    int64_t e = pos[o];                                                                   \
+    for (; e + CHAINS <= pos[o + 1]; e += CHAINS)                                         \
+      for (int c = 0; c < CHAINS; c++) {                                                  \
+        const __m256 w = _mm256_set1_ps(val[e + c]);                                      \
+        const float* xr = buf + (int64_t)crd[e + c] * (8 * V);                            \
+        for (int v = 0; v < V; v++)                                                       \
+          acc[c][v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xr + 8 * v), acc[c][v]);         \
+      }                                                                                   \
+    for (; e < pos[o + 1]; e++) {                                                         \
+      const __m256 w = _mm256_set1_ps(val[e]);                                            \
+      const float* xr = buf + (int64_t)crd[e] * (8 * V);                                  \
+      for (int v = 0; v < V; v++)                                                         \
+        acc[0][v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xr + 8 * v), acc[0][v]);           \
+    }                                                                                     \
+    float* yo = y + o * p + c0;                                                           \
+    for (int v = 0; v < V; v++) {                                                         \
+      __m256 s = acc[0][v];                                                               \
+      for (int c = 1; c < CHAINS; c++) s = _mm256_add_ps(s, acc[c][v]);                   \
+      s = _mm256_min_ps(_mm256_set1_ps(mx), _mm256_max_ps(_mm256_set1_ps(mn), s));        \
+      if (8 * v + 8 <= width) _mm256_storeu_ps(yo + 8 * v, s);                            \
+      else st_store_part(yo + 8 * v, s, width - 8 * v);                                   \
+    }                                                                                     \
+  }                                                                                       \
+}
+#define ST_STRIPS(I)                                                                      \
+ST_STRIP(1, 4, I) ST_STRIP(2, 4, I) ST_STRIP(3, $CHAINS, I) ST_STRIP(4, $CHAINS, I)       \
+void st_spmm_strips_##I(int64_t n, int64_t k, int64_t p, const I* pos, const I* crd,       \
+    const float* val, const float* x, const float* bias, int64_t act, float* y,            \
+    int64_t nt, int64_t band, float* scratch, int64_t unused) {                           \
+  const float mn = act ? 0.0f : -__builtin_inff(), mx = act == 2 ? 6.0f : __builtin_inff(); \
+  _Pragma("omp parallel num_threads(nt) if(nt > 1)")                                      \
+  {                                                                                       \
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();                    \
+    float* buf = scratch + t * k * 32;                                                    \
+    /* columns [cb, ce) in strips of 32, cut into units (strip, row group) shared out over \
+       `parts` threads: all threads, or given bands this thread alone over its own */     \
+    const int64_t cb = band ? p / band * t / T * band : 0;                                \
+    const int64_t ce = band ? (t + 1 == T ? p : p / band * (t + 1) / T * band) : p;       \
+    const int64_t parts = band ? 1 : T, me = band ? 0 : t, strips = (ce - cb + 31) / 32;   \
+    const int64_t groups = strips >= parts || !strips ? 1 : (parts + strips - 1) / strips; \
+    int64_t packed = -1;                                                                  \
+    for (int64_t u = strips * groups * me / parts;                                        \
+         u < strips * groups * (me + 1) / parts; u++) {                                   \
+      const int64_t s = u / groups, g = u % groups, c0 = cb + 32 * s;                     \
+      const int64_t width = ce - c0 < 32 ? ce - c0 : 32, V = (width + 7) / 8;             \
+      if (s != packed) {   /* the pad zeroed: never stored, but a denormal slows FMAs */  \
+        for (int64_t r = 0; r < k; r++) {                                                 \
+          memcpy(buf + r * 8 * V, x + r * p + c0, width * sizeof(float));                 \
+          memset(buf + r * 8 * V + width, 0, (8 * V - width) * sizeof(float));            \
+        }                                                                                 \
+        packed = s;                                                                       \
+      }                                                                                   \
+      const int64_t lo = n * g / groups, hi = n * (g + 1) / groups;                       \
+      switch (V) {                                                                        \
+        case 1: st_strip_1_##I(lo, hi, c0, width, p, pos, crd, val, buf, bias, mn, mx, y); break; \
+        case 2: st_strip_2_##I(lo, hi, c0, width, p, pos, crd, val, buf, bias, mn, mx, y); break; \
+        case 3: st_strip_3_##I(lo, hi, c0, width, p, pos, crd, val, buf, bias, mn, mx, y); break; \
+        default: st_strip_4_##I(lo, hi, c0, width, p, pos, crd, val, buf, bias, mn, mx, y);     \
+      }                                                                                   \
+    }                                                                                     \
+  }                                                                                       \
+}
+ST_STRIPS(int32_t)
+ST_STRIPS(int64_t)
+""")
+
 
 def _source(isa: str) -> str:
     """Both variants where the CPU has AVX-512 (the 8-lane one for narrow columns: at 49 and
     196 of them its 7-8 accumulators per row beat four or five 16-lane ones, 1.0-1.2x;
     from 784 on the 16-lane one ran 1.3-1.4x faster), else the 8-lane one."""
     isas = ("avx2", "avx512") if isa == "avx512" else ("avx2",)
-    return _HEADER + "".join(_variant(i) for i in isas)
+    strips = _STRIPS.substitute(CHAINS=2) if isa == "avx2" else ""
+    return _HEADER + "".join(_variant(i) for i in isas) + strips
 
 
 def _variant(isa: str) -> str:
@@ -197,7 +306,7 @@ def _variant(isa: str) -> str:
     cases = "".join(f"      {'default' if v == most else f'case {v}'}: "
                     f"st_rows{lanes}_{v}_##I(ST_ARGS); break;".ljust(88) + "\\\n"
                     for v in range(1, most + 1))
-    return _VARIANT.substitute(ROWS=_ROWS[isa], LANES=lanes, CHUNK=most * lanes,
+    return _VARIANT.substitute(ROWS=_ROWS[isa], LANES=lanes, MOST=most,
                                DEFINE_ROWS=rows, CASES=cases)
 
 
@@ -252,14 +361,15 @@ def prepared_spmm_narrow(weight: SparseTensor, x: torch.Tensor, bias: torch.Tens
     nt = runtime.num_threads() if weight._crd1.numel() * p >= _PARALLEL_WORK else 1
     # Rows of x a whole number of vectors long, so no load straddles two cache lines (each
     # such load costs two): 196 columns copied 208 apart, 512 x 512 at 90%, the copy
-    # included: 1.5x on one thread, 1.35x on two
-    xs = 0 if band or p % lanes == 0 else -(-p // lanes) * lanes
+    # included: 1.5x on one thread, 1.35x on two. The strip kernel packs a strip of 32.
+    xs = 0 if lanes is None or band or p % lanes == 0 else -(-p // lanes) * lanes
+    scratch = nt * k * (32 if lanes is None else xs)
     arrays = (weight._pos1.data_ptr(), weight._crd1.data_ptr(), weight._values.data_ptr())
     b, act = 0 if bias is None else bias.data_ptr(), _ACTIVATIONS[activation]
 
     def run(x: torch.Tensor) -> torch.Tensor:
         out = torch.empty((m, p), dtype=torch.float32)
-        xpad = _buffers.get(torch.float32, nt * k * xs).data_ptr() if xs else 0
+        xpad = _buffers.get(torch.float32, scratch).data_ptr() if scratch else 0
         fn(m, k, p, *arrays, x.data_ptr(), b, act, out.data_ptr(), nt, band, xpad, xs)
         return out
     run.kept = (weight, bias)   # (their memory stays while the function does)
@@ -280,9 +390,14 @@ def max_columns() -> int:
 
 @lru_cache(maxsize=None)
 def _max_columns() -> int:
+    return MAX_COLUMNS.get(_isa(), 0)
+
+
+@lru_cache(maxsize=None)
+def _isa() -> str | None:
     from ..compiler.kernel import vector_isa
 
-    return MAX_COLUMNS.get(vector_isa(), 0)
+    return vector_isa()
 
 
 def band_of_rows(pixels: int, w: int) -> int:
@@ -310,7 +425,7 @@ def _kernel_for(weight, x, bias, band):
         return None
     values, (m, k) = weight._values, weight._size
     if (type(x) is not torch.Tensor or x.dtype != torch.float32 or x.dim() != 2
-            or not 0 < x.shape[1] <= (max_columns() if band == 0 else x.shape[1])
+            or x.shape[1] == 0
             or x.shape[0] != k or not x.is_cpu
             or not x.is_contiguous() or values.dtype != torch.float32 or not values.is_cpu
             or not values.is_contiguous() or backend() != "c"):
@@ -322,26 +437,46 @@ def _kernel_for(weight, x, bias, band):
     if torch.is_grad_enabled() and (values.requires_grad or x.requires_grad
                                     or (bias is not None and bias.requires_grad)):
         return None
-    return _kernel(weight._crd1.dtype, x.shape[1] > _EIGHT_LANES_UP_TO)
+    p = x.shape[1]
+    chunks_run = band > 0 or p <= max_columns()
+    strips = _strips_pay(k, weight._crd1.numel(), chunks_run)
+    if not (chunks_run or strips):
+        return None
+    return _kernel(weight._crd1.dtype, p > _EIGHT_LANES_UP_TO, strips)
+
+
+def _strips_pay(k: int, nnz: int, chunks_run: bool) -> bool:
+    """Whether the strip kernel runs for a weight of ``k`` input channels and ``nnz``
+    stored entries (``_STRIP_FROM``), against the chunk kernel where ``chunks_run``, else
+    einsum; never on AVX-512 CPUs (measured on AVX2 alone)."""
+    if _isa() != "avx2":
+        return False
+    if chunks_run:
+        return k >= _STRIP_FROM["inputs"] or (k >= _STRIP_FROM["reused inputs"]
+                                              and nnz >= _STRIP_FROM["reuse"] * k)
+    return nnz >= _STRIP_FROM["reuse over einsum"] * k
 
 
 @lru_cache(maxsize=None)
-def _kernel(index_dtype: torch.dtype, wide: bool = False):
+def _kernel(index_dtype: torch.dtype, wide: bool = False, strips: bool = False):
     """``(kernel, its vector's lanes)`` for int32 or int64 index arrays, for at most
     ``_EIGHT_LANES_UP_TO`` columns or more (``wide``: 16 lanes where the CPU has AVX-512);
-    None without AVX2 or a C compiler."""
-    from ..compiler.kernel import vector_isa
-
-    isa = vector_isa()
+    ``strips``: the strip kernel where the CPU has AVX2 alone (lanes None), else as
+    without. None without AVX2 or a C compiler."""
+    isa = _isa()
     if isa is None:
         return None
     index = {torch.int32: "int32_t", torch.int64: "int64_t"}[index_dtype]
     I, P = runtime.I64, runtime.PTR
-    symbols = {f"st_spmm_lanes{_LANES[i]}_{index}": [I, I, I, P, P, P, P, P, I, P, I, I, P, I]
-               for i in (("avx2", "avx512") if isa == "avx512" else ("avx2",))}
+    names = [f"st_spmm_lanes{_LANES[i]}_{index}"
+             for i in (("avx2", "avx512") if isa == "avx512" else ("avx2",))]
+    names += [f"st_spmm_strips_{index}"] if isa == "avx2" else []
     try:
-        fns = runtime.load_entries(_source(isa), symbols)
+        fns = runtime.load_entries(_source(isa), {
+            name: [I, I, I, P, P, P, P, P, I, P, I, I, P, I] for name in names})
     except runtime.KernelBuildError:
         return None
+    if strips and isa == "avx2":
+        return fns[f"st_spmm_strips_{index}"], None
     lanes = _LANES[isa if wide else "avx2"]
     return fns[f"st_spmm_lanes{lanes}_{index}"], lanes
