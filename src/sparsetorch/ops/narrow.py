@@ -201,17 +201,19 @@ ST_NARROW$LANES(int32_t)
 ST_NARROW$LANES(int64_t)
 """)
 
-# AVX2 CPUs: strips of at most 32 columns (four 8-lane registers), each packed first into its
+# AVX2 CPUs: strips of at most 32 columns (four 8-lane registers; strips of 24, 48 and 64 ran
+# 0.92-0.99x, 0.85-0.95x and 0.70-0.89x as fast on Zen 3), each packed first into its
 # thread's scratch (k rows of 8 x V floats, V = the strip's vectors), then every output row's
-# strip computed from it in two FMA chains per register (a row's entries alternate between
-# them, ``$CHAINS`` sets of accumulators summed at the end). Packed rows are whole cache
+# strip computed from it, a row's entries alternating between two sets of accumulators (four
+# for strips of one or two registers: 4-8 FMA chains cover the latency), summed at the end
+# (``CHAINS``; with four registers two sets ran 1.00-1.08x one). Packed rows are whole cache
 # lines in one block, where the chunks above read a row's 56-64 columns out of a 196-wide
 # row (4-5 lines, some half used) from L2. Memory traffic: ``x`` read once (each thread its
 # strips) and written once into the scratch; the scratch (k x 128 bytes: 64 KB for 512 input
 # channels, L2) read once per stored entry and strip; ``W``'s arrays read once per strip;
 # ``y`` written once. Parallel strategy: threads split the strips (or, given ``band``, each
 # thread the strips of its own bands); fewer strips than threads are also split by rows.
-_STRIPS = Template(r"""
+_STRIPS = r"""
 /* Rows [lo, hi) of y's columns [c0, c0 + width) = clamp(W x + bias, mn, mx), x's columns
    packed into buf (k rows of 8 * V floats); y's rows p apart. */
 #define ST_STRIP(V, CHAINS, I)                                                                \
@@ -249,10 +251,11 @@ static void st_strip_##V##_##I(int64_t lo, int64_t hi, int64_t c0, int64_t width
   }                                                                                       \
 }
 #define ST_STRIPS(I)                                                                      \
-ST_STRIP(1, 4, I) ST_STRIP(2, 4, I) ST_STRIP(3, $CHAINS, I) ST_STRIP(4, $CHAINS, I)       \
+ST_STRIP(1, 4, I) ST_STRIP(2, 4, I) ST_STRIP(3, 2, I) ST_STRIP(4, 2, I)                 \
+/* (xs: the chunk kernel's argument, unused here: one Python call runs either) */        \
 void st_spmm_strips_##I(int64_t n, int64_t k, int64_t p, const I* pos, const I* crd,       \
     const float* val, const float* x, const float* bias, int64_t act, float* y,            \
-    int64_t nt, int64_t band, float* scratch, int64_t unused) {                           \
+    int64_t nt, int64_t band, float* scratch, int64_t xs) {                               \
   const float mn = act ? 0.0f : -__builtin_inff(), mx = act == 2 ? 6.0f : __builtin_inff(); \
   _Pragma("omp parallel num_threads(nt) if(nt > 1)")                                      \
   {                                                                                       \
@@ -288,7 +291,7 @@ void st_spmm_strips_##I(int64_t n, int64_t k, int64_t p, const I* pos, const I* 
 }
 ST_STRIPS(int32_t)
 ST_STRIPS(int64_t)
-""")
+"""
 
 
 def _source(isa: str) -> str:
@@ -296,8 +299,7 @@ def _source(isa: str) -> str:
     196 of them its 7-8 accumulators per row beat four or five 16-lane ones, 1.0-1.2x;
     from 784 on the 16-lane one ran 1.3-1.4x faster), else the 8-lane one."""
     isas = ("avx2", "avx512") if isa == "avx512" else ("avx2",)
-    strips = _STRIPS.substitute(CHAINS=2) if isa == "avx2" else ""
-    return _HEADER + "".join(_variant(i) for i in isas) + strips
+    return _HEADER + "".join(_variant(i) for i in isas) + (_STRIPS if isa == "avx2" else "")
 
 
 def _variant(isa: str) -> str:
