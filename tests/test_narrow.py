@@ -137,3 +137,27 @@ def test_which_kernel_runs():
     assert lanes(64, 384, 196) is None and lanes(512, 256, 196, density=0.2) is None
     assert lanes(64, 256, 196) == 8 and lanes(64, 128, 3136, band=56) == 8
     assert lanes(256, 128, 784) is None and lanes(16, 128, 784) == "einsum"
+
+
+def test_sparse_conv_of_many_channels():
+    """A 1x1 convolution of 384 input channels (the strip kernel on AVX2 CPUs) matches
+    conv2d at 7 x 7, 28 x 28 (past the chunk kernel's columns: strips, not einsum) and a
+    batch of two, called as a module and frozen; with gradients recorded, einsum."""
+    torch.manual_seed(5)
+    conv = torch.nn.Conv2d(384, 96, 1)
+    layer = st.nn.SparseConv2d.from_dense(conv, sparsity=0.9, activation="relu")
+    w = layer.weight.to_dense()[:, :, None, None]
+    if vector_isa() == "avx2":   # 9.6 entries per input channel: strips at 784 columns
+        assert _kernel_for(layer.weight, torch.randn(384, 784), None, 0)[1] is None
+    for x in (torch.randn(1, 384, 7, 7), torch.randn(1, 384, 28, 28),
+              torch.randn(2, 384, 14, 14)):
+        ref = F.relu(F.conv2d(x, w, conv.bias))
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), ref, rtol=1e-4, atol=1e-4)
+            frozen = st.freeze(torch.nn.Sequential(layer))
+            torch.testing.assert_close(frozen(x), ref, rtol=1e-4, atol=1e-4)
+    x = torch.randn(1, 384, 7, 7, requires_grad=True)
+    layer(x).sum().backward()
+    xd = x.detach().clone().requires_grad_()
+    F.relu(F.conv2d(xd, w, conv.bias)).sum().backward()
+    torch.testing.assert_close(x.grad, xd.grad, rtol=1e-4, atol=1e-4)
