@@ -6,6 +6,7 @@
     python benchmarks/convnets.py --profile      # per-layer time breakdown of the sparse models
     python benchmarks/convnets.py --layers       # every 1x1 layer of v1 at 90% vs its conv2d
     python benchmarks/convnets.py --sweep        # 50-98% sparsity, break-even points, PNG
+    python benchmarks/convnets.py --kernels      # 1x1 layers with/without the AVX2 strip kernel
     python benchmarks/convnets.py --quick --threads 1 --clock cpu   # on a busy machine
 
 Sections
@@ -24,6 +25,9 @@ Sections
            and ``benchmarks/results/convnets_sweep.png``.
   layers   each 1x1 layer of MobileNet v1 at 90% (``SparseConv2d``, bias and ReLU fused) vs
            dense ``conv2d`` + bias + ReLU on the same input.
+  kernels  each 1x1 layer of v1 and v2 at 90%, batch 1, through ``st.ops.spmm_narrow``
+           with its AVX2 strip kernel forced on and off (AVX2-only CPUs), and which one
+           the kernel's rule picks.
   profile  the frozen sparse model's steps (each layer's call, or a fused expansion +
            depthwise pair) timed one by one around their calls (batch 1, the fastest of 10
            runs each), summed per kind: first conv, depthwise, sparse 1x1, classifier,
@@ -43,6 +47,7 @@ import statistics
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -222,6 +227,72 @@ def layers_section(report, threads, rounds) -> list[dict]:
     return out
 
 
+@torch.no_grad()
+def kernels_section(report, threads, rounds) -> list[dict]:
+    """Each 1x1 layer of v1 and v2 at 90%, batch 1, through ``spmm_narrow`` as frozen
+    models call it, with its AVX2 strip kernel and without (the chunk kernel, or einsum
+    where that runs): the measurement behind ``ops.narrow._STRIP_FROM``; ``picked`` says
+    which one the rule takes. (v2's expansions run fused with their depthwise layers in a
+    frozen model; they are here as more shapes.) Then each frozen model, batch 1 and 8,
+    frozen under the rule and with strips off. Empty but for a note on other CPUs."""
+    from sparsetorch.nn.conv import _band
+    from sparsetorch.ops import narrow
+
+    if narrow._isa() != "avx2":
+        report.note("kernels: the strip kernel runs on AVX2-only CPUs; not measured here")
+        return []
+    out = []
+    for model, build in MODELS.items():
+        sparse = st.sparsify(build().eval(), sparsity=0.9)
+        for name, x in _layer_inputs(sparse, torch.randn(1, 3, 224, 224)).items():
+            layer = sparse.get_submodule(name)
+            xs, _, cols = layer._columns(x)
+            band = _band(1, xs.shape[2], xs.shape[3])
+            runs = {}
+            for case, on in (("strips", True), ("without", False)):
+                with _strips(narrow, on):   # (einsum where no kernel is left)
+                    runs[case] = narrow.prepared_spmm_narrow(
+                        layer.weight, cols, layer.bias, layer.activation, band) or \
+                        (lambda c, layer=layer: st.einsum(
+                            "oc,cp->op", layer.weight, c, bias=layer.bias[:, None],
+                            activation=layer.activation))
+            picked = narrow._kernel_for(layer.weight, cols, layer.bias, band)
+            res = compare({k: (lambda run=run: run(cols)) for k, run in runs.items()},
+                          baseline="without", rounds=rounds, warmup=2, min_time=2e-3,
+                          threads=threads, timer=CLOCK["timer"])
+            shape = f"{layer.in_channels}->{layer.out_channels} {xs.shape[2]}x{xs.shape[3]}"
+            report.add(f"{model} {name} {shape}", res, layer=name)
+            out.append({"model": model, "layer": name, "shape": shape,
+                        "x_strips": res["impls"]["strips"]["speedup"],
+                        "picked": "strips" if picked and picked[1] is None else "without"})
+        for batch in (1, 8):
+            x = torch.randn(batch, 3, 224, 224)
+            frozen = {}
+            for case, rule in (("rule", None), ("without", False)):
+                with _strips(narrow, rule):
+                    frozen[case] = st.freeze(sparse)
+            res = compare({k: (lambda f=f: f(x)) for k, f in frozen.items()},
+                          baseline="without", rounds=rounds, warmup=2, min_time=2e-3,
+                          threads=threads, timer=CLOCK["timer"])
+            report.add(f"{model} b{batch} frozen", res)
+            out.append({"model": model, "layer": f"frozen, batch {batch}",
+                        "x_strips": res["impls"]["rule"]["speedup"]})
+    return out
+
+
+@contextmanager
+def _strips(narrow, on: bool | None):
+    """``spmm_narrow``'s strip kernel forced on (True) or off (False) while the block
+    prepares kernels (its rule, None)."""
+    saved = dict(narrow._STRIP_FROM)
+    if on is not None:
+        narrow._STRIP_FROM.update(dict.fromkeys(saved, 0 if on else float("inf")))
+    try:
+        yield
+    finally:
+        narrow._STRIP_FROM.update(saved)
+
+
 def _layer_inputs(model, x) -> dict:
     """``{name: input}`` of each SparseConv2d in ``model`` on ``x``."""
     seen, hooks = {}, []
@@ -345,6 +416,8 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="only the per-layer breakdown")
     p.add_argument("--layers", action="store_true", help="only the v1 per-layer comparison")
     p.add_argument("--sweep", action="store_true", help="only the sparsity sweep (and its PNG)")
+    p.add_argument("--kernels", action="store_true",
+                   help="only the 1x1 layers with spmm_narrow's AVX2 strip kernel and without")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--batches", default="1,8", help="batch sizes of the models section (1,8)")
@@ -366,12 +439,14 @@ def main(argv=None) -> int:
         return 0
     rounds = a.rounds or (5 if a.quick else 10)
     summary = {}
-    if not (a.layers or a.sweep):
+    if a.kernels:
+        summary["kernels"] = kernels_section(report, a.threads, rounds)
+    elif not (a.layers or a.sweep):
         summary["models"] = models_section(report, a.quick, a.threads, rounds,
                                            tuple(int(b) for b in a.batches.split(",")))
-    if a.layers or not (a.quick or a.sweep):
+    if a.layers or not (a.quick or a.sweep or a.kernels):
         summary["layers"] = layers_section(report, a.threads, rounds)
-    if a.sweep or not (a.quick or a.layers):
+    if a.sweep or not (a.quick or a.layers or a.kernels):
         sweep = sweep_section(report, a.threads, rounds)
         summary["sweep"] = sweep
         summary["break_even"] = {
