@@ -116,6 +116,10 @@ def test_strips_match_dense(strips_everywhere, split_by_rows, index_dtype):
     limit, column bands; rows of 0, 1 and odd numbers of entries (the second chain)."""
     dense, W = _weight(13, 40, 0.3, index_dtype)
     assert _kernel_for(W, torch.randn(40, 49), None, 0)[1] is None   # (lanes None: strips)
+    _, empty = _weight(5, 40, 0.0, index_dtype)   # no stored entry: the bias alone
+    b = torch.randn(5)
+    torch.testing.assert_close(st.ops.spmm_narrow(empty, torch.randn(40, 70), b, "relu6"),
+                               F.relu6(b)[:, None].expand(5, 70))
     for p, band in ((1, 0), (7, 0), (8, 0), (9, 0), (17, 0), (31, 0), (32, 0), (33, 0),
                     (49, 0), (65, 0), (196, 0), (300, 0), (784, 28), (300, 7), (5, 9),
                     (17, 1)):
