@@ -147,6 +147,18 @@ _HEADER = r"""/* the narrow CSR SpMM kernels (ops/narrow.py) */
 #include <string.h>
 #include <immintrin.h>
 #include <omp.h>
+/* Both kernels' arguments (one Python call runs either: the strip kernel takes xpad as its
+   scratch and ignores xs), and what both compute first: the activation as a clamp [mn, mx]
+   (max then min: a NaN passes, as through torch's), and thread t of T's columns [cb, ce):
+   all of them, or whole bands of `band` columns, the rest to the last thread. */
+#define ST_KERNEL_ARGS(I) int64_t n, int64_t k, int64_t p, const I* pos, const I* crd,     \
+    const float* val, const float* x, const float* bias, int64_t act, float* y,            \
+    int64_t nt, int64_t band, float* xpad, int64_t xs
+#define ST_CLAMP                                                                          \
+  const float mn = act ? 0.0f : -__builtin_inff(), mx = act == 2 ? 6.0f : __builtin_inff();
+#define ST_BAND_COLUMNS                                                                   \
+  const int64_t cb = band ? p / band * t / T * band : 0;                                  \
+  const int64_t ce = band ? (t + 1 == T ? p : p / band * (t + 1) / T * band) : p;
 """ + STORE_PART_C
 _VARIANT = Template(r"""
 /* Columns [c0, c0 + width) of rows [lo, hi) of y (V = ceil(width / $LANES) vectors, a constant
@@ -163,11 +175,8 @@ $ROWS                                                                           
 #define ST_ARGS lo, hi, c0, width, k, p, xs, pos, crd, val, xa, bias, mn, mx, y
 #define ST_NARROW$LANES(I)                                                                     \
 $DEFINE_ROWS                                                                      \
-void st_spmm_lanes$LANES##_##I(int64_t n, int64_t k, int64_t p, const I* pos, const I* crd,      \
-    const float* val, const float* x, const float* bias, int64_t act, float* y,            \
-    int64_t nt, int64_t band, float* xpad, int64_t xs) {                                  \
-  /* the activation as a clamp (max then min: a NaN passes, as through torch's) */         \
-  const float mn = act ? 0.0f : -__builtin_inff(), mx = act == 2 ? 6.0f : __builtin_inff(); \
+void st_spmm_lanes$LANES##_##I(ST_KERNEL_ARGS(I)) {                                     \
+  ST_CLAMP                                                                                \
   _Pragma("omp parallel num_threads(nt) if(nt > 1)")                                      \
   {                                                                                       \
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();                    \
@@ -183,8 +192,7 @@ void st_spmm_lanes$LANES##_##I(int64_t n, int64_t k, int64_t p, const I* pos, co
     const float* xa = xo ? xo : x;                                                        \
     /* rows [lo, hi) x columns [cb, ce): by rows, or by columns in whole bands */          \
     const int64_t lo = band ? 0 : n * t / T, hi = band ? n : n * (t + 1) / T;             \
-    const int64_t cb = band ? p / band * t / T * band : 0;                                \
-    const int64_t ce = band ? (t + 1 == T ? p : p / band * (t + 1) / T * band) : p;       \
+    ST_BAND_COLUMNS                                                                       \
     /* chunks of equally many vectors (at most $MOST): 196 columns as 7+6+6+6 vectors, \
        not 8+8+8+1, whose last chunk is one FMA chain waiting on its latency */            \
     const int64_t vectors = (ce - cb + $LANES - 1) / $LANES;                               \
@@ -252,19 +260,15 @@ static void st_strip_##V##_##I(int64_t lo, int64_t hi, int64_t c0, int64_t width
 }
 #define ST_STRIPS(I)                                                                      \
 ST_STRIP(1, 4, I) ST_STRIP(2, 4, I) ST_STRIP(3, 2, I) ST_STRIP(4, 2, I)                 \
-/* (xs: the chunk kernel's argument, unused here: one Python call runs either) */        \
-void st_spmm_strips_##I(int64_t n, int64_t k, int64_t p, const I* pos, const I* crd,       \
-    const float* val, const float* x, const float* bias, int64_t act, float* y,            \
-    int64_t nt, int64_t band, float* scratch, int64_t xs) {                               \
-  const float mn = act ? 0.0f : -__builtin_inff(), mx = act == 2 ? 6.0f : __builtin_inff(); \
+void st_spmm_strips_##I(ST_KERNEL_ARGS(I)) {                                               \
+  ST_CLAMP                                                                                \
   _Pragma("omp parallel num_threads(nt) if(nt > 1)")                                      \
   {                                                                                       \
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();                    \
-    float* buf = scratch + t * k * 32;                                                    \
+    float* buf = xpad + t * k * 32;   /* (the scratch) */                                 \
     /* columns [cb, ce) in strips of 32, cut into units (strip, row group) shared out over \
        `parts` threads: all threads, or given bands this thread alone over its own */     \
-    const int64_t cb = band ? p / band * t / T * band : 0;                                \
-    const int64_t ce = band ? (t + 1 == T ? p : p / band * (t + 1) / T * band) : p;       \
+    ST_BAND_COLUMNS                                                                       \
     const int64_t parts = band ? 1 : T, me = band ? 0 : t, strips = (ce - cb + 31) / 32;   \
     const int64_t groups = strips >= parts || !strips ? 1 : (parts + strips - 1) / strips; \
     int64_t packed = -1;                                                                  \
