@@ -107,6 +107,16 @@ def test_one_build_thread_builds_in_the_caller(cache, monkeypatch):
             tool.build_threads()
 
 
+def test_prefetched_entries_are_the_library_load_entries_builds(cache):
+    """``prefetch(source, signatures)`` builds what ``load_entries`` of the same source and
+    signatures loads (the source with its entry points): that load builds nothing more."""
+    src = source()
+    rt.prefetch(src, {"k": ARGS}).result()
+    assert rt.stats()["builds"] == 1
+    rt.load_entries(src, {"k": ARGS})["k"](3)
+    assert rt.stats()["builds"] == 1
+
+
 def test_first_call_builds_the_dispatcher_beside_its_kernel(cache, slow_cc, monkeypatch):
     spans, real = [], rt._build_entry
 
@@ -136,8 +146,9 @@ def test_first_call_builds_the_dispatcher_beside_its_kernel(cache, slow_cc, monk
     forget_call_memo()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("expr,sparse_out", [
-    ("ij,jk->ik", False), pytest.param("ij,ik,jk->ij", True, marks=pytest.mark.slow)])
+    ("ij,jk->ik", False), ("ij,ik,jk->ij", True)])
 def test_forward_prefetches_the_kernels_backward_loads(cache, monkeypatch, expr, sparse_out):
     """The first recorded call starts building its gradient kernels right after its forward
     (SpMM: dX = A^T G and dA = SDDMM; SDDMM: two SpMMs), so loss.backward() finds each one
@@ -146,7 +157,8 @@ def test_forward_prefetches_the_kernels_backward_loads(cache, monkeypatch, expr,
 
     monkeypatch.setattr(function, "_PREFETCHED", set())
     prefetched, loaded, real_prefetch, real_load = [], [], rt.prefetch, rt.load_entries
-    monkeypatch.setattr(rt, "prefetch", lambda src: prefetched.append(src) or real_prefetch(src))
+    monkeypatch.setattr(rt, "prefetch", lambda src, *signatures: prefetched.append(src) or
+                        real_prefetch(src, *signatures))
     monkeypatch.setattr(rt, "load_entries",
                         lambda src, sigs: loaded.append(src) or real_load(src, sigs))
     forget_call_memo()

@@ -26,7 +26,7 @@ from ..formats.validate import VALUE_DTYPES
 from .balance import ranges_per_thread
 from .merge import merged
 from .relaid import relaid
-from .transposed import transposed_product
+from .transposed import prefetch_transposed, transposed_product
 from .result_size import check_result_fits
 from .blocked import BlockedCall, blocked_result_format, split_blocked
 from . import cshim, custom_ops
@@ -271,6 +271,8 @@ def prefetch(assignment: Assignment, operands, out_format=None) -> None:
     fewer = merged(assignment, operands, multiply=False)   # the kernel ``run`` would build
     if fewer is not None:
         assignment, operands = fewer
+    if prefetch_transposed(assignment, operands, out_format):   # (run's CSRᵀ X)
+        return
     tensors, infos, dtype, device = normalize_operands(operands, "prefetch", keep_blocked=True)
     if backend() != "c" or uses_triton(device) or device.type != "cpu" or \
             dtype not in COMPILED_DTYPES:

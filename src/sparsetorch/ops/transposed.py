@@ -146,6 +146,29 @@ def transposed_product(assignment: Assignment, operands, out_format):
     is ``[c *] sum_i A[i, j] X[i, k]`` into a dense ``out[j, k]`` and the operands qualify
     (module docstring); else None. It serves every later call with the same call signature
     (``execute._signature``: the same structure; shapes may differ)."""
+    found = _sparse_dense_scale(assignment, operands, out_format)
+    if found is None:
+        return None
+    sparse, dense, scale = found
+    return lambda ops: spmm_transposed(ops[sparse], ops[dense], scale)
+
+
+def prefetch_transposed(assignment: Assignment, operands, out_format) -> bool:
+    """Start building the kernel ``transposed_product`` would run for these operands, in
+    the background (``execute.prefetch``: a backward's ``A^T G``); False where it would not
+    run."""
+    found = _sparse_dense_scale(assignment, operands, out_format)
+    if found is None:
+        return False
+    A, X = operands[found[0]], operands[found[1]]
+    k = X.shape[1]
+    runtime.prefetch(_source(k if k in _CONSTANT_WIDTHS else None, X.dtype, A.index_dtype),
+                     _SIGNATURE)
+    return True
+
+
+def _sparse_dense_scale(assignment: Assignment, operands, out_format):
+    """``(A's operand index, X's, c)`` where ``transposed_product`` applies, else None."""
     if not (out_format is None or asks_dense(out_format)) or len(operands) != 2 or \
             backend() != "c" or is_tracing(operands):
         return None
@@ -165,8 +188,7 @@ def transposed_product(assignment: Assignment, operands, out_format):
             and A.dtype in (torch.float32, torch.float64) and X.dtype == A.dtype
             and A.device.type == "cpu" and X.device.type == "cpu"):
         return None
-    sparse, dense = a.operand, x.operand
-    return lambda ops: spmm_transposed(ops[sparse], ops[dense], scale)
+    return a.operand, x.operand, scale
 
 
 def _csr_sorted(A: SparseTensor) -> bool:
@@ -219,10 +241,16 @@ def _table(A: SparseTensor, nt: int):
 _CONSTANT_WIDTHS = frozenset((8, 16, 32, 64, 128))
 
 
+_SIGNATURE = {"st_spmm_transposed": [runtime.I64] * 3 + [runtime.PTR] * 8}
+
+
 @lru_cache(maxsize=None)
 def _kernel(width: int | None, dtype: torch.dtype, index_dtype: torch.dtype):
-    source = (_SOURCE.replace("$width", "k" if width is None else str(width))
-              .replace("$value", "float" if dtype == torch.float32 else "double")
-              .replace("$index", "int32_t" if index_dtype == torch.int32 else "int64_t"))
-    return runtime.load_entries(source, {"st_spmm_transposed": [runtime.I64] * 3 +
-                                         [runtime.PTR] * 8})["st_spmm_transposed"]
+    return runtime.load_entries(_source(width, dtype, index_dtype),
+                                _SIGNATURE)["st_spmm_transposed"]
+
+
+def _source(width: int | None, dtype: torch.dtype, index_dtype: torch.dtype) -> str:
+    return (_SOURCE.replace("$width", "k" if width is None else str(width))
+            .replace("$value", "float" if dtype == torch.float32 else "double")
+            .replace("$index", "int32_t" if index_dtype == torch.int32 else "int64_t"))

@@ -148,19 +148,13 @@ def load_entries(source: str, signatures: dict) -> dict:
         >>> x.tolist()
         [7.0, 7.0, 7.0]
     """
-    kinds = {}
-    for symbol, argtypes in signatures.items():
-        if any(t not in (PTR, I64) for t in argtypes):
-            raise TypeError(f"load_entries: {symbol} has argument types {list(argtypes)}; "
-                            "entry points take PTR and I64 only (use load_kernel for others)")
-        kinds[symbol] = ["ptr" if t is PTR else "i64" for t in argtypes]
+    kinds = _entry_kinds(signatures)
     mkey = (source, tuple((s, tuple(k)) for s, k in kinds.items()), os.environ.get("CC"))
     fns = _funcs.get(mkey)
     if fns is not None:
         _stats["memo_hits"] += 1
         return fns
-    full = "\n".join([source, _entry.PRELUDE,
-                      *(_entry.wrapper(s, k) for s, k in kinds.items())]) + "\n"
+    full = _with_entries(source, kinds)
     lib, _ = _library(full)
     with _lock:
         fns = _funcs.get(mkey)
@@ -173,6 +167,23 @@ def load_entries(source: str, signatures: dict) -> dict:
             _addresses[id(fn)] = (fn, ctypes.cast(getattr(lib, s), ctypes.c_void_p).value)
         _funcs[mkey] = fns
         return fns
+
+
+def _entry_kinds(signatures: dict) -> dict:
+    """``{symbol: ["ptr" | "i64", ...]}`` of ``load_entries``' signatures (PTR/I64 only)."""
+    kinds = {}
+    for symbol, argtypes in signatures.items():
+        if any(t not in (PTR, I64) for t in argtypes):
+            raise TypeError(f"load_entries: {symbol} has argument types {list(argtypes)}; "
+                            "entry points take PTR and I64 only (use load_kernel for others)")
+        kinds[symbol] = ["ptr" if t is PTR else "i64" for t in argtypes]
+    return kinds
+
+
+def _with_entries(source: str, kinds: dict) -> str:
+    """The library ``load_entries`` builds: ``source`` and its entry points' wrappers."""
+    return "\n".join([source, _entry.PRELUDE,
+                      *(_entry.wrapper(s, k) for s, k in kinds.items())]) + "\n"
 
 
 def kernel_address(fn) -> int | None:
@@ -204,12 +215,13 @@ def load_library(source: str) -> ctypes.CDLL:
     return _library(source)[0]
 
 
-def prefetch(source: str) -> Future:
+def prefetch(source: str, signatures: dict | None = None) -> Future:
     """Start compiling (or loading) ``source`` in the background and return its future;
-    a later :func:`load_kernel`, :func:`load_entries` or :func:`load_library` of the same
-    source waits for that build instead of starting another. For kernels a call is sure to
-    need next: the compiler runs in a subprocess, so builds overlap each other and Python.
-    A failed prefetch is retried (and its error raised) by the load that needs it.
+    a later :func:`load_kernel` or :func:`load_library` of the same source (or, given
+    ``signatures``, :func:`load_entries` of the same source and signatures) waits for that
+    build instead of starting another. For kernels a call is sure to need next: the
+    compiler runs in a subprocess, so builds overlap each other and Python. A failed
+    prefetch is retried (and its error raised) by the load that needs it.
 
     Example:
         >>> from sparsetorch import runtime
@@ -218,6 +230,8 @@ def prefetch(source: str) -> Future:
         >>> runtime.load_library(src).eight(), future.result()[0].eight()
         (8, 8)
     """
+    if signatures is not None:
+        source = _with_entries(source, _entry_kinds(signatures))
     return _tool.submit(_library, source)
 
 
