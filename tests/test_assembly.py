@@ -58,6 +58,7 @@ def test_huge_dimension_uses_a_hashed_workspace():
     _same_as_torch_product(r, A, B)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("arrival", ["scrambled", "in order", "one pair swapped",

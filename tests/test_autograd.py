@@ -121,6 +121,7 @@ def test_sparse_grad_has_operand_pattern_and_matches_dense(fmt):
     torch.testing.assert_close(B.grad, gB)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["coo"])
 def test_repeated_operand_and_three_operands(fmt):
     A = _sparse((5, 4), 0.5, fmt, 4)

@@ -28,6 +28,7 @@ def test_demo_falls_back_to_generated_graph(tmp_path, capsys):
     assert "int32" in out and "scipy" in out and "torch" in out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(find_data() is None or not (find_data() / "planetoid").is_dir(),
                     reason="shared data folder not present")
 def test_demo_on_cora(capsys):

@@ -133,6 +133,7 @@ def _grads(fn, backend=None):
     return loss.detach(), w.grad, Y.grad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BACKWARD))
 def test_backward_matches_eager(name):
     ref = _grads(BACKWARD[name])

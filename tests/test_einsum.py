@@ -454,10 +454,8 @@ def test_sparse_product_stores_intersection(eq, fa, fb):
     check_against_dense(eq, [st.tensor(a, fa), st.tensor(b, fb)])
 
 
-@pytest.mark.parametrize("eq,fa,fb", [
-    ("ij,jk->ik", "csr", "csc"),
-    # (a second fresh process, ~5 s: the full suite runs it)
-    pytest.param("ij,ji->ij", "csr", "csr", marks=pytest.mark.slow)])
+@pytest.mark.slow   # (a fresh process each, ~5 s)
+@pytest.mark.parametrize("eq,fa,fb", [("ij,jk->ik", "csr", "csc"), ("ij,ji->ij", "csr", "csr")])
 def test_conversion_keeps_int64_indices(eq, fa, fb):
     """Regression: an operand the schedule converted came back with int32 indices while the
     kernel was built for int64 (garbage reads, segfault). Isolated: a crash fails one test."""
@@ -656,6 +654,7 @@ def test_dense_levels_above_a_coo_run():
     check_against_dense("jkl->j", [out])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", [(0, 2, 1), (1, 2, 0)])
 def test_gradient_through_dense_levels_above_a_compressed_one(order):
     """The sampled gradient of such an operand lands on its own pattern (it raised 'stores

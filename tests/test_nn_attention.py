@@ -293,6 +293,7 @@ def test_model_training_reduces_loss():
         model(torch.randint(0, 12, (1, 20)))
 
 
+@pytest.mark.slow
 def test_attention_under_torch_compile():
     """The mask is built outside the graph (a graph break); the rest compiles."""
     torch.manual_seed(0)

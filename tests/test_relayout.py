@@ -143,6 +143,7 @@ def test_nnz_zero_and_a_dense_operand_already_in_order():
     check_against_dense("ni,oi->no", [xt.T, _csr((5, 7))])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["csr", "csc"])
 def test_long_rows_through_the_torch_api(fmt):
     d = long_rows(40, 300, 0.4, F32, seed=5)
