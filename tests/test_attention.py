@@ -41,6 +41,7 @@ def test_empty_mask_gives_zeros():
     assert torch.equal(out, torch.zeros(4, 3))
 
 
+@pytest.mark.slow
 def test_fused_matches_unfused_and_gradients_flow():
     mask, dense, A, Q, K, V = operands(12, 10, 4, 6, torch.float64, "csr", seed=3)
     from sparsetorch.ops.attention import _unfused

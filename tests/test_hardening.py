@@ -313,6 +313,7 @@ def test_issue31_2_level_arrays_cannot_be_written():
     torch.testing.assert_close(B @ X[:2], torch.tensor([[0., 1], [1, 0]]) @ X[:2])
 
 
+@pytest.mark.slow
 def test_issue31_2_no_crash_after_values_storage_is_freed():
     run_isolated("""
         import torch, pytest, sparsetorch as st

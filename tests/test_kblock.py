@@ -75,6 +75,7 @@ def test_block_rule_blocks_long_rows_only():
     assert block_coords(0, 7, 0) == 16   # never 0 (the kernel divides by it)
 
 
+@pytest.mark.slow
 @needs_intrinsics
 @pytest.mark.parametrize("n_cols", [1, 17, 64, 128, 200, 256, 300, 530])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -88,6 +88,7 @@ def test_second_identical_call_compiles_nothing(fresh_cache, eq, fmts):
     assert second["build_seconds"] == first["build_seconds"]
 
 
+@pytest.mark.slow
 def test_repeated_call_does_no_scheduling(fresh_cache, monkeypatch):
     """docs/design.md: 'In-process memo tables skip scheduling ... on repeated calls'."""
     from sparsetorch.compiler import kernel as kernel_mod

@@ -56,6 +56,7 @@ def test_issue31_1_integer_sums_are_int64(dtype):
     same(torch.sparse.sum(A, 0).to_dense(), d.sum(0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("a_dtype,b_dtype", PAIRS, ids=str)
 def test_issue31_1_mixed_operands_promote_as_torch(a_dtype, b_dtype):
     da, db = BASE.to(a_dtype), OTHER.to(b_dtype)

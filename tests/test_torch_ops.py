@@ -367,6 +367,7 @@ def test_softmax_arguments():
         st.ops.softmax(A, 1, dtype=torch.int64)
 
 
+@pytest.mark.slow
 def test_softmax_3d_and_gradcheck():
     A = sp((3, 4, 2), 0.6, "csf", 31)
     check_against_dense(lambda a: st.ops.softmax(a, 1), [A], kind="sparse",
