@@ -27,7 +27,8 @@ Sections
            dense ``conv2d`` + bias + ReLU on the same input.
   kernels  each 1x1 layer of v1 and v2 at 90%, batch 1, through ``st.ops.spmm_narrow``
            with its AVX2 strip kernel forced on and off (AVX2-only CPUs), and which one
-           the kernel's rule picks.
+           the kernel's rule picks; then both frozen models (batch 1 and 8) frozen under
+           the rule and with strips off.
   profile  the frozen sparse model's steps (each layer's call, or a fused expansion +
            depthwise pair) timed one by one around their calls (batch 1, the fastest of 10
            runs each), summed per kind: first conv, depthwise, sparse 1x1, classifier,
@@ -254,7 +255,8 @@ def kernels_section(report, threads, rounds) -> list[dict]:
                     runs[case] = narrow.prepared_spmm_narrow(
                         layer.weight, cols, layer.bias, layer.activation, band) or \
                         (lambda c, layer=layer: st.einsum(
-                            "oc,cp->op", layer.weight, c, bias=layer.bias[:, None],
+                            "oc,cp->op", layer.weight, c,
+                            bias=None if layer.bias is None else layer.bias[:, None],
                             activation=layer.activation))
             picked = narrow._kernel_for(layer.weight, cols, layer.bias, band)
             res = compare({k: (lambda run=run: run(cols)) for k, run in runs.items()},

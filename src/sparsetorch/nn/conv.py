@@ -9,8 +9,9 @@ registers are written (``st.einsum("oc,cp->op", W, X, bias=, activation=)``). In
 elsewhere): inputs of at most 256 pixels (MobileNet's 14 x 14 and 7 x 7 layers at batch 1;
 on AVX-512 CPUs 1024, 28 x 28 too: ``ops.narrow.max_columns()``), whose output rows it
 holds 64 columns at a time in registers (2.2x the generated kernel at 49 pixels, 1.1-1.3x
-at 196); inputs split in bands of image rows (below); and, on AVX2 CPUs, weights of many
-input channels at any width (strips packed into L1/L2-friendly blocks).
+at 196); inputs split in bands of image rows (below); and, on AVX2 CPUs without AVX-512,
+weights of many input channels at any width (strips of 32 pixels, each packed into a
+thread's scratch as whole cache lines first).
 
 Layout: a batch of ``N`` images is folded into the pixels, ``X = (Cin, N*H*W)``. The result
 is returned as an ordinary ``(N, Cout, H, W)`` tensor whose memory is ``(Cout, N, H, W)``
