@@ -236,10 +236,11 @@ def kernels_section(report, threads, rounds) -> list[dict]:
     which one the rule takes. (v2's expansions run fused with their depthwise layers in a
     frozen model; they are here as more shapes.) Then each frozen model, batch 1 and 8,
     frozen under the rule and with strips off. Empty but for a note on other CPUs."""
+    from sparsetorch.compiler.kernel import vector_isa
     from sparsetorch.nn.conv import _band
     from sparsetorch.ops import narrow
 
-    if narrow._isa() != "avx2":
+    if vector_isa() != "avx2":
         report.note("kernels: the strip kernel runs on AVX2-only CPUs; not measured here")
         return []
     out = []

@@ -60,6 +60,7 @@ import torch
 from torch import nn
 
 from .. import runtime
+from ..compiler.kernel import vector_isa
 from ..formats import SparseTensor
 from .depthwise import STORE_PART_C, _scratch as _buffers, split_rows   # (each thread's buffers)
 from .einsum import einsum
@@ -134,6 +135,7 @@ _MOST_VECTORS = {"avx2": 8, "avx512": 16}
 # accumulators cover the FMA latency where four 16-lane ones do not (49 columns: the
 # 16-lane kernel 0.84-0.97x; 196: 1.04-1.13x; 784 and more: 1.3-1.5x)
 _EIGHT_LANES_UP_TO = 64
+_STRIP_COLUMNS = 32   # the strip kernel's width (its versions take 1-4 registers: at most 32)
 # Where AVX2 CPUs run the strip kernel (``_STRIPS``) instead of the chunks: from this many
 # input channels (a chunk of 64 columns then spans 96 KB of L2; 49 and 196 columns, 90%
 # sparsity, 2 threads, AMD Zen 3: 1.16-1.25x at 512-1024 channels, 1.16x at 384 with 64
@@ -209,8 +211,9 @@ ST_NARROW$LANES(int32_t)
 ST_NARROW$LANES(int64_t)
 """)
 
-# AVX2 CPUs: strips of at most 32 columns (four 8-lane registers; strips of 24, 48 and 64 ran
-# 0.92-0.99x, 0.85-0.95x and 0.70-0.89x as fast on Zen 3), each packed first into its
+# AVX2 CPUs: strips of at most ``_STRIP_COLUMNS`` (32: four 8-lane registers; strips of 24, 48
+# and 64 ran
+# 0.92-0.99x, 0.85-0.95x and 0.70-0.89x as fast on Zen 3) columns, each packed first into its
 # thread's scratch (k rows of 8 x V floats, V = the strip's vectors), then every output row's
 # strip computed from it, a row's entries alternating between two sets of accumulators (four
 # for strips of one or two registers: 4-8 FMA chains cover the latency), summed at the end
@@ -265,17 +268,17 @@ void st_spmm_strips_##I(ST_KERNEL_ARGS(I)) {                                    
   _Pragma("omp parallel num_threads(nt) if(nt > 1)")                                      \
   {                                                                                       \
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();                    \
-    float* buf = xpad + t * k * 32;   /* (the scratch) */                                 \
-    /* columns [cb, ce) in strips of 32, cut into units (strip, row group) shared out over \
+    float* buf = xpad + t * k * SW;   /* (the scratch; SW: _STRIP_COLUMNS) */             \
+    /* columns [cb, ce) in strips of SW, cut into units (strip, row group) shared out over \
        `parts` threads: all threads, or given bands this thread alone over its own */     \
     ST_BAND_COLUMNS                                                                       \
-    const int64_t parts = band ? 1 : T, me = band ? 0 : t, strips = (ce - cb + 31) / 32;   \
+    const int64_t parts = band ? 1 : T, me = band ? 0 : t, strips = (ce - cb + SW - 1) / SW; \
     const int64_t groups = strips >= parts || !strips ? 1 : (parts + strips - 1) / strips; \
     int64_t packed = -1;                                                                  \
     for (int64_t u = strips * groups * me / parts;                                        \
          u < strips * groups * (me + 1) / parts; u++) {                                   \
-      const int64_t s = u / groups, g = u % groups, c0 = cb + 32 * s;                     \
-      const int64_t width = ce - c0 < 32 ? ce - c0 : 32, V = (width + 7) / 8;             \
+      const int64_t s = u / groups, g = u % groups, c0 = cb + SW * s;                     \
+      const int64_t width = ce - c0 < SW ? ce - c0 : SW, V = (width + 7) / 8;             \
       if (s != packed) {   /* the pad zeroed: never stored, but a denormal slows FMAs */  \
         for (int64_t r = 0; r < k; r++) {                                                 \
           memcpy(buf + r * 8 * V, x + r * p + c0, width * sizeof(float));                 \
@@ -303,7 +306,8 @@ def _source(isa: str) -> str:
     196 of them its 7-8 accumulators per row beat four or five 16-lane ones, 1.0-1.2x;
     from 784 on the 16-lane one ran 1.3-1.4x faster), else the 8-lane one."""
     isas = ("avx2", "avx512") if isa == "avx512" else ("avx2",)
-    return _HEADER + "".join(_variant(i) for i in isas) + (_STRIPS if isa == "avx2" else "")
+    strips = f"#define SW {_STRIP_COLUMNS}\n{_STRIPS}" if isa == "avx2" else ""
+    return _HEADER + "".join(_variant(i) for i in isas) + strips
 
 
 def _variant(isa: str) -> str:
@@ -367,9 +371,9 @@ def prepared_spmm_narrow(weight: SparseTensor, x: torch.Tensor, bias: torch.Tens
     nt = runtime.num_threads() if weight._crd1.numel() * p >= _PARALLEL_WORK else 1
     # Rows of x a whole number of vectors long, so no load straddles two cache lines (each
     # such load costs two): 196 columns copied 208 apart, 512 x 512 at 90%, the copy
-    # included: 1.5x on one thread, 1.35x on two. The strip kernel packs a strip of 32.
+    # included: 1.5x on one thread, 1.35x on two. The strip kernel packs a strip at a time.
     xs = 0 if lanes is None or band or p % lanes == 0 else -(-p // lanes) * lanes
-    scratch = nt * k * (32 if lanes is None else xs)
+    scratch = nt * k * (_STRIP_COLUMNS if lanes is None else xs)
     arrays = (weight._pos1.data_ptr(), weight._crd1.data_ptr(), weight._values.data_ptr())
     b, act = 0 if bias is None else bias.data_ptr(), _ACTIVATIONS[activation]
 
@@ -396,14 +400,7 @@ def max_columns() -> int:
 
 @lru_cache(maxsize=None)
 def _max_columns() -> int:
-    return MAX_COLUMNS.get(_isa(), 0)
-
-
-@lru_cache(maxsize=None)
-def _isa() -> str | None:
-    from ..compiler.kernel import vector_isa
-
-    return vector_isa()
+    return MAX_COLUMNS.get(vector_isa(), 0)
 
 
 def band_of_rows(pixels: int, w: int) -> int:
@@ -455,7 +452,7 @@ def _strips_pay(k: int, nnz: int, chunks_run: bool) -> bool:
     """Whether the strip kernel runs for a weight of ``k`` input channels and ``nnz``
     stored entries (``_STRIP_FROM``), against the chunk kernel where ``chunks_run``, else
     einsum; never on AVX-512 CPUs (measured on AVX2 alone)."""
-    if _isa() != "avx2":
+    if vector_isa() != "avx2":
         return False
     if chunks_run:
         return k >= _STRIP_FROM["inputs"] or (k >= _STRIP_FROM["reused inputs"]
@@ -469,7 +466,7 @@ def _kernel(index_dtype: torch.dtype, wide: bool = False, strips: bool = False):
     ``_EIGHT_LANES_UP_TO`` columns or more (``wide``: 16 lanes where the CPU has AVX-512);
     ``strips``: the strip kernel where the CPU has AVX2 alone (lanes None), else as
     without. None without AVX2 or a C compiler."""
-    isa = _isa()
+    isa = vector_isa()
     if isa is None:
         return None
     index = {torch.int32: "int32_t", torch.int64: "int64_t"}[index_dtype]
