@@ -22,8 +22,9 @@ Training: the backward goes by the same blocks (``_Recorded``): the output gradi
 through the activation and transposed in one C pass (``gt``), ``dx = g W`` by the forward
 kernel on ``W^T``'s CSR arrays (the pattern re-laid once and kept, the values gathered)
 copying each block's columns of ``gt`` as they are, ``dvalues`` as dots of ``gt``'s and
-the transposed ``x``'s rows at the stored entries (four FMA chains; rows of ``W`` split
-across threads). The MNIST autoencoder's training step: 3.4 -> 2.7-3.2 ms (the
+the transposed ``x``'s rows at the stored entries (four entries a pass over ``gt``'s
+row, eight FMA chains; the rows of ``W``, or of ``W^T`` where ``x`` has more columns
+than ``W`` rows, split across threads). The MNIST autoencoder's training step: 3.4 -> 2.7-3.2 ms (the
 transposing copies of the compiler's path gone), then on a Zen 4 1.50 -> 1.21 ms (one
 pass for the activation's gradient and its transpose, no re-laid wrapper or transposed
 copy of ``g`` for ``dx``, a CSR batch transposed through a tile).
@@ -101,18 +102,20 @@ _COLUMN = r"""  $V a[VR], c[VR];
     }
     ${P}_storeu_ps(yt + $N * v, y);
   }"""
-# The dots of row g (n values) with rows x0 and x1 (``st_dots``' vector loop): four chains,
-# two per row.
-_DOTS = r"""  $V a0 = ${P}_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+# The dots of row g (n values) with rows x[0..3] (``st_dots``' vector loop): each load of
+# g serves four rows, eight chains (two per row); the loop is bound by its loads, 1.25 per
+# FMA where two rows took 1.5.
+_DOTS = r"""  $V a[4], c[4];
+  for (int r = 0; r < 4; r++) { a[r] = ${P}_setzero_ps(); c[r] = a[r]; }
   int64_t j = 0;
   for (; j + 2 * $N <= n; j += 2 * $N) {
     const $V u = ${P}_loadu_ps(g + j), v = ${P}_loadu_ps(g + j + $N);
-    a0 = ${P}_fmadd_ps(u, ${P}_loadu_ps(x0 + j), a0);
-    a1 = ${P}_fmadd_ps(v, ${P}_loadu_ps(x0 + j + $N), a1);
-    b0 = ${P}_fmadd_ps(u, ${P}_loadu_ps(x1 + j), b0);
-    b1 = ${P}_fmadd_ps(v, ${P}_loadu_ps(x1 + j + $N), b1);
+    for (int r = 0; r < 4; r++) {
+      a[r] = ${P}_fmadd_ps(u, ${P}_loadu_ps(x[r] + j), a[r]);
+      c[r] = ${P}_fmadd_ps(v, ${P}_loadu_ps(x[r] + j + $N), c[r]);
+    }
   }
-  float s0 = $SUM(${P}_add_ps(a0, a1)), s1 = $SUM(${P}_add_ps(b0, b1));"""
+  for (int r = 0; r < 4; r++) out[r] = $SUM(${P}_add_ps(a[r], c[r]));"""
 # 1 / (1 + e^-v) of vector v: e^-v with -v clamped to 88 (min's second operand: a NaN
 # passes; e^88 < FLT_MAX: a finite denominator, whose reciprocal's Newton step cannot meet
 # inf x 0), the reciprocal as the approximate one refined by a Newton step (~2^-22
@@ -188,42 +191,52 @@ void st_sparse_linear_##I##_##J(int64_t n, int64_t k, int64_t m, const I* pos,  
     }                                                                                     \
   }                                                                                       \
 }
-/* out[0] = g . x0, out[1] = g . x1 (rows of n values; the vector loop, then the rest) */
-static inline void st_dots(int64_t n, const float* g, const float* x0, const float* x1,
-                           float* out) {
+static inline float st_row_sum(const float* g, int64_t n) {
+  float sum = 0.0f;
+  #pragma omp simd reduction(+:sum)
+  for (int64_t j = 0; j < n; j++) sum += g[j];
+  return sum;
+}
+/* out[r] = g . x[r] for r < 4 (rows of n values; the vector loop, then the rest) */
+static inline void st_dots(int64_t n, const float* g, const float* const* x, float* out) {
 $DOTS
-  for (; j < n; j++) { s0 += g[j] * x0[j]; s1 += g[j] * x1[j]; }
-  out[0] = s0;
-  out[1] = s1;
+  for (; j < n; j++)
+    for (int r = 0; r < 4; r++) out[r] += g[j] * x[r][j];
 }
 /* The weight gradient on W's pattern: dvalues[q] = gt[o] . xt[crd[q]] for stored entry q
    of row o, gt (m x n) and xt (k x n) the output gradient and the input transposed (rows
    of n batch values, ld apart); dbias[o] = the sum of gt[o] (unless dbias is null), read
-   while the row is in cache. Parallel: W's rows split statically across threads. */
+   while the row is in cache. The same on W^T's pattern (perm not null: pos, crd W^T's
+   arrays, a = xt, b = gt, entry q of W^T is W's perm[q]; dbias from b's m rows in a loop
+   of its own): the rows of b are the ones read out of order, again and again, so the
+   caller passes as b the operand with fewer rows, the one that stays in L2 (the MNIST
+   encoder's, xt 784 rows of 1 KB, in the training step: 221 -> 166 us, with the dots by
+   fours). Parallel: the pattern's rows (and b's) split statically across threads. */
 #define ST_GRAD_VALUES(I)                                                                 \
-void st_linear_grad_values_##I(int64_t m, int64_t n, const I* pos, const I* crd,         \
-    const float* gt, const float* xt, int64_t ld, float* dvalues, float* dbias,          \
-    int64_t nt) {                                                                         \
-  _Pragma("omp parallel for num_threads(nt) schedule(static) if(nt > 1)")                \
-  for (int64_t o = 0; o < m; o++) {                                                       \
-    const float* g = gt + o * ld;                                                         \
-    float pair[2];                                                                        \
-    if (dbias) {                                                                          \
-      float sum = 0.0f;                                                                   \
-      _Pragma("omp simd reduction(+:sum)")                                                \
-      for (int64_t j = 0; j < n; j++) sum += g[j];                                        \
-      dbias[o] = sum;                                                                     \
+void st_linear_grad_values_##I(int64_t rows, int64_t n, const I* pos, const I* crd,      \
+    const I* perm, const float* a, const float* b, int64_t ld, float* dvalues,           \
+    float* dbias, int64_t m, int64_t nt) {                                                \
+  _Pragma("omp parallel num_threads(nt) if(nt > 1)")                                      \
+  {                                                                                       \
+  if (dbias && perm) {                                                                    \
+    _Pragma("omp for schedule(static) nowait")                                            \
+    for (int64_t o = 0; o < m; o++) dbias[o] = st_row_sum(b + o * ld, n);                 \
+  }                                                                                       \
+  _Pragma("omp for schedule(static)")                                                     \
+  for (int64_t o = 0; o < rows; o++) {                                                    \
+    const float* g = a + o * ld;                                                          \
+    if (dbias && !perm) dbias[o] = st_row_sum(g, n);                                      \
+    /* four entries a call; the last call's missing ones repeat its first (not stored) */ \
+    for (int64_t q = pos[o]; q < pos[o + 1]; q += 4) {                                    \
+      const int64_t left = pos[o + 1] - q;                                                \
+      const float* x[4];                                                                  \
+      float dots[4];                                                                      \
+      for (int64_t r = 0; r < 4; r++) x[r] = b + (int64_t)crd[r < left ? q + r : q] * ld; \
+      st_dots(n, g, x, dots);                                                             \
+      for (int64_t r = 0; r < 4 && r < left; r++)                                         \
+        dvalues[perm ? (int64_t)perm[q + r] : q + r] = dots[r];                           \
     }                                                                                     \
-    int64_t q = pos[o];                                                                   \
-    for (; q + 1 < pos[o + 1]; q += 2) {                                                  \
-      st_dots(n, g, xt + (int64_t)crd[q] * ld, xt + (int64_t)crd[q + 1] * ld, pair);      \
-      dvalues[q] = pair[0];                                                               \
-      dvalues[q + 1] = pair[1];                                                           \
-    }                                                                                     \
-    if (q < pos[o + 1]) {                                                                 \
-      st_dots(n, g, xt + (int64_t)crd[q] * ld, xt + (int64_t)crd[q] * ld, pair);          \
-      dvalues[q] = pair[0];                                                               \
-    }                                                                                     \
+  }                                                                                       \
   }                                                                                       \
 }
 /* The 8 x 8 block of g = dy x act'(y) at dy, y (rows ld apart) into tmp (rows 8 apart),
@@ -486,13 +499,30 @@ class _Recorded(torch.autograd.Function):
                     n, k, x_sparse._pos1.data_ptr(), x_sparse._crd1.data_ptr(),
                     x_sparse._values.data_ptr(), xt.data_ptr(), ld, tiles.data_ptr(), nt)
             dvalues = torch.empty_like(values)
-            fns["st_linear_grad_values_" + _INDEX[weight._crd1.dtype]](
-                m, n, weight._pos1.data_ptr(), weight._crd1.data_ptr(), gt.data_ptr(),
-                xt.data_ptr(), ld, dvalues.data_ptr(),
-                0 if dbias is None else dbias.data_ptr(), nt)
+            _grad_values(fns, weight, gt, xt, n, ld, dvalues, dbias, nt)
         elif need_bias:
             dbias = gt[:m * ld].view(m, ld)[:, :n].sum(1)
         return None, dx, dvalues, dbias, None, None, None
+
+
+def _grad_values(fns, weight: SparseTensor, gt, xt, n: int, ld: int, dvalues, dbias,
+                 nt: int) -> None:
+    """``dvalues`` (and ``dbias``, unless None): the dots of ``gt``'s and ``xt``'s rows at
+    ``weight``'s stored entries, walking whichever of ``W``'s and ``W^T``'s patterns reads
+    the operand with fewer rows out of order (``W^T``'s is ``_grad_x``'s, kept)."""
+    (m, k), index = weight._size, _INDEX[weight._crd1.dtype]
+    found = relaid_pattern(weight, _transposed_format(weight._format)) if k > m else None
+    if found is not None and found[1].dtype == weight._crd1.dtype:
+        arrays, perm = found
+        fns["st_linear_grad_values_" + index](
+            k, n, arrays["pos1"].data_ptr(), arrays["crd1"].data_ptr(), perm.data_ptr(),
+            xt.data_ptr(), gt.data_ptr(), ld, dvalues.data_ptr(),
+            0 if dbias is None else dbias.data_ptr(), m, nt)
+        return
+    fns["st_linear_grad_values_" + index](
+        m, n, weight._pos1.data_ptr(), weight._crd1.data_ptr(), 0, gt.data_ptr(),
+        xt.data_ptr(), ld, dvalues.data_ptr(), 0 if dbias is None else dbias.data_ptr(), m,
+        nt)
 
 
 def _leading(n: int) -> int:
@@ -603,7 +633,7 @@ def _library(isa):
     entries = {"st_activation_grad_t": [I, I, P, P, I, P, I, I],
                "st_rows_dense_transposed": [I, I, P, P, I, I]}
     for w in _INDEX.values():
-        entries[f"st_linear_grad_values_{w}"] = [I, I, P, P, P, P, I, P, P, I]
+        entries[f"st_linear_grad_values_{w}"] = [I, I, P, P, P, P, P, I, P, P, I, I]
         entries[f"st_rows_transposed_{w}"] = [I, I, P, P, P, P, I, P, I]
         for xw in _INDEX.values():
             entries[f"st_sparse_linear_{w}_{xw}"] = [I, I, I] + [P] * 7 + [I, P, I, P, P, I]
