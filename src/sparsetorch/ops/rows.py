@@ -24,10 +24,10 @@ kernel on ``W^T``'s CSR arrays (the pattern re-laid once and kept, the values ga
 copying each block's columns of ``gt`` as they are, ``dvalues`` as dots of ``gt``'s and
 the transposed ``x``'s rows at the stored entries (four entries a pass over ``gt``'s
 row, eight FMA chains; the rows of ``W``, or of ``W^T`` where ``x`` has more columns
-than ``W`` rows, split across threads). The MNIST autoencoder's training step: 3.4 -> 2.7-3.2 ms (the
-transposing copies of the compiler's path gone), then on a Zen 4 1.50 -> 1.21 ms (one
-pass for the activation's gradient and its transpose, no re-laid wrapper or transposed
-copy of ``g`` for ``dx``, a CSR batch transposed through a tile).
+than ``W`` rows, split across threads). The MNIST autoencoder's training step: 3.4 ->
+2.7-3.2 ms (the transposing copies of the compiler's path gone), then on a Zen 4 1.50 ->
+1.21 ms (one pass for the activation's gradient and its transpose, no re-laid wrapper or
+transposed copy of ``g`` for ``dx``, a CSR batch transposed through a tile).
 
 Used for float32 CPU operands on AVX2 (or AVX-512) CPUs with the C backend, while
 ``torch.compile`` is not tracing, for at least ``MIN_ROWS`` rows (a block's unused rows
