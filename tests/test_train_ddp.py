@@ -5,6 +5,7 @@ masked mode and truly sparse (SparseLinear, whose dense gradient is built from e
 activations and all-reduced block by block). The ranks meet through a file store in the
 test's tmp_path (no TCP port to race for)."""
 import os
+import time
 
 import pytest
 import torch
@@ -24,28 +25,49 @@ def _worker(rank, world, algo, out_dir):
     torch.set_num_threads(1)
     _init(os.path.join(out_dir, "store"), rank, world)
     try:
-        torch.manual_seed(0)
-        if algo == "RigL-sparse":   # truly sparse: the streamed dense gradient is all-reduced
-            algo = "RigL"
-            model = nn.Sequential(st.nn.SparseLinear(12, 32, density=0.25), nn.ReLU(),
-                                  st.nn.SparseLinear(32, 5, density=0.25))
-        else:
-            model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 5))
-        ddp = nn.parallel.DistributedDataParallel(model)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
-        trainer = getattr(st.train, algo)(ddp, opt, density=0.25, delta_t=2, alpha=0.5,
-                                          total_steps=12, seed=rank,   # rank 0's seed wins
-                                          distribution="uniform")     # the layers' counts
-        g = torch.Generator().manual_seed(100 + rank)                  # each rank its data
-        for _ in range(12):
-            x, y = torch.randn(16, 12, generator=g), torch.randint(0, 5, (16,), generator=g)
-            opt.zero_grad()
-            nn.functional.cross_entropy(ddp(x), y).backward()
-            trainer.step()
-        torch.save({"masks": trainer.masks, "weights": model.state_dict(),
-                    "changed": trainer.last_update}, os.path.join(out_dir, f"{rank}.pt"))
+        _train(rank, algo, out_dir)
+        dist.barrier()   # (one rank tearing down while the other still talks can hang)
     finally:
         dist.destroy_process_group()
+
+
+def _train(rank, algo, out_dir):
+    """Trains and saves; returning drops the DDP wrapper, whose reducer holds the process
+    group, before ``_worker`` destroys the group: freed after it, gloo's destructor hung
+    joining its thread (pytorch/pytorch#75097's kind)."""
+    torch.manual_seed(0)
+    if algo == "RigL-sparse":   # truly sparse: the streamed dense gradient is all-reduced
+        algo = "RigL"
+        model = nn.Sequential(st.nn.SparseLinear(12, 32, density=0.25), nn.ReLU(),
+                              st.nn.SparseLinear(32, 5, density=0.25))
+    else:
+        model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 5))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    trainer = getattr(st.train, algo)(ddp, opt, density=0.25, delta_t=2, alpha=0.5,
+                                      total_steps=12, seed=rank,   # rank 0's seed wins
+                                      distribution="uniform")     # the layers' counts
+    g = torch.Generator().manual_seed(100 + rank)                  # each rank its data
+    for _ in range(12):
+        x, y = torch.randn(16, 12, generator=g), torch.randint(0, 5, (16,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        trainer.step()
+    torch.save({"masks": trainer.masks, "weights": model.state_dict(),
+                "changed": trainer.last_update}, os.path.join(out_dir, f"{rank}.pt"))
+
+
+def _run_ranks(worker, args, world=2, timeout=300.0):
+    """``worker(rank, *args)`` in ``world`` forked processes; fails (the processes killed)
+    after ``timeout`` seconds instead of hanging the test run."""
+    ctx = mp.start_processes(worker, args=args, nprocs=world, join=False,
+                             start_method="fork")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"the {world} ranks did not finish within {timeout:.0f} s")
 
 
 @pytest.mark.slow   # forks two processes
@@ -56,8 +78,7 @@ def test_two_ranks_hold_identical_masks_and_weights(algo, tmp_path):
     import torch._dynamo  # noqa: F401  (optimizers import it on first step; do it once here)
     # fork: the children inherit the imported torch and sparsetorch (spawning re-imports
     # them, ~25 s per process on a loaded 2-core machine); they run single-threaded
-    mp.start_processes(_worker, args=(2, algo, str(tmp_path)), nprocs=2,
-                       join=True, start_method="fork")
+    _run_ranks(_worker, (2, algo, str(tmp_path)))
     r0, r1 = (torch.load(tmp_path / f"{r}.pt") for r in (0, 1))
     assert r0["masks"].keys() == r1["masks"].keys()
     for n in r0["masks"]:
