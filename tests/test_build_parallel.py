@@ -187,3 +187,37 @@ def test_forward_prefetches_the_kernels_backward_loads(cache, monkeypatch, expr,
         torch.testing.assert_close(t.grad, ref.grad)
     torch.testing.assert_close(A.grad.to_dense(), dense_leaf.grad * (dense != 0))
     forget_call_memo()
+
+
+def _in_forked_child(src, done):
+    """A forked child's builds: the parent's build of ``src`` in flight at the fork has no
+    thread here, so the child builds it itself; new work for the build threads runs."""
+    try:
+        rt.load_kernel(src, "k", ARGS)
+        done.put(tool.submit(sum, [1, 2]).result(timeout=30))
+    except BaseException as exc:   # (reported to the parent, which fails the test)
+        done.put(repr(exc))
+
+
+def test_a_forked_child_builds_what_was_in_flight_at_the_fork(cache, slow_cc):
+    """DataLoader workers and DDP ranks are forked; a kernel the parent was building in the
+    background (a prefetch) must not leave the child waiting forever on it."""
+    import multiprocessing
+
+    src = source()
+    rt.prefetch(source()).result()   # (the pool has an idle thread to inherit)
+    pending = rt.prefetch(src)
+    deadline = time.monotonic() + 10
+    while not rt._inflight and time.monotonic() < deadline:   # (the build under way)
+        time.sleep(0.01)
+    assert rt._inflight and not pending.done()
+    ctx = multiprocessing.get_context("fork")
+    done = ctx.Queue()
+    child = ctx.Process(target=_in_forked_child, args=(src, done))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked child hung on a build the parent had in flight")
+    assert child.exitcode == 0 and done.get(timeout=5) == 3
+    pending.result()

@@ -40,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import threading
 
@@ -278,6 +279,14 @@ class _MethodDef(ctypes.Structure):
 _METH_FASTCALL = 0x0080
 _state: dict = {}     # "def" -> (method def, PyCFunction_NewEx), or "off" -> reason
 _lock = threading.Lock()   # one build and one method def, which its functions point into
+
+
+def _new_lock_in_child() -> None:
+    global _lock   # (a forked child: a lock another thread held at the fork stays held)
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def prefetch() -> None:

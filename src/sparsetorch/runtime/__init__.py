@@ -85,6 +85,17 @@ _STATS0 = {"memo_hits": 0, "disk_hits": 0, "builds": 0, "build_seconds": 0.0, "r
 _stats = dict(_STATS0)
 
 
+def _forget_builds_in_child() -> None:
+    # (a forked child: the parent's builds in flight run on threads it does not have, so
+    # their futures would never complete; a lock one of them held, never be released)
+    global _lock
+    _lock = threading.RLock()
+    _inflight.clear()
+
+
+os.register_at_fork(after_in_child=_forget_builds_in_child)
+
+
 def load_kernel(source: str, symbol: str, argtypes) -> ctypes._CFuncPtr:
     """Compile (or find cached) ``source`` and return its C function ``symbol``.
 

@@ -217,6 +217,25 @@ def write_marker(p: dict[str, Path], meta: dict, artifact: str = "so") -> dict:
     return meta
 
 
+_held: set[int] = set()   # the lock files this process has open, each holding its flock
+
+
+def _release_inherited_locks() -> None:
+    """A forked child shares the lock files of the parent's builds in flight, and with them
+    their flocks (a flock belongs to the open file, not the process): left open, they would
+    make the child wait forever for a lock it holds itself, and keep the entry locked after
+    the parent's build ends. The child closes its copies; the parent's stay locked."""
+    for fd in list(_held):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_release_inherited_locks)
+
+
 @contextlib.contextmanager
 def locked(p: dict[str, Path]):
     """Hold the entry's build lock (released by the OS if the holder dies)."""
@@ -228,6 +247,7 @@ def locked(p: dict[str, Path]):
     except OSError:
         yield  # read-only or odd filesystem: build without the lock
         return
+    _held.add(fd)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -235,6 +255,7 @@ def locked(p: dict[str, Path]):
             pass  # e.g. some network filesystems; duplicate builds are still safe
         yield
     finally:
+        _held.discard(fd)
         os.close(fd)
 
 

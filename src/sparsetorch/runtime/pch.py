@@ -39,6 +39,18 @@ _headers: dict[tuple, str | None | Future] = {}
 _memo_lock = threading.Lock()
 
 
+def _forget_builds_in_child() -> None:
+    # (a forked child: a header building in the parent's background never completes here;
+    # it is looked for again, and the lock taken afresh)
+    global _memo_lock
+    _memo_lock = threading.Lock()
+    for memo in [m for m, header in _headers.items() if isinstance(header, Future)]:
+        del _headers[memo]
+
+
+os.register_at_fork(after_in_child=_forget_builds_in_child)
+
+
 def include_flags(tc, flags, source: str, cpu: str) -> tuple[str, ...]:
     """Extra compiler arguments that make ``source`` use the precompiled header, or ().
 

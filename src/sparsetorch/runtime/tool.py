@@ -118,3 +118,15 @@ def submit(fn, *args) -> Future:
                                                 thread_name_prefix="sparsetorch-build")
         pool = _pool[1]
     return pool.submit(fn, *args)
+
+
+def _forget_pool_in_child() -> None:
+    """A forked child inherits the pool's bookkeeping but none of its threads: work given
+    to it would wait forever (an idle thread counted that is not there), and a lock held
+    by another thread at the fork would never be released. The child starts afresh."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
