@@ -41,7 +41,7 @@ def _check(n, k, m, act, with_bias, **kw):
     x, xs, W, w, b = _operands(n, k, m, **kw)
     bias = b if with_bias else None
     for operand in (x, xs):
-        assert rows._kernel_for(operand, W, bias, act) is not None
+        assert rows._kernel_for(operand, W, bias, act, W.values) is not None
         y = st.ops.sparse_linear(operand, W, bias, act)
         assert y.shape == (n, m) and y.dtype == torch.float32 and y.is_contiguous()
         torch.testing.assert_close(y.double(), _reference(x, w, bias, act), rtol=1e-5,
@@ -137,6 +137,18 @@ def test_gradients_match_dense(act, sparse_x):
 
 
 @needs_kernel
+@pytest.mark.parametrize("n", [1, 5, 15])
+@pytest.mark.parametrize("sparse_x", [False, True])
+def test_fewer_rows_than_a_block_record_through_the_kernel(n, sparse_x):
+    """Where autograd records, a batch of any size takes the row-block kernel (one partial
+    block; einsum's recorded path cost more); without a gradient, under 16 rows, einsum."""
+    _check_gradients(n, 21, 11, "relu", sparse_x)
+    _check_gradients(n, 11, 21, "sigmoid", sparse_x, wanted=("values",))
+    x, xs, W, _, b = _operands(n, 21, 11)
+    assert rows._kernel_for(xs if sparse_x else x, W, b, None, W.values) is None
+
+
+@needs_kernel
 @pytest.mark.parametrize("index", [torch.int32, torch.int64])
 @pytest.mark.parametrize("n", [16, 64, 101])
 def test_gradients_on_two_threads_whole_and_partial_blocks(index, n, monkeypatch):
@@ -207,20 +219,20 @@ def test_a_gradient_of_the_gradient_goes_through_einsum():
 
 
 def test_fallbacks_give_the_same_results():
-    """Under 16 rows, float64, an activation the kernel lacks, a blocked weight, gradients:
-    einsum runs (``fallback=False``: None instead)."""
+    """Under 16 rows without a gradient, float64, an activation the kernel lacks, a blocked
+    weight, gradients of gradients: einsum runs (``fallback=False``: None instead)."""
     x, xs, W, w, b = _operands(5, 6, 4)
-    assert rows._kernel_for(x, W, b, None) is None
+    assert rows._kernel_for(x, W, b, None, W.values) is None
     assert st.ops.sparse_linear(x, W, b, fallback=False) is None
     torch.testing.assert_close(st.ops.sparse_linear(x, W, b), x @ w.T + b)
     torch.testing.assert_close(st.ops.sparse_linear(xs, W, b, "relu"), F.relu(x @ w.T + b))
     x, xs, W, w, b = _operands(20, 6, 4)
     torch.testing.assert_close(st.ops.sparse_linear(x, W, b, "exp"), torch.exp(x @ w.T + b))
     blocked = st.tensor(w, format="bsr", blocksize=(2, 2))
-    assert rows._kernel_for(x, blocked, b, None) is None
+    assert rows._kernel_for(x, blocked, b, None, blocked.values) is None
     torch.testing.assert_close(st.ops.sparse_linear(x, blocked, b), x @ w.T + b)
     x64, W64 = x.double(), st.tensor(w.double(), format="csr")
-    assert rows._kernel_for(x64, W64, None, None) is None
+    assert rows._kernel_for(x64, W64, None, None, W64.values) is None
     values = W64.values.clone().requires_grad_()
     xg = x64.clone().requires_grad_()
     assert torch.autograd.gradcheck(
@@ -241,14 +253,16 @@ def test_bad_input_is_named():
 @needs_kernel
 def test_sparse_linear_layer_takes_the_kernel():
     """``SparseLinear`` on batches of 16+ rows (2-D, 3-D, CSR rows dense enough) runs the
-    row-block kernel and equals the masked dense layer; with gradients, einsum's path."""
+    row-block kernel and equals the masked dense layer, and so does a training batch of
+    any size; with gradients, the row-block backward."""
     torch.manual_seed(3)
     layer = st.nn.SparseLinear(24, 10, density=0.3, activation="sigmoid")
     w, b = layer.weight.to_dense(), layer.bias.detach()
     x = torch.randn(2, 20, 24)
     xs = st.tensor(torch.randn(32, 24) * (torch.rand(32, 24) < 0.2), format="csr")
     with torch.no_grad():
-        assert rows._kernel_for(x.view(-1, 24), layer.weight, layer.bias, "sigmoid") is not None
+        assert rows._kernel_for(x.view(-1, 24), layer.weight, layer.bias, "sigmoid",
+                                layer.values) is not None
         torch.testing.assert_close(layer(x), torch.sigmoid(x @ w.T + b), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(layer(xs), torch.sigmoid(xs.to_dense() @ w.T + b),
                                    rtol=1e-5, atol=1e-6)
@@ -257,5 +271,13 @@ def test_sparse_linear_layer_takes_the_kernel():
     out.sum().backward()
     wd = w.detach().clone().requires_grad_()
     torch.sigmoid(x @ wd.T + b).sum().backward()
+    grad = layer.weight.with_values(layer.values.grad).to_dense()
+    torch.testing.assert_close(grad, wd.grad * (w != 0), rtol=1e-4, atol=1e-5)
+    layer.zero_grad()
+    out = layer(x[0, :3])   # a batch of three rows, in training
+    assert type(out.grad_fn).__name__ == "_RecordedBackward"
+    out.sum().backward()
+    wd.grad = None
+    torch.sigmoid(x[0, :3] @ wd.T + b).sum().backward()
     grad = layer.weight.with_values(layer.values.grad).to_dense()
     torch.testing.assert_close(grad, wd.grad * (w != 0), rtol=1e-4, atol=1e-5)

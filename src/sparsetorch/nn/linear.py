@@ -19,9 +19,9 @@ from ..formats import SparseTensor
 from ..formats.pack import array_names
 from ..ops import einsum
 from ..ops.epilogue import ACTIVATIONS, unfused
-from ..ops.rows import linear_rows
+from ..ops.rows import MIN_ROWS, linear_rows
 from . import _pattern
-from ._common import keep_facts, outside_graph
+from ._common import keep_facts, member, outside_graph
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -137,7 +137,7 @@ class SparseLinear(nn.Module):
     def weight(self) -> SparseTensor:
         """``(out_features, in_features)`` SparseTensor whose values are ``self.values``
         (differentiable: gradients reach the Parameter)."""
-        values = self.values
+        values = member(self, "values")
         if _is_compiling():   # traced: no Python-side caches
             return SparseTensor.from_levels(self._shape(), self._format, self._arrays(),
                                             values, check=False)
@@ -154,7 +154,7 @@ class SparseLinear(nn.Module):
         validated copies of the pattern buffers, so it is rebuilt when a buffer is replaced
         (set_pattern) or written in place (load_state_dict): each buffer's identity and
         version counter are part of the key."""
-        values = self.values
+        values = member(self, "values")
         cached = self.__dict__.get("_cached_weight")
         if not _still_valid(cached, values, self._buffers, self._array_names):
             arrays = self._arrays()
@@ -285,9 +285,12 @@ class SparseLinear(nn.Module):
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"SparseLinear: input of shape {tuple(x.shape)} does not end in "
                              f"in_features={self.in_features}")
-        if x.dtype != self.values.dtype:
+        # (parameters read from the module's table, ~1.5 us a name otherwise: at batch 1
+        # the layer's own code took twice its kernel's 12 us)
+        dtype = member(self, "values").dtype
+        if x.dtype != dtype:
             raise TypeError(f"SparseLinear: input is {x.dtype} but the weights are "
-                            f"{self.values.dtype}; cast the input or the layer (.to(dtype))")
+                            f"{dtype}; cast the input or the layer (.to(dtype))")
         if isinstance(x, SparseTensor):
             if x.dim() > 2:
                 raise ValueError(f"SparseLinear: a sparse input must be 1-D or 2-D (batch, "
@@ -323,37 +326,41 @@ class SparseLinear(nn.Module):
         if type(x) is torch.Tensor and x.dim() > 2 and x.is_contiguous():
             x = x.view(-1, shape[-1])
         # the kept wrapper and the Parameter apart: no graph-recording wrapper per step
-        out = linear_rows(x, self._kept_weight(), self.values, self.bias, self.activation)
+        out = linear_rows(x, self._kept_weight(), member(self, "values"), member(self, "bias"),
+                          self.activation)
         if out is None:
             return None
         return out if len(shape) <= 2 else out.view(*shape[:-1], self.out_features)
 
     def _product(self, x):
-        if type(x) is torch.Tensor and x.dim() >= 2:
+        # (fewer rows than the row-block kernel takes without a gradient: the matrix-vector
+        # kernel or einsum's, not a call to find that out, ~8 us at batch 1)
+        if type(x) is torch.Tensor and x.dim() >= 2 and (
+                x.numel() >= MIN_ROWS * x.shape[-1] or torch.is_grad_enabled()):
             out = self._rows(x)
             if out is not None:
                 return out
-        weight = self.weight
+        weight, bias = self.weight, member(self, "bias")
         if isinstance(x, SparseTensor):
             # (dense out_format: a sparse input times a sparse weight would otherwise be
             # assembled sparse, and nearly every output row is full)
             out = unfused(einsum("ni,oi->no" if x.dim() == 2 else "i,oi->o", x, weight,
-                                 out_format="dense"), self.bias, self.activation)
+                                 out_format="dense"), bias, self.activation)
         elif self.blocksize is None and (x.dim() == 1 or x.dim() == 2 and x.shape[0] == 1):
             # one row: the matrix-vector kernel, the bias and activation in it (MobileNet
             # v1's classifier at batch 1, its weights cold in cache: 50 us against 105 us
             # through F.linear and a separate bias add)
-            out = einsum("oi,i->o", weight, x.reshape(-1), bias=self.bias,
+            out = einsum("oi,i->o", weight, x.reshape(-1), bias=bias,
                          activation=self.activation)
             out = out.unsqueeze(0) if x.dim() == 2 else out
         elif x.dim() == 2 and self.blocksize is None and x.shape[0] > 1 and \
-                (self.activation is not None or self.bias is not None):
+                (self.activation is not None or bias is not None):
             # bias and activation in the product's kernel, applied as each output is
             # written (unfused while autograd records): MNIST's 256 x 784 decoder output,
             # a separate bias add and sigmoid cost 1.3 ms beside 1 ms of product
-            out = einsum("ni,oi->no", x, weight, bias=self.bias, activation=self.activation)
+            out = einsum("ni,oi->no", x, weight, bias=bias, activation=self.activation)
         else:
-            out = unfused(F.linear(x, weight), self.bias, self.activation)
+            out = unfused(F.linear(x, weight), bias, self.activation)
         keep_facts(weight, self)
         return out
 
