@@ -4,6 +4,7 @@ weights (dense gradients averaged before scoring, rank 0's seed for every random
 masked mode and truly sparse (SparseLinear, whose dense gradient is built from each rank's
 activations and all-reduced block by block). The ranks meet through a file store in the
 test's tmp_path (no TCP port to race for)."""
+import gc
 import os
 import time
 
@@ -26,6 +27,7 @@ def _worker(rank, world, algo, out_dir):
     _init(os.path.join(out_dir, "store"), rank, world)
     try:
         _train(rank, algo, out_dir)
+        gc.collect()     # (what of the DDP wrapper only a reference cycle still holds)
         dist.barrier()   # (one rank tearing down while the other still talks can hang)
     finally:
         dist.destroy_process_group()

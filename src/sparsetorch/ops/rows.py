@@ -32,8 +32,9 @@ transposed copy of ``g`` for ``dx``, a CSR batch transposed through a tile).
 Used for float32 CPU operands on AVX2 (or AVX-512) CPUs with the C backend, while
 ``torch.compile`` is not tracing, for at least ``MIN_ROWS`` rows (a block's unused rows
 are computed too; where autograd records, for any number: einsum's recorded path cost
-more, a training step of a 784 -> 256 layer at batch 1-15 1.5-1.9x as long) and no gradient wanted for CSR rows; everything else runs
-``st.einsum``, which this matches up to rounding.
+more, a training step of a 784 -> 256 layer at batch 1-15 1.5-1.9x as long) and no
+gradient wanted for CSR rows; everything else runs ``st.einsum``, which this matches up
+to rounding.
 
 Example:
     >>> import torch, sparsetorch as st
@@ -512,16 +513,13 @@ def _grad_values(fns, weight: SparseTensor, gt, xt, n: int, ld: int, dvalues, db
     (m, k), index = weight._size, _INDEX[weight._crd1.dtype]
     found = relaid_pattern(weight, _transposed_format(weight._format)) if k > m else None
     if found is not None and found[1].dtype == weight._crd1.dtype:
-        arrays, perm = found
-        fns["st_linear_grad_values_" + index](
-            k, n, arrays["pos1"].data_ptr(), arrays["crd1"].data_ptr(), perm.data_ptr(),
-            xt.data_ptr(), gt.data_ptr(), ld, dvalues.data_ptr(),
-            0 if dbias is None else dbias.data_ptr(), m, nt)
-        return
+        (arrays, perm), rows, a, b = found, k, xt, gt
+        pos, crd, perm = arrays["pos1"], arrays["crd1"], perm.data_ptr()
+    else:
+        rows, a, b, pos, crd, perm = m, gt, xt, weight._pos1, weight._crd1, 0
     fns["st_linear_grad_values_" + index](
-        m, n, weight._pos1.data_ptr(), weight._crd1.data_ptr(), 0, gt.data_ptr(),
-        xt.data_ptr(), ld, dvalues.data_ptr(), 0 if dbias is None else dbias.data_ptr(), m,
-        nt)
+        rows, n, pos.data_ptr(), crd.data_ptr(), perm, a.data_ptr(), b.data_ptr(), ld,
+        dvalues.data_ptr(), 0 if dbias is None else dbias.data_ptr(), m, nt)
 
 
 def _leading(n: int) -> int:
