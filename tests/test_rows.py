@@ -27,7 +27,8 @@ def _operands(n, k, m, density=0.3, seed=0, index=torch.int32, x_index=torch.int
     if m > 1:
         w[1] = 0   # an empty row: its outputs are the bias alone
     x = torch.randn(n, k, generator=g) * 4 * (torch.rand(n, k, generator=g) < 0.4)
-    x[min(3, n - 1)] = 0   # an empty input row
+    if n > 1:
+        x[min(3, n - 1)] = 0   # an empty input row (not the only one)
     return (x, st.tensor(x, format="csr", index_dtype=x_index),
             st.tensor(w, format="csr", index_dtype=index), w, torch.randn(m, generator=g))
 
