@@ -211,19 +211,19 @@ ST_NARROW$LANES(int32_t)
 ST_NARROW$LANES(int64_t)
 """)
 
-# AVX2 CPUs: strips of at most ``_STRIP_COLUMNS`` (32: four 8-lane registers; strips of 24, 48
-# and 64 ran
-# 0.92-0.99x, 0.85-0.95x and 0.70-0.89x as fast on Zen 3) columns, each packed first into its
-# thread's scratch (k rows of 8 x V floats, V = the strip's vectors), then every output row's
-# strip computed from it, a row's entries alternating between two sets of accumulators (four
-# for strips of one or two registers: 4-8 FMA chains cover the latency), summed at the end
-# (``CHAINS``; with four registers two sets ran 1.00-1.08x one). Packed rows are whole cache
-# lines in one block, where the chunks above read a row's 56-64 columns out of a 196-wide
-# row (4-5 lines, some half used) from L2. Memory traffic: ``x`` read once (each thread its
-# strips) and written once into the scratch; the scratch (k x 128 bytes: 64 KB for 512 input
-# channels, L2) read once per stored entry and strip; ``W``'s arrays read once per strip;
-# ``y`` written once. Parallel strategy: threads split the strips (or, given ``band``, each
-# thread the strips of its own bands); fewer strips than threads are also split by rows.
+# AVX2 CPUs: strips of at most ``_STRIP_COLUMNS`` columns (32: four 8-lane registers; strips
+# of 24, 48 and 64 ran 0.92-0.99x, 0.85-0.95x and 0.70-0.89x as fast on Zen 3), each packed
+# first into its thread's scratch (k rows of 8 x V floats, V = the strip's vectors), then
+# every output row's strip computed from it, a row's entries alternating between two sets
+# of accumulators (four for strips of one or two registers: 4-8 FMA chains cover the
+# latency), summed at the end (``CHAINS``; with four registers two sets ran 1.00-1.08x one).
+# Packed rows are whole cache lines in one block, where the chunks above read a row's 56-64
+# columns out of a 196-wide row (4-5 lines, some half used) from L2. Memory traffic: ``x``
+# read once (each thread its strips) and written once into the scratch; the scratch (k x
+# 128 bytes: 64 KB for 512 input channels, L2) read once per stored entry and strip; ``W``'s
+# arrays read once per strip; ``y`` written once. Parallel strategy: threads split the
+# strips (or, given ``band``, each thread the strips of its own bands); fewer strips than
+# threads are also split by rows.
 _STRIPS = r"""
 /* Rows [lo, hi) of y's columns [c0, c0 + width) = clamp(W x + bias, mn, mx), x's columns
    packed into buf (k rows of 8 * V floats); y's rows p apart. */
