@@ -210,3 +210,40 @@ def test_relaid_linear_bias_takes_the_fast_path_and_keeps_its_broadcast():
     for bias in (b[:, None], b[None, :], b[:, None]):
         torch.testing.assert_close(st.einsum("in,oi->on", xt, W, bias=bias, activation="relu"),
                                    (d @ xt + bias).clamp_min(0))
+
+
+@pytest.mark.parametrize("act", ["relu", "relu6"])
+def test_a_nan_passes_every_fused_activation(act):
+    """As through torch's relu and relu6: a NaN stays NaN (x86's max and min return their
+    second operand when either is NaN, so the operand order decides). Each path that fuses
+    an activation: the generated SpMM epilogue (scalar at 1 column, vector at 16 and 40),
+    dense x dense, the eager map on stored values, SparseLinear's row-block kernel with and
+    without autograd, and SparseConv2d."""
+    fn = UNARY[act][1]
+    nan = float("nan")
+    g = torch.Generator().manual_seed(0)
+    d = torch.randn(20, 7, generator=g) * (torch.rand(20, 7, generator=g) < 0.5)
+    with torch.no_grad():
+        for n in (1, 16, 40):
+            x, b = torch.randn(7, n, generator=g), torch.randn(n, generator=g)
+            b[0] = nan
+            for A in (st.tensor(d, format="csr"), d):
+                got = st.einsum("ij,jk->ik", A, x, bias=b, activation=act)
+                torch.testing.assert_close(got, fn(d @ x + b), equal_nan=True)
+                assert got[:, 0].isnan().all()
+        S = st.tensor(torch.tensor([[nan, -2.0, 7.0]]), format="csr")
+        for got in (st.relu(S) if act == "relu" else None, st.lazy(S).relu().eval()
+                    if act == "relu" else None):
+            if got is not None:
+                torch.testing.assert_close(got.values, fn(S.values), equal_nan=True)
+    layer = st.nn.SparseLinear(7, 5, density=0.5, activation=act)
+    x = torch.randn(20, 7, generator=g)
+    x[3, :] = nan
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            got = layer(x)
+        assert got[3].isnan().all() and not got[:3].isnan().any(), (grad, got[:4])
+    conv = st.nn.SparseConv2d(7, 5, density=0.5, activation=act)
+    with torch.no_grad():
+        got = conv(x.t().reshape(1, 7, 4, 5))
+    assert got[0, :, 0, 3].isnan().all() and not got[0, :, 0, :3].isnan().any()

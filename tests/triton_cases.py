@@ -111,6 +111,12 @@ def test_linear_and_fused_epilogue():
                     (A, W.T.contiguous(), b), lambda a, x, b: torch_fn(a @ x + b), "dense",
                     "dense")
         assert triton_run.stats["dense"] == 1   # one kernel: the epilogue is fused
+        # a NaN passes the activation, as through torch's (Triton's maximum drops it unless
+        # told to keep it)
+        b_nan = b.clone()
+        b_nan[1] = float("nan")
+        out_nan = st.einsum("ij,jk->ik", A, W.T.contiguous(), bias=b_nan, activation=act)
+        assert out_nan[:, 1].isnan().all() and not out_nan[:, 0].isnan().any()
         triton_run.stats.clear()
     assert out.shape == (6, 4)
 

@@ -28,7 +28,7 @@ typedef {val} val_t;
 /* Maps that read their argument more than once (``notation.UNARY``), as functions: inline,
    nested maps would repeat the argument's text per level, doubling it (2^20 copies of a
    nested relu chain did not compile in a minute). */
-static inline val_t st_relu(val_t v) {{ return v > 0 ? v : 0; }}
+static inline val_t st_relu(val_t v) {{ return v < 0 ? 0 : v; }}   /* (a NaN passes) */
 static inline val_t st_relu6(val_t v) {{ return v < 0 ? 0 : (v > 6 ? 6 : v); }}
 
 /* In-place sort of int64 keys: insertion sort on short runs, median-of-3 quicksort above

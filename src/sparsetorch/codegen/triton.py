@@ -43,14 +43,16 @@ from ..compiler.ir import (Assign, Bin, Block, Call, Comment, Cond, Decl, For, F
 from ..compiler.notation import UNARY
 from .triton_nest import Fresh, pick_tile, replace_sums
 
-# Triton spellings of the notation's unary maps, keyed by their C templates.
+# Triton spellings of the notation's unary maps, keyed by their C templates (a NaN passes
+# relu and relu6, as through torch's: Triton's maximum drops it unless told).
 _UNARY = {UNARY[name][0]: text for name, text in {
     "neg": "(-({x}))",
     "abs": "tl.abs({x})",
-    "relu": "tl.maximum({x}, 0.0)",
+    "relu": "tl.maximum({x}, 0.0, propagate_nan=tl.PropagateNan.ALL)",
     "exp": "tl.exp({x})",
     "sqrt": "tl.sqrt({x})",
-    "relu6": "tl.minimum(tl.maximum({x}, 0.0), 6.0)",
+    "relu6": "tl.minimum(tl.maximum({x}, 0.0, propagate_nan=tl.PropagateNan.ALL), 6.0, "
+             "propagate_nan=tl.PropagateNan.ALL)",
     "sigmoid": "tl.sigmoid({x})",
 }.items()}
 _OPS = {"&&": "&", "||": "|"}

@@ -229,14 +229,16 @@ class Body:
         x, lanes = self.vector(x), self.lanes
         if fn == "neg":
             return V("vv", lanes.op("sub", lanes.zero(), x))
+        # (x86's max and min return their second operand where either is NaN: x goes
+        # second, so a NaN passes through as through torch's relu)
         if fn == "relu":
-            return V("vv", lanes.op("max", x, lanes.zero()))
+            return V("vv", lanes.op("max", lanes.zero(), x))
         if fn == "abs":
             return V("vv", lanes.op("andnot", lanes.set1("-0.0"), x))
         if fn == "sqrt":
             return V("vv", lanes.op("sqrt", x))
         if fn == "relu6":
-            return V("vv", lanes.op("max", lanes.op("min", x, lanes.set1("6")), lanes.zero()))
+            return V("vv", lanes.op("min", lanes.set1("6"), lanes.op("max", lanes.zero(), x)))
         if fn in ("exp", "sigmoid"):   # (``intrinsics.py``: one exp per register type)
             exp = f"st_exp_{lanes.suf}{lanes.n * lanes.width * 8}"
             if fn == "exp":

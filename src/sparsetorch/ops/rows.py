@@ -98,9 +98,10 @@ _COLUMN = r"""  $V a[VR], c[VR];
   }
   for (int v = 0; v < VR; v++) {
     $V y = ${P}_add_ps(a[v], c[v]);
-    if (act == 1 || act == 2) {   /* (max, then min: a NaN passes, as through torch's) */
-      y = ${P}_max_ps(y, ${P}_setzero_ps());
-      if (act == 2) y = ${P}_min_ps(y, ${P}_set1_ps(6.0f));
+    if (act == 1 || act == 2) {   /* (y second: max and min return their second operand
+                                     where either is NaN, so a NaN passes, as through torch's) */
+      y = ${P}_max_ps(${P}_setzero_ps(), y);
+      if (act == 2) y = ${P}_min_ps(${P}_set1_ps(6.0f), y);
     }
     ${P}_storeu_ps(yt + $N * v, y);
   }"""
