@@ -139,6 +139,14 @@ def test_einsum_epilogue_errors():
         st.einsum("ij,jk->ik", A, A, bias=torch.ones(3), out_format="csr")
     with pytest.raises(TypeError, match="bias must be a dense"):
         st.einsum("ij,jk->ik", A, torch.ones(3, 2), bias=A)
+    # the same after calls that memoised the fused kernel (its fast path read the bias's
+    # .shape / .detach() first: an AttributeError)
+    for bias in (torch.ones(3, 1), torch.ones(2)):
+        for grad in (True, False):
+            with torch.set_grad_enabled(grad):
+                st.einsum("ij,jk->ik", A, torch.ones(3, 2), bias=bias)
+                with pytest.raises(TypeError, match="bias must be a dense"):
+                    st.einsum("ij,jk->ik", A, torch.ones(3, 2), bias=[1.0, 2.0])
 
 
 def test_repeated_fused_calls_take_the_fast_path_and_stay_correct():

@@ -76,7 +76,8 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
         # as the kernel takes them. Building the epilogue's key in Python each time cost
         # more than the bias add it saves on a small SpMM (Cora, 7 columns: 194 vs 117 us).
         calls = _FAST_EPILOGUE.get((equation, activation))
-        if calls and backend() == "c":
+        # (a bias that is no tensor goes the full path, which says so)
+        if calls and backend() == "c" and (bias is None or isinstance(bias, torch.Tensor)):
             # (a Parameter is not a plain tensor to the guard; without autograd recording,
             # its detached alias is the same operand)
             ops = operands if bias is None else \
