@@ -77,16 +77,48 @@ def test_a_checkpoint_that_does_not_fit_changes_nothing(tmp_path):
     run(model, opt, trainer, 4)
     path = st.train.save_checkpoint(tmp_path / "c.pt", model=model, trainer=trainer)
     torch.manual_seed(1)
-    other = nn.Sequential(nn.Linear(10, 24), nn.ReLU(), nn.Dropout(0.2), nn.Linear(24, 5))
+    # the same parameters (the trainer's state fits and loads), a buffer the file lacks (the
+    # model's fails)
+    other = nn.Sequential(nn.Linear(10, 24), nn.ReLU(), nn.Dropout(0.2), nn.Linear(24, 4))
+    other.register_buffer("extra", torch.zeros(1))
     opt2 = torch.optim.Adam(other.parameters(), lr=1e-2)
     trainer2 = st.train.RigL(other, opt2, density=0.3, delta_t=3, total_steps=24, seed=5)
     weights = {k: v.clone() for k, v in other.state_dict().items()}
     masks = {n: m.clone() for n, m in trainer2.masks.items()}
-    with pytest.raises(RuntimeError, match="size mismatch"):
+    with pytest.raises(RuntimeError, match="Missing key"):
         st.train.load_checkpoint(path, model=other, trainer=trainer2)
     assert all(torch.equal(v, weights[k]) for k, v in other.state_dict().items())
     assert all(torch.equal(m, masks[n]) for n, m in trainer2.masks.items())
     assert trainer2.step_count == 0 and not opt2.state
+
+
+@pytest.mark.parametrize("change", ["density", "optimizer", "width"])
+def test_a_trainer_of_another_configuration_is_refused_before_anything_loads(tmp_path,
+                                                                               change):
+    """Other kept counts (another density, or a layer of another size) or another optimizer
+    class: a clear ValueError, nothing loaded (an SGD given Adam's state failed on its next
+    step with KeyError 'momentum'; other densities left the trainer's targets inconsistent
+    with the loaded masks)."""
+    model, opt, trainer = make("RigL", 0)
+    run(model, opt, trainer, 4)
+    path = st.train.save_checkpoint(tmp_path / "c.pt", model=model, trainer=trainer)
+    torch.manual_seed(1)
+    other = nn.Sequential(nn.Linear(10, 24), nn.ReLU(), nn.Dropout(0.2),
+                          nn.Linear(24, 5 if change == "width" else 4))
+    opt2 = torch.optim.SGD(other.parameters(), lr=1e-2, momentum=0.9) \
+        if change == "optimizer" else torch.optim.Adam(other.parameters(), lr=1e-2)
+    trainer2 = st.train.RigL(other, opt2, density=0.5 if change == "density" else 0.3,
+                             delta_t=3, total_steps=24, seed=5)
+    weights = {k: v.clone() for k, v in other.state_dict().items()}
+    masks = {n: m.clone() for n, m in trainer2.masks.items()}
+    match = "SGD" if change == "optimizer" else "other weight counts"
+    with pytest.raises(ValueError, match=match):
+        st.train.load_checkpoint(path, model=other, trainer=trainer2)
+    assert all(torch.equal(v, weights[k]) for k, v in other.state_dict().items())
+    assert all(torch.equal(m, masks[n]) for n, m in trainer2.masks.items())
+    assert trainer2.step_count == 0 and not opt2.state
+    with pytest.raises(TypeError, match="state must be the dict"):
+        trainer2.load_state_dict(None)
 
 
 def test_model_then_trainer_load_order_resumes_truly_sparse_bit_for_bit():

@@ -288,14 +288,19 @@ class SparseTrainer:
         """Everything a resumed run needs besides the model's weights: the step count, each
         layer's active set (flat indices), the random generator and the optimizer state."""
         return {"algorithm": type(self).__name__, "step": self.step_count,
+                "counts": dict(self.counts),
                 "active": {n: l.active() for n, l in self.layers.items()},
                 "generator": self.generator.get_state(),
+                "optimizer_class": type(self.optimizer).__name__,
                 "optimizer": self.optimizer.state_dict(), "extra": self._extra_state()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore from ``state_dict()``, before or after the model's weights (a SparseLinear
         whose pattern changes here gets zero values until its weights are loaded)."""
         cls = type(self).__name__
+        if not isinstance(state, dict):
+            raise TypeError(f"{cls}.load_state_dict: state must be the dict state_dict() "
+                            f"returned, got {type(state).__name__}")
         if state.get("algorithm") != cls:
             raise ValueError(f"{cls}.load_state_dict: the state was saved by "
                              f"{state.get('algorithm')!r}, not {cls}")
@@ -303,6 +308,19 @@ class SparseTrainer:
             raise ValueError(f"{cls}.load_state_dict: the state's layers "
                              f"{sorted(state['active'])} differ from this model's "
                              f"{sorted(self.layers)}")
+        # (states saved before these keys existed skip the checks)
+        counts = state.get("counts", self.counts)
+        if counts != self.counts:
+            differ = ", ".join(f"{n}: {counts[n]} saved, {self.counts[n]} here"
+                               for n in sorted(self.counts) if counts.get(n) != self.counts[n])
+            raise ValueError(f"{cls}.load_state_dict: the state keeps other weight counts "
+                             f"({differ}); build the trainer with the density and "
+                             "distribution of the run that saved it")
+        saved_opt = state.get("optimizer_class", type(self.optimizer).__name__)
+        if saved_opt != type(self.optimizer).__name__:
+            raise ValueError(f"{cls}.load_state_dict: the state holds a {saved_opt} "
+                             f"optimizer's state, but this trainer's optimizer is a "
+                             f"{type(self.optimizer).__name__}; build it with {saved_opt}")
         self._sync_parameters()
         for name, layer in self.layers.items():
             active = state["active"][name].to(torch.int64)
