@@ -135,6 +135,13 @@ def test_bad_input_is_named():
         st.ops.depthwise3x3(x, wt, stride=3)
     with pytest.raises(ValueError, match="activation must be one of"):
         st.ops.depthwise3x3(x, wt, activation="gelu")
+    for conv in (nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.Conv2d(4, 4, 5, padding=2, groups=4)):
+        layer = st.nn.ChannelsFirstDepthwise.from_dense(conv)   # the kernel's and torch's
+        with pytest.raises(TypeError, match="ChannelsFirstDepthwise: input is torch.float64"):
+            layer(x.double())
+        with pytest.raises(ValueError, match=r"ChannelsFirstDepthwise: input must be a dense "
+                                             r"\(N, 4, H, W\) tensor; got \(1, 3, 5, 5\)"):
+            layer(x[:, :3])
 
 
 def test_layer_uses_the_kernel_for_3x3_and_torch_otherwise():

@@ -206,6 +206,8 @@ def test_bad_arguments_are_clear():
         st.sparsify(net, block=4)
     with pytest.raises(TypeError, match="skip=\\['short'\\]"):
         st.sparsify(net, skip="short")
+    with pytest.raises(ValueError, match="'shrot'.*not modules.*'short'"):   # a typo
+        st.sparsify(net, skip=["short", "shrot"])
     with pytest.raises(ValueError, match="width_mult"):
         st.models.mobilenet_v1(width_mult=0)
 

@@ -74,8 +74,12 @@ def test_bad_arguments():
         st.ops.stem_conv3x3(x, w, activation="gelu")
     with pytest.raises(ValueError, match="need an nn.Conv2d with a 3x3 kernel"):
         st.nn.ChannelsFirstStem.from_dense(nn.Conv2d(3, 8, 3))   # no padding
-    with pytest.raises(ValueError, match=r"input must be \(N, 3, H, W\); got \(1, 2, 8, 8\)"):
+    with pytest.raises(ValueError, match=r"input must be a dense \(N, 3, H, W\) tensor; got "
+                                         r"\(1, 2, 8, 8\)"):
         st.nn.ChannelsFirstStem(w, None)(torch.randn(1, 2, 8, 8))
+    with pytest.raises(TypeError, match="ChannelsFirstStem: input is torch.float64 but the "
+                                        "weights are torch.float32"):
+        st.nn.ChannelsFirstStem(w, None)(x.double())
     with pytest.raises(ValueError, match="C <= 4"):
         st.nn.ChannelsFirstStem(torch.randn(8, 16, 3, 3), None)
 

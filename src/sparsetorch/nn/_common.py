@@ -30,6 +30,21 @@ def check_sizes(what: str, least: int = 1, **sizes) -> None:
             raise ValueError(f"{what}: {name} must be {kind}, got {n!r}")
 
 
+def check_image(x, what: str, channels: int, dtype: torch.dtype) -> None:
+    """Raise unless ``x`` is a dense ``(N, channels, H, W)`` tensor of ``dtype``.
+
+    Example:
+        >>> check_image(torch.ones(1, 3, 4, 4), "Stem", 3, torch.float32)
+    """
+    if not isinstance(x, torch.Tensor) or isinstance(x, SparseTensor) or x.dim() != 4 or \
+            x.shape[1] != channels:
+        raise ValueError(f"{what}: input must be a dense (N, {channels}, H, W) tensor; got "
+                         f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{what}: input is {x.dtype} but the weights are {dtype}; cast the "
+                        f"input or the layer (.to(dtype))")
+
+
 def keep_facts(weight: SparseTensor, layer: nn.Module) -> None:
     """Hand what the kernels worked out about the pattern back to the layer's kept wrapper
     (``_cached_weight[2]``), so the next forward's wrapper starts with it. Nothing under

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..ops import depthwise3x3
 from ..ops.depthwise import prepared_depthwise3x3
-from ._common import as_asked, step_as_asked
+from ._common import as_asked, check_image, step_as_asked
 
 _ACTIVATIONS = {None: None, "relu": F.relu, "relu6": F.relu6}
 
@@ -70,6 +70,7 @@ class ChannelsFirstDepthwise(nn.Module):
         return cls(conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_image(x, "ChannelsFirstDepthwise", self.weight.shape[0], self.weight.dtype)
         return as_asked(self, self._written(x))
 
     def _written(self, x: torch.Tensor) -> torch.Tensor:

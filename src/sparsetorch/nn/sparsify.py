@@ -87,7 +87,7 @@ def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
     if method not in METHODS:
         raise ValueError(f"sparsify: method={method!r} is not one of {METHODS}")
     blocksize = _blocksize(blocksize)
-    skipped = _skip_predicate(skip)
+    skipped = _skip_predicate(skip, model)
 
     def make_sparse(module, conv, act):
         if is_depthwise(module):
@@ -228,13 +228,20 @@ def _blocksize(blocksize):
     return tuple(blocksize)
 
 
-def _skip_predicate(skip):
+def _skip_predicate(skip, model: nn.Module):
     if callable(skip):
         return skip
     if isinstance(skip, str):
         raise TypeError(f"sparsify: skip must be a list of module names or a predicate, got the "
                         f"string {skip!r}; write skip=[{skip!r}]")
     names = set(skip)
+    # (a misspelt name would leave its layer sparsified without a word)
+    unknown = names - {name for name, _ in model.named_modules()}
+    if unknown:
+        known = [name for name, _ in model.named_modules() if name]
+        raise ValueError(f"sparsify: skip names {sorted(unknown)}, which are not modules of "
+                         f"the model; its modules: {known[:20]}"
+                         + (" ..." if len(known) > 20 else ""))
     return lambda name, module: name in names
 
 

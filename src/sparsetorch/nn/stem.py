@@ -24,7 +24,7 @@ from torch import nn
 
 from ..ops.depthwise import check_epilogue
 from ..ops.stem import MAX_CHANNELS, prepared_stem_conv3x3, stem_conv3x3
-from ._common import as_asked, step_as_asked
+from ._common import as_asked, check_image, step_as_asked
 
 
 
@@ -64,10 +64,7 @@ class ChannelsFirstStem(nn.Module):
         return cls(conv.weight, conv.bias, conv.stride[0], activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.weight.shape[1]
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[1] != c:
-            raise ValueError(f"ChannelsFirstStem: input must be (N, {c}, H, W); got "
-                             f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
+        check_image(x, "ChannelsFirstStem", self.weight.shape[1], self.weight.dtype)
         if not x.is_contiguous():
             x = x.contiguous()
         return as_asked(self, stem_conv3x3(x, self.weight, self.bias, self.stride,
