@@ -146,7 +146,7 @@ def test_untraceable_model_and_bad_arguments():
     with pytest.raises(TypeError, match="must be an nn.Module"):
         st.freeze(lambda x: x)
     frozen = st.freeze(st.sparsify(TinyResNet(), sparsity=0.5))
-    with pytest.raises(ValueError, match=r"ChannelsFirstStem: input must be \(N, 3, H, W\)"):
+    with pytest.raises(ValueError, match=r"ChannelsFirstStem: input must be a dense \(N, 3, H, W\)"):
         frozen(torch.randn(1, 4, 8, 8))   # (the layers check their inputs as before)
     frozen = st.freeze(st.sparsify(ExpandThenDepthwise(), sparsity=0.5))
     with pytest.raises(ValueError, match="expand_depthwise3x3: expand_weight must be an"):
