@@ -322,6 +322,9 @@ def test_bad_inputs_raise_clearly():
         SparseLinear(4, 3, density=1.5)
     with pytest.raises(ValueError, match="does not divide"):
         SparseLinear(4, 3, density=0.5, blocksize=2)
+    for bs in (2.0, "2", True, (2, 2.0), (2, 2, 2)):
+        with pytest.raises(ValueError, match="blocksize must be a positive int or a pair"):
+            SparseLinear(4, 4, density=0.5, blocksize=bs)
     with pytest.raises(ValueError, match="device='meta' holds no data"):
         SparseLinear(4, 3, density=0.5, device="meta")
     for dtype in (torch.int64, torch.bool, "float32"):
@@ -332,6 +335,9 @@ def test_bad_inputs_raise_clearly():
         layer(torch.randn(2, 5))
     with pytest.raises(TypeError, match="float64"):
         layer(torch.randn(2, 4, dtype=torch.float64))
+    for x in (torch.randn(2, 4).to_sparse(), torch.randn(2, 4).to_sparse_csr()):
+        with pytest.raises(TypeError, match=r"a torch.sparse tensor.*st.tensor\(x\)"):
+            layer(x)
     with pytest.raises(ValueError, match="must have shape"):
         layer.set_pattern(torch.ones(3, 4, dtype=torch.bool), values=torch.ones(5))
     with pytest.raises(ValueError, match="sparsity"):

@@ -26,8 +26,9 @@ def blocks(blocksize, shape, what: str):
     """
     if blocksize is None:
         return None
-    bs = (blocksize, blocksize) if isinstance(blocksize, int) else tuple(blocksize)
-    if len(bs) != 2 or any(not isinstance(b, int) or b < 1 for b in bs):
+    bs = (blocksize, blocksize) if isinstance(blocksize, int) else \
+        tuple(blocksize) if isinstance(blocksize, (tuple, list)) else ()
+    if len(bs) != 2 or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in bs):
         raise ValueError(f"{what}: blocksize must be a positive int or a pair of them, got "
                          f"{blocksize!r}")
     if shape[0] % bs[0] or shape[1] % bs[1]:

@@ -282,6 +282,10 @@ class SparseLinear(nn.Module):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"SparseLinear: input must be a tensor or SparseTensor, got "
                             f"{type(x).__name__}")
+        if x.layout != torch.strided and type(x) is not SparseTensor:
+            raise TypeError(f"SparseLinear: input is a torch.sparse tensor ({x.layout}); "
+                            "wrap it with st.tensor(x) (sparse activations) or pass "
+                            "x.to_dense()")
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"SparseLinear: input of shape {tuple(x.shape)} does not end in "
                              f"in_features={self.in_features}")
