@@ -101,6 +101,21 @@ def test_inplace_ops_keep_the_pattern():
     assert A.coalesce() is A and A.is_coalesced()
 
 
+def test_the_same_pattern_at_another_index_width_updates_in_place():
+    """Equal coordinates stored as int64 instead of int32 are the same pattern (a copy_
+    between them was refused as 'another pattern' though entries and shapes matched)."""
+    d = _weight(seed=5)
+    A = st.tensor(d, format="csr")
+    B = st.tensor(2 * d, format="csr", index_dtype=torch.int64)
+    assert A.copy_(B) is A and torch.equal(A.to_dense(), 2 * d)
+    A.add_(B)
+    assert torch.equal(A.to_dense(), 4 * d) and A.index_dtype == torch.int32
+    moved = d.roll(1, 0)   # the same entry count, other coordinates
+    assert not torch.equal(moved != 0, d != 0)
+    with pytest.raises(ValueError, match="another pattern"):
+        A.copy_(st.tensor(moved, format="csr", index_dtype=torch.int64))
+
+
 def test_updates_that_would_change_the_pattern_raise():
     A = st.tensor(_weight(seed=5), format="csr")
     before = A.values.clone()
