@@ -223,6 +223,9 @@ def test_bad_sizes_and_dtypes_name_the_problem(make):
     with pytest.raises(TypeError, match=f"{name}: x is torch.float64 but the layer's weights "
                                         "are torch.float32"):
         conv(features(), graph())
+    with pytest.raises(TypeError, match=r"x is torch.int64 .* convert it \(x.to\(torch.float32"
+                                        r"\): node features are floating point"):
+        conv(features().long(), graph())
     assert conv.double()(features(), graph()).dtype == F64
 
 

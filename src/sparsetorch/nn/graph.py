@@ -30,8 +30,10 @@ def _check_x(x, in_features: int, what: str, dtype: torch.dtype) -> None:
         raise ValueError(f"{what}: x must be (num_nodes, in_features={in_features}), got "
                          f"shape {tuple(x.shape)}")
     if x.dtype != dtype:
+        fix = f"x.to({dtype}) or layer.to({x.dtype})" if x.dtype.is_floating_point else \
+            f"x.to({dtype}): node features are floating point"
         raise TypeError(f"{what}: x is {x.dtype} but the layer's weights are {dtype}; convert "
-                        f"one of them (x.to({dtype}) or layer.to({x.dtype}))")
+                        f"{'one of them' if x.dtype.is_floating_point else 'it'} ({fix})")
 
 
 def _propagate(A: SparseTensor, h: torch.Tensor, bias, activation=None) -> torch.Tensor:
