@@ -286,7 +286,8 @@ class SparseTrainer:
     # ---- state --------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Everything a resumed run needs besides the model's weights: the step count, each
-        layer's active set (flat indices), the random generator and the optimizer state."""
+        layer's kept count and active set (flat indices), the random generator, and the
+        optimizer's class and state."""
         return {"algorithm": type(self).__name__, "step": self.step_count,
                 "counts": dict(self.counts),
                 "active": {n: l.active() for n, l in self.layers.items()},
@@ -311,7 +312,7 @@ class SparseTrainer:
         # (states saved before these keys existed skip the checks)
         counts = state.get("counts", self.counts)
         if counts != self.counts:
-            differ = ", ".join(f"{n}: {counts[n]} saved, {self.counts[n]} here"
+            differ = ", ".join(f"{n}: {counts.get(n)} saved, {self.counts[n]} here"
                                for n in sorted(self.counts) if counts.get(n) != self.counts[n])
             raise ValueError(f"{cls}.load_state_dict: the state keeps other weight counts "
                              f"({differ}); build the trainer with the density and "
