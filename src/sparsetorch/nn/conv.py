@@ -211,7 +211,7 @@ class SparseConv2d(SparseLinear):
         return step
 
     def extra_repr(self) -> str:
-        return (f"{super().extra_repr()}, stride={self.stride}, activation={self.activation}")
+        return f"{super().extra_repr()}, stride={self.stride}"   # (activation: SparseLinear's)
 
 
 def _band(n: int, h: int, w: int) -> int:
