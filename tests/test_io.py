@@ -238,6 +238,9 @@ def test_complex_is_a_type_error(tmp_path):
      r"line 3 has 6 values .*needs 3"),
     ("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n2 x 1\n",
      r"line 4: cannot read b'2 x 1' as 3 numbers"),
+    # quoted as written, not as read (with Fortran exponents: 'd' -> 'e')
+    ("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 5.0D+00\n% mid\n2 2 6\n",
+     r"line 4 has 2 values \(b'% mid'\)"),
     ("%%MatrixMarket matrix coordinate integer general\n2 2 1\n1 1 1.5\n",
      r"line 3: cannot read b'1 1 1.5' as 3 integers"),
     ("%%MatrixMarket matrix coordinate real general\n2 2 1\n0 1 1\n",

@@ -278,6 +278,9 @@ def _parse_header(data: bytes, path: str):
     return MtxHeader(path, layout, field, symmetry, shape, entries), body, line_no + 1
 
 
+_FORTRAN_EXPONENTS = bytes.maketrans(b"dD", b"ee")   # 1.0D+00 is 1.0e+00
+
+
 def _numbers(body: bytes, np_dtype, per_line: int, count: int, path: str, first_line: int,
              lenient: bool = False):
     """All whitespace-separated numbers of ``body`` as a ``[count, per_line]`` table.
@@ -285,8 +288,9 @@ def _numbers(body: bytes, np_dtype, per_line: int, count: int, path: str, first_
     ``lenient`` (pattern files): entry lines may carry a value column, which is read as
     float64 and returned as a third column for the caller to ignore, as scipy does (some
     SuiteSparse pattern files, e.g. Pajek/Ragusa16, list weights)."""
+    given = body   # (error messages quote the lines as written)
     if np_dtype == np.float64 and (b"d" in body or b"D" in body):
-        body = body.translate(bytes.maketrans(b"dD", b"ee"))  # Fortran 1.0D+00 exponents
+        body = body.translate(_FORTRAN_EXPONENTS)
     if not body or body.isspace():
         out = np.empty(0, np_dtype)
     else:
@@ -307,11 +311,11 @@ def _numbers(body: bytes, np_dtype, per_line: int, count: int, path: str, first_
             # 3 a line; where the lines do not count ``count``, the walk below names a bad
             # one, and finds none when blank-looking lines held only spaces)
             problem = None if per_line == 1 or _lines(body) == count else \
-                _locate_problem(body, np_dtype, per_line, count, path, first_line, lenient)
+                _locate_problem(given, np_dtype, per_line, count, path, first_line, lenient)
             if problem is not None:
                 raise problem
             return out.reshape(count, width)
-    raise _locate_problem(body, np_dtype, per_line, count, path, first_line, lenient) or \
+    raise _locate_problem(given, np_dtype, per_line, count, path, first_line, lenient) or \
         ValueError(f"read_mtx: {path!r}: cannot read the entries")
 
 
@@ -350,8 +354,9 @@ def _locate_problem(body, np_dtype, per_line, count, path, first_line,
     kind = "integers" if np_dtype == np.int64 and not lenient else "numbers"
     seen = 0
     allowed = (per_line, per_line + 1) if lenient else (per_line,)
+    fortran = np_dtype == np.float64   # (as ``_numbers`` reads them)
     for k, line in enumerate(body.split(b"\n")):
-        words = line.split()
+        words = (line.translate(_FORTRAN_EXPONENTS) if fortran else line).split()
         if not words:
             continue
         where = f"read_mtx: {path!r} line {first_line + k}"
