@@ -54,6 +54,22 @@ def test_issue31_1_integer_sums_are_int64(dtype):
     same(A.sum(), d.sum())
     same(A.sum(1), d.sum(1))
     same(torch.sparse.sum(A, 0).to_dense(), d.sum(0))
+    # st.einsum as torch.einsum: one operand summed over an index sums in int64 (an int32
+    # result wrapped around); products of two keep their type, and so do index moves
+    for t in (A, d):
+        for equation in ("ij->", "ij->i", "ij->j", "ij->ji"):
+            same(st.einsum(equation, t), torch.einsum(equation, d))
+        same(st.einsum("ij,kj->ik", t, d), torch.einsum("ij,kj->ik", d, d))
+
+
+def test_issue31_1_integer_einsums_sum_bools_and_narrow_integers_in_int64():
+    """Dense operands of types the kernels do not take (SparseTensors refuse them) are
+    summed as int64, as torch's; other einsums of them say the type is not supported."""
+    for dtype in (torch.bool, torch.uint8, torch.int16):
+        d = (BASE != 0).to(dtype)
+        same(st.einsum("ij->i", d), torch.einsum("ij->i", d))
+        with pytest.raises(TypeError, match=f"dtype {dtype}, which is not supported"):
+            st.einsum("ij->ji", d)
 
 
 @pytest.mark.slow
@@ -100,6 +116,20 @@ def test_issue31_1_fused_bias_and_activation_promote_as_torch(a_dtype, b_dtype, 
     ref = BASE.to(common) @ x.to(common)
     same(st.einsum("ij,j->i", A, x, bias=bias, activation="relu"), torch.relu(ref + bias))
     same(st.einsum("ij,j->i", A, x, bias=bias), ref + bias)
+
+
+@pytest.mark.parametrize("activation", ["sqrt", "exp", "sigmoid"])
+def test_issue31_1_float_maps_of_an_integer_einsum_are_floats(activation):
+    """exp, sqrt and sigmoid of an integer result are floats, as torch's (the kernel
+    computed them in the integer type: sigmoid gave all zeros)."""
+    fn = {"sqrt": torch.sqrt, "exp": torch.exp, "sigmoid": torch.sigmoid}[activation]
+    d = BASE.abs().to(torch.int32)
+    x = torch.tensor([1, 2, 0, 1], dtype=torch.int32)
+    for A in (st.tensor(d, "csr"), d):
+        for bias in (None, torch.tensor([1, 0, 2], dtype=torch.int32)):
+            ref = d @ x + (0 if bias is None else bias)
+            for _ in range(2):   # (the second call: the memoised fast path)
+                same(st.einsum("ij,j->i", A, x, bias=bias, activation=activation), fn(ref))
 
 
 @pytest.mark.slow   # a torch.compile trace (~5-10 s)

@@ -25,7 +25,7 @@ from .execute import (_FAST, _FAST_DENSE, _FAST_EPILOGUE, _FAST_PER_EQUATION, ke
                       lookup, run)
 from .expr import EXPR_MARK, FORMAT_MARK, LazyExpr, mark_format, recorded_eval
 from .policy import _BACKEND_KEY, _ENV_DATA as _ENV, asks_dense, backend
-from .promote import promoted
+from .promote import cast, promoted, result_dtype
 from .relayout import relayout, run_relaid
 from .transposed import transposed_product
 
@@ -116,6 +116,8 @@ def _einsum(equation, operands, out_format, memo=True):
     if len({getattr(t, "dtype", None) for t in operands}) > 1 and all(
             isinstance(t, torch.Tensor) for t in operands):
         operands = promoted(operands)   # mixed dtypes: torch's result type (a memo miss)
+    elif _sums_small_integers(equation, operands):
+        operands = (cast(operands[0], torch.int64),)
     if _is_grad_enabled() and _any_requires_grad(operands):
         return _einsum_recorded(equation, operands, out_format)
     prepared = lookup(equation, operands, out_format) if memo else None   # (no autograd)
@@ -130,6 +132,20 @@ def _einsum(equation, operands, out_format, memo=True):
     return run(assignment, taken, out_format, what=what, alias=alias)
 
 
+def _sums_small_integers(equation, operands) -> bool:
+    """Whether this is one integer (or bool) operand narrower than int64 summed over an
+    index: torch's einsum then sums in int64, as ``sum`` does (``int32`` wrapped around)."""
+    if len(operands) != 1 or not isinstance(operands[0], torch.Tensor):
+        return False
+    dtype = operands[0].dtype
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.int64:
+        return False
+    try:
+        return bool(parse_einsum(equation, [operands[0].dim()]).reduction_vars)
+    except (ValueError, TypeError):   # (the full path says what is wrong)
+        return False
+
+
 def _kernel_problem(equation, operands, what):
     """``(assignment, operands, alias)`` the kernels run for ``st.einsum(equation,
     *operands)``: sparse operands' diagonals taken (``diagonal.py``) and broadcast sizes of 1
@@ -140,6 +156,9 @@ def _kernel_problem(equation, operands, what):
     assignment, taken = take_diagonals(assignment, operands, what)
     assignment, taken = squeeze_broadcast(assignment, taken)
     return assignment, taken, (equation if taken is operands else None)
+
+
+_FLOAT_MAPS = ("exp", "sqrt", "sigmoid")
 
 
 def _einsum_epilogue(equation, operands, out_format, bias, activation):
@@ -159,7 +178,10 @@ def _einsum_epilogue(equation, operands, out_format, bias, activation):
         with_bias = promoted(with_bias)
         operands, bias = (with_bias, None) if bias is None else (with_bias[:-1], with_bias[-1])
     grads = _is_grad_enabled() and _any_requires_grad((*operands, bias))
-    if grads or _is_compiling() or backend() == "torch":
+    # (exp, sqrt and sigmoid of integers are floats, as torch's: a kernel computes in one
+    # type, so the integer einsum runs first)
+    integers = activation in _FLOAT_MAPS and not result_dtype(with_bias).is_floating_point
+    if grads or integers or _is_compiling() or backend() == "torch":
         return unfused(einsum(equation, *operands), bias, activation)
     _check_tensors(operands, what)
     if has_sparse_diagonal(parse_einsum(equation, [t.dim() for t in operands]), operands):
