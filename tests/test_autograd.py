@@ -176,6 +176,25 @@ def test_operators_record_gradients():
     torch.testing.assert_close(X.grad, gX * stored_pattern(A))
 
 
+@pytest.mark.parametrize("fmt", FORMATS + ["bsr"])
+def test_relu_gradient_masks_what_arrives_from_above(fmt):
+    """As torch's relu backward: 0 where the input is not positive, even where the gradient
+    from above is infinite (``sqrt(relu(A))`` at a stored negative or zero: a 0/1 factor
+    gave inf x 0 = NaN), eager and lazy."""
+    d = torch.tensor([[1.5, 0.0, -2.0, 0.0], [0.0, 3.0, 0.0, -1.0]], dtype=F64)
+    A = st.tensor(d, fmt, **({"blocksize": (1, 2)} if fmt == "bsr" else {}))
+    dd = d.clone().requires_grad_()
+    torch.sqrt(torch.relu(dd)).backward(torch.ones_like(d))
+    ref = dd.grad * stored_pattern(A)
+    for f in (lambda a: torch.sqrt(torch.relu(a)), lambda a: st.lazy(a).relu().sqrt().eval()):
+        a = A.detach().requires_grad_()
+        f(a).values.sum().backward()
+        torch.testing.assert_close(a.grad.to_dense(), ref)
+    a = A.detach().requires_grad_()   # a finite gradient: the same values as before
+    (torch.relu(a) * 3).values.sum().backward()
+    torch.testing.assert_close(a.grad.to_dense(), (3.0 * (d > 0) * stored_pattern(A)).to(F64))
+
+
 def test_no_grad_path_records_nothing():
     A = _sparse((5, 4), 0.5, "csr", 15).requires_grad_()
     with torch.no_grad():

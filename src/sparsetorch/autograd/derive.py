@@ -13,7 +13,10 @@ from __future__ import annotations
 import torch
 
 from ..compiler.notation import Access, Add, Assignment, Mul, Scale, Unary
+from ..formats.convert import tensor as st_tensor
+from ..formats.pack import unpack
 from ..formats.tensor import SparseTensor
+from ..ops.custom_ops import is_tracing
 from .pattern import ones_pattern, values_on_pattern
 
 
@@ -71,7 +74,21 @@ class _Builder:
         if fn == "exp":   # exp' = exp: the notation spells it
             return self.leaf(self.run(vars_, Unary("exp", inner)), vars_)
         u = self.run(vars_, inner)
+        if fn == "relu" and isinstance(u, SparseTensor) and not is_tracing((u,)):
+            return self.leaf(_positive_entries(u), vars_)
         return self.leaf(_map_values(u, _DERIVATIVES[fn]), vars_)
+
+
+def _positive_entries(u: SparseTensor) -> SparseTensor:
+    """relu's derivative at a sparse ``u`` as a mask that stores only ``u``'s positive
+    entries (ones, COO): the gradient is then 0 elsewhere whatever arrives from above, as
+    torch's relu backward masks (a 0/1 factor made an infinite gradient inf x 0 = NaN, e.g.
+    through ``sqrt(relu(A))``). Not while tracing: the entry count depends on values."""
+    coords, values = unpack(u.format, u.shape, u._level_arrays, u.values)
+    keep = values > 0
+    kept = coords[:, keep]
+    return st_tensor((kept, torch.ones(kept.shape[1], dtype=u.dtype, device=u.device)),
+                     format="coo", shape=tuple(u.shape))
 
 
 def _derivative(e, k, b: _Builder):
