@@ -62,6 +62,16 @@ def test_issue31_1_integer_sums_are_int64(dtype):
         same(st.einsum("ij,kj->ik", t, d), torch.einsum("ij,kj->ik", d, d))
 
 
+def test_issue31_1_the_torch_backend_gives_the_same_integer_types(monkeypatch):
+    """``SPARSETORCH_BACKEND=torch`` as the kernels: an int32 product stays int32 (its
+    dense sums made it int64), a summed single operand is int64."""
+    monkeypatch.setenv("SPARSETORCH_BACKEND", "torch")
+    d = torch.full((3, 4), 2**30, dtype=torch.int32)
+    for t in (st.tensor(d, "csr"), d):
+        same(st.einsum("ij,kj->ik", t, d), torch.einsum("ij,kj->ik", d, d))
+        same(st.einsum("ij->i", t), torch.einsum("ij->i", d))
+
+
 def test_issue31_1_integer_einsums_sum_bools_and_narrow_integers_in_int64():
     """Dense operands of types the kernels do not take (SparseTensors refuse them) are
     summed as int64, as torch's; other einsums of them say the type is not supported."""

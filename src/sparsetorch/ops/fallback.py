@@ -52,10 +52,12 @@ def evaluate_dense(assignment, dense_operands, extents) -> torch.Tensor:
         if isinstance(assignment.expr, Epilogue) else (assignment.expr, None)
     full = ev(body).expand([extents[v] for v in all_vars])
     red = [d for d, v in enumerate(all_vars) if v not in assignment.out_vars]
-    out = full.sum(dim=red, keepdim=True) if red else full
+    # (in the operands' type, as the kernels: torch's sum would make integers int64, which
+    # einsum asks for itself where torch's einsum does)
+    out = full.sum(dim=red, keepdim=True, dtype=full.dtype) if red else full
     if epilogue is not None:   # its accesses use output variables only: broadcast over them
         out = ev(epilogue, out).expand(out.shape)
-    out = out.sum(dim=red) if red else out   # drop the kept (size-1) reduction dims
+    out = out.sum(dim=red, dtype=out.dtype) if red else out   # drop the kept size-1 dims
     kept = [v for v in all_vars if v in assignment.out_vars]
     return out.permute([kept.index(v) for v in assignment.out_vars]).contiguous()
 
