@@ -54,6 +54,12 @@ def test_errors():
         st.einsum("ij,jk->ik->i", A, torch.ones(4, 2, dtype=F64))
     with pytest.raises(TypeError, match="out_format must be"):
         st.einsum("ij,jk->ik", A, B, out_format=5)
+    # a scalar result is dense: out_format="dense" takes it, a sparse format is refused
+    for t, d in ((A, a), (b, b)):
+        torch.testing.assert_close(st.einsum("ij->", t, out_format="dense"), d.sum())
+        with pytest.raises(ValueError, match="out_format='csr' was given but the result is "
+                                             "a scalar"):
+            st.einsum("ij->", t, out_format="csr")
 
 
 def test_non_tensor_operand_is_a_type_error():

@@ -58,9 +58,12 @@ def infer_output(assignment: Assignment, order, formats, out_format=None) -> Out
             modes = tuple(out_vars.index(acc.indices[m]) for m in fmt.mode_order)
             sampled = (acc.operand, Format(fmt.levels, modes))
             break
+    if out_format is not None and not out_vars:
+        if out_format == "dense":   # (a scalar is the dense result)
+            return OutputSpec("dense", None)
+        raise ValueError(f"out_format={out_format!r} was given but the result is a scalar "
+                         "(a dense 0-d tensor); leave it out or ask for 'dense'")
     if out_format is not None:
-        if not out_vars:
-            raise ValueError("out_format was given but the result is a scalar")
         fmt = as_format(out_format, len(out_vars))
         if fmt.blocksize is not None:
             raise NotImplementedError("blocked output formats (bsr) are not generated yet; "
