@@ -212,6 +212,22 @@ def test_bad_arguments_are_clear():
         st.models.mobilenet_v1(width_mult=0)
 
 
+def test_a_module_used_twice_stays_one_shared_sparse_module():
+    """Weight tying survives (found by a probe: the second use kept the dense weight, a
+    silently different model)."""
+    torch.manual_seed(0)
+    lin, conv = nn.Linear(6, 6), nn.Conv2d(4, 4, 1)
+    for model, x in ((nn.Sequential(lin, nn.ReLU(), lin), torch.randn(3, 6)),
+                     (nn.Sequential(conv, nn.BatchNorm2d(4), conv), torch.randn(2, 4, 3, 3))):
+        sp = st.sparsify(model.eval(), sparsity=0.5)
+        assert sp[0] is sp[2] and type(sp[0]).__name__.startswith("Sparse")
+        w = sp[0].weight.to_dense().reshape(model[0].weight.shape)
+        dense = copy.deepcopy(model)
+        with torch.no_grad():
+            dense[0].weight.copy_(w)   # (one module: both uses)
+            torch.testing.assert_close(sp(x), dense(x), rtol=1e-5, atol=1e-5)
+
+
 class AttentionNet(nn.Module):
     """A model holding an nn.MultiheadAttention (whose out_proj is an nn.Linear subclass that
     MHA reads by .weight, never calls) and a Linear head."""

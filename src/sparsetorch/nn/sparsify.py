@@ -45,6 +45,7 @@ Example:
 from __future__ import annotations
 
 import copy
+from collections import defaultdict
 from typing import Callable, Iterable
 
 import torch
@@ -183,6 +184,9 @@ def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module
     links, called = _data_flow(out)
     chains = _chains(out, links, fold_bn)
     modules = dict(out.named_modules())
+    aliases = defaultdict(list)   # a module registered under several names: all of them
+    for name, module in out.named_modules(remove_duplicate=False):
+        aliases[id(module)].append(name)
     for name, module in modules.items():
         if not name or skipped(name, module) or not called(name):
             continue
@@ -198,7 +202,14 @@ def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module
             if not (bn_name and isinstance(module, nn.Conv2d)):
                 continue
             new, act = fold_batchnorm(module, modules[bn_name]), None   # dense, BN folded
-        _replace(out, name, new)
+        others = aliases[id(module)][1:]
+        if others and (bn_name or act is not None):
+            raise ValueError(
+                f"sparsify: {name!r} is also registered as {others}, and its use here folds a "
+                "batch norm or an activation into it that its other uses may not have; give "
+                f"each use its own module (copy.deepcopy) or keep it dense (skip=[{name!r}])")
+        for alias in (name, *others):   # (a shared module stays shared: one sparse module)
+            _replace(out, alias, new)
         if bn_name:
             _replace(out, bn_name, nn.Identity())
         if act is not None:
