@@ -131,7 +131,7 @@ def _unfused(sparse):
 
 
 @pytest.mark.parametrize("stride", [1, 2])
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [0, 1, 3])
 def test_sparsify_fuses_expansion_and_depthwise(stride, batch):
     torch.manual_seed(0)
     dense = _block(stride=stride)

@@ -218,7 +218,7 @@ def _unfused(x, expand_weight, expand_bias, expand_activation, weight, bias, str
     y = einsum("oc,cp->op", expand_weight, cols,
                bias=None if expand_bias is None else expand_bias.unsqueeze(1),
                activation=expand_activation)
-    y = y.view(-1, n, h, w).permute(1, 0, 2, 3)
+    y = y.view(expand_weight.shape[0], n, h, w).permute(1, 0, 2, 3)   # (-1: none at n = 0)
     return depthwise3x3(y, weight, bias, stride, activation)
 
 
