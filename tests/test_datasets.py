@@ -328,6 +328,7 @@ _BAD_PARTS = [
     ("graph", lambda: [[1], [0]], r"ind\.cora\.graph holds a list that does not map"),
     ("graph", lambda: {0: [1.5]}, "does not map node ids"),
     ("graph", lambda: {0: [1 << 40]}, r"names a node outside \[0, 6\)"),
+    ("graph", lambda: {0: [1 << 70]}, "does not map node ids"),   # (numpy's OverflowError)
 ]
 
 
@@ -339,6 +340,16 @@ def test_tampered_planetoid_parts_are_refused(tmp_path, part, bad, message):
     with pytest.raises(ValueError, match=message) as e:
         D.planetoid("cora", root=tmp_path)
     assert "planetoid('cora')" in str(e.value)
+
+
+@pytest.mark.parametrize("data", [b"\x80\x02K\x01)R.",   # calls an int: a TypeError
+                                  b"\x80\x02cbuiltins\nset\n)R]a.",   # appends to a set
+                                  b"\x80\x02X\xff\xff\xff\x7f"])   # a 2 GiB string
+def test_a_damaged_pickle_is_a_value_error(tmp_path, data):
+    _write_planetoid(tmp_path, _planetoid_parts())
+    (tmp_path / "planetoid" / "ind.cora.graph").write_bytes(data)
+    with pytest.raises(ValueError, match=r"cannot read .*ind\.cora\.graph.*restore it"):
+        D.planetoid("cora", root=tmp_path)
 
 
 @pytest.mark.parametrize("test_index, message", [

@@ -47,8 +47,12 @@ def load_pickle(path: Path):
     try:
         with open(path, "rb") as f:
             return _Compat(f, encoding="latin1").load()
-    except (pickle.UnpicklingError, EOFError, ValueError) as e:
-        raise ValueError(f"sparsetorch data: cannot read {path} ({e}); {CORRUPT_HINT}") from None
+    except OSError:
+        raise
+    except Exception as e:   # (a damaged pickle fails in any way: a TypeError calling an
+        # int, an AttributeError on a set, a MemoryError from a huge length)
+        raise ValueError(f"sparsetorch data: cannot read {path} ({type(e).__name__}: {e}); "
+                         f"{CORRUPT_HINT}") from None
 
 
 def load_npz(path: Path, keys) -> dict:

@@ -106,11 +106,14 @@ def planetoid(name: str, root=None) -> Graph:
                  test_idx=torch.from_numpy(np.sort(test_idx)))
 
 
+_MAX_ID = 2 ** 62   # (larger ids overflowed numpy's int64 with an OverflowError)
+
+
 def _adjacency_lists(obj, what: str) -> dict:
     """``obj`` if it maps node ids (ints) to lists of node ids, as ``ind.*.graph`` does."""
     if not isinstance(obj, dict) or not all(
-            type(k) is int and isinstance(v, (list, tuple)) and all(type(u) is int for u in v)
-            for k, v in obj.items()):
+            type(k) is int and 0 <= k < _MAX_ID and isinstance(v, (list, tuple))
+            and all(type(u) is int and 0 <= u < _MAX_ID for u in v) for k, v in obj.items()):
         raise ValueError(f"{what} holds a {type(obj).__name__} that does not map node ids "
-                         f"(ints) to lists of node ids; {CORRUPT_HINT}")
+                         f"(ints from 0 to 2^62) to lists of node ids; {CORRUPT_HINT}")
     return obj
