@@ -68,7 +68,35 @@ def test_unknown_workload_and_missing_data_are_errors(capsys, tmp_path):
     assert "no workload matches" in capsys.readouterr().err
     assert main(["bench", "--only", "gcn-cora", "--data", str(tmp_path / "nonexistent")]) == 2
     err = capsys.readouterr().err
-    assert "nonexistent: no such folder" in err and "error" in err
+    assert "nonexistent' is not a folder" in err and "error" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--threads", "0"], "--threads must be between 1 and 1024"),
+    (["--threads", "100000"], "--threads must be between 1 and 1024"),   # (torch crashed)
+    (["--only", ","], "names no workload"),
+    (["--json", "{tmp}"], "is a folder"),
+    (["--json", "{tmp}/file/r.json"], "is not a folder this process can write into"),
+    (["--plot", "{tmp}/r.xyz"], "the chart is a PNG"),
+])
+def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys, tmp_path):
+    """(Found by a probe: each of these failed with a traceback, some only after every
+    workload had run.)"""
+    (tmp_path / "file").write_text("")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(["bench", "--quick", "--only", "gcn-cora", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert message in err and "sparsetorch bench: error" in err and "workloads x" not in out
+
+
+def test_a_data_folder_named_by_the_environment_must_exist(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("SPARSETORCH_DATA", str(tmp_path / "nonsense"))
+    for command in (["bench", "--quick", "--only", "gcn-cora"], ["demo"]):
+        assert main(command) == 2
+        assert "SPARSETORCH_DATA=" in capsys.readouterr().err
+    monkeypatch.delenv("SPARSETORCH_DATA")
+    assert main(["demo", "--rounds", "0"]) == 2
+    assert "--rounds must be at least 1" in capsys.readouterr().err
 
 
 def test_toy_workload_end_to_end_writes_json(toy_workloads, tmp_path, capsys):

@@ -115,15 +115,22 @@ def demo(args) -> int:
     format's storage, and time conversions against scipy.sparse and torch.sparse."""
     from . import __version__
     from . import tensor
-    from .bench import Report, compare, find_data, format_table, load_or_generate
-    from .bench.harness import quiet_sparse_warnings
+    from .bench import Report, compare, format_table, load_or_generate
+    from .bench.harness import named_data, quiet_sparse_warnings
 
     quiet_sparse_warnings()
+    try:
+        if args.threads is not None and args.threads < 1 or args.rounds < 1:
+            raise ValueError(f"--threads and --rounds must be at least 1, got "
+                             f"{args.threads} and {args.rounds}")
+        root = named_data(args.data)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"sparsetorch demo: error: {exc}", file=sys.stderr)
+        return 2
     t_start = time.perf_counter()
     print(f"sparsetorch {__version__} demo | torch {torch.__version__} | "
           f"{args.threads or torch.get_num_threads()} torch threads for timing")
     report = Report(f"conversions on {args.graph}", quiet=True)
-    root = find_data(args.data)
     adj, source = load_or_generate(
         args.graph, lambda: _load_planetoid_adjacency(root, args.graph),
         lambda: _random_graph(_GRAPHS[args.graph], avg_degree=4, seed=0),

@@ -515,6 +515,25 @@ def find_data(path: str | os.PathLike | None = None) -> Path | None:
         return None
 
 
+def named_data(path: str | os.PathLike | None = None) -> Path | None:
+    """``find_data`` for a command line: a folder that was named (``path``, or
+    ``$SPARSETORCH_DATA``) but is not there raises ``FileNotFoundError`` (a typo must not
+    silently run on stand-ins); none named and none found is ``None``.
+
+    Example:
+        >>> try:
+        ...     named_data("/no/such/folder")
+        ... except FileNotFoundError as e:
+        ...     print(str(e).split(";")[0])
+        sparsetorch data: root='/no/such/folder' is not a folder
+    """
+    from ..datasets import data_root
+
+    if path is not None or os.environ.get("SPARSETORCH_DATA"):
+        return data_root(path)
+    return find_data(None)
+
+
 _MISSING = (FileNotFoundError, NotADirectoryError, ImportError, KeyError, EOFError,
             OSError, ValueError)
 

@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import (BUSY_LOAD_PER_CORE, machine_info, pinned_threads, quiet_sparse_warnings,
-                      write_json_atomic)
+from .harness import (BUSY_LOAD_PER_CORE, machine_info, named_data, pinned_threads,
+                      quiet_sparse_warnings, write_json_atomic)
 from .report import plot, results_table, summary
 from .runner import run_case
 from .workloads import REGISTRY, Context, select
@@ -56,7 +56,10 @@ def main(args) -> int:
     quiet_sparse_warnings()
     try:
         workloads = select(REGISTRY.values(), args.only, args.quick)
-        ctx = Context(data_root=_data_root(args.data), quick=args.quick)
+        _check_arguments(args)
+        # (a named --data or $SPARSETORCH_DATA must exist: a typo must not silently
+        # run on stand-ins)
+        ctx = Context(data_root=named_data(args.data), quick=args.quick)
         if args.quick:
             ctx.dense_limit_bytes = QUICK_DENSE_LIMIT
     except (ValueError, FileNotFoundError) as exc:
@@ -101,13 +104,38 @@ def main(args) -> int:
         doc = _document(args, ctx, threads, rows, overhead)
         print(f"JSON: {write_json_atomic(args.json, doc)}")
     if args.plot:
-        why = plot(rows, args.plot)
-        print(f"chart: {args.plot}" if why is None else f"no chart: {why}")
+        chart = Path(args.plot)
+        chart = chart if chart.suffix else chart.with_suffix(".png")   # (as savefig names it)
+        chart.parent.mkdir(parents=True, exist_ok=True)   # (as --json's)
+        why = plot(rows, chart)
+        print(f"chart: {chart}" if why is None else f"no chart: {why}")
     failed = [r for r in rows if str(r.get("check", "")).startswith("FAIL")]
     for r in failed:
         print(f"ERROR: {r['workload']} {r['mode']}: {r['check']}"
               + (f" ({r['error']})" if r.get("error") else ""), file=sys.stderr)
     return 1 if failed else 0
+
+
+MAX_THREADS = 1024   # (torch itself crashes at 100000)
+
+
+def _check_arguments(args) -> None:
+    """Refuse, before anything runs, what would fail only once the workloads had run: a
+    thread count out of range, a ``--json`` or ``--plot`` path that cannot be written."""
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise ValueError(f"--threads must be between 1 and {MAX_THREADS}, got {args.threads}")
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is None:
+            continue
+        path = Path(path)
+        if path.is_dir():
+            raise ValueError(f"{flag} {path} is a folder; give a file path in it")
+        folder = next((p for p in path.parents if p.exists()), Path("."))
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise ValueError(f"{flag} {path}: {folder} is not a folder this process can "
+                             "write into")
+    if args.plot is not None and Path(args.plot).suffix.lower() not in ("", ".png"):
+        raise ValueError(f"--plot {args.plot}: the chart is a PNG; give a .png path")
 
 
 def _busy() -> str | None:
@@ -123,21 +151,6 @@ def _document(args, ctx, threads, rows, overhead) -> dict:
     return {"machine": machine_info(threads), "quick": args.quick, "only": args.only,
             "rows": rows, "overhead": overhead, "summary": summary(rows, overhead),
             "data_root": str(ctx.data_root) if ctx.data_root else None}
-
-
-def _data_root(path):
-    """An explicit ``--data`` must exist (a typo must not silently fall back to stand-ins);
-    without it, the shared folder is found as ``st.datasets`` finds it, or ``None``."""
-    from .harness import find_data
-
-    if path is not None:
-        p = Path(path)
-        if not p.is_dir():
-            raise FileNotFoundError(f"--data {path}: no such folder; pass the shared data "
-                                    "folder (with planetoid/, graphs/, mnist/) or leave "
-                                    "--data out to use $SPARSETORCH_DATA or generated stand-ins")
-        return p
-    return find_data(None)
 
 
 def _progress(steps):

@@ -131,4 +131,7 @@ def select(workloads, only: str | None = None, quick: bool = False) -> list[Work
             raise ValueError(f"bench --only: no workload matches {pattern!r}; choose from "
                              f"{names}")
         chosen += [w for w in hits if w not in chosen]
+    if not chosen:
+        raise ValueError(f"bench --only {only!r} names no workload; give names, groups or "
+                         "patterns separated by commas (--list shows them)")
     return chosen
