@@ -199,12 +199,19 @@ def test_mnist(root):
     assert abs(Xt.mean().item() - 0.1325) < 1e-3
     with pytest.raises(TypeError, match="dtype=torch.int32 is not supported"):
         D.mnist(dtype=torch.int32)
+    for dtype in ("float32", None):   # (an AttributeError on the string)
+        with pytest.raises(TypeError, match=f"dtype={dtype} is not supported"):
+            D.mnist(dtype=dtype)
 
 
 def test_mnist_bad_file(tmp_path):
     (tmp_path / "mnist").mkdir()
     (tmp_path / "mnist" / "t10k-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x01" + b"\0" * 8)
     with pytest.raises(ValueError, match="magic 2049, expected 2051"):
+        D.mnist(root=tmp_path, train=False)
+    # the right magic, cut inside the header (it said 'magic 2051, expected 2051')
+    (tmp_path / "mnist" / "t10k-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03\0\0\0")
+    with pytest.raises(ValueError, match="holds 7 bytes, fewer than its 16-byte header"):
         D.mnist(root=tmp_path, train=False)
     # a .gz that is no gzip file (a fuzzer's finding: gzip's bare BadGzipFile)
     (tmp_path / "mnist" / "t10k-images-idx3-ubyte.gz").write_bytes(b"hello")

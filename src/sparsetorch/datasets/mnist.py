@@ -30,7 +30,8 @@ def mnist(root=None, train=True, dtype=torch.uint8) -> MNIST:
         >>> X.shape, y.shape, round(X.mean().item(), 4)                  # doctest: +SKIP
         (torch.Size([10000, 28, 28]), torch.Size([10000]), 0.1325)
     """
-    if not (dtype == torch.uint8 or dtype.is_floating_point):
+    if not isinstance(dtype, torch.dtype) or not (dtype == torch.uint8 or
+                                                   dtype.is_floating_point):
         raise TypeError(f"mnist: dtype={dtype} is not supported; use torch.uint8 (raw pixels) "
                         "or a floating dtype (scaled to [0, 1])")
     folder = dataset_dir("mnist", root)
@@ -62,9 +63,12 @@ def _idx(folder: Path, name: str, magic: int, ndim: int) -> np.ndarray:
                                 "MNIST files (see shared/data/README.md)")
     head = 4 + 4 * ndim
     found = int.from_bytes(data[:4], "big") if len(data) >= 4 else None
-    if found != magic or len(data) < head:
+    if found != magic:
         raise ValueError(f"mnist: {path} starts with magic {found}, expected {magic}; it is "
                          "not an IDX file of the right kind")
+    if len(data) < head:
+        raise ValueError(f"mnist: {path} holds {len(data)} bytes, fewer than its {head}-byte "
+                         "header; the file is truncated")
     dims = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
     if len(data) - head != int(np.prod(dims)):
         raise ValueError(f"mnist: {path} declares shape {dims} but holds {len(data) - head} "
