@@ -7,6 +7,7 @@ import gc
 import importlib.util
 import json
 import os
+import stat
 import statistics
 from pathlib import Path
 
@@ -183,6 +184,29 @@ def test_json_write_is_atomic(tmp_path, monkeypatch):
         write_json_atomic(path, {"new": True})
     assert json.loads(path.read_text()) == {"old": True}
     assert os.listdir(tmp_path) == ["r.json"]
+
+
+def test_atomic_writes_keep_permissions_and_links(tmp_path):
+    """(Found by a probe: every file written came out 0600, and a link was replaced by a
+    plain file.) The helper every writer uses: JSON here, checkpoints and .mtx files too."""
+    from sparsetorch._files import atomic_write
+
+    path = tmp_path / "r.json"
+    write_json_atomic(path, {"a": 1})
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask   # as open() makes it
+    path.chmod(0o640)
+    write_json_atomic(path, {"a": 2})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640 and json.loads(path.read_text()) == {
+        "a": 2}
+    link = tmp_path / "link.json"
+    link.symlink_to(path)
+    assert write_json_atomic(link, {"a": 3}) == path
+    assert link.is_symlink() and json.loads(path.read_text()) == {"a": 3}
+    with pytest.raises(FileNotFoundError, match="who: folder .* does not exist"):
+        atomic_write(tmp_path / "no" / "x", lambda f: None, who="who")
+    assert sorted(os.listdir(tmp_path)) == ["link.json", "r.json"]
 
 
 def test_json_rejects_nan(tmp_path):

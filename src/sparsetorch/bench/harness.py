@@ -33,12 +33,13 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import torch
+
+from .._files import atomic_write
 
 _MIN_ROUNDS_BEFORE_BUDGET_STOP = 3  # fewer rounds than this give no usable median
 _MAX_NUMBER = 1_000_000  # cap on calls per sample for near-free callables
@@ -376,7 +377,9 @@ def _busy_check(report: "Report") -> float | None:
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> Path:
-    """Serialise ``obj`` fully, write it to a temp file next to ``path``, fsync and rename.
+    """Serialise ``obj`` fully, then write it to ``path`` whole or not at all
+    (``sparsetorch._files``: a temp file beside it, fsync, rename; a link's target replaced,
+    the file's permissions kept).
 
     Example:
         >>> import tempfile, json, pathlib
@@ -387,18 +390,8 @@ def write_json_atomic(path: str | os.PathLike, obj) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(obj, indent=1, default=_json_default, allow_nan=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(path, lambda f: f.write((text + "\n").encode()),
+                        who="write_json_atomic")
 
 
 def _json_default(x):

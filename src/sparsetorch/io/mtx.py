@@ -12,13 +12,13 @@ from __future__ import annotations
 import gzip
 import itertools
 import os
-import tempfile
 import zlib
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from .._files import atomic_write as _atomic_write
 from ..formats import SparseTensor
 from ..formats import tensor as _tensor
 from ..formats.format import as_format
@@ -511,30 +511,13 @@ def write_mtx(path, tensor, comment=None) -> None:
 
 
 def atomic_write(path: str, chunks, gz: bool, who: str) -> None:
-    """Write byte ``chunks`` to a temp file beside ``path``, fsync, then ``os.replace``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".",
-                                   suffix=".tmp")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{who}: folder {folder!r} does not exist; create it first "
-                                f"(os.makedirs({folder!r}, exist_ok=True))") from None
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            out = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if gz else raw
-            for chunk in chunks:
-                out.write(chunk)
-            if gz:
-                out.close()
-            raw.flush()
-            os.fsync(raw.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Write byte ``chunks`` (gzipped if ``gz``) to ``path`` whole or not at all
+    (``sparsetorch._files``)."""
+    def write(raw):
+        out = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if gz else raw
+        for chunk in chunks:
+            out.write(chunk)
+        if gz:
+            out.close()
+
+    _atomic_write(path, write, who=who)

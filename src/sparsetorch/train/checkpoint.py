@@ -1,5 +1,6 @@
-"""Checkpoints for sparse training, written atomically (a temporary file in the same folder,
-then ``os.replace``), so a run killed while saving leaves the previous checkpoint intact.
+"""Checkpoints for sparse training, written atomically (``sparsetorch._files``: a temporary
+file in the same folder, then ``os.replace``), so a run killed while saving leaves the
+previous checkpoint intact.
 
 In: a path, the model, the trainer (which carries the optimizer and random generators) and
 any picklable extras (epoch, data-order generator state, ...). Out: the same, restored.
@@ -7,11 +8,11 @@ any picklable extras (epoch, data-order generator state, ...). Out: the same, re
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
 from pathlib import Path
 
 import torch
+
+from .._files import atomic_write
 
 
 def save_checkpoint(path, *, model: torch.nn.Module, trainer, **extra) -> Path:
@@ -31,18 +32,7 @@ def save_checkpoint(path, *, model: torch.nn.Module, trainer, **extra) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = {"model": model.state_dict(), "trainer": trainer.state_dict(),
             "torch_rng": torch.get_rng_state(), "extra": extra}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(blob, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write(path, lambda f: torch.save(blob, f), who="save_checkpoint")
 
 
 def load_checkpoint(path, *, model: torch.nn.Module, trainer) -> dict:

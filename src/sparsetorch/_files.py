@@ -1,0 +1,60 @@
+"""Writing a file whole or not at all, the one way every writer here does it (Matrix
+Market files, training checkpoints, benchmark JSON).
+
+The bytes go to a temp file beside the destination, are flushed to disk, and the temp file
+is renamed over the destination (``os.replace``, atomic on POSIX): a crash or an exception
+mid-write leaves the old file as it was and no temp file behind. The new file keeps the
+permissions of the one it replaces, or gets the umask's, as ``open`` would give
+(``mkstemp`` makes 0600). A symbolic link at the destination is written through: its
+target is replaced and the link kept.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
+                 who: str) -> Path:
+    """Call ``write(f)`` on a binary temp file beside ``path``, then put it in place;
+    returns the path written (a link's target). ``who`` names the caller in errors.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.txt"
+        >>> atomic_write(p, lambda f: f.write(b"hi"), who="example").read_bytes()
+        b'hi'
+    """
+    path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{who}: folder {str(path.parent)!r} does not exist; create "
+                                f"it first (os.makedirs({str(path.parent)!r}, "
+                                "exist_ok=True))") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _mode_for(path))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _mode_for(path: Path) -> int:
+    with contextlib.suppress(FileNotFoundError):
+        return stat.S_IMODE(os.stat(path).st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
