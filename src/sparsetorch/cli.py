@@ -120,7 +120,7 @@ def demo(args) -> int:
 
     quiet_sparse_warnings()
     try:
-        if args.threads is not None and args.threads < 1 or args.rounds < 1:
+        if (args.threads is not None and args.threads < 1) or args.rounds < 1:
             raise ValueError(f"--threads and --rounds must be at least 1, got "
                              f"{args.threads} and {args.rounds}")
         root = named_data(args.data)

@@ -247,12 +247,13 @@ def _skip_predicate(skip, model: nn.Module):
                         f"string {skip!r}; write skip=[{skip!r}]")
     names = set(skip)
     # (a misspelt name would leave its layer sparsified without a word)
-    unknown = names - {name for name, _ in model.named_modules()}
+    known = [name for name, _ in model.named_modules()]
+    unknown = names.difference(known)
     if unknown:
-        known = [name for name, _ in model.named_modules() if name]
+        listed = [name for name in known if name]
         raise ValueError(f"sparsify: skip names {sorted(unknown)}, which are not modules of "
-                         f"the model; its modules: {known[:20]}"
-                         + (" ..." if len(known) > 20 else ""))
+                         f"the model; its modules: {listed[:20]}"
+                         + (" ..." if len(listed) > 20 else ""))
     return lambda name, module: name in names
 
 

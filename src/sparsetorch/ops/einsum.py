@@ -25,7 +25,7 @@ from .execute import (_FAST, _FAST_DENSE, _FAST_EPILOGUE, _FAST_PER_EQUATION, ke
                       lookup, run)
 from .expr import EXPR_MARK, FORMAT_MARK, LazyExpr, mark_format, recorded_eval
 from .policy import _BACKEND_KEY, _ENV_DATA as _ENV, asks_dense, backend
-from .promote import cast, promoted, result_dtype
+from .promote import FLOAT_MAPS, cast, promoted, result_dtype
 from .relayout import relayout, run_relaid
 from .transposed import transposed_product
 
@@ -158,9 +158,6 @@ def _kernel_problem(equation, operands, what):
     return assignment, taken, (equation if taken is operands else None)
 
 
-_FLOAT_MAPS = ("exp", "sqrt", "sigmoid")
-
-
 def _einsum_epilogue(equation, operands, out_format, bias, activation):
     """One kernel for ``activation(einsum + bias)`` (``ops/epilogue.py``); with gradients
     required, under ``torch.compile`` or off the compiled backend, the same ops unfused."""
@@ -180,7 +177,7 @@ def _einsum_epilogue(equation, operands, out_format, bias, activation):
     grads = _is_grad_enabled() and _any_requires_grad((*operands, bias))
     # (exp, sqrt and sigmoid of integers are floats, as torch's: a kernel computes in one
     # type, so the integer einsum runs first)
-    integers = activation in _FLOAT_MAPS and not result_dtype(with_bias).is_floating_point
+    integers = activation in FLOAT_MAPS and not result_dtype(with_bias).is_floating_point
     if grads or integers or _is_compiling() or backend() == "torch":
         return unfused(einsum(equation, *operands), bias, activation)
     _check_tensors(operands, what)

@@ -13,7 +13,7 @@ import numbers
 import torch
 
 from ..compiler.notation import UNARY, Access, Add, Assignment, Expr, Mul, Scale, Unary
-from .promote import promoted
+from .promote import FLOAT_MAPS, promoted
 
 _LETTERS = "ijklmnopqrstuvwxyzabcdefgh"
 # Starts the ``torch.einsum`` equation that records ``LazyExpr.eval`` under torch.compile
@@ -23,7 +23,6 @@ EXPR_MARK = "="
 # while compiling; no einsum equation contains it.
 FORMAT_MARK = "|"
 _is_dynamo_compiling = torch.compiler.is_dynamo_compiling
-_FLOAT_MAPS = ("sqrt", "exp")   # floats of integers, as torch.sqrt and torch.exp give
 # An expression this deep, or over this many operands, is evaluated before it grows on (a
 # sum built in a loop): the compiler walks trees recursively (a chain of 500 additions
 # exceeded Python's recursion limit), and a kernel's compile time grows with its operands
@@ -162,7 +161,7 @@ class LazyExpr:
 
     def _unary(self, fn):
         a = self._settled()
-        return LazyExpr(Unary(fn, a.tree), a.operands, self.shape, a.floats or fn in _FLOAT_MAPS,
+        return LazyExpr(Unary(fn, a.tree), a.operands, self.shape, a.floats or fn in FLOAT_MAPS,
                         a.depth + 1)
 
     def relu(self):

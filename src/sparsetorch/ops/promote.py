@@ -25,6 +25,11 @@ import torch
 from ..formats.tensor import SparseTensor
 
 
+# The maps whose values on integers are floats, as torch.exp, torch.sqrt and torch.sigmoid
+# give them.
+FLOAT_MAPS = ("exp", "sqrt", "sigmoid")
+
+
 def result_dtype(operands, floats: bool = False):
     """torch's result dtype of an elementwise op over the tensors ``operands``; ``floats``:
     a Python float scalar takes part, or the op itself makes floats (true division,
