@@ -1,6 +1,7 @@
 """`sparsetorch bench`: the command line, workload selection, the --data check, a run end to
 end (JSON keys, correctness flag) and a wrong implementation failing loudly."""
 import json
+import os
 
 import pytest
 import torch
@@ -87,6 +88,14 @@ def test_bad_arguments_are_refused_before_anything_runs(argv, message, capsys, t
     assert main(["bench", "--quick", "--only", "gcn-cora", *argv]) == 2
     out, err = capsys.readouterr()
     assert message in err and "sparsetorch bench: error" in err and "workloads x" not in out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_folder_no_file_can_be_created_in_is_refused_even_for_root(capsys):
+    """(``os.access`` tells root that /proc is writable; the chart then failed after the
+    run.)"""
+    assert main(["bench", "--quick", "--only", "gcn-cora", "--plot", "/proc/r.png"]) == 2
+    assert "/proc is not a folder this process can write into" in capsys.readouterr().err
 
 
 def test_a_data_folder_named_by_the_environment_must_exist(monkeypatch, capsys, tmp_path):

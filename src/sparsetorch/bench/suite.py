@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -131,11 +132,24 @@ def _check_arguments(args) -> None:
         if path.is_dir():
             raise ValueError(f"{flag} {path} is a folder; give a file path in it")
         folder = next((p for p in path.parents if p.exists()), Path("."))
-        if not folder.is_dir() or not os.access(folder, os.W_OK):
+        if not _can_create_in(folder):
             raise ValueError(f"{flag} {path}: {folder} is not a folder this process can "
                              "write into")
     if args.plot is not None and Path(args.plot).suffix.lower() not in ("", ".png"):
         raise ValueError(f"--plot {args.plot}: the chart is a PNG; give a .png path")
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be created in ``folder``, tried (an unnamed temporary file, gone
+    when closed): ``os.access`` says yes to root for folders no one can write, e.g.
+    ``/proc``."""
+    if not folder.is_dir():
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def _busy() -> str | None:
