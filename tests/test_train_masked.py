@@ -473,3 +473,67 @@ def test_an_update_step_without_a_gradient_changes_nothing():
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert all(torch.equal(active[n], a) for n, a in trainer.state_dict()["active"].items())
     assert trainer.step_count == 0 and not opt.state
+
+
+@pytest.mark.parametrize("algo", ["RigL", "SET", "Static", "MagnitudePruning"])
+def test_a_weight_shared_by_two_modules_is_one_layer(algo):
+    """(Found by a probe: each module got its own mask and the shared weight kept only their
+    intersection, 71 of 256 entries where 128 were reported.)"""
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.head = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 3)
+            self.b.weight = self.a.weight
+
+        def forward(self, x):
+            return self.head(self.b(self.a(x)))
+
+    torch.manual_seed(0)
+    model = Tied()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    schedule = {} if algo == "Static" else dict(delta_t=1, total_steps=8)
+    trainer = getattr(st.train, algo)(model, opt, density=0.5, distribution="uniform",
+                                      **schedule)
+    assert sorted(trainer.masks) == ["a.weight", "head.weight"]
+    for _ in range(8):
+        opt.zero_grad()
+        model(torch.randn(4, 16)).square().sum().backward()
+        trainer.step()
+    mask, weight = trainer.masks["a.weight"], model.a.weight
+    assert trainer.nnz()["a.weight"] == 128 and not weight[~mask].any()
+    if algo in ("Static", "MagnitudePruning"):   # (RigL and SET grow zeros)
+        assert torch.equal(weight != 0, mask)
+    # the other module's names name the same layer
+    for name in ("b", "b.weight"):
+        t = st.train.RigL(model, opt, total_steps=8, layer_density={name: 0.25},
+                          distribution="uniform")
+        assert t.densities["a.weight"] == 0.25
+    t = st.train.RigL(model, opt, total_steps=8, dense=["b"])
+    assert sorted(t.masks) == ["head.weight"]
+
+
+@pytest.mark.parametrize("algo", ["RigL", "SET", "SNFS", "Static", "MagnitudePruning"])
+def test_frozen_weights_are_left_alone(algo):
+    """A weight with requires_grad=False is not trained, so it is not sparsified either (a
+    probe found SET, Static and pruning masking a frozen pretrained layer, and RigL asking
+    for a backward the user had run)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 8),
+                          nn.ReLU(), nn.Linear(8, 3))
+    model[3].weight.requires_grad_(False)
+    frozen = model[3].weight.clone()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    schedule = {} if algo == "Static" else dict(delta_t=1, total_steps=6)
+    trainer = getattr(st.train, algo)(model, opt, density=0.3, **schedule)
+    # (the first conv stays dense by default, as before: the frozen layer takes nothing)
+    assert sorted(trainer.masks) == ["5.weight"]
+    for _ in range(4):
+        opt.zero_grad()
+        model(torch.randn(2, 3, 6, 6)).square().sum().backward()
+        trainer.step()
+    assert torch.equal(model[3].weight, frozen)
+    st.train.RigL(model, opt, total_steps=6, dense=["3"]).close()   # (may be named)
+    with pytest.raises(ValueError, match=r"frozen \(requires_grad=False\): \['3'\]"):
+        st.train.RigL(model, opt, total_steps=6, dense=["0", "5"])
+    with pytest.raises(ValueError, match="not a sparse layer"):
+        st.train.RigL(model, opt, total_steps=6, layer_density={"3": 0.5})

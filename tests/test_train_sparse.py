@@ -257,3 +257,23 @@ def test_sparse_layer_mask_lives_on_the_parameter_device():
     assert layer.mask().device.type == "meta"
     assert SparseLayer("values", sl, lambda t: t, lambda: False, conv=False).mask().device \
         == sl.values.device
+
+
+def test_pruning_sparse_linear_layers_under_torch_distributed_is_refused(monkeypatch):
+    """Every prune stores a SparseLinear's fewer entries in a new Parameter, which DDP's
+    reducer never sees: a probe saw two ranks' weights drift apart, then DDP fail. Refused
+    before anything changes; masked layers and the other algorithms are unaffected."""
+    from sparsetorch.train import distributed
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "same_seed", int)   # (no process group to ask)
+    model = nn.Sequential(st.nn.SparseLinear(8, 6, density=0.5), nn.Linear(6, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    values = model[0].values
+    with pytest.raises(ValueError, match=r"SparseLinear layers \['0.values'\] store fewer "
+                                         "entries at every prune"):
+        st.train.MagnitudePruning(model, opt, density=0.2, total_steps=8)
+    assert model[0].values is values and not model[0]._forward_hooks
+    st.train.RigL(model, opt, density=0.2, total_steps=8).close()   # (counts never change)
+    masked = nn.Sequential(nn.Linear(8, 6), nn.Linear(6, 3))
+    st.train.MagnitudePruning(masked, torch.optim.SGD(masked.parameters(), lr=0.1),
+                              density=0.2, total_steps=8).close()

@@ -182,9 +182,21 @@ class MagnitudePruning(SparseTrainer):
     def __init__(self, model, optimizer, *, t_begin: int = 0, **kwargs):
         self.t_begin = int(t_begin)
         super().__init__(model, optimizer, **kwargs)
+
+    def _initial_masks(self, generator):
+        # (checked here, before any layer changes; an error closes the trainer)
         if not self.t_begin < self.t_end:
             raise ValueError(f"MagnitudePruning: t_begin={self.t_begin} must be before "
                              f"t_end={self.t_end}")
+        sparse = [n for n, layer in self.layers.items() if isinstance(layer, SparseLayer)]
+        if sparse and _dist.world_size() > 1:
+            raise ValueError(
+                f"MagnitudePruning: the SparseLinear layers {sparse} store fewer entries at "
+                "every prune, each time in a new values Parameter; under torch.distributed, "
+                "DistributedDataParallel would go on averaging the old one and the ranks "
+                "drift apart. Prune nn.Linear/nn.Conv2d layers (masked in place) instead, or "
+                "prune in one process")
+        super()._initial_masks(generator)
 
     def _initial_count(self, name):
         return self.layers[name].size

@@ -89,7 +89,8 @@ class SparseTrainer:
         self.layers = self._find_layers(model, dense)
         try:   # (an error leaves no hook on the user's layers)
             self._check_optimizer()
-            custom = _by_param_name(layer_density or {}, self.layers, cls, "layer_density")
+            custom = _by_param_name(layer_density or {}, self.layers, self._aliases, cls,
+                                    "layer_density")
             shapes = {name: layer.shape for name, layer in self.layers.items()}
             self.densities = layer_densities(shapes, density, distribution, custom,
                                              erk_power_scale)
@@ -106,11 +107,30 @@ class SparseTrainer:
         cls = type(self).__name__
         reduce = _identity if _dist.grads_already_averaged(model) else _dist.mean_over_ranks
         sparse_type = _sparse_linear_type()
-        found = []
+        found, frozen = [], []
+        # a weight shared by several modules is one layer, under its first name; the
+        # others name it too (dense=, layer_density=): two masks on one tensor kept only
+        # their intersection (density ~d^2)
+        aliases, owner, first = {}, {}, None
         try:   # (a SparseLayer hooks its module: none may stay behind an error)
             for mname, module in model.named_modules():
                 prefix = mname + "." if mname else ""
-                if sparse_type is not None and isinstance(module, sparse_type):
+                is_sparse = sparse_type is not None and isinstance(module, sparse_type)
+                if not is_sparse and not isinstance(module, (nn.Linear, nn.Conv2d)):
+                    continue
+                param = module.values if is_sparse else module.weight
+                if id(param) in owner:
+                    aliases[mname] = aliases[prefix + ("values" if is_sparse else "weight")] \
+                        = owner[id(param)]
+                    continue
+                pname = owner[id(param)] = prefix + ("values" if is_sparse else "weight")
+                if first is None:
+                    first = pname if not is_sparse and param.dim() == 4 else ""
+                if not param.requires_grad:   # frozen: left as it is, out of the budget
+                    frozen.append(mname)
+                    aliases[mname] = aliases[pname] = pname
+                    continue
+                if is_sparse:
                     if module.blocksize and not _is_sparse_conv(module):
                         raise ValueError(f"{cls}: layer {mname!r} stores blocks (blocksize="
                                          f"{module.blocksize}); sparse training updates single "
@@ -118,19 +138,17 @@ class SparseTrainer:
                     found.append((mname, SparseLayer(prefix + "values", module,
                                                      _dist.mean_over_ranks, self._capturing,
                                                      conv=_is_sparse_conv(module))))
-                elif isinstance(module, (nn.Linear, nn.Conv2d)):
+                else:
                     found.append((mname, MaskedLayer(prefix + "weight", module.weight, reduce)))
             if dense is None:   # the official ImageNet/CIFAR code keeps a first conv dense
-                first = found[0][1] if found else None
-                dense = [first.name] if isinstance(first, MaskedLayer) and len(first.shape) == 4 \
-                    else []
+                dense = [first] if first else []
             elif isinstance(dense, str):
                 dense = [dense]
             elif not isinstance(dense, (list, tuple, set)) or \
                     not all(isinstance(d, str) for d in dense):
                 raise TypeError(f"{cls}: dense= must be a layer name or a list of them, got "
                                 f"{dense!r}")
-            names = {}
+            names = dict(aliases)
             for mname, layer in found:
                 names[mname] = names[layer.name] = layer.name
             dense_params = set()
@@ -155,7 +173,10 @@ class SparseTrainer:
             raise
         if not layers:
             raise ValueError(f"{cls}: the model has no Linear/Conv2d/SparseLinear layer left to "
-                             f"sparsify (found {[m for m, _ in found]}, dense={list(dense)})")
+                             f"sparsify (found {[m for m, _ in found]}, dense={list(dense)}"
+                             + (f", frozen (requires_grad=False): {frozen}" if frozen else "")
+                             + ")")
+        self._aliases = names
         return layers
 
     def _check_optimizer(self):
@@ -369,12 +390,13 @@ def _check_real(cls, what, v, low, high, meaning) -> None:
         raise ValueError(f"{cls}: {what}={v} must be in [{low}, {high}] ({meaning})")
 
 
-def _by_param_name(mapping, layers, cls, what):
+def _by_param_name(mapping, layers, names, cls, what):
+    """``mapping`` keyed by layer names (``names``: module or parameter name, a shared
+    weight's other names included, -> its layer)."""
     out = {}
     for key, value in mapping.items():
-        name = key if key in layers else next((n for n in layers if n.rsplit(".", 1)[0] == key),
-                                              None)
-        if name is None:
+        name = names.get(key)
+        if name not in layers:
             raise ValueError(f"{cls}: {what} names {key!r}, which is not a sparse layer; "
                              f"sparse layers: {sorted(layers)}")
         out[name] = value
