@@ -203,6 +203,24 @@ def test_attention_mask_function_and_dropout():
     assert x.grad is not None and not torch.allclose(y, attn.eval()(x))
 
 
+def test_a_mask_function_is_called_once_per_length_and_its_masks_kept():
+    """(A probe found the layer kept the last length's mask only: L=8, then 6, then 8 drew
+    a new random BigBird mask, and the same input gave outputs 0.46 apart.)"""
+    calls = []
+
+    def bigbird(L):
+        calls.append(L)
+        return masks.bigbird(L, block=2, window_blocks=1, global_blocks=0, random_blocks=1)
+
+    attn = SparseAttention(8, 2, mask=bigbird).eval()
+    x8, x6 = torch.randn(1, 8, 8), torch.randn(1, 6, 8)
+    with torch.no_grad():
+        first = attn(x8)
+        attn(x6)
+        torch.testing.assert_close(attn(x8), first, rtol=0, atol=0)
+    assert calls == [8, 6]
+
+
 def test_attention_bad_input():
     with pytest.raises(ValueError, match="divisible by num_heads"):
         SparseAttention(10, 3)
@@ -219,6 +237,8 @@ def test_attention_bad_input():
         SparseAttention(8, 2)(torch.randn(1, 5, 8))
     with pytest.raises(TypeError, match="bool"):
         SparseAttention(8, 2, mask=torch.ones(5, 5))
+    with pytest.raises(ValueError, match=r"2-D \(queries x keys\), got shape \(2, 5, 5\)"):
+        SparseAttention(8, 2, mask=torch.ones(2, 5, 5, dtype=torch.bool))   # (said 'bool')
     with pytest.raises(TypeError, match=r"dropout must be a number in \[0, 1\), got '0.1'"):
         SparseAttention(8, 2, dropout="0.1")
     assert SparseAttention(8, np.int64(2)).num_heads == 2          # NumPy ints count

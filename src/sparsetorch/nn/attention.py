@@ -36,7 +36,8 @@ class SparseAttention(nn.Module):
 
     ``mask`` (at construction, or per call) is a SparseTensor from
     ``sparsetorch.nn.masks`` or any mask ``masks.as_mask`` reads (its pattern is used, its
-    values ignored), or a function ``L -> mask`` called once per sequence length. Query i
+    values ignored), or a function ``L -> mask`` called once per sequence length (its
+    masks kept: a random one is drawn once per length and layer). Query i
     attends to the keys j stored in row i; a row with no entries outputs zeros before the
     output projection. Inputs are (B, L, E) (``batch_first=True``) or (L, B, E).
     ``dropout`` drops attention probabilities in training.
@@ -76,7 +77,9 @@ class SparseAttention(nn.Module):
             nn.init.zeros_(self.out_proj.bias)
         self.mask = mask if mask is None or callable(mask) and \
             not isinstance(mask, torch.Tensor) else as_mask(mask)
-        self._built: dict = {}    # a mask function's result for the last length: {L: mask}
+        # a mask function's result for each length it was called for, {(function, L): mask}:
+        # kept, so a random mask (BigBird's) stays the same for a length another came between
+        self._built: dict = {}
         self._folded: dict = {}   # (mask id, copies, dtype) -> (mask, block-diagonal mask)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
@@ -118,7 +121,7 @@ class SparseAttention(nn.Module):
     @outside_graph
     def mask_for(self, Lq: int, Lk: int | None = None, mask: MaskArg = None) -> SparseTensor:
         """The CSR mask a call with these lengths uses: ``mask``, else the layer's own
-        (a function of L is called, and its result kept for the next call)."""
+        (a function of L is called once per length, and its result kept)."""
         Lk = Lq if Lk is None else Lk
         mask = self.mask if mask is None else mask
         if mask is None:
@@ -126,7 +129,7 @@ class SparseAttention(nn.Module):
                              "sparsetorch.nn.masks.longformer(L, window=64, global_tokens=1)")
         if callable(mask) and not isinstance(mask, torch.Tensor):
             if (mask, Lq) not in self._built:
-                self._built = {(mask, Lq): as_mask(mask(Lq))}
+                self._built[mask, Lq] = as_mask(mask(Lq))
             mask = self._built[mask, Lq]
         mask = as_mask(mask)
         if mask.shape != (Lq, Lk):

@@ -158,6 +158,9 @@ def as_mask(mask, L: int | None = None, *, name: str = "mask") -> SparseTensor:
             mask.layout == torch.strided and mask.dtype != torch.bool:
         raise TypeError(f"{name}: a dense mask must be a bool tensor (True = may attend), got "
                         f"{mask.dtype}; pass mask != 0, or a SparseTensor")
+    if isinstance(mask, torch.Tensor) and mask.dim() != 2:   # (before st.tensor's formats)
+        raise ValueError(f"{name}: an attention mask is 2-D (queries x keys), got shape "
+                         f"{tuple(mask.shape)}; one mask serves every batch element and head")
     if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
         mask = mask.to(torch.float32)   # st.tensor stores numbers; True -> 1
     try:
