@@ -119,11 +119,11 @@ class SparseTrainer:
                 if not is_sparse and not isinstance(module, (nn.Linear, nn.Conv2d)):
                     continue
                 param = module.values if is_sparse else module.weight
+                pname = prefix + ("values" if is_sparse else "weight")
                 if id(param) in owner:
-                    aliases[mname] = aliases[prefix + ("values" if is_sparse else "weight")] \
-                        = owner[id(param)]
+                    aliases[mname] = aliases[pname] = owner[id(param)][0]
                     continue
-                pname = owner[id(param)] = prefix + ("values" if is_sparse else "weight")
+                owner[id(param)] = pname, param   # (held: an id is unique while alive)
                 if first is None:
                     first = pname if not is_sparse and param.dim() == 4 else ""
                 if not param.requires_grad:   # frozen: left as it is, out of the budget
@@ -139,7 +139,7 @@ class SparseTrainer:
                                                      _dist.mean_over_ranks, self._capturing,
                                                      conv=_is_sparse_conv(module))))
                 else:
-                    found.append((mname, MaskedLayer(prefix + "weight", module.weight, reduce)))
+                    found.append((mname, MaskedLayer(pname, param, reduce)))
             if dense is None:   # the official ImageNet/CIFAR code keeps a first conv dense
                 dense = [first] if first else []
             elif isinstance(dense, str):
