@@ -358,6 +358,31 @@ def test_sparse_features_match_dense_features_as_weights_change(make):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("make", [lambda: st.nn.GCNConv(5, 3), lambda: st.nn.SAGEConv(5, 3),
+                                  lambda: st.nn.GATConv(5, 2, heads=2)])
+def test_another_weight_at_a_freed_weights_address_is_not_taken_for_it(make):
+    """The kept transposed weight was keyed by data pointer and version only: a new tensor
+    at a freed one's address (torch.func.functional_call's weights, a probe found) reused
+    the old copy. Here the second weight shares the first's memory and version number,
+    its values rewritten without a version bump."""
+    conv = make()
+    e = graph()
+    xd = features().float() * (torch.rand(N, 5, generator=torch.Generator().manual_seed(1))
+                               < 0.4)
+    xs = st.tensor(xd, "csr")
+    name = "lin_l.weight" if isinstance(conv, st.nn.SAGEConv) else "lin.weight"
+    memory = torch.randn(dict(conv.named_parameters())[name].shape)
+    w1, w2 = (torch.empty(0).set_(memory.untyped_storage(), 0, memory.shape, memory.stride())
+              for _ in range(2))
+    with torch.no_grad():
+        torch.func.functional_call(conv, {name: w1}, (xs, e))
+        w2.numpy()[:] = torch.randn(w1.shape).numpy()   # (numpy's write: no version bump)
+        assert w2.data_ptr() == w1.data_ptr() and w2._version == w1._version
+        torch.testing.assert_close(torch.func.functional_call(conv, {name: w2}, (xs, e)),
+                                   torch.func.functional_call(conv, {name: w2.clone()},
+                                                              (xd, e)))
+
+
 @pytest.mark.parametrize("out_features", [3, 8])   # fused into the propagation, and after it
 def test_gcn_activation_relu_matches_relu_of_the_output(out_features):
     plain = st.nn.GCNConv(5, out_features).double()

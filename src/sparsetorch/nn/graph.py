@@ -10,6 +10,8 @@ a transposed SpMM on the pattern re-laid once and kept.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,20 +49,22 @@ class _TransposedWeight:
     row by row: the product with a sparse ``x``, and narrow dense products (``_linear``).
     ``x W^T`` with ``W`` as ``nn.Linear`` keeps it ``(out, in)`` would copy ``W^T`` on
     every call (Cora, 1433 x 16: ~45 us of a 130 us product). Kept between calls while the
-    weight is unchanged (its data pointer and version) and no gradient is recorded;
-    rebuilt (a differentiable copy) otherwise. (A write in place through ``weight.data``
-    bumps no version and goes unseen: docs/layers.md says so.)"""
+    weight is unchanged (the same tensor, at the same data pointer and version) and no
+    gradient is recorded; rebuilt (a differentiable copy) otherwise. (A write in place
+    through ``weight.data`` bumps no version and goes unseen: docs/layers.md says so.)"""
 
     def __init__(self):
-        self._key = self._value = None
+        self._ref = self._key = self._value = None
 
     def __call__(self, weight: torch.Tensor) -> torch.Tensor:
         if _is_grad_enabled() and weight.requires_grad or _is_compiling():
             return weight.t().contiguous()
-        # (a resize or an assignment to .data changes the pointer or the version)
+        # (a resize or an assignment to .data changes the pointer or the version; another
+        # tensor, e.g. torch.func.functional_call's, may sit where a freed one was: a
+        # probe's calls ran with the old weight's copy)
         key = (weight.data_ptr(), weight._version)
-        if key != self._key:
-            self._key = key
+        if key != self._key or self._ref() is not weight:
+            self._ref, self._key = weakref.ref(weight), key
             self._value = weight.detach().t().contiguous()
         return self._value
 
@@ -68,7 +72,7 @@ class _TransposedWeight:
         return {}
 
     def __setstate__(self, state):
-        self._key = self._value = None
+        self._ref = self._key = self._value = None
 
 
 _is_grad_enabled = torch.is_grad_enabled
