@@ -142,7 +142,7 @@ def test_state_dict_round_trip_across_patterns():
     a = SparseLinear(8, 6, density=0.5, generator=gen(0))
     b = SparseLinear(8, 6, density=0.2, generator=gen(1))
     state = a.state_dict()
-    assert set(state) == {"values", "bias", "pos1", "crd1"}
+    assert set(state) == {"values", "bias", "pos1", "crd1", "weight_shape"}
     b.load_state_dict(state)
     assert b.values.numel() == a.values.numel()
     assert torch.equal(b.mask(), a.mask())
@@ -391,3 +391,37 @@ def test_bsr_weight_under_torch_compile_runs_eagerly_and_matches():
     layer.values.grad = None
     layer(x).sum().backward()
     torch.testing.assert_close(got, layer.values.grad)
+
+
+def test_a_load_of_another_entry_count_keeps_the_parameter_an_optimizer_holds():
+    """(A probe's finding: the load made a new values Parameter, and an optimizer built
+    before it went on stepping the old one: the layer silently stopped training.)"""
+    layer = SparseLinear(8, 6, density=0.2, generator=gen(0))
+    values = layer.values
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    layer.load_state_dict(SparseLinear(8, 6, density=0.5, generator=gen(1)).state_dict())
+    assert layer.values is values and values.numel() == layer.mask().sum() > 12
+    before = layer.weight.to_dense().detach().clone()
+    layer(torch.randn(4, 8)).square().sum().backward()
+    opt.step()
+    assert not torch.equal(layer.weight.to_dense(), before)
+
+
+def test_a_state_takes_every_index_array_at_its_dtype_and_keeps_its_shape_in_plain_dicts():
+    """(A probe's findings: an int64 state of another count left int32 offsets beside int64
+    columns, and the forward failed; a narrower layer's state copied into a plain dict, as
+    when a DDP prefix is stripped, lost the metadata holding its shape and loaded.)"""
+    source = SparseLinear(8, 6, density=0.5, generator=gen(0))
+    state = {k: v.long() if k in ("pos1", "crd1") else v for k, v in
+             source.state_dict().items()}
+    layer = SparseLinear(8, 6, density=0.2, generator=gen(1))
+    layer.load_state_dict(state)
+    assert layer.pos1.dtype == layer.crd1.dtype == torch.int64
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(layer(x), source(x))
+    narrow = {k: v for k, v in SparseLinear(6, 6, density=0.5).state_dict().items()}
+    with pytest.raises(RuntimeError, match="size mismatch.*6 x 6.*6 x 8"):
+        SparseLinear(8, 6, density=0.5).load_state_dict(narrow)
+    # a state saved before the shape was kept still loads
+    old = {k: v for k, v in source.state_dict().items() if k != "weight_shape"}
+    SparseLinear(8, 6, density=0.2).load_state_dict(old)

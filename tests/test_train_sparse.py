@@ -277,3 +277,21 @@ def test_pruning_sparse_linear_layers_under_torch_distributed_is_refused(monkeyp
     masked = nn.Sequential(nn.Linear(8, 6), nn.Linear(6, 3))
     st.train.MagnitudePruning(masked, torch.optim.SGD(masked.parameters(), lr=0.1),
                               density=0.2, total_steps=8).close()
+
+
+def test_a_model_load_of_another_count_drops_the_optimizer_state_sized_for_the_old():
+    """A load resizes a SparseLinear's values in place (same Parameter); Adam's moments,
+    sized for the old count, are dropped at the next step instead of failing in Adam."""
+    model = nn.Sequential(st.nn.SparseLinear(8, 6, density=0.5), nn.Linear(6, 3))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    trainer = st.train.Static(model, opt, density=0.5, distribution="uniform")
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        trainer.step()
+    model[0].load_state_dict(st.nn.SparseLinear(8, 6, density=0.25).state_dict())
+    opt.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    trainer.step()
+    assert opt.state[model[0].values]["exp_avg"].shape == model[0].values.shape == (12,)
+    trainer.close()

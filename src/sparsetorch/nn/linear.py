@@ -103,7 +103,6 @@ class SparseLinear(nn.Module):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"SparseLinear: {name} must be a positive int, got {n!r}")
         self.in_features, self.out_features = in_features, out_features
-        self.register_state_dict_post_hook(_record_shape)
         shape = (out_features, in_features)
         self.blocksize = _pattern.blocks(blocksize, shape, "SparseLinear")
         self._format = _pattern.weight_format(self.blocksize)
@@ -123,6 +122,8 @@ class SparseLinear(nn.Module):
                             "or torch.float64")
         for name, array in pattern.arrays.items():
             self.register_buffer(name, array.to(device))
+        # (in the state dict, checked by loads: see _load_from_state_dict)
+        self.register_buffer("weight_shape", torch.tensor(shape, device=device))
         # fan-in: the entries a row actually sums (nn.Linear's rule with in_features)
         bound = 1 / math.sqrt(max(1.0, pattern.nnz / out_features))
         self.values = nn.Parameter(_uniform(pattern.nnz, bound, dtype, device, generator))
@@ -371,7 +372,13 @@ class SparseLinear(nn.Module):
     # -- state_dict of another pattern --------------------------------------------------------
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs):
-        shape = local_metadata.get("shape")   # (see _record_shape; older states lack it)
+        # The arrays do not tell the column count: a state of a narrower layer would load
+        # into a wider one unnoticed (a fuzzer's finding). States keep the shape as a buffer;
+        # those of earlier versions in their metadata, which a copy into a plain dict loses
+        # (a probe's finding: a DDP prefix stripped that way); the oldest have neither.
+        shape = state_dict.get(prefix + "weight_shape")
+        shape = shape.tolist() if isinstance(shape, torch.Tensor) and shape.numel() == 2 \
+            else local_metadata.get("shape")
         if shape is not None and tuple(shape) != (self.out_features, self.in_features):
             error_msgs.append(f"SparseLinear {prefix!r}: size mismatch: the state is of a "
                               f"{shape[0]} x {shape[1]} layer (out_features x in_features), "
@@ -393,20 +400,24 @@ class SparseLinear(nn.Module):
                                   f"{self._format.name} pattern of shape {self._shape()}: {e} "
                                   "(nothing of this layer was loaded)")
                 return
-        # A state of another pattern stores other entry counts: take its sizes (and index
-        # dtype) first, so the copies below fit.
-        for name in (*self._array_names, "values"):
-            incoming = state_dict.get(prefix + name)
-            current = self._buffers.get(name) if name != "values" else self.values
-            if not isinstance(incoming, torch.Tensor) or incoming.shape == current.shape:
-                continue
-            if name == "values":
-                self.values = nn.Parameter(current.new_empty(incoming.shape),
-                                           requires_grad=current.requires_grad)
-            else:
+        # A state of another pattern stores other entry counts: take its sizes and index
+        # dtype first (every array's: a probe's int64 state left int32 offsets beside int64
+        # columns), so the copies below fit. The values stay the same Parameter, resized, as
+        # torch's loads copy into the parameters they have: an optimizer built before the
+        # load goes on training it (a new one left it training an orphan).
+        for name in self._array_names:
+            incoming, current = state_dict.get(prefix + name), self._buffers.get(name)
+            if isinstance(incoming, torch.Tensor) and (incoming.shape != current.shape or
+                                                       incoming.dtype != current.dtype):
                 setattr(self, name, incoming.new_empty(incoming.shape).to(current.device))
+        incoming = state_dict.get(prefix + "values")
+        if isinstance(incoming, torch.Tensor) and incoming.shape != self.values.shape:
+            self.values.data = self.values.new_empty(incoming.shape)
+            self.values.grad = None   # (of the old entries)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
                                       missing_keys, unexpected_keys, error_msgs)
+        if prefix + "weight_shape" in missing_keys:   # (a state of an earlier version)
+            missing_keys.remove(prefix + "weight_shape")
         self.__dict__.pop("_cached_weight", None)
 
     def __getstate__(self):
@@ -426,13 +437,6 @@ class SparseLinear(nn.Module):
                 f"format={self._format.name}"
                 + (f", blocksize={self.blocksize}" if self.blocksize else "")
                 + (f", activation={self.activation!r}" if self.activation else ""))
-
-
-def _record_shape(module, state_dict, prefix, local_metadata) -> None:
-    """A state dict's metadata keeps the layer's ``(out_features, in_features)``: its arrays
-    do not tell the column count, so a state of a narrower layer would load into a wider
-    one unnoticed (``_load_from_state_dict`` checks it; a fuzzer's finding)."""
-    local_metadata["shape"] = (module.out_features, module.in_features)
 
 
 def _uniform(n: int, bound: float, dtype, device, generator) -> torch.Tensor:

@@ -101,6 +101,7 @@ class SparseLayer:
         self.size = out_f * in_f
         self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []   # (X, dY) per backward
         self._known = module.values   # the Parameter the optimizer was last given
+        self._known_count = module.values.numel()   # (a load resizes it in place)
         self._handle = module.register_forward_hook(self._hook)
 
     @property
@@ -180,15 +181,18 @@ class SparseLayer:
 
     def sync(self, optimizer) -> None:
         """Give ``optimizer`` the layer's current ``values`` Parameter (with the state it held
-        for the old one) when something else replaced it, e.g. ``model.load_state_dict``."""
+        for the old one) when something else replaced it (``set_pattern``), and drop state
+        sized for another entry count (``model.load_state_dict`` resizes it in place)."""
         new = self.module.values
+        if new is self._known and new.numel() == self._known_count:
+            return
         if new is not self._known:
             _swap_param(optimizer, self._known, new)
-            self._known = new
-            state = optimizer.state.get(new, {})
-            if any(isinstance(v, torch.Tensor) and v.dim() and v.shape != new.shape
-                   for v in state.values()):
-                del optimizer.state[new]   # sized for another entry count: nothing matches
+        self._known, self._known_count = new, new.numel()
+        state = optimizer.state.get(new, {})
+        if any(isinstance(v, torch.Tensor) and v.dim() and v.shape != new.shape
+               for v in state.values()):
+            del optimizer.state[new]   # sized for another entry count: nothing matches
 
     def close(self) -> None:
         self.release()
