@@ -174,6 +174,29 @@ def test_sparse_input_requiring_grad(name):
     _same(ref, got)
 
 
+def test_a_copied_or_loaded_leaf_keeps_its_gradient_under_compile():
+    """requires_grad_ flags the wrapper and hooks it (a compiled function's gradient lands
+    there); copies lost both and kept the old hook's handle, which also made
+    torch.load(weights_only=True) refuse the file (a probe's findings)."""
+    import copy
+    import io
+    import pickle
+
+    def loaded(A, **kw):
+        buf = io.BytesIO()
+        torch.save(A, buf)
+        return torch.load(io.BytesIO(buf.getvalue()), **kw)
+
+    D, X = torch.tensor([[0., 2.], [3., 0.]]), torch.randn(2, 3)
+    want = X.sum(1).expand(2, 2) * (D != 0)
+    f = torch.compile(lambda A, Y: (A @ Y).sum(), backend="aot_eager", fullgraph=True)
+    for copy_of in (copy.deepcopy, lambda A: pickle.loads(pickle.dumps(A)), loaded,
+                    lambda A: loaded(A, weights_only=True)):
+        B = copy_of(st.tensor(D).requires_grad_())
+        f(B, X).backward()
+        torch.testing.assert_close(B.grad.to_dense(), want)
+
+
 @pytest.mark.slow   # ~4 s; aot_eager with sparse inputs stays in the default run above
 def test_sparse_input_not_a_leaf():
     ref = _sparse_input_grads(SPARSE_INPUT["spgemm_twice_used"], leaf=False)

@@ -212,8 +212,8 @@ class SparseTensor(torch.Tensor):
         return shape, fmt, arrays, values
 
     def __setstate__(self, state):
-        # torch.load (weights_only=True included, the mode for files one does not trust),
-        # pickle and deepcopy restore a SparseTensor by handing over its attribute dict.
+        # torch.load (weights_only=True included, the mode for files one does not trust)
+        # and pickle restore a SparseTensor by handing over its attribute dict.
         # Kernels trust the level arrays, so a loaded tensor is validated like user data.
         from .validate import check_levels, check_restored_state
 
@@ -223,6 +223,29 @@ class SparseTensor(torch.Tensor):
         self.__dict__.update(dict(zip(parts[2], (arrays[n].contiguous() for n in parts[1]))),
                              _format=fmt, _size=torch.Size(shape), _array_names=parts[1],
                              _values=values)
+        self._flag_restored_leaf()
+
+    def __getstate__(self):
+        # (the hook requires_grad_ put on the wrapper is not saved, and its handle may not
+        # be: torch.load(weights_only=True) refuses it; __setstate__ registers a new one)
+        state = dict(self.__dict__)
+        state.pop("_grad_hook", None)
+        return state
+
+    def __deepcopy__(self, memo):
+        # torch's copy takes __dict__ (the old hook's handle included) but not the hook
+        # or the wrapper's requires_grad: a compiled function's backward then missed the
+        # copy (a probe's finding)
+        new = super().__deepcopy__(memo)
+        new.__dict__.pop("_grad_hook", None)
+        new._flag_restored_leaf()
+        return new
+
+    def _flag_restored_leaf(self) -> None:
+        """A copied or loaded tensor whose values require grad gets ``requires_grad_``'s
+        wrapper flag and hook (neither survives a copy)."""
+        if self._values.requires_grad and not self._wrapper_grad:
+            self.requires_grad_(True)
 
     def _clear_non_serializable_cached_data(self):
         # torch calls this before a deepcopy or pickle copies ``__dict__``: the raw data
