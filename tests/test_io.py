@@ -122,6 +122,22 @@ def test_format_and_index_dtype_pass_through(tmp_path):
     a = read_mtx(tmp_path / "a.mtx", format="dcsr", index_dtype=torch.int64)
     assert a.format.name == "dcsr" and a.index_dtype == torch.int64
     assert read_mtx(tmp_path / "a.mtx").index_dtype == torch.int32
+    # BSR takes its block size (its error named blocksize=, which read_mtx did not take);
+    # unsorted entries and dense array files too
+    dense = torch.arange(36.0).view(6, 6) * (torch.rand(6, 6) < 0.4)
+    (tmp_path / "u.mtx").write_text("%%MatrixMarket matrix coordinate real general\n"
+                                     "6 6 2\n5 6 1.5\n1 2 -2\n")
+    write_mtx(tmp_path / "d.mtx", dense)
+    for name, want in (("a", torch.eye(4)), ("u", None), ("d", dense)):
+        b = read_mtx(tmp_path / f"{name}.mtx", format="bsr", blocksize=(2, 2),
+                     dtype=torch.float32)
+        assert b.format.name == "bsr" and b.format.blocksize == (2, 2)
+        if want is not None:
+            torch.testing.assert_close(b.to_dense(), want)
+    write_mtx(tmp_path / "e.mtx", torch.eye(64))   # (its blocks store zeros: counted)
+    read_mtx(tmp_path / "e.mtx", max_bytes=8000)
+    with pytest.raises(ValueError, match="would need about"):
+        read_mtx(tmp_path / "e.mtx", format="bsr", blocksize=(16, 16), max_bytes=8000)
 
 
 # -- write_mtx atomicity -----------------------------------------------------------------------

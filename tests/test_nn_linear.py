@@ -169,6 +169,10 @@ def test_state_dict_round_trip_across_patterns():
             d.load_state_dict(bad)
         assert all(torch.equal(v, kept[k]) for k, v in d.state_dict().items())
         torch.testing.assert_close(d(x), y)
+    # a state of another storage: the message says so (a probe found it blamed the pattern)
+    with pytest.raises(RuntimeError, match=r"stores blocks of \(2, 2\); a state saved by a "
+                                           "layer of another blocksize does not fit"):
+        SparseLinear(8, 6, density=0.5, blocksize=(2, 2)).load_state_dict(state)
     # a state of a layer of other sizes: refused, even where its pattern would fit (a
     # fuzzer's finding: 7 inputs loaded into 8), also after torch.save and torch.load
     narrow, buf = SparseLinear(7, 6, density=0.5, generator=gen(3)), io.BytesIO()

@@ -111,7 +111,7 @@ def read_mtx_header(path) -> MtxHeader:
 
 
 def read_mtx(path, format="csr", dtype=None, index_dtype=None,
-             max_bytes=MAX_BYTES) -> SparseTensor:
+             max_bytes=MAX_BYTES, *, blocksize=None) -> SparseTensor:
     """Read a Matrix Market file (``.mtx`` or gzipped ``.mtx.gz``) into a ``SparseTensor``.
 
     Supported: ``coordinate`` files with field ``real``, ``integer`` or ``pattern`` (every
@@ -122,8 +122,8 @@ def read_mtx(path, format="csr", dtype=None, index_dtype=None,
     ``TypeError``.
 
     ``dtype`` defaults to the lossless choice: ``float64`` for real files, ``int64`` for
-    integer files, ``float32`` for pattern files. ``format`` and ``index_dtype`` are as in
-    ``st.tensor``.
+    integer files, ``float32`` for pattern files. ``format``, ``index_dtype`` and
+    ``blocksize`` (BSR's) are as in ``st.tensor``.
 
     ``max_bytes`` (default 4 GiB; ``None``: no limit) bounds the memory reading may take: the
     file's (decompressed) text and the result its size line asks for, estimated before
@@ -150,16 +150,17 @@ def read_mtx(path, format="csr", dtype=None, index_dtype=None,
                         "scipy.io.mmread and pass the part you need, e.g. "
                         "st.tensor(scipy.io.mmread(path).tocsr().real)")
     target = _check_dtype(dtype, header, spath)
-    _check_memory(header, len(body), format, target, max_bytes)
+    _check_memory(header, len(body), format, target, max_bytes, blocksize)
     if header.layout == "array":
-        return _read_array(header, body, first_line, target, format, index_dtype)
+        return _read_array(header, body, first_line, target, format, index_dtype, blocksize)
     rows, cols, vals = _read_coordinate(header, body, first_line, spath)
     vals = _cast(vals, target, spath)
     fast = _sorted_csr(rows, cols, vals, header.shape, index_dtype)
     if fast is not None:
-        return fast.asformat(format, index_dtype=index_dtype)
+        return fast.asformat(format, index_dtype=index_dtype, blocksize=blocksize)
     coords = torch.from_numpy(np.stack([rows, cols]))
-    return _tensor((coords, vals), format=format, shape=header.shape, index_dtype=index_dtype)
+    return _tensor((coords, vals), format=format, shape=header.shape, index_dtype=index_dtype,
+                   blocksize=blocksize)
 
 
 def _sorted_csr(rows, cols, vals, shape, index_dtype):
@@ -180,7 +181,8 @@ def _sorted_csr(rows, cols, vals, shape, index_dtype):
                                                    "crd1": crd}, vals.contiguous())
 
 
-def _check_memory(header: MtxHeader, body_bytes: int, format, target, max_bytes) -> None:
+def _check_memory(header: MtxHeader, body_bytes: int, format, target, max_bytes,
+                  blocksize=None) -> None:
     """Refuse, before allocating, a result whose estimated memory exceeds ``max_bytes``.
 
     The entry count is the size line's, capped by what the body can hold (each number takes
@@ -192,7 +194,7 @@ def _check_memory(header: MtxHeader, body_bytes: int, format, target, max_bytes)
     present = min(header.entries, body_bytes // (2 * per_value))
     nnz = present * (1 if header.symmetry == "general" or header.layout == "array" else 2)
     parsed = nnz * (per_value + 2) * 8            # parsed table, then index and value copies
-    need = parsed + _stored_bytes(format, header.shape, nnz, target.itemsize)
+    need = parsed + _stored_bytes(format, header.shape, nnz, target.itemsize, blocksize)
     if need > max_bytes:
         m, n = header.shape
         raise ValueError(f"read_mtx: {header.path!r} ({m}x{n}, {nnz} entries, as {format!r}) "
@@ -203,11 +205,11 @@ def _check_memory(header: MtxHeader, body_bytes: int, format, target, max_bytes)
                          "row pointer")
 
 
-def _stored_bytes(format, shape, nnz: int, value_bytes: int) -> int:
+def _stored_bytes(format, shape, nnz: int, value_bytes: int, blocksize=None) -> int:
     """``stored_bytes`` of ``format``; 0 for a format this cannot resolve (the constructor
     then names the problem)."""
     try:
-        fmt = as_format(format, len(shape))
+        fmt = as_format(format, len(shape), blocksize)
         fmt.storage_dims(shape)
     except (TypeError, ValueError):
         return 0
@@ -418,7 +420,8 @@ def _read_coordinate(header: MtxHeader, body, first_line, path):
     return rows, cols, vals
 
 
-def _read_array(header: MtxHeader, body, first_line, target, format, index_dtype):
+def _read_array(header: MtxHeader, body, first_line, target, format, index_dtype,
+                blocksize):
     np_dtype = np.float64 if header.field == "real" else np.int64
     vals = _numbers(body, np_dtype, 1, header.entries, header.path, first_line).reshape(-1)
     m, n = header.shape
@@ -430,7 +433,7 @@ def _read_array(header: MtxHeader, body, first_line, target, format, index_dtype
         dense[j, i] = vals if header.symmetry == "symmetric" else -vals
         dense[i, j] = vals
     values = _cast(np.ascontiguousarray(dense), target, header.path)
-    return _tensor(values, format=format, index_dtype=index_dtype)
+    return _tensor(values, format=format, index_dtype=index_dtype, blocksize=blocksize)
 
 
 def _check_dtype(dtype, header: MtxHeader, path) -> torch.dtype:

@@ -396,9 +396,12 @@ class SparseLinear(nn.Module):
                                          {k: v.detach() for k, v in arrays.items()},
                                          values.detach(), check=True)
             except (ValueError, TypeError) as e:
+                stored = f"blocks of {self.blocksize}" if self.blocksize else "single entries"
                 error_msgs.append(f"SparseLinear {prefix!r}: the loaded pattern is not a valid "
-                                  f"{self._format.name} pattern of shape {self._shape()}: {e} "
-                                  "(nothing of this layer was loaded)")
+                                  f"{self._format.name} pattern of shape {self._shape()}: {e}. "
+                                  f"This layer stores {stored}; a state saved by a layer of "
+                                  "another blocksize does not fit: build the layer with the "
+                                  "saved one's (nothing of this layer was loaded)")
                 return
         # A state of another pattern stores other entry counts: take its sizes and index
         # dtype first (every array's: a probe's int64 state left int32 offsets beside int64
