@@ -236,14 +236,18 @@ class SparseLayer:
             values = torch.where(grown, 0, old_param.detach()[take])
             moved = {k: torch.where(grown, 0, t[take])
                      for k, t in _state_tensors(optimizer, old_param)}
+        # (the rest of the state, e.g. Adam's step count: a new count of entries makes
+        # set_active drop the state sized for the old one, which a prune must not lose,
+        # as masked mode keeps the kept weights' momentum)
+        kept = {k: v for k, v in optimizer.state.get(old_param, {}).items() if k not in moved}
         new_order = self.set_active(change.active, optimizer, values)
-        state = optimizer.state.get(self.module.values)
-        if state is not None:
+        if moved:
             if new_order is not None:        # row-major order -> new storage order
                 inverse = torch.empty_like(new_order)
                 inverse[new_order] = torch.arange(new_order.numel())
                 moved = {k: t[inverse.to(t.device)] for k, t in moved.items()}
-            state.update(moved)
+            state = optimizer.state.setdefault(self.module.values, {})
+            state.update({**kept, **state, **moved})
 
 
 def _csr(shape, pos, crd, values):
