@@ -18,6 +18,7 @@ Reported: ``(peak - R0) / (bytes of Â's arrays + X + the output)`` (target <= 1
 
     python benchmarks/gcn_scale.py                       # 10^8 edges, 5M nodes (~4 GiB)
     python benchmarks/gcn_scale.py --edges 1e6 --nodes 1e5   # seconds, for a smoke test
+                                                             # (the target not judged)
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from sparsetorch.bench import machine_info, pinned_threads, write_json_atomic
 WIDTH = 64
 ROWS_PER_SLAB_ENTRIES = 1 << 23   # entries generated at once (temporaries ~ 8 x this x 8 B)
 TARGET = 1.3
+ISSUE_EDGES = 10 ** 8   # the size the target is set at
 
 
 def status_kib(field: str) -> int:
@@ -155,16 +157,21 @@ def main(argv=None) -> int:
            "generate_s": gen_s, "propagate_s": prop_s, "max_abs_error_1000_rows": worst,
            "threads": threads, "machine": machine_info(threads)}
     gib = 1 << 30
+    # (the target is issue 32's at 10^8 edges; in a smaller run the process's fixed costs
+    # weigh more, so a smoke test reports the ratio without judging it)
+    judged = edges >= ISSUE_EDGES
+    verdict = ('met' if ratio <= TARGET else 'MISSED') if judged else \
+        f"judged at {ISSUE_EDGES:.0e} edges only"
     print(f"A_hat @ X: {n:,} nodes, {A.nnz:,} entries (offsets {A.index_dtype}), X {n:,} x "
           f"{WIDTH} float32; generated in {gen_s:.1f}s, propagated in {prop_s:.2f}s "
           f"({threads} threads)")
     print(f"inputs {input_bytes / gib:.2f} GiB + output {output_bytes / gib:.2f} GiB; "
           f"peak RSS above the bare process {used / gib:.2f} GiB = {ratio:.3f}x "
-          f"(target <= {TARGET}x: {'met' if ratio <= TARGET else 'MISSED'})"
+          f"(target <= {TARGET}x: {verdict})"
           + ("" if reset else "; peak could not be reset, so it includes the generation"))
     print(f"spot check of 1000 rows against float64: max abs error {worst:.2e}")
     print(f"JSON: {write_json_atomic(args.out, res)}")
-    return 0 if worst < 1e-3 and ratio <= TARGET else 1
+    return 0 if worst < 1e-3 and (ratio <= TARGET or not judged) else 1
 
 
 if __name__ == "__main__":

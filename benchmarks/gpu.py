@@ -173,7 +173,9 @@ def spmm_cases(args, device, dtype):
             impls = {"sparsetorch": lambda Wc=Wc, Xc=Xc: Wc @ Xc,
                      "cusparse": lambda csr=csr, Xc=Xc: csr @ Xc,
                      "cublas": lambda Wd=Wd, Xc=Xc: Wd @ Xc}
-            if all(s % 16 == 0 for s in W.shape):
+            # (torch's Triton BSR kernel exists for CUDA only: in the CPU check the call
+            # failed with "'NoneType' object is not callable")
+            if all(s % 16 == 0 for s in W.shape) and str(device).startswith("cuda"):
                 bsr = Wd.to_sparse_bsr(16)
                 impls["torch_triton_bsr"] = lambda bsr=bsr, Xc=Xc: bsr_dense_mm(bsr, Xc)
             yield (f"{model}/{sparsity}/{name}/N={N}",

@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fewer workloads and rounds: at most ~3 minutes on 2 cores")
     p.add_argument("--only", default=None, metavar="NAME[,NAME]",
                    help="workloads to run: names (gcn-cora), groups (gcn, gat, sage, "
-                        "autoencoder, transformer) or patterns (*-cora)")
+                        "autoencoder, transformer, convnets) or patterns (*-cora); with "
+                        "--quick, these workloads with fewer rounds")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", default=None, metavar="PATH",
                    help="write a PNG chart of the ratios (needs matplotlib)")
