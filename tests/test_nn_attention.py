@@ -13,7 +13,7 @@ import torch
 
 import sparsetorch as st
 from sparsetorch.models import SparseTransformer, dense_reference, reference
-from sparsetorch.nn import SparseAttention, masks
+from sparsetorch.nn import SparseAttention, attention, masks
 
 from dense_check import private_kernel_cache  # noqa: F401
 from helpers import one_thread  # noqa: F401  (tiny shapes: no OpenMP barriers)
@@ -203,7 +203,7 @@ def test_attention_mask_function_and_dropout():
     assert x.grad is not None and not torch.allclose(y, attn.eval()(x))
 
 
-def test_a_mask_function_is_called_once_per_length_and_its_masks_kept():
+def test_a_mask_function_is_called_once_per_length_and_its_masks_kept(monkeypatch):
     """(A probe found the layer kept the last length's mask only: L=8, then 6, then 8 drew
     a new random BigBird mask, and the same input gave outputs 0.46 apart.)"""
     calls = []
@@ -219,6 +219,12 @@ def test_a_mask_function_is_called_once_per_length_and_its_masks_kept():
         attn(x6)
         torch.testing.assert_close(attn(x8), first, rtol=0, atol=0)
     assert calls == [8, 6]
+    # within a budget of stored entries, least recently used out first (the newest stays)
+    monkeypatch.setattr(attention, "_KEPT_MASK_ENTRIES", 1)
+    with torch.no_grad():
+        attn(torch.randn(1, 10, 8))
+        attn(x8)
+    assert calls == [8, 6, 10, 8] and list(attn._built) == [(bigbird, 8)]
 
 
 def test_attention_bad_input():

@@ -13,6 +13,7 @@ same weights is one ``load_state_dict`` away.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import numbers
@@ -28,6 +29,9 @@ from ..ops.attention import masked_attention
 from ._common import check_sizes, outside_graph
 from .masks import as_mask, block_diagonal
 
+# The mask functions' masks a layer keeps, in stored entries (~8 bytes each): 128 MiB.
+_KEPT_MASK_ENTRIES = 1 << 24
+
 MaskArg = SparseTensor | torch.Tensor | Callable[[int], SparseTensor] | None
 
 
@@ -37,7 +41,8 @@ class SparseAttention(nn.Module):
     ``mask`` (at construction, or per call) is a SparseTensor from
     ``sparsetorch.nn.masks`` or any mask ``masks.as_mask`` reads (its pattern is used, its
     values ignored), or a function ``L -> mask`` called once per sequence length (its
-    masks kept: a random one is drawn once per length and layer). Query i
+    masks kept, up to ``_KEPT_MASK_ENTRIES`` stored entries: a random one is drawn once per
+    length and layer). Query i
     attends to the keys j stored in row i; a row with no entries outputs zeros before the
     output projection. Inputs are (B, L, E) (``batch_first=True``) or (L, B, E).
     ``dropout`` drops attention probabilities in training.
@@ -77,9 +82,11 @@ class SparseAttention(nn.Module):
             nn.init.zeros_(self.out_proj.bias)
         self.mask = mask if mask is None or callable(mask) and \
             not isinstance(mask, torch.Tensor) else as_mask(mask)
-        # a mask function's result for each length it was called for, {(function, L): mask}:
-        # kept, so a random mask (BigBird's) stays the same for a length another came between
-        self._built: dict = {}
+        # a mask function's result for each length it was called for, {(function, L): mask},
+        # least recently used first: kept, so a random mask (BigBird's) stays the same for a
+        # length another came between, up to _KEPT_MASK_ENTRIES stored entries in all
+        # (variable-length batches could otherwise keep a mask for every length)
+        self._built: collections.OrderedDict = collections.OrderedDict()
         self._folded: dict = {}   # (mask id, copies, dtype) -> (mask, block-diagonal mask)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None,
@@ -128,9 +135,7 @@ class SparseAttention(nn.Module):
             raise ValueError("SparseAttention: no mask; give one at construction or call, e.g. "
                              "sparsetorch.nn.masks.longformer(L, window=64, global_tokens=1)")
         if callable(mask) and not isinstance(mask, torch.Tensor):
-            if (mask, Lq) not in self._built:
-                self._built[mask, Lq] = as_mask(mask(Lq))
-            mask = self._built[mask, Lq]
+            mask = self._built_mask(mask, Lq)
         mask = as_mask(mask)
         if mask.shape != (Lq, Lk):
             raise ValueError(f"SparseAttention: the mask is {mask.shape[0]} x {mask.shape[1]} "
@@ -139,6 +144,18 @@ class SparseAttention(nn.Module):
         return mask
 
     # -- helpers ---------------------------------------------------------------------------
+    def _built_mask(self, fn, L: int) -> SparseTensor:
+        built = self._built
+        key = (fn, L)
+        if key in built:
+            built.move_to_end(key)
+            return built[key]
+        built[key] = as_mask(fn(L))
+        total = sum(m.nnz for m in built.values())
+        while total > _KEPT_MASK_ENTRIES and len(built) > 1:
+            total -= built.popitem(last=False)[1].nnz
+        return built[key]
+
     def _checked(self, t, name):
         if not isinstance(t, torch.Tensor) or isinstance(t, SparseTensor) or t.dim() != 3:
             got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
