@@ -227,6 +227,28 @@ def test_a_mask_function_is_called_once_per_length_and_its_masks_kept(monkeypatc
     assert calls == [8, 6, 10, 8] and list(attn._built) == [(bigbird, 8)]
 
 
+def test_threads_making_a_layers_first_call_share_one_mask_draw():
+    """(A probe's finding: 4 threads' first calls drew a random mask each, so first outputs
+    differed from the layer's later ones.) The function sleeps to keep the window open."""
+    import concurrent.futures
+    import time
+
+    calls = []
+
+    def slow_bigbird(L):
+        calls.append(L)
+        time.sleep(0.05)
+        return masks.bigbird(L, block=2, window_blocks=1, global_blocks=0, random_blocks=1)
+
+    attn, x = SparseAttention(8, 2, mask=slow_bigbird).eval(), torch.randn(1, 8, 8)
+    with torch.no_grad(), concurrent.futures.ThreadPoolExecutor(4) as pool:
+        outputs = list(pool.map(lambda _: attn(x), range(4)))
+        later = attn(x)
+    assert calls == [8]
+    for out in outputs:   # (another mask moved outputs by ~0.1-0.5; rounding by threads)
+        torch.testing.assert_close(out, later)
+
+
 def test_attention_bad_input():
     with pytest.raises(ValueError, match="divisible by num_heads"):
         SparseAttention(10, 3)

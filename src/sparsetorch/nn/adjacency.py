@@ -112,14 +112,16 @@ class AdjacencyCache:
     """
 
     def __init__(self):
-        self._ref = self._key = self._value = None
+        # (reference, key, matrix) in one attribute, written and read whole: a layer called
+        # from several threads read a new reference and key beside the old matrix, another
+        # graph's, when they were three (a probe's finding)
+        self._kept = None
 
     def get(self, adj, num_nodes: int, dtype, build):
         value = self.lookup(adj, num_nodes, dtype)
         if value is None:
             value = build()
-            self._ref, self._key, self._value = weakref.ref(adj), _key(adj, num_nodes,
-                                                                        dtype), value
+            self._kept = weakref.ref(adj), _key(adj, num_nodes, dtype), value
         return value
 
     def lookup(self, adj, num_nodes: int, dtype):
@@ -127,13 +129,13 @@ class AdjacencyCache:
         the same node count and dtype; else None. (A layer's forward runs this on every
         call: a few attribute reads, ~1 us, where building the key as a tuple of tuples
         took 5.)"""
-        ref = self._ref
-        if ref is None or ref() is not adj:
+        kept = self._kept
+        if kept is None or kept[0]() is not adj:
             return None
-        return self._value if self._key == _key(adj, num_nodes, dtype) else None
+        return kept[2] if kept[1] == _key(adj, num_nodes, dtype) else None
 
     def clear(self) -> None:
-        self._ref = self._key = self._value = None
+        self._kept = None
 
     # A copy or a pickled layer starts empty: the kept matrix is derived data (and a weak
     # reference cannot be pickled).

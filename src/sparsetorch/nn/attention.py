@@ -17,6 +17,7 @@ import collections
 import functools
 import math
 import numbers
+import threading
 from typing import Callable
 
 import torch
@@ -31,6 +32,9 @@ from .masks import as_mask, block_diagonal
 
 # The mask functions' masks a layer keeps, in stored entries (~8 bytes each): 128 MiB.
 _KEPT_MASK_ENTRIES = 1 << 24
+# Every layer's kept masks change under this one (re-entrant: a mask function may build
+# another layer's); one for all keeps layers copyable and picklable.
+_MASKS_LOCK = threading.RLock()
 
 MaskArg = SparseTensor | torch.Tensor | Callable[[int], SparseTensor] | None
 
@@ -145,16 +149,18 @@ class SparseAttention(nn.Module):
 
     # -- helpers ---------------------------------------------------------------------------
     def _built_mask(self, fn, L: int) -> SparseTensor:
-        built = self._built
-        key = (fn, L)
-        if key in built:
-            built.move_to_end(key)
-            return built[key]
-        built[key] = as_mask(fn(L))
-        total = sum(m.nnz for m in built.values())
-        while total > _KEPT_MASK_ENTRIES and len(built) > 1:
-            total -= built.popitem(last=False)[1].nnz
-        return built[key]
+        # (under a lock: threads making a layer's first call drew a random mask each, and
+        # an eviction between another thread's test and read was a KeyError)
+        with _MASKS_LOCK:
+            built, key = self._built, (fn, L)
+            if key in built:
+                built.move_to_end(key)
+                return built[key]
+            mask = built[key] = as_mask(fn(L))
+            total = sum(m.nnz for m in built.values())
+            while total > _KEPT_MASK_ENTRIES and len(built) > 1:
+                total -= built.popitem(last=False)[1].nnz
+            return mask
 
     def _checked(self, t, name):
         if not isinstance(t, torch.Tensor) or isinstance(t, SparseTensor) or t.dim() != 3:

@@ -54,7 +54,7 @@ class _TransposedWeight:
     through ``weight.data`` bumps no version and goes unseen: docs/layers.md says so.)"""
 
     def __init__(self):
-        self._ref = self._key = self._value = None
+        self._kept = None   # (reference, key, W^T): one attribute, for threads (adjacency.py)
 
     def __call__(self, weight: torch.Tensor) -> torch.Tensor:
         if _is_grad_enabled() and weight.requires_grad or _is_compiling():
@@ -62,17 +62,16 @@ class _TransposedWeight:
         # (a resize or an assignment to .data changes the pointer or the version; another
         # tensor, e.g. torch.func.functional_call's, may sit where a freed one was: a
         # probe's calls ran with the old weight's copy)
-        key = (weight.data_ptr(), weight._version)
-        if key != self._key or self._ref() is not weight:
-            self._ref, self._key = weakref.ref(weight), key
-            self._value = weight.detach().t().contiguous()
-        return self._value
+        key, kept = (weight.data_ptr(), weight._version), self._kept
+        if kept is None or kept[1] != key or kept[0]() is not weight:
+            kept = self._kept = weakref.ref(weight), key, weight.detach().t().contiguous()
+        return kept[2]
 
     def __getstate__(self):   # (a copy starts empty: derived data)
         return {}
 
     def __setstate__(self, state):
-        self._ref = self._key = self._value = None
+        self._kept = None
 
 
 _is_grad_enabled = torch.is_grad_enabled
