@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import resource
 import sys
 import time

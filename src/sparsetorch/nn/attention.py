@@ -14,7 +14,6 @@ same weights is one ``load_state_dict`` away.
 from __future__ import annotations
 
 import collections
-import functools
 import math
 import numbers
 import threading

@@ -86,10 +86,10 @@ class SparseTrainer:
         self.step_count = 0
         seed = _dist.same_seed(seed)
         self.generator = torch.Generator().manual_seed(seed)
-        self.layers = self._find_layers(model, dense)
+        self.layers, names = self._find_layers(model, dense)
         try:   # (an error leaves no hook on the user's layers)
             self._check_optimizer()
-            custom = _by_param_name(layer_density or {}, self.layers, self._aliases, cls,
+            custom = _by_param_name(layer_density or {}, self.layers, names, cls,
                                     "layer_density")
             shapes = {name: layer.shape for name, layer in self.layers.items()}
             self.densities = layer_densities(shapes, density, distribution, custom,
@@ -104,6 +104,9 @@ class SparseTrainer:
 
     # ---- layers -------------------------------------------------------------------------
     def _find_layers(self, model, dense):
+        """``(layers, names)``: the layers to sparsify by parameter name, and every name a
+        user may give one by (module or parameter name, a tied weight's others, frozen ones)
+        -> that layer's parameter name."""
         cls = type(self).__name__
         reduce = _identity if _dist.grads_already_averaged(model) else _dist.mean_over_ranks
         sparse_type = _sparse_linear_type()
@@ -176,8 +179,7 @@ class SparseTrainer:
                              f"sparsify (found {[m for m, _ in found]}, dense={list(dense)}"
                              + (f", frozen (requires_grad=False): {frozen}" if frozen else "")
                              + ")")
-        self._aliases = names
-        return layers
+        return layers, names
 
     def _check_optimizer(self):
         owned = {id(p) for g in self.optimizer.param_groups for p in g["params"]}
