@@ -195,6 +195,27 @@ def test_relu_gradient_masks_what_arrives_from_above(fmt):
     torch.testing.assert_close(a.grad.to_dense(), (3.0 * (d > 0) * stored_pattern(A)).to(F64))
 
 
+def test_relu_over_a_dense_intermediate_masks_what_arrives_from_above():
+    """The same through a relu of a dense intermediate (sparse + dense, in a lazy tree):
+    its 0/1 factor met ``sqrt``'s infinite derivative at 0 and gave NaN; torch gives 0. A
+    finite gradient keeps the dense factor (the same values either way)."""
+    d = torch.tensor([[1.5, 0.0, -2.0, 0.0], [0.0, 3.0, 0.0, -1.0]], dtype=F64)
+    D = torch.tensor([[0.5, -1.0, 1.0, 0.0], [1.0, -3.0, 2.0, 1.0]], dtype=F64)
+    A = st.tensor(d, "csr")
+    for ours, theirs in ((lambda a, x: (st.lazy(a) + x).relu().sqrt().eval(),
+                          lambda a, x: torch.sqrt(torch.relu(a + x))),
+                         (lambda a, x: (st.lazy(x) - st.lazy(a)).relu().sqrt().eval(),
+                          lambda a, x: torch.sqrt(torch.relu(x - a))),
+                         (lambda a, x: (st.lazy(a) + x).relu().eval() * 3,
+                          lambda a, x: torch.relu(a + x) * 3)):
+        a, x = A.detach().requires_grad_(), D.clone().requires_grad_()
+        ours(a, x).sum().backward()
+        dd, xx = d.clone().requires_grad_(), D.clone().requires_grad_()
+        theirs(dd, xx).sum().backward()
+        torch.testing.assert_close(a.grad.to_dense(), dd.grad * stored_pattern(A))
+        torch.testing.assert_close(x.grad, xx.grad)
+
+
 def test_no_grad_path_records_nothing():
     A = _sparse((5, 4), 0.5, "csr", 15).requires_grad_()
     with torch.no_grad():

@@ -56,10 +56,14 @@ _DERIVATIVES = {
 
 
 class _Builder:
-    """Collects the operands of a gradient expression (the originals plus new leaves)."""
+    """Collects the operands of a gradient expression (the originals plus new leaves).
+    ``select``: relu's derivative at a dense ``u`` is its positive entries as a sparse leaf
+    (a product then skips the other entries) instead of a dense 0/1 factor;
+    ``dense_relu`` records that a 0/1 factor was made."""
 
-    def __init__(self, operands, evaluate):
+    def __init__(self, operands, evaluate, select: bool = False):
         self.operands, self.evaluate = list(operands), evaluate
+        self.select, self.dense_relu = select, False
 
     def leaf(self, tensor, indices) -> Access:
         self.operands.append(tensor)
@@ -74,19 +78,24 @@ class _Builder:
         if fn == "exp":   # exp' = exp: the notation spells it
             return self.leaf(self.run(vars_, Unary("exp", inner)), vars_)
         u = self.run(vars_, inner)
-        if fn == "relu" and isinstance(u, SparseTensor) and not is_tracing((u,)):
-            return self.leaf(_positive_entries(u), vars_)
+        if fn == "relu" and not is_tracing((u,)):
+            if isinstance(u, SparseTensor) or self.select:
+                return self.leaf(_positive_entries(u), vars_)
+            self.dense_relu = True
         return self.leaf(_map_values(u, _DERIVATIVES[fn]), vars_)
 
 
-def _positive_entries(u: SparseTensor) -> SparseTensor:
-    """relu's derivative at a sparse ``u`` as a mask that stores only ``u``'s positive
-    entries (ones, COO): the gradient is then 0 elsewhere whatever arrives from above, as
-    torch's relu backward masks (a 0/1 factor made an infinite gradient inf x 0 = NaN, e.g.
-    through ``sqrt(relu(A))``). Not while tracing: the entry count depends on values."""
-    coords, values = unpack(u.format, u.shape, u._level_arrays, u.values)
-    keep = values > 0
-    kept = coords[:, keep]
+def _positive_entries(u) -> SparseTensor:
+    """relu's derivative at ``u`` (sparse or dense) as a mask that stores only ``u``'s
+    positive entries (ones, COO): the gradient is then 0 elsewhere whatever arrives from
+    above, as torch's relu backward masks (a 0/1 factor made an infinite gradient inf x 0 =
+    NaN, e.g. through ``sqrt(relu(A))``). Not while tracing: the entry count depends on
+    values."""
+    if isinstance(u, SparseTensor):
+        coords, values = unpack(u.format, u.shape, u._level_arrays, u.values)
+        kept = coords[:, values > 0]
+    else:
+        kept = (u > 0).nonzero().t()
     return st_tensor((kept, torch.ones(kept.shape[1], dtype=u.dtype, device=u.device)),
                      format="coo", shape=tuple(u.shape))
 
@@ -134,34 +143,56 @@ def operand_grad(assignment: Assignment, operands, n: int, grad_out, evaluate):
     for k, acc in enumerate(assignment.expr.accesses()):
         if acc.operand != n:
             continue
-        b = _Builder(operands, evaluate)
-        c, x = _derivative(assignment.expr, k, b)
-        expr = b.leaf(grad_out, assignment.out_vars)
-        if x is not None:
-            expr = Mul(expr, x)
-        out_vars = tuple(dict.fromkeys(acc.indices))
-        if sparse and not _on_pattern(grad_out, target, acc.indices, assignment.out_vars):
-            # sample on the operand's own pattern (unless the output gradient already is: a
-            # sampled result shares its operand's arrays; then a second sparse operand would
-            # only add an intersection, and a result of data-dependent size when traced)
-            expr = Mul(expr, b.leaf(ones_pattern(target), acc.indices))
-        present = _vars_of(expr)
-        for v in out_vars:   # an index only the operand reads (``ij->i``): G is constant along it
-            if v not in present:
-                size = target.shape[acc.indices.index(v)]
-                expr = Mul(expr, b.leaf(torch.ones(size, dtype=target.dtype,
-                                                   device=target.device), (v,)))
-        if c != 1.0:
-            expr = Scale(c, expr)
-        result = b.run(out_vars, expr)
+        result, dense_relu = _access_grad(assignment, operands, k, grad_out, target, evaluate)
+        if dense_relu and _has_nan(result):
+            # (a 0/1 relu factor met an infinite factor: again with the relu's positive
+            # entries as a sparse leaf, 0 elsewhere as torch's relu backward gives; only
+            # here, as the dense factor keeps a dense product's loops)
+            result, _ = _access_grad(assignment, operands, k, grad_out, target, evaluate,
+                                     select=True)
         if sparse:
             part = values_on_pattern(target, result)
         else:
             if isinstance(result, SparseTensor):
                 result = result.to_dense()
-            part = _embed_diagonal(result, acc.indices, out_vars, target)
+            part = _embed_diagonal(result, acc.indices,
+                                   tuple(dict.fromkeys(acc.indices)), target)
         total = part if total is None else total + part
     return total
+
+
+def _access_grad(assignment, operands, k: int, grad_out, target, evaluate,
+                 select: bool = False):
+    """(the gradient at the ``k``-th access of ``assignment``, over that access's distinct
+    indices; whether it took a dense 0/1 relu factor): ``select`` as ``_Builder``'s."""
+    acc = assignment.expr.accesses()[k]
+    b = _Builder(operands, evaluate, select)
+    c, x = _derivative(assignment.expr, k, b)
+    expr = b.leaf(grad_out, assignment.out_vars)
+    if x is not None:
+        expr = Mul(expr, x)
+    out_vars = tuple(dict.fromkeys(acc.indices))
+    if isinstance(target, SparseTensor) and \
+            not _on_pattern(grad_out, target, acc.indices, assignment.out_vars):
+        # sample on the operand's own pattern (unless the output gradient already is: a
+        # sampled result shares its operand's arrays; then a second sparse operand would
+        # only add an intersection, and a result of data-dependent size when traced)
+        expr = Mul(expr, b.leaf(ones_pattern(target), acc.indices))
+    present = _vars_of(expr)
+    for v in out_vars:   # an index only the operand reads (``ij->i``): G is constant along it
+        if v not in present:
+            size = target.shape[acc.indices.index(v)]
+            expr = Mul(expr, b.leaf(torch.ones(size, dtype=target.dtype,
+                                               device=target.device), (v,)))
+    if c != 1.0:
+        expr = Scale(c, expr)
+    return b.run(out_vars, expr), b.dense_relu
+
+
+def _has_nan(t) -> bool:
+    values = t.values if isinstance(t, SparseTensor) else t
+    return not is_tracing((values,)) and values.is_floating_point() and \
+        bool(torch.isnan(values).any())
 
 
 def _on_pattern(grad_out, target, indices, out_vars) -> bool:
