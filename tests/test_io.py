@@ -162,6 +162,22 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux's /proc")
+def test_a_new_file_takes_the_umask_without_setting_it(tmp_path, monkeypatch):
+    """The umask is read from /proc, not set and restored: setting it is process-wide, and
+    a file another thread made in between would get 0o666."""
+    old = os.umask(0o027)
+    try:
+        def refuse(_):
+            raise AssertionError("os.umask called")
+        monkeypatch.setattr(os, "umask", refuse)
+        write_mtx(tmp_path / "u.mtx", torch.eye(2))
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert (tmp_path / "u.mtx").stat().st_mode & 0o777 == 0o640
+
+
 def test_write_errors(tmp_path):
     with pytest.raises(ValueError, match=r"3-D"):
         write_mtx(tmp_path / "x.mtx", st.tensor(torch.ones(2, 2, 2), format="csf"))

@@ -55,6 +55,17 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
 def _mode_for(path: Path) -> int:
     with contextlib.suppress(FileNotFoundError):
         return stat.S_IMODE(os.stat(path).st_mode)
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux reports it (setting it
+    to read it back is process-wide: another thread's file made in between would get 0)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
     umask = os.umask(0)
     os.umask(umask)
-    return 0o666 & ~umask
+    return umask
