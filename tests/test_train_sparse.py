@@ -318,3 +318,134 @@ def test_truly_sparse_pruning_follows_masked_pruning(make_opt):
             torch.testing.assert_close(sparse[i].weight.to_dense(), dense[i].weight,
                                        rtol=1e-10, atol=1e-12)
     assert sparse[0].values.numel() < SIZES[0][0] * SIZES[0][1] // 2
+
+
+def _captured_against_dense(layer, call, dense_call):
+    """The gradient a RigL update would score (``grad_rows``) after ``call(layer)``'s
+    backward, and the dense weight's gradient through ``dense_call(W)``."""
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    tr = st.train.RigL(layer, opt, density=layer.values.numel() / layer.weight.numel(),
+                       distribution="uniform", delta_t=2, total_steps=8)
+    assert tr.is_update_step()                            # t = 0: captures
+    w = layer.weight.to_dense().detach().clone().requires_grad_()
+    (call(layer) - 1).square().sum().backward()   # (nonzero where relu gives 0)
+    (dense_call(w) - 1).square().sum().backward()
+    return tr.layers["values"].grad_rows(0, w.shape[0]), w.grad
+
+
+@pytest.mark.parametrize("activation", ["relu", "relu6", "sigmoid", "exp", "sqrt", "neg"])
+def test_growth_scores_the_gradient_before_a_fused_activation(activation):
+    """RigL's score is the weight's dense gradient; with the activation in the layer's
+    kernel the output hook sees the gradient after it (relu: off by 8 where it is 19)."""
+    torch.manual_seed(0)
+    layer = st.nn.SparseLinear(6, 5, density=0.5, activation=activation).double()
+    x = torch.randn(4, 6, dtype=torch.float64) * 4
+    if activation == "sqrt":
+        x = x.abs()
+        with torch.no_grad():
+            layer.values.abs_()
+            layer.bias.abs_()
+    act = {"relu": torch.relu, "relu6": nn.functional.relu6, "sigmoid": torch.sigmoid,
+           "exp": torch.exp, "sqrt": torch.sqrt, "neg": torch.neg}[activation]
+    got, want = _captured_against_dense(
+        layer, lambda m: m(x), lambda w: act(nn.functional.linear(x, w, layer.bias.detach())))
+    torch.testing.assert_close(got, want)
+
+
+def test_a_fused_abs_is_refused_when_growth_needs_the_gradient():
+    layer = st.nn.SparseLinear(6, 5, density=0.5, activation="abs")
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    st.train.RigL(layer, opt, density=0.5, distribution="uniform", delta_t=2, total_steps=8)
+    with pytest.raises(ValueError, match="activation=None"):
+        layer(torch.randn(3, 6))
+
+
+@pytest.mark.slow   # compiles the conv kernels
+def test_growth_scores_a_sparse_conv_before_its_fused_relu6():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(6, 5, 1).double()
+    layer = st.nn.SparseConv2d.from_dense(conv, sparsity=0.5, activation="relu6")
+    x = torch.randn(2, 6, 3, 3, dtype=torch.float64) * 4
+    got, want = _captured_against_dense(
+        layer, lambda m: m(x),
+        lambda w: nn.functional.relu6(nn.functional.conv2d(x, w[:, :, None, None],
+                                                           layer.bias.detach())))
+    torch.testing.assert_close(got, want)
+
+
+def test_growth_scores_a_sparse_input_and_a_keyword_call():
+    """A SparseTensor batch (kept sparse) and ``layer(x=...)``: the same dense gradient as
+    a dense positional call; both crashed at the update step."""
+    torch.manual_seed(0)
+    layer = st.nn.SparseLinear(8, 4, density=0.5).double()
+    x = torch.randn(5, 8, dtype=torch.float64) * (torch.rand(5, 8) < 0.3)
+    xs = st.tensor(x, format="csr")
+    dense = lambda w: nn.functional.linear(x, w, layer.bias.detach())   # noqa: E731
+    got, want = _captured_against_dense(layer, lambda m: m(xs), dense)
+    torch.testing.assert_close(got, want)
+    layer = st.nn.SparseLinear(8, 4, density=0.5).double()
+    got, want = _captured_against_dense(layer, lambda m: m(x=x), dense)
+    torch.testing.assert_close(got, want)
+
+
+def test_erk_gives_a_sparse_1x1_conv_the_density_of_the_same_masked_conv():
+    """ERK counts a convolution's kernel sizes ((n_in + n_out + 1 + 1) / (n_in n_out) for
+    1x1); SparseConv2d was counted as a Linear, so the two modes started apart."""
+    torch.manual_seed(0)
+    sizes = [(16, 16), (16, 32), (32, 8)]
+    dense = nn.Sequential(*[nn.Conv2d(i, o, 1) for i, o in sizes])
+    sparse = nn.Sequential(*[st.nn.SparseConv2d(i, o, density=0.5) for i, o in sizes])
+    kw = dict(density=0.3, distribution="erk", dense=[])
+    counts_d = st.train.Static(dense, torch.optim.SGD(dense.parameters(), lr=0.1), **kw).counts
+    counts_s = st.train.Static(sparse, torch.optim.SGD(sparse.parameters(), lr=0.1),
+                               **kw).counts
+    assert [counts_s[f"{i}.values"] for i in range(3)] == \
+        [counts_d[f"{i}.weight"] for i in range(3)]
+
+
+@pytest.mark.parametrize("algo,make_opt", [
+    ("SNFS", SGD),
+    ("Static", lambda p: torch.optim.LBFGS(p, lr=0.5, max_iter=4))])
+def test_a_closure_step_follows_masked_mode(algo, make_opt):
+    """``step(closure)``: the optimizer runs the closure, so the gradient exists only then.
+    SNFS's average took the previous step's gradient (none in sparse mode) and masked mode
+    handed LBFGS the unmasked gradient: the two modes parted (LBFGS by 1.8)."""
+    torch.manual_seed(1)
+    lin = nn.Linear(6, 5).double()
+    mask = torch.rand(5, 6, generator=torch.Generator().manual_seed(5)) < 0.5
+    w0 = lin.weight.detach() * mask
+    sparse = st.nn.SparseLinear(6, 5, mask=mask, dtype=torch.float64)
+    sparse.set_pattern(mask, w0)
+    with torch.no_grad():
+        sparse.bias.copy_(lin.bias)
+    kw = dict(density=float(mask.sum()) / mask.numel(), distribution="uniform")
+    if algo == "SNFS":
+        kw.update(delta_t=4, total_steps=40)
+    x = torch.randn(8, 6, dtype=torch.float64)
+    y = torch.randn(8, 5, dtype=torch.float64)
+    out = {}
+    for name, model in (("masked", lin), ("sparse", sparse)):
+        opt = make_opt(model.parameters())
+        tr = getattr(st.train, algo)(model, opt, **kw)
+        if name == "masked":   # (the mask above, and its weights)
+            tr.layers["weight"].set_active(mask.flatten().nonzero().squeeze(1), opt)
+            with torch.no_grad():
+                lin.weight.copy_(w0)
+        for s in range(6):
+            def closure():
+                opt.zero_grad()
+                loss = (model(x * (1 + 0.1 * s)) - y).square().sum()
+                loss.backward()
+                return loss
+            tr.step(closure)
+        out[name] = (model.weight.to_dense() if name == "sparse" else model.weight).detach()
+        if name == "masked":
+            now = tr.masks["weight"]
+            for t in opt.state[lin.weight].values():   # nothing outside the mask
+                if isinstance(t, torch.Tensor) and t.shape == mask.shape:
+                    assert not t[~now].any()
+        if algo == "SNFS":
+            out[name + " average"] = next(iter(tr.ema.values()))
+    torch.testing.assert_close(out["masked"], out["sparse"], rtol=1e-10, atol=1e-12)
+    if algo == "SNFS":
+        torch.testing.assert_close(out["masked average"], out["sparse average"])

@@ -251,11 +251,14 @@ class SparseTrainer:
                                    f"{'has' if len(missing) == 1 else 'have'} no gradient at "
                                    f"update step {t}; call loss.backward() before step() "
                                    "(nothing was changed)")
-        self._before_optimizer_step()
-        if not (update and self.skips_optimizer_on_update):
-            for layer in self.layers.values():
-                if isinstance(layer, MaskedLayer):
-                    layer.mask_grad()
+        if update and self.skips_optimizer_on_update:
+            self._before_optimizer_step()
+        else:
+            if closure is None:
+                self._before_optimizer_step()
+                self._mask_gradients()
+            else:   # (the gradient exists once the optimizer has called the closure)
+                closure = self._prepared_closure(closure)
             loss = self.optimizer.step(closure)
             with torch.no_grad():
                 for layer in self.layers.values():
@@ -265,6 +268,28 @@ class SparseTrainer:
             self._update_masks(t)
         self.step_count += 1
         return loss
+
+    def _mask_gradients(self):
+        for layer in self.layers.values():
+            if isinstance(layer, MaskedLayer):
+                layer.mask_grad()
+
+    def _prepared_closure(self, closure):
+        """``closure`` for ``optimizer.step``: each call's gradient masked before the
+        optimizer reads it (LBFGS calls it several times), the first call's also folded
+        into the algorithm's statistics, which take one gradient a step."""
+        calls = 0
+
+        def prepared():
+            nonlocal calls
+            with torch.enable_grad():
+                loss = closure()
+            if calls == 0:
+                self._before_optimizer_step()
+            calls += 1
+            self._mask_gradients()
+            return loss
+        return prepared
 
     def _sync_parameters(self):
         """Hand the optimizer any SparseLinear ``values`` Parameter replaced behind the

@@ -16,6 +16,8 @@ from typing import Callable
 
 import torch
 
+from ..formats import SparseTensor
+from ..ops import einsum
 from .update import Change
 
 
@@ -97,42 +99,57 @@ class SparseLayer:
         self.name, self.module, self.reduce, self.capturing = name, module, reduce, capturing
         self.conv = conv
         out_f, in_f = module.out_features, module.in_features
-        self.shape = self.shape2d = (out_f, in_f)
+        # (a 1x1 convolution's weight is (out, in, 1, 1), as the same nn.Conv2d's in masked
+        # mode: ERK counts its kernel sizes)
+        self.shape = (out_f, in_f, 1, 1) if conv else (out_f, in_f)
+        self.shape2d = (out_f, in_f)
         self.size = out_f * in_f
-        self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []   # (X, dY) per backward
+        # (X, dY) per backward: X (in, positions) dense or (positions, in) a SparseTensor
+        self._pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._known = module.values   # the Parameter the optimizer was last given
         self._known_count = module.values.numel()   # (a load resizes it in place)
-        self._handle = module.register_forward_hook(self._hook)
+        self._handle = module.register_forward_hook(self._hook, with_kwargs=True)
 
     @property
     def param(self) -> torch.nn.Parameter:
         return self.module.values
 
-    def _hook(self, module, inputs, output):
+    def _hook(self, module, args, kwargs, output):
         if not (output.requires_grad and torch.is_grad_enabled() and self.capturing()):
             return
         if module.values.grad is None:   # zero_grad() since the pairs were kept: start over
             self._pairs = []
-        x = inputs[0].detach()
+        out_f, in_f = self.shape2d
+        x = (args[0] if args else next(iter(kwargs.values()))).detach()
         if self.conv:    # (N, C, H, W) -> (C, N*H*W), after the stride the layer applies
             x = x[:, :, ::module.stride, ::module.stride]
-            x = x.transpose(0, 1).reshape(self.shape[1], -1)
+            x = x.transpose(0, 1).reshape(in_f, -1)
+        elif type(x) is SparseTensor and x.dim() == 2:   # (sparse activations: kept so)
+            pass
         else:
-            x = x.reshape(-1, self.shape[1]).t()
+            x = (x.to_dense() if type(x) is SparseTensor else x).reshape(-1, in_f).t()
+        # the gradient wanted is the weight's: before the layer's fused activation
+        if module.activation not in _DERIVATIVES:
+            raise ValueError(f"{self.name}: the layer's fused activation "
+                             f"{module.activation!r} hides what its weight's gradient needs "
+                             f"(the sign of its input); build the layer with activation=None "
+                             f"and apply torch.{module.activation} after it")
+        derivative = _DERIVATIVES[module.activation]
+        y = output.detach() if derivative is not None else None
 
         def keep_grad(g):
             # this call's own input with its own output gradient: a layer called twice in a
             # forward, or several micro-batches, add up as the weight's gradient does
-            g = g.detach()
-            dy = (g.transpose(0, 1).reshape(self.shape[0], -1) if self.conv
-                  else g.reshape(-1, self.shape[0]).t())
+            g = g.detach() if derivative is None else derivative(g.detach(), y)
+            dy = (g.transpose(0, 1).reshape(out_f, -1) if self.conv
+                  else g.reshape(-1, out_f).t())
             self._pairs.append((x, dy))
         output.register_hook(keep_grad)
 
     def mask(self) -> torch.Tensor:
         m = torch.zeros(self.size, dtype=torch.bool, device=self.param.device)
         m[self.active().to(m.device)] = True
-        return m.view(self.shape)
+        return m.view(self.shape2d)
 
     def _stored_positions(self) -> torch.Tensor:
         """Flat row-major position of each stored entry, in storage order."""
@@ -140,8 +157,8 @@ class SparseLayer:
         if self.module.blocksize is None:   # CSR: rows from the row pointers
             arrays = weight.arrays
             pos, crd = arrays["pos1"].long().cpu(), arrays["crd1"].long().cpu()
-            rows = torch.repeat_interleave(torch.arange(self.shape[0]), pos.diff())
-            return rows * self.shape[1] + crd
+            rows = torch.repeat_interleave(torch.arange(self.shape2d[0]), pos.diff())
+            return rows * self.shape2d[1] + crd
         numbered = weight.with_values(torch.arange(1, weight.nnz + 1, dtype=torch.float64,
                                                    device=weight.device))
         flat = numbered.to_dense().flatten().cpu()
@@ -174,7 +191,7 @@ class SparseLayer:
         if not self.has_grad():
             raise RuntimeError(f"{self.name}: no input/output gradient was captured for this "
                                "update step; call loss.backward() before step()")
-        return self.reduce(sum(dy[r0:r1] @ x.t() for x, dy in self._pairs))
+        return self.reduce(sum(_rows_times(dy[r0:r1], x) for x, dy in self._pairs))
 
     def release(self) -> None:
         self._pairs = []
@@ -214,12 +231,14 @@ class SparseLayer:
             mask[active] = True
             dense = torch.zeros(self.size, dtype=old.dtype, device=dev)
             dense[active.to(dev)] = values.to(dev)
-            self.module.set_pattern(mask.view(self.shape).to(dev), dense.view(self.shape))
+            self.module.set_pattern(mask.view(self.shape2d).to(dev),
+                                    dense.view(self.shape2d))
         else:
-            rows, cols = active // self.shape[1], active % self.shape[1]
-            pos = torch.zeros(self.shape[0] + 1, dtype=torch.int64)
-            pos[1:] = torch.cumsum(torch.bincount(rows, minlength=self.shape[0]), 0)
-            pattern = _csr(self.shape, pos.to(dev), cols.to(dev), values.to(dev))
+            out_f, in_f = self.shape2d
+            rows, cols = active // in_f, active % in_f
+            pos = torch.zeros(out_f + 1, dtype=torch.int64)
+            pos[1:] = torch.cumsum(torch.bincount(rows, minlength=out_f), 0)
+            pattern = _csr(self.shape2d, pos.to(dev), cols.to(dev), values.to(dev))
             self.module.set_pattern(pattern, values=values.to(dev))
         self.sync(optimizer)
         return self._storage()[1]
@@ -250,8 +269,28 @@ class SparseLayer:
             state.update({**kept, **state, **moved})
 
 
+# The gradient before a fused activation from the one after it, g, and the output y: each
+# activation a truly sparse layer takes but abs, whose sign the output has lost (refused
+# when the trainer is built). 0 where torch's backward gives 0, whatever g holds there.
+_DERIVATIVES = {
+    None: None,
+    "relu": lambda g, y: torch.where(y > 0, g, 0),
+    "relu6": lambda g, y: torch.where((y > 0) & (y < 6), g, 0),
+    "sigmoid": lambda g, y: g * y * (1 - y),
+    "exp": lambda g, y: g * y,
+    "sqrt": lambda g, y: g * 0.5 / y,
+    "neg": lambda g, y: -g,
+}
+
+
+def _rows_times(dy: torch.Tensor, x) -> torch.Tensor:
+    """``dy @ X^T`` for a kept ``X``: dense ``(in, positions)`` or a SparseTensor of rows."""
+    if type(x) is SparseTensor:
+        return einsum("rn,ni->ri", dy, x, out_format="dense")
+    return dy @ x.t()
+
+
 def _csr(shape, pos, crd, values):
-    from ..formats import SparseTensor   # public class; arrays built here are trusted
     index = torch.int32 if max(shape) < 2 ** 31 - 1 else torch.int64
     return SparseTensor.from_levels(shape, "csr", {"pos1": pos.to(index), "crd1": crd.to(index)},
                                     values, check=False)
