@@ -257,6 +257,40 @@ def test_uncovered_expressions_fall_back_on_the_device():
     assert triton_run.stats["fallback"] == 1
 
 
+def test_a_product_of_one_pattern_under_a_map_is_not_folded():
+    """Operands sharing one pattern fold into one operand's values only as factors of a
+    product: relu(A) * B was computed as relu(A * B) (and relu(A) * A as A * A)."""
+    d = torch.tensor([[1., 0., -2.], [0., -3., 0.]])
+    A = st.tensor(d, "csr")
+    B = A.with_values(torch.tensor([-1., 2., 1.]))
+    for fn, ref in ((lambda a, b: (st.lazy(a).relu() * b).eval(),
+                     lambda a, b: torch.relu(a) * b),
+                    (lambda a, b: (st.lazy(a).abs() * b * 2).eval(),
+                     lambda a, b: a.abs() * b * 2),
+                    (lambda a, b: (st.lazy(a).relu() * a).eval(),
+                     lambda a, b: torch.relu(a) * a)):
+        got = fn(A, B).to_dense()
+        torch.testing.assert_close(got, ref(d, B.to_dense()))
+    triton_run.stats.clear()   # a plain product still folds and runs the kernel
+    got = (st.lazy(A) * B * 3).eval().to_dense()
+    torch.testing.assert_close(got, d * B.to_dense() * 3)
+    assert not triton_run.stats["fallback"], triton_run.stats
+
+
+def test_replaced_values_are_refused_as_on_the_c_backend():
+    """The kernels read as many values as the pattern stores: a values tensor replaced by
+    a shorter or strided one (``.data =``) is a ValueError, not a read past its end."""
+    d = torch.tensor([[1., 0., 2.], [0., 3., 0.], [4., 0., 5.]])
+    for replacement in (torch.ones(2), torch.ones(10)[::2]):
+        A = st.tensor(d, "csr")
+        A.values.data = replacement
+        for call in (lambda: A @ torch.eye(3), lambda: torch.sparse.softmax(A, 1),
+                     lambda: st.ops.masked_attention(A, torch.ones(3, 2), torch.ones(3, 2),
+                                                     torch.ones(3, 2))):
+            with pytest.raises(ValueError, match="values were replaced"):
+                call()
+
+
 def test_mixed_devices_name_both():
     A = st.tensor(matrix(3, 3, torch.float32, 28), "csr")
     with pytest.raises(ValueError, match="meta.*cpu|cpu.*meta"):

@@ -156,15 +156,15 @@ def _on_rows_of(t: SparseTensor, values: torch.Tensor) -> SparseTensor:
 def _run_rows(kind: str, t: SparseTensor, *inputs: torch.Tensor) -> torch.Tensor:
     """The values that row kernel ``kind`` computes from value arrays ``inputs`` on the rows
     of ``t``."""
-    if uses_triton(t.device):
-        return triton_row_softmax(kind, t, *inputs)
-    inputs = [x.contiguous() for x in inputs]   # (held: the kernel reads their memory)
     if t._values.numel():   # (an empty one: a pattern-only wrapper, ``_on_rows_of``)
         t._checked_values()
     count = t._stored_count()                   # (every input has one value per entry)
     if any(x.numel() != count for x in inputs):
         raise ValueError(f"{kind}: value arrays of {[x.numel() for x in inputs]} entries "
                          f"for a pattern of {count}")
+    if uses_triton(t.device):
+        return triton_row_softmax(kind, t, *inputs)
+    inputs = [x.contiguous() for x in inputs]   # (held: the kernel reads their memory)
     out = torch.empty_like(inputs[0])
     nt = runtime.num_threads() if out.numel() >= _PARALLEL_ENTRIES else 1
     row_kernel(kind, t)(nt, t._size[0], t._pos1.data_ptr(),

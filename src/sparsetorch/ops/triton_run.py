@@ -25,7 +25,7 @@ from ..codegen.triton import Unsupported, load, render
 from ..compiler.attention import (attention_function, row_softmax_function,
                                   row_softmax_grad_function)
 from ..compiler.kernel import lower_plain
-from ..compiler.notation import Access, Epilogue, Mul, var_extents
+from ..compiler.notation import Access, Epilogue, Mul, Scale, var_extents
 from ..compiler.schedule import OperandInfo
 from ..formats.format import as_format
 from ..formats.tensor import SparseTensor
@@ -201,13 +201,21 @@ def _one_pattern(assignment, tensors):
         return None
     drop = {a.operand for a in sparse[1:]}
 
+    # Only factors of a product fold: the kept operand's values become the product of all,
+    # so neither it nor a dropped one may sit under anything else (relu(A) * B is not
+    # relu(A * B); (A + D) * B is not A * B + D)
     def without(e):
         if isinstance(e, Mul):
             a, b = without(e.a), without(e.b)
             return b if a is None else a if b is None else Mul(a, b)
         if isinstance(e, Access):
             return None if e.operand in drop else e
-        if any(x.operand in drop for x in e.accesses()):
+        if isinstance(e, Scale):   # (linear: c A B is c (A B))
+            inner = without(e.a)
+            if inner is None:
+                raise _NotProduct
+            return Scale(e.factor, inner)
+        if any(x.operand in drop or x.operand == first.operand for x in e.accesses()):
             raise _NotProduct
         return e
 
@@ -215,9 +223,9 @@ def _one_pattern(assignment, tensors):
         new_body = without(body)
     except _NotProduct:
         return None
-    values = A.values
+    values = A._checked_values()
     for n in sorted(drop):
-        values = values * tensors[n].values
+        values = values * tensors[n]._checked_values()
     tensors = list(tensors)
     tensors[first.operand] = A.with_values(values)
     new = replace(expr, body=new_body) if isinstance(expr, Epilogue) else new_body
@@ -241,7 +249,7 @@ def _arrays(tensors, out) -> dict:
     for n, t in enumerate(tensors):
         if isinstance(t, SparseTensor):
             named.update({f"t{n}_{k}": v for k, v in t._level_arrays.items()})
-            named[f"t{n}_vals"] = t.values
+            named[f"t{n}_vals"] = t._checked_values()   # (kernels trust their length)
         else:
             named[f"t{n}_vals"] = t.contiguous()
     return named
@@ -303,7 +311,7 @@ def attention(A: SparseTensor, Q, K, V) -> torch.Tensor:
     scratch = torch.empty(A.nnz, device=A.device,
                           dtype=torch.float64 if A.dtype == torch.float64 else torch.float32)
     arrays = {"t0_pos1": A._level_arrays["pos1"], "t0_crd1": A._level_arrays["crd1"],
-              "t0_vals": A.values, "t1_vals": Q.contiguous(), "t2_vals": K.contiguous(),
+              "t0_vals": A._checked_values(), "t1_vals": Q.contiguous(), "t2_vals": K.contiguous(),
               "t3_vals": V.contiguous(), "t4_vals": scratch, "out_vals": out}
     _launch(_fixed("attention"), arrays, {"i": n, "j": m, "k": d, "d": e}, A.dtype,
             "attention")
