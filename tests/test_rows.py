@@ -138,6 +138,17 @@ def test_gradients_match_dense(act, sparse_x):
 
 
 @needs_kernel
+@pytest.mark.parametrize("n", [1, 37])
+@pytest.mark.parametrize("k, m", [(21, 11), (11, 21)])
+def test_a_weight_of_no_entries_gives_the_bias_its_gradient(n, k, m):
+    """A pattern of no entries (density 0): wider inputs than outputs walked W^T's pattern,
+    whose empty permutation came to the kernel as a null pointer, read as "W's own": the
+    bias gradient was garbage and k - m values were written past it (heap corruption)."""
+    _check_gradients(n, k, m, "relu", False, density=0.0)
+    _check_gradients(n, k, m, None, True, density=0.0)
+
+
+@needs_kernel
 @pytest.mark.parametrize("n", [1, 5, 15])
 @pytest.mark.parametrize("sparse_x", [False, True])
 def test_fewer_rows_than_a_block_record_through_the_kernel(n, sparse_x):

@@ -512,7 +512,10 @@ def _grad_values(fns, weight: SparseTensor, gt, xt, n: int, ld: int, dvalues, db
     ``weight``'s stored entries, walking whichever of ``W``'s and ``W^T``'s patterns reads
     the operand with fewer rows out of order (``W^T``'s is ``_grad_x``'s, kept)."""
     (m, k), index = weight._size, _INDEX[weight._crd1.dtype]
-    found = relaid_pattern(weight, _transposed_format(weight._format)) if k > m else None
+    # (not for a pattern of no entries: the empty permutation's pointer is null, which the
+    # kernel reads as W's own pattern, with W^T's k rows: dbias written past its m)
+    found = relaid_pattern(weight, _transposed_format(weight._format)) \
+        if k > m and weight._crd1.numel() else None
     if found is not None and found[1].dtype == weight._crd1.dtype:
         (arrays, perm), rows, a, b = found, k, xt, gt
         pos, crd, perm = arrays["pos1"], arrays["crd1"], perm.data_ptr()
