@@ -14,6 +14,7 @@ import math
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .._modes import version
 from ..formats.pack import unpack
 from ..formats.tensor import SparseTensor
 from ..ops.custom_ops import is_tracing
@@ -37,7 +38,7 @@ def ones_pattern(t: SparseTensor) -> SparseTensor:
         True
     """
     found = t.__dict__.get("_ones")   # (``with_values`` copies it: ``PATTERN_FACTS``)
-    if found is None or found._values._version != 0:
+    if found is None or version(found._values) != 0:
         if is_tracing((t,)):
             return t.with_values(torch.ones(t.nnz, dtype=t.dtype, device=t.device))
         found = t.with_values(_ones_of(t))
@@ -56,7 +57,7 @@ def _ones_of(t: SparseTensor) -> torch.Tensor:
     kept = _ONES.get(anchor) if type(anchor) is torch.Tensor else None
     for ones in kept or ():
         if (ones.numel() == t.nnz and ones.dtype == t.dtype and ones.device == t.device
-                and ones._version == 0):
+                and version(ones) == 0):
             return ones
     ones = torch.ones(t.nnz, dtype=t.dtype, device=t.device)
     if type(anchor) is torch.Tensor:

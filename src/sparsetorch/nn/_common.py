@@ -30,19 +30,40 @@ def check_sizes(what: str, least: int = 1, **sizes) -> None:
             raise ValueError(f"{what}: {name} must be {kind}, got {n!r}")
 
 
-def check_image(x, what: str, channels: int, dtype: torch.dtype) -> None:
-    """Raise unless ``x`` is a dense ``(N, channels, H, W)`` tensor of ``dtype``.
+def autocast_input(x, dtype: torch.dtype):
+    """``x`` in a layer's ``dtype`` where ``torch.autocast`` is on for its device and both
+    are floating point, else ``x`` itself (another dtype then gets the layer's TypeError).
+    Under autocast the dense layer before a sparse one hands it a half-precision output;
+    like an op autocast does not list, the sparse layer runs in its weights' type.
 
     Example:
-        >>> check_image(torch.ones(1, 3, 4, 4), "Stem", 3, torch.float32)
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     autocast_input(torch.ones(2, dtype=torch.bfloat16), torch.float32).dtype
+        torch.float32
+    """
+    if x.dtype != dtype and type(x) is torch.Tensor and x.dtype.is_floating_point and \
+            dtype.is_floating_point and torch.is_autocast_enabled(x.device.type):
+        return x.to(dtype)
+    return x
+
+
+def check_image(x, what: str, channels: int, dtype: torch.dtype) -> torch.Tensor:
+    """``x``, after raising unless it is a dense ``(N, channels, H, W)`` tensor of
+    ``dtype`` (cast to it under autocast: ``autocast_input``).
+
+    Example:
+        >>> check_image(torch.ones(1, 3, 4, 4), "Stem", 3, torch.float32).shape
+        torch.Size([1, 3, 4, 4])
     """
     if not isinstance(x, torch.Tensor) or isinstance(x, SparseTensor) or x.dim() != 4 or \
             x.shape[1] != channels:
         raise ValueError(f"{what}: input must be a dense (N, {channels}, H, W) tensor; got "
                          f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
+    x = autocast_input(x, dtype)
     if x.dtype != dtype:
         raise TypeError(f"{what}: input is {x.dtype} but the weights are {dtype}; cast the "
                         f"input or the layer (.to(dtype))")
+    return x
 
 
 def keep_facts(weight: SparseTensor, layer: nn.Module) -> None:

@@ -17,6 +17,7 @@ import weakref
 
 import torch
 
+from .._modes import outside_inference_mode, version
 from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
 
@@ -120,7 +121,7 @@ class AdjacencyCache:
     def get(self, adj, num_nodes: int, dtype, build):
         value = self.lookup(adj, num_nodes, dtype)
         if value is None:
-            value = build()
+            value = outside_inference_mode(build)()
             self._kept = weakref.ref(adj), _key(adj, num_nodes, dtype), value
         return value
 
@@ -150,4 +151,4 @@ def _key(adj, num_nodes: int, dtype) -> tuple:
     # (a SparseTensor's level arrays never change -- ``.arrays`` gives copies -- so the
     # same object with the same values is the same matrix)
     t = adj.values if isinstance(adj, SparseTensor) else adj
-    return t.data_ptr(), t._version, t.shape, num_nodes, dtype
+    return t.data_ptr(), version(t), t.shape, num_nodes, dtype

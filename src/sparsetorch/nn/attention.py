@@ -23,10 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._modes import outside_inference_mode
 from ..formats.tensor import SparseTensor
 from ..ops import einsum
 from ..ops.attention import masked_attention
-from ._common import check_sizes, outside_graph
+from ._common import autocast_input, check_sizes, outside_graph
 from .masks import as_mask, block_diagonal
 
 # The mask functions' masks a layer keeps, in stored entries (~8 bytes each): 128 MiB.
@@ -105,7 +106,6 @@ class SparseAttention(nn.Module):
                              f"{tuple(q_in.shape)}, key {tuple(k_in.shape)}, value "
                              f"{tuple(v_in.shape)} (batch_first layout)")
         (B, Lq, E), Lk, H, d = q_in.shape, k_in.shape[1], self.num_heads, self.head_dim
-        A = self._folded_mask(self.mask_for(Lq, Lk, mask), B * H, q_in.dtype)
         w, b = self.in_proj_weight, self.in_proj_bias
         if query is key and key is value:
             q, k, v = F.linear(q_in, w, b).chunk(3, dim=-1)
@@ -115,6 +115,8 @@ class SparseAttention(nn.Module):
         # (B, L, H*d) -> (B*H*L, d): every (batch, head) is one diagonal block of A.
         q, k, v = (t.reshape(B, L, H, d).transpose(1, 2).reshape(-1, d)
                    for t, L in ((q, Lq), (k, Lk), (v, Lk)))
+        # (in the projections' dtype: half precision under autocast)
+        A = self._folded_mask(self.mask_for(Lq, Lk, mask), B * H, q.dtype)
         if self.training and self.dropout > 0:
             probs = torch.sparse.softmax(einsum("ij,ik,jk->ij", A, q, k), 1)
             probs = probs.with_values(F.dropout(probs.values, self.dropout))
@@ -147,6 +149,7 @@ class SparseAttention(nn.Module):
         return mask
 
     # -- helpers ---------------------------------------------------------------------------
+    @outside_inference_mode
     def _built_mask(self, fn, L: int) -> SparseTensor:
         # (under a lock: threads making a layer's first call drew a random mask each, and
         # an eviction between another thread's test and read was a KeyError)
@@ -167,6 +170,7 @@ class SparseAttention(nn.Module):
             layout = "(B, L, E)" if self.batch_first else "(L, B, E)"
             raise ValueError(f"SparseAttention: {name} must be a dense 3-D tensor {layout}, "
                              f"got {got}")
+        t = autocast_input(t, self.in_proj_weight.dtype)
         if t.dtype != self.in_proj_weight.dtype:
             raise TypeError(f"SparseAttention: {name} is {t.dtype} but the weights are "
                             f"{self.in_proj_weight.dtype}; convert one of them (e.g. "
@@ -179,6 +183,7 @@ class SparseAttention(nn.Module):
     # Not traced by torch.compile: the mask is built and cached outside the graph (a graph
     # break), which then receives it as an input whose format dynamo can read.
     @outside_graph
+    @outside_inference_mode
     def _folded_mask(self, mask, copies, dtype):
         """``copies`` copies of ``mask`` on a block diagonal, valued 1/sqrt(head_dim) (the
         score scale rides on the mask's values); kept while the same mask is used."""

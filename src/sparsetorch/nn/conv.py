@@ -39,7 +39,8 @@ from ..formats.pack import array_names
 from ..ops import spmm_narrow
 from ..ops.narrow import band_of_rows, max_columns, prepared_spmm_narrow
 from . import _pattern
-from ._common import as_asked, check_pointwise as _check_pointwise, keep_facts as _keep_facts
+from ._common import as_asked, autocast_input
+from ._common import check_pointwise as _check_pointwise, keep_facts as _keep_facts
 from .linear import SparseLinear
 from .pattern import choose_blocksize, prune_mask
 
@@ -165,6 +166,7 @@ class SparseConv2d(SparseLinear):
             raise ValueError(f"SparseConv2d: input must be (N, {self.in_features}, H, W); got "
                              f"{tuple(shape or ()) or type(x).__name__}")
         weight, bias = self.weight, self.bias
+        x = autocast_input(x, weight.dtype)
         if x.dtype != weight.dtype:
             raise TypeError(f"SparseConv2d: input is {x.dtype} but the weights are "
                             f"{weight.dtype}; cast the input or the layer (.to(dtype))")

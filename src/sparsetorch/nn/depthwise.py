@@ -70,7 +70,7 @@ class ChannelsFirstDepthwise(nn.Module):
         return cls(conv.weight, conv.bias, conv.stride, conv.padding, conv.dilation, activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_image(x, "ChannelsFirstDepthwise", self.weight.shape[0], self.weight.dtype)
+        x = check_image(x, "ChannelsFirstDepthwise", self.weight.shape[0], self.weight.dtype)
         return as_asked(self, self._written(x))
 
     def _written(self, x: torch.Tensor) -> torch.Tensor:

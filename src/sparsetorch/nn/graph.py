@@ -16,26 +16,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._modes import outside_inference_mode, version
 from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
 from ..ops import einsum, softmax
 from ..ops.policy import torch_blas_is_fast
-from ._common import check_sizes, member, outside_graph
+from ._common import autocast_input, check_sizes, member, outside_graph
 from .adjacency import AdjacencyCache, coordinates, normalized_adjacency
 
 
-def _check_x(x, in_features: int, what: str, dtype: torch.dtype) -> None:
+def _check_x(x, in_features: int, what: str, dtype: torch.dtype):
+    """``x``, checked (and cast to ``dtype`` under autocast: ``autocast_input``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what}: x must be a tensor or SparseTensor of node features, got "
                         f"{type(x).__name__}")
     if x.dim() != 2 or x.shape[1] != in_features:
         raise ValueError(f"{what}: x must be (num_nodes, in_features={in_features}), got "
                          f"shape {tuple(x.shape)}")
+    x = autocast_input(x, dtype)
     if x.dtype != dtype:
         fix = f"x.to({dtype}) or layer.to({x.dtype})" if x.dtype.is_floating_point else \
             f"x.to({dtype}): node features are floating point"
         raise TypeError(f"{what}: x is {x.dtype} but the layer's weights are {dtype}; convert "
                         f"{'one of them' if x.dtype.is_floating_point else 'it'} ({fix})")
+    return x
 
 
 def _propagate(A: SparseTensor, h: torch.Tensor, bias, activation=None) -> torch.Tensor:
@@ -62,9 +66,9 @@ class _TransposedWeight:
         # (a resize or an assignment to .data changes the pointer or the version; another
         # tensor, e.g. torch.func.functional_call's, may sit where a freed one was: a
         # probe's calls ran with the old weight's copy)
-        key, kept = (weight.data_ptr(), weight._version), self._kept
+        key, kept = (weight.data_ptr(), version(weight)), self._kept
         if kept is None or kept[1] != key or kept[0]() is not weight:
-            kept = self._kept = weakref.ref(weight), key, weight.detach().t().contiguous()
+            kept = self._kept = weakref.ref(weight), key, _transposed_copy(weight)
         return kept[2]
 
     def __getstate__(self):   # (a copy starts empty: derived data)
@@ -72,6 +76,11 @@ class _TransposedWeight:
 
     def __setstate__(self, state):
         self._kept = None
+
+
+@outside_inference_mode
+def _transposed_copy(weight: torch.Tensor) -> torch.Tensor:
+    return weight.detach().t().contiguous()
 
 
 _is_grad_enabled = torch.is_grad_enabled
@@ -213,7 +222,7 @@ class GCNConv(_Propagation):
 
     def forward(self, x, adj) -> torch.Tensor:
         weight, bias = member(member(self, "lin"), "weight"), member(self, "bias")
-        _check_x(x, self.in_features, "GCNConv", weight.dtype)
+        x = _check_x(x, self.in_features, "GCNConv", weight.dtype)
         A = self.adjacency(adj, x)
         if isinstance(x, SparseTensor):
             return _propagate(A, _sparse_product(x, self._transposed(weight)), bias,
@@ -259,7 +268,7 @@ class SAGEConv(_Propagation):
 
     def forward(self, x, adj) -> torch.Tensor:
         lin_l, lin_r = member(self, "lin_l"), member(self, "lin_r")
-        _check_x(x, self.in_features, "SAGEConv", member(lin_l, "weight").dtype)
+        x = _check_x(x, self.in_features, "SAGEConv", member(lin_l, "weight").dtype)
         A = self.adjacency(adj, x)
         sparse = isinstance(x, SparseTensor)
         if not sparse and self.out_features > self.in_features:
@@ -369,7 +378,7 @@ class GATConv(nn.Module):
     _eager_pattern = outside_graph(_pattern)
 
     def forward(self, x, adj) -> torch.Tensor:
-        _check_x(x, self.in_features, "GATConv", self.lin.weight.dtype)
+        x = _check_x(x, self.in_features, "GATConv", self.lin.weight.dtype)
         P, dst, src = self.pattern(adj, x)
         n, H, C = x.shape[0], self.heads, self.out_features
         h = (_sparse_product(x, self._transposed(self.lin.weight))

@@ -15,13 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._modes import outside_inference_mode, version
 from ..formats import SparseTensor
 from ..formats.pack import array_names
 from ..ops import einsum
 from ..ops.epilogue import ACTIVATIONS, unfused
 from ..ops.rows import MIN_ROWS, linear_rows
 from . import _pattern
-from ._common import keep_facts, member, outside_graph
+from ._common import autocast_input, keep_facts, member, outside_graph
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -158,12 +159,16 @@ class SparseLinear(nn.Module):
         values = member(self, "values")
         cached = self.__dict__.get("_cached_weight")
         if not _still_valid(cached, values, self._buffers, self._array_names):
-            arrays = self._arrays()
-            stamp = tuple((a, a._version) for a in arrays.values())
-            kept = SparseTensor.from_levels(self._shape(), self._format, arrays,
-                                            values.detach(), check=False)
-            cached = self.__dict__["_cached_weight"] = (values, values.data_ptr(), kept, stamp)
+            cached = self.__dict__["_cached_weight"] = self._built_weight(values)
         return cached[2]
+
+    @outside_inference_mode
+    def _built_weight(self, values):
+        arrays = self._arrays()
+        stamp = tuple((a, version(a)) for a in arrays.values())
+        kept = SparseTensor.from_levels(self._shape(), self._format, arrays, values.detach(),
+                                        check=False)
+        return values, values.data_ptr(), kept, stamp
 
     def _shape(self):
         return (self.out_features, self.in_features)
@@ -293,6 +298,7 @@ class SparseLinear(nn.Module):
         # (parameters read from the module's table, ~1.5 us a name otherwise: at batch 1
         # the layer's own code took twice its kernel's 12 us)
         dtype = member(self, "values").dtype
+        x = autocast_input(x, dtype)
         if x.dtype != dtype:
             raise TypeError(f"SparseLinear: input is {x.dtype} but the weights are "
                             f"{dtype}; cast the input or the layer (.to(dtype))")
@@ -458,8 +464,8 @@ def _still_valid(cached, values, buffers, names) -> bool:
     stamp = cached[3]
     if len(stamp) != len(names):
         return False
-    for name, (array, version) in zip(names, stamp):
+    for name, (array, seen) in zip(names, stamp):
         current = buffers[name]
-        if current is not array or current._version != version:
+        if current is not array or version(current) != seen:
             return False
     return True

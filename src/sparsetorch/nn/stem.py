@@ -64,7 +64,7 @@ class ChannelsFirstStem(nn.Module):
         return cls(conv.weight, conv.bias, conv.stride[0], activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_image(x, "ChannelsFirstStem", self.weight.shape[1], self.weight.dtype)
+        x = check_image(x, "ChannelsFirstStem", self.weight.shape[1], self.weight.dtype)
         if not x.is_contiguous():
             x = x.contiguous()
         return as_asked(self, stem_conv3x3(x, self.weight, self.bias, self.stride,

@@ -40,6 +40,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import runtime
+from .._modes import outside_inference_mode, version
 from ..formats.format import Format
 from ..formats.pack import choose_index_dtype, pack, unpack_rows
 from ..formats.tensor import SparseTensor, inherit_pattern_facts, layout
@@ -121,7 +122,7 @@ def _found(t: SparseTensor, fmt: Format):
     never change identity, only in place), then the table shared by every wrapper of the
     same arrays."""
     arrays = [getattr(t, "_" + n) for n in t._array_names]
-    versions = tuple([a._version for a in arrays])
+    versions = tuple([version(a) for a in arrays])
     own = t.__dict__.get("_relaid")
     found = own.get(fmt) if own is not None else None
     if found is None or found.versions != versions:
@@ -155,6 +156,7 @@ def _keepable(arrays, values) -> bool:
                                 for a in arrays) and type(values) is torch.Tensor
 
 
+@outside_inference_mode
 def _pattern(t: SparseTensor, fmt: Format):
     """``(arrays, permutation)`` of ``t``'s pattern in ``fmt``: stored entry ``e`` of the
     result holds ``t``'s entry ``permutation[e]`` (int32 where it fits: half the reads);

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import torch
 
-from ..formats.levels import Compressed, Dense
 from ..formats.tensor import SparseTensor
 from ..formats.memory import ResultTooLarge, memory_bytes
 

@@ -48,6 +48,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import runtime
+from .._modes import version
 from ..compiler.notation import Access, Assignment, Mul, Scale
 from ..formats.tensor import SparseTensor
 from .custom_ops import is_tracing
@@ -207,7 +208,7 @@ def _table(A: SparseTensor, nt: int):
     thread owns, equal shares of the stored entries; ``first`` ((nt - 1) x n, A's index
     dtype) where thread t's columns start in each row, for t = 1 .. nt - 1."""
     pos, crd = A._pos1, A._crd1
-    versions = (pos._version, crd._version)
+    versions = (version(pos), version(crd))
     kept = _TABLES.get(pos)
     found = kept.get(nt) if kept is not None else None
     if found is not None:

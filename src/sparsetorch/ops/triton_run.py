@@ -21,9 +21,13 @@ from functools import lru_cache
 
 import torch
 
+from .._modes import version
 from ..codegen.triton import Unsupported, load, render
-from ..compiler.attention import (attention_function, row_softmax_function,
-                                  row_softmax_grad_function)
+from ..compiler.attention import (
+    attention_function,
+    row_softmax_function,
+    row_softmax_grad_function,
+)
 from ..compiler.kernel import lower_plain
 from ..compiler.notation import Access, Epilogue, Mul, Scale, var_extents
 from ..compiler.schedule import OperandInfo
@@ -82,10 +86,10 @@ def row_order(pos: torch.Tensor) -> torch.Tensor:
         [1, 3, 0, 2]
     """
     kept = getattr(pos, "_sparsetorch_row_order", None)
-    if kept is not None and kept[0] == pos._version:
+    if kept is not None and kept[0] == version(pos):
         return kept[1]
     order = torch.argsort(pos[1:] - pos[:-1], descending=True, stable=True).to(torch.int32)
-    pos._sparsetorch_row_order = (pos._version, order)
+    pos._sparsetorch_row_order = (version(pos), order)
     return order
 
 

@@ -1,0 +1,47 @@
+"""What is kept between calls (a layer's cached adjacency, a re-laid pattern) is built with
+``torch.inference_mode`` off: a tensor made under it is an inference tensor, which a later
+call with autograd on cannot save for backward, and whose version counter (part of a
+cache's key) cannot be read; the first call of a layer under ``inference_mode`` made every
+later training call fail.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def outside_inference_mode(fn):
+    """``fn`` run with ``torch.inference_mode`` off (as it is, where it is not on).
+
+    Example:
+        >>> import torch
+        >>> make = outside_inference_mode(lambda: torch.ones(2))
+        >>> with torch.inference_mode():
+        ...     make().is_inference()
+        False
+    """
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not torch.is_inference_mode_enabled():
+            return fn(*args, **kwargs)
+        with torch.inference_mode(False):
+            return fn(*args, **kwargs)
+    return run
+
+
+def version(t: torch.Tensor):
+    """``t._version``, the count of in-place writes a cache's key holds; for an inference
+    tensor, which has none (and may be written in place under ``inference_mode``), a new
+    object each call: a key that matches nothing, so what was kept is rebuilt.
+
+    Example:
+        >>> import torch
+        >>> version(torch.zeros(2).add_(1))
+        1
+        >>> with torch.inference_mode():
+        ...     t = torch.zeros(2)
+        >>> version(t) == version(t)
+        False
+    """
+    return object() if t.is_inference() else t._version
