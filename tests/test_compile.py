@@ -301,6 +301,18 @@ def test_inductor_sparse_result():
     check_same(torch.compile(fn, fullgraph=True)(*args), fn(*args))
 
 
+def test_a_graph_break_mode_compile_takes_an_assembled_result_in_the_backward():
+    """Without ``fullgraph=True`` dynamo refused the emitted kernel's entry count (its
+    ``capture_dynamic_output_shape_ops`` is off by default) and retried the frames below
+    eagerly, failing inside the dispatch: ``A @ x`` with ``x`` requiring grad (its backward
+    re-lays A) raised dynamo's AttributeError, so SparseLinear could not train at batch 1."""
+    x = x6[:5].clone().requires_grad_()
+    y = torch.compile(lambda a, v: a @ v, backend="aot_eager")(A, x)
+    y.sum().backward()
+    torch.testing.assert_close(y, A.to_dense() @ x.detach())
+    torch.testing.assert_close(x.grad, A.to_dense().sum(0))
+
+
 def _prepared(equation, *operands):
     """The call recipe ``st.einsum`` builds for these operands (the registry's entry)."""
     from sparsetorch.compiler.notation import parse_einsum, var_extents

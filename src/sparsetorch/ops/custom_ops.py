@@ -378,6 +378,22 @@ def emit_kernel(kernel: str, inputs: list[torch.Tensor],
     return result
 
 
+def _entry_count(ctx) -> torch.SymInt:
+    """A new size for an entry count that depends on values. ``new_dynamic_size`` refuses
+    while dynamo's ``capture_dynamic_output_shape_ops`` is off (its default) and dynamo
+    then breaks the graph there and retries the frames below eagerly, which fails inside
+    this package's dispatch (a compiled backward of ``A @ x`` with ``x`` requiring grad
+    raised dynamo's AttributeError); the graph takes the size as ``fullgraph=True`` does."""
+    try:
+        return ctx.new_dynamic_size()
+    except torch._subclasses.fake_tensor.DynamicOutputShapeException:
+        if ctx._shape_env is None:
+            raise
+        size = ctx._shape_env.create_unbacked_symint()
+        torch._check_is_size(size)
+        return size
+
+
 @emit_kernel.register_fake
 def _(kernel, inputs, extents):
     entry = _entry(kernel)
@@ -390,7 +406,7 @@ def _(kernel, inputs, extents):
     for level, size in zip(fmt.levels, fmt.storage_dims(shape)):
         if level.has_pos:     # one position per parent, then a data-dependent entry count
             out.append(torch.empty(count + 1, dtype=index, device=device))
-            count = ctx.new_dynamic_size()
+            count = _entry_count(ctx)
         elif not level.has_crd:   # dense: every coordinate of every parent
             count = count * size
         if level.has_crd:
