@@ -97,6 +97,17 @@ def test_csc_and_transposes_run_as_csr_rows():
     Y = dense((8, 3), torch.float32, 8)
     check(lambda a, y: a.t() @ y, (st.tensor(d, "csr"), Y), lambda a, y: a.T @ y, "dense",
           "dense")
+    # vectors too: their schedule walks the columns and scatters, so the operand is re-laid
+    # (they ran the dense fallback, as did a CSR SpMV's backward, A^T g)
+    x, y = dense((5,), torch.float32, 9), dense((8,), torch.float32, 10)
+    check(lambda a, x: a @ x, (st.tensor(d, "csc"), x), lambda a, x: a @ x, "dense", "dense")
+    check(lambda a, y: a.t() @ y, (st.tensor(d, "csr"), y), lambda a, y: a.T @ y, "dense",
+          "dense")
+    triton_run.stats.clear()
+    xg = x.clone().requires_grad_()
+    (st.tensor(d, "csr") @ xg).sum().backward()
+    torch.testing.assert_close(xg.grad, d.sum(0))
+    assert triton_run.stats["dense"] == 2 and not triton_run.stats["fallback"]
 
 
 def test_linear_and_fused_epilogue():

@@ -31,7 +31,7 @@ from ..compiler.attention import (
 from ..compiler.kernel import lower_plain
 from ..compiler.notation import Access, Epilogue, Mul, Scale, var_extents
 from ..compiler.schedule import OperandInfo
-from ..formats.format import as_format
+from ..formats.format import Format, as_format
 from ..formats.tensor import SparseTensor
 from .blocked import split_blocked
 from .relaid import relaid
@@ -132,6 +132,12 @@ def run_triton(assignment, tensors, infos, out_format):
         assignment, tensors = merged
         infos = infos_of(tensors)
     found = _compiled(assignment, infos, out_format)
+    for order in ("rows", "columns"):   # (a nest that would scatter: another walk)
+        if found is not None:
+            break
+        tensors = _relaid_in(tensors, order)
+        infos = infos_of(tensors)
+        found = _compiled(assignment, infos, out_format)
     if found is None:
         return None
     sched, spec, kernel = found
@@ -149,6 +155,22 @@ def run_triton(assignment, tensors, infos, out_format):
     make = torch.zeros if "out_vals" in kernel.zeroed else torch.empty
     out = make(out_shape, dtype=dtype, device=device)
     _launch(kernel, _arrays(tensors, out), ext, dtype, "dense")
+    return out
+
+
+def _relaid_in(tensors, order: str) -> list:
+    """``tensors`` with each sparse matrix stored ``order`` first ("rows": CSR, "columns":
+    CSC), re-laid where it is not (``relaid.py``: once per pattern, kept). The schedule
+    may walk a sparse operand against the result's order and scatter into it (cheap on a
+    CPU: an SpMV over CSC, the backward ``A^T g`` of one over CSR); the Triton kernels
+    take no scatter, and the other walk needs none."""
+    out = []
+    for t in tensors:
+        if isinstance(t, SparseTensor) and t.dim() == 2:
+            want = (0, 1) if order == "rows" else (1, 0)
+            if t.format.mode_order != want:
+                t = relaid(t, Format(t.format.levels, want))
+        out.append(t)
     return out
 
 
