@@ -124,9 +124,7 @@ class SparseLayer:
         if self.conv:    # (N, C, H, W) -> (C, N*H*W), after the stride the layer applies
             x = x[:, :, ::module.stride, ::module.stride]
             x = x.transpose(0, 1).reshape(in_f, -1)
-        elif type(x) is SparseTensor and x.dim() == 2:   # (sparse activations: kept so)
-            pass
-        else:
+        elif not (type(x) is SparseTensor and x.dim() == 2):   # (a sparse batch stays so)
             x = (x.to_dense() if type(x) is SparseTensor else x).reshape(-1, in_f).t()
         # the gradient wanted is the weight's: before the layer's fused activation
         if module.activation not in _DERIVATIVES:
@@ -271,7 +269,7 @@ class SparseLayer:
 
 # The gradient before a fused activation from the one after it, g, and the output y: each
 # activation a truly sparse layer takes but abs, whose sign the output has lost (refused
-# when the trainer is built). 0 where torch's backward gives 0, whatever g holds there.
+# by a forward that captures). 0 where torch's backward gives 0, whatever g holds there.
 _DERIVATIVES = {
     None: None,
     "relu": lambda g, y: torch.where(y > 0, g, 0),
