@@ -3,6 +3,7 @@ flow): exact per-layer counts, output equal to the dense model with the same mas
 norm folded, the dense model left unchanged, bad arguments."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -280,3 +281,114 @@ def test_layers_the_traced_parent_does_not_call_stay_dense():
     x = torch.randn(2, 6)
     with torch.no_grad():
         torch.testing.assert_close(sparse(x), _masked_dense(dense, sparse)(x))
+
+
+def _conv_bn(wrap=lambda conv: conv):
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(8)
+    bn.running_var.fill_(4.0)   # a scale of 0.5: a fold that loses it is off by ~1
+    bn.running_mean.uniform_()
+    return nn.Sequential(wrap(nn.Conv2d(6, 8, 1)), bn, nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+
+
+@pytest.mark.parametrize("wrap", ["weight_norm", "spectral_norm", "old weight_norm"])
+def test_a_parametrized_weight_folds_its_batch_norm(wrap):
+    """The fold was written into a weight the parametrization recomputes: the batch norm's
+    scale was lost, its shift kept (outputs off by ~1, no error). The model given keeps
+    working: a parametrized module's copies share its class."""
+    from torch.nn.utils import parametrizations
+    fn = {"weight_norm": parametrizations.weight_norm,
+          "spectral_norm": parametrizations.spectral_norm,
+          "old weight_norm": nn.utils.weight_norm}[wrap]
+    with pytest.warns(FutureWarning) if wrap == "old weight_norm" else contextlib.nullcontext():
+        model = _conv_bn(fn)
+    x = torch.randn(2, 6, 5, 5)
+    with torch.no_grad():
+        want = model(x)
+        for made in (st.sparsify(model, sparsity=0.0), st.nn.fold_batchnorms(model)):
+            torch.testing.assert_close(made(x), want)
+        torch.testing.assert_close(model(x), want)
+
+
+def test_a_batch_norm_without_running_statistics_stays_unfolded():
+    model = _conv_bn()
+    model[1] = nn.BatchNorm2d(8, track_running_stats=False)
+    sparse = st.sparsify(model, sparsity=0.5)
+    assert isinstance(sparse[1], nn.BatchNorm2d) and isinstance(sparse[0], SparseConv2d)
+    x = torch.randn(2, 6, 3, 3)
+    masked = copy.deepcopy(model)
+    with torch.no_grad():
+        masked[0].weight.copy_(sparse[0].weight.to_dense().view_as(masked[0].weight))
+        masked[3].weight.copy_(sparse[3].weight.to_dense().view_as(masked[3].weight))
+        torch.testing.assert_close(sparse(x), masked(x), rtol=1e-4, atol=1e-5)
+
+
+def test_hooks_and_frozen_parameters_carry_over():
+    """Hooks on replaced layers ran no more, and frozen layers came back trainable; a
+    hooked batch norm is not folded (its hook would see nothing)."""
+    model = _conv_bn()
+    model[0].requires_grad_(False)
+    ran = []
+    for i in (0, 1, 3):
+        model[i].register_forward_hook(lambda m, args, out, i=i: ran.append((i, out.shape)))
+    sparse = st.sparsify(model, sparsity=0.5)
+    assert isinstance(sparse[1], nn.BatchNorm2d)           # hooked: not folded
+    x = torch.randn(2, 6, 3, 3)
+    sparse(x)
+    assert ran == [(0, (2, 8, 3, 3)), (1, (2, 8, 3, 3)), (3, (2, 4, 3, 3))]
+    assert not sparse[0].values.requires_grad and not sparse[0].bias.requires_grad
+    assert sparse[3].values.requires_grad
+
+
+def test_skip_names_a_block_and_keeps_what_it_names_unfolded():
+    model = nn.Sequential(_conv_bn(), nn.Conv2d(4, 4, 1)).eval()
+    kinds = lambda m: [type(c).__name__ for c in m.modules()][1:]   # noqa: E731
+    assert kinds(st.sparsify(model, skip=["0"]))[:5] == \
+        ["Sequential", "Conv2d", "BatchNorm2d", "ReLU", "Conv2d"]
+    assert kinds(st.sparsify(model, skip=["0.1"]))[1:3] == ["SparseConv2d", "BatchNorm2d"]
+    assert kinds(st.sparsify(model, skip=None)) == kinds(st.sparsify(model))
+
+
+def test_a_layer_called_and_whose_weight_is_read_stays_dense():
+    class ReadsWeight(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 1)
+
+        def forward(self, x):
+            return self.conv(x) + F.conv2d(x, self.conv.weight)
+
+    sparse = st.sparsify(ReadsWeight(), sparsity=0.5)
+    assert type(sparse.conv) is nn.Conv2d
+    sparse(torch.randn(1, 4, 2, 2))
+
+
+def test_a_frozen_model_is_refused_clearly():
+    frozen = st.freeze(nn.Sequential(nn.Conv2d(3, 4, 1)).eval())
+    for fn in (st.sparsify, st.nn.fold_batchnorms):
+        with pytest.raises(TypeError, match="before freezing"):
+            fn(frozen)
+
+
+def test_a_sparse_conv_state_loads_into_a_layer_stored_the_other_way():
+    """SparseConv2d picks CSR or BSR from its pattern; a state of the other kind was
+    refused ("not a valid csr pattern"), e.g. from sparsify at 0% into one at 50%."""
+    torch.manual_seed(0)
+    blocky = torch.zeros(8, 6, dtype=torch.bool)
+    blocky[:4, ::2] = blocky[4:, 1::2] = True
+    a = st.nn.SparseConv2d(6, 8, mask=blocky)
+    b = st.nn.SparseConv2d(6, 8, density=0.3)
+    assert a.blocksize is not None and b.blocksize is None
+    b.load_state_dict(a.state_dict())
+    assert b.blocksize == a.blocksize
+    torch.testing.assert_close(b.weight.to_dense(), a.weight.to_dense())
+    c = st.nn.SparseConv2d(6, 8, density=0.3)
+    a.load_state_dict(c.state_dict())
+    assert a.blocksize is None
+    torch.testing.assert_close(a.weight.to_dense(), c.weight.to_dense())
+    bad = b.state_dict()
+    bad["crd1"] = bad["crd1"] + 100                          # out of range: refused
+    before = c.blocksize, c.weight.to_dense()
+    with pytest.raises(RuntimeError, match="not a valid"):
+        c.load_state_dict(bad)
+    assert c.blocksize == before[0] and torch.equal(c.weight.to_dense(), before[1])

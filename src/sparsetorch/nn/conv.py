@@ -42,7 +42,7 @@ from . import _pattern
 from ._common import as_asked, autocast_input
 from ._common import check_pointwise as _check_pointwise, keep_facts as _keep_facts
 from .linear import SparseLinear
-from .pattern import choose_blocksize, prune_mask
+from .pattern import BLOCK_ROWS, choose_blocksize, prune_mask
 
 ACTIVATIONS = (None, "relu", "relu6")
 
@@ -153,10 +153,31 @@ class SparseConv2d(SparseLinear):
             if blocksize != self.blocksize:
                 if values is None:   # the old weights, read before the format changes
                     values = self.weight.detach().to_dense()
-                self.blocksize = blocksize
-                self._format = _pattern.weight_format(blocksize)
-                self._array_names = array_names(self._format)
+                self._store_in(blocksize)
         super().set_pattern(mask, values)
+
+    def _store_in(self, blocksize) -> None:
+        self.blocksize = blocksize
+        self._format = _pattern.weight_format(blocksize)
+        self._array_names = array_names(self._format)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # The layer picks CSR or BSR from its pattern (set_pattern), so a state of another
+        # pattern may be stored the other way: its row pointers tell which (one per row or
+        # per block of BLOCK_ROWS rows): that format is taken, and given back if the load fails.
+        pos, before = state_dict.get(prefix + "pos1"), self.blocksize
+        if isinstance(pos, torch.Tensor) and pos.dim() == 1 and pos.numel() > 1:
+            rows = pos.numel() - 1
+            stored = next(((r, 1) for r in BLOCK_ROWS if rows * r == self.out_features
+                           and rows != self.out_features), None)
+            if stored != before and (stored is not None or rows == self.out_features):
+                self._store_in(stored)
+        errors = len(error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                      missing_keys, unexpected_keys, error_msgs)
+        if len(error_msgs) > errors and self.blocksize != before:
+            self._store_in(before)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (few tensor ops: at batch 1 the late layers' kernels take tens of microseconds,

@@ -19,6 +19,9 @@ import copy
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 
 def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
@@ -30,18 +33,56 @@ def fold_batchnorm(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     if bn.num_features != conv.out_channels:
         raise ValueError(f"fold_batchnorm: batch norm has {bn.num_features} features but the "
                          f"convolution {conv.out_channels} output channels")
-    if bn.running_mean is None:
+    if not foldable(bn):
         raise ValueError("fold_batchnorm: batch norm without running statistics "
-                         "(track_running_stats=False) cannot be folded; pass fold_bn=False")
+                         "(track_running_stats=False) cannot be folded (st.sparsify and "
+                         "st.nn.fold_batchnorms leave such a batch norm as it is)")
     with torch.no_grad():
+        folded = _with_plain_weight(conv)
         scale = bn.running_var.add(bn.eps).rsqrt()
         if bn.weight is not None:
             scale = scale * bn.weight
         shift = -bn.running_mean * scale
         if bn.bias is not None:
             shift = shift + bn.bias
-        folded = copy.deepcopy(conv)
-        folded.weight.copy_(conv.weight * scale.view(-1, 1, 1, 1).to(conv.weight.dtype))
+        folded.weight.mul_(scale.view(-1, 1, 1, 1).to(folded.weight.dtype))
         bias = shift if conv.bias is None else conv.bias * scale + shift
-        folded.bias = nn.Parameter(bias.to(conv.weight.dtype))
+        folded.bias = nn.Parameter(bias.to(folded.weight.dtype))
     return folded
+
+
+def foldable(bn: nn.BatchNorm2d) -> bool:
+    """Whether ``bn`` has running statistics to fold."""
+    return bn.running_mean is not None and bn.running_var is not None
+
+
+def is_norm_hook(hook) -> bool:
+    """Whether a forward pre-hook is an older ``nn.utils.weight_norm``/``spectral_norm``'s,
+    which computes the weight (a fold or a sparse copy takes the weight it computes)."""
+    return isinstance(hook, (WeightNorm, SpectralNorm))
+
+
+def _with_plain_weight(conv: nn.Conv2d) -> nn.Conv2d:
+    """A copy of ``conv`` whose weight is a plain Parameter: a parametrization
+    (``parametrizations.weight_norm``, ``spectral_norm``) or an older
+    ``nn.utils.weight_norm``/``spectral_norm`` hook recomputes the weight at each access or
+    call, which would undo a fold written into it (the scale lost, the shifted bias kept:
+    outputs off by ~1). Such a convolution becomes an ``nn.Conv2d`` holding the weight it
+    computes now. (Not by ``remove_parametrizations`` on a copy: a parametrized module's
+    copies share its class, and the removal deletes the class's property, the original's
+    too.)"""
+    hooks = [h for h in conv._forward_pre_hooks.values()
+             if is_norm_hook(h) and h.name == "weight"]
+    if not hooks and not parametrize.is_parametrized(conv, "weight"):
+        return copy.deepcopy(conv)
+    if hooks and isinstance(hooks[0], SpectralNorm):
+        weight = hooks[0].compute_weight(conv, do_power_iteration=False)
+    else:
+        weight = hooks[0].compute_weight(conv) if hooks else conv.weight
+    plain = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
+                      conv.padding, conv.dilation, conv.groups, conv.bias is not None,
+                      conv.padding_mode, device=weight.device, dtype=weight.dtype)
+    plain.weight.copy_(weight)
+    if conv.bias is not None:
+        plain.bias.copy_(conv.bias)
+    return plain.train(conv.training)

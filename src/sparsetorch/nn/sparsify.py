@@ -12,12 +12,16 @@ write the sparse layers' (C, N, H, W) layout, so a batch keeps it through them.
 
 Only layers their parent calls as modules are replaced: when ``torch.fx`` traces the model,
 those reached by a module call (directly, or inside a called ``torch.nn`` module); a layer
-whose parent reads its ``.weight`` itself stays dense. Layers inside an
+whose parent reads its ``.weight`` itself stays dense (called as a module or not). Layers inside an
 ``nn.MultiheadAttention`` always stay dense: it reads ``out_proj.weight`` directly.
 
 With ``fold_bn=True`` each ``BatchNorm2d`` applied right after a convolution (and nowhere
-else) is folded into it, with its running statistics (the model as in ``eval()``), and a
-``ReLU``/``ReLU6`` module right after is fused into the sparse or depthwise layer. The data
+else) is folded into it, with its running statistics (the model as in ``eval()``; one
+without them, ``track_running_stats=False``, stays as it is), and a ``ReLU``/``ReLU6``
+module right after is fused into the sparse or depthwise layer. A module with hooks of its
+own, or named in ``skip`` (a name keeps everything inside it as it is), is neither folded
+nor folded into. A replaced layer keeps its hooks and its parameters' ``requires_grad``.
+Layers that are already sparse are kept as they are (not pruned again). The data
 flow is read by ``torch.fx`` tracing; models that do not trace are read as ``nn.Sequential``
 chains (neighbouring children) only.
 
@@ -55,7 +59,7 @@ from torch import nn
 from ._common import check_pointwise as _check_pointwise
 from .conv import SparseConv2d
 from .depthwise import ChannelsFirstDepthwise, is_depthwise
-from .fold import fold_batchnorm
+from .fold import fold_batchnorm, foldable, is_norm_hook
 from .fuse import fuse_expand_depthwise
 from .pattern import METHODS, exact_density, prune_mask
 from .stem import ChannelsFirstStem, is_stem
@@ -81,8 +85,7 @@ def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
         >>> [type(m).__name__ for m in sp], type(net[0]).__name__
         (['SparseConv2d', 'Conv2d'], 'Conv2d')
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"sparsify: model must be an nn.Module, got {type(model).__name__}")
+    _check_model(model, "sparsify")
     if not isinstance(sparsity, (int, float)) or not 0.0 <= float(sparsity) <= 1.0:
         raise ValueError(f"sparsify: sparsity must be a number in [0, 1], got {sparsity!r}")
     if method not in METHODS:
@@ -171,9 +174,17 @@ def fold_batchnorms(model: nn.Module) -> nn.Module:
         >>> [type(m).__name__ for m in st.nn.fold_batchnorms(net)]
         ['Conv2d', 'Identity']
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"fold_batchnorms: model must be an nn.Module, got {type(model).__name__}")
+    _check_model(model, "fold_batchnorms")
     return _rebuild(model, True, lambda name, module: False, None)
+
+
+def _check_model(model, what: str) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{what}: model must be an nn.Module, got {type(model).__name__}")
+    from .freeze import Frozen   # (freeze imports this module)
+    if isinstance(model, Frozen):
+        raise TypeError(f"{what}: the model is frozen (st.freeze), which keeps no layers to "
+                        f"change; {what} the model before freezing it")
 
 
 def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module:
@@ -182,7 +193,7 @@ def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module
     ``make_sparse(module, module with its batch norm folded, fused activation name)``."""
     out = copy.deepcopy(model)
     links, called = _data_flow(out)
-    chains = _chains(out, links, fold_bn)
+    chains = _chains(out, links, fold_bn, skipped)
     modules = dict(out.named_modules())
     aliases = defaultdict(list)   # a module registered under several names: all of them
     for name, module in out.named_modules(remove_duplicate=False):
@@ -208,6 +219,7 @@ def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module
                 f"sparsify: {name!r} is also registered as {others}, and its use here folds a "
                 "batch norm or an activation into it that its other uses may not have; give "
                 f"each use its own module (copy.deepcopy) or keep it dense (skip=[{name!r}])")
+        _carry_over(module, new)
         for alias in (name, *others):   # (a shared module stays shared: one sparse module)
             _replace(out, alias, new)
         if bn_name:
@@ -215,6 +227,34 @@ def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module
         if act is not None:
             _replace(out, act_name, nn.Identity())
     return out
+
+
+# A module's own hooks (a deep copy's: the model given keeps its own), moved to what
+# replaces it: nothing is folded into a hooked module, so it computes what the module did.
+_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _carry_over(module: nn.Module, new: nn.Module) -> None:
+    """Give ``new`` (``module``'s replacement) ``module``'s hooks and its parameters'
+    ``requires_grad`` (a frozen backbone stays frozen): weight -> values or weight."""
+    for attr in _HOOK_DICTS:
+        if getattr(module, attr, None):
+            setattr(new, attr, getattr(module, attr))
+    new._forward_pre_hooks = type(module._forward_pre_hooks)(
+        (k, h) for k, h in module._forward_pre_hooks.items() if not is_norm_hook(h))
+    new._is_full_backward_hook = module._is_full_backward_hook
+    flags = {name: p.requires_grad for name, p in module.named_parameters()}
+    for name, p in new.named_parameters():
+        p.requires_grad_(flags.get("weight" if name == "values" else name,
+                                   any(flags.values()) if flags else True))
+
+
+def _hooked(module: nn.Module) -> bool:
+    """``hooked``, not counting an older weight_norm/spectral_norm pre-hook (the weight it
+    computes is what the replacement takes)."""
+    return bool(module._forward_hooks or module._backward_hooks or module._backward_pre_hooks
+                or any(not is_norm_hook(h) for h in module._forward_pre_hooks.values()))
 
 
 def _is_pointwise(conv: nn.Module) -> bool:
@@ -240,6 +280,10 @@ def _blocksize(blocksize):
 
 
 def _skip_predicate(skip, model: nn.Module):
+    """``(name, module) -> bool``: a module named in ``skip``, or inside one (a block's
+    name keeps the whole block dense), stays as it is, and nothing is folded into it."""
+    if skip is None:
+        skip = ()
     if callable(skip):
         return skip
     if isinstance(skip, str):
@@ -254,7 +298,7 @@ def _skip_predicate(skip, model: nn.Module):
         raise ValueError(f"sparsify: skip names {sorted(unknown)}, which are not modules of "
                          f"the model; its modules: {listed[:20]}"
                          + (" ..." if len(listed) > 20 else ""))
-    return lambda name, module: name in names
+    return lambda name, module: name in names or _below(name, names)
 
 
 def _replace(root: nn.Module, name: str, new: nn.Module) -> None:
@@ -276,7 +320,9 @@ def _data_flow(model: nn.Module):
     except Exception:   # any tracing failure (control flow, unsupported ops): read Sequentials
         return _sequential_links(model), lambda name: not _below(name, opaque)
     targets = {node.target for node in graph.nodes if node.op == "call_module"}
-    return _fx_links(graph), lambda name: (not _below(name, opaque)
+    # (a module whose parameters the parent reads itself, called or not, keeps them)
+    read = {node.target.rpartition(".")[0] for node in graph.nodes if node.op == "get_attr"}
+    return _fx_links(graph), lambda name: (not _below(name, opaque) and name not in read
                                            and (name in targets or _below(name, targets)))
 
 
@@ -285,21 +331,28 @@ def _below(name: str, ancestors) -> bool:
     return any(a == "" or name.startswith(a + ".") for a in ancestors)
 
 
-def _chains(model: nn.Module, links: dict, fold_bn: bool) -> dict:
+def _chains(model: nn.Module, links: dict, fold_bn: bool, skipped) -> dict:
     """``{conv name: (batch norm name or None, activation name or None)}`` for convolutions
-    whose output feeds only that batch norm (folded when ``fold_bn``), whose output in turn
-    (or the convolution's) feeds only a ReLU/ReLU6 module (``links``, from ``_data_flow``).
-    Each module must be called once."""
+    whose output feeds only that batch norm (folded when ``fold_bn`` and it has running
+    statistics), whose output in turn (or the convolution's) feeds only a ReLU/ReLU6 module
+    (``links``, from ``_data_flow``). Each module must be called once, and none of them be
+    ``skipped`` or have hooks of its own (which expect that module's output)."""
     modules = dict(model.named_modules())
+
+    def free(name):
+        return name in modules and not skipped(name, modules[name]) and \
+            not _hooked(modules[name])
+
     chains = {}
     for name, module in modules.items():
-        if not isinstance(module, nn.Conv2d):
+        if not isinstance(module, nn.Conv2d) or not free(name):
             continue
         bn = act = None
         nxt = links.get(name)
-        if fold_bn and isinstance(modules.get(nxt), nn.BatchNorm2d):
+        if fold_bn and isinstance(modules.get(nxt), nn.BatchNorm2d) and free(nxt) and \
+                foldable(modules[nxt]):
             bn, nxt = nxt, links.get(nxt)
-        if type(modules.get(nxt)) in _ACTIVATION_OF:
+        if type(modules.get(nxt)) in _ACTIVATION_OF and free(nxt):
             act = nxt
         if bn or act:
             chains[name] = (bn, act)
