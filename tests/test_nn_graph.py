@@ -523,3 +523,26 @@ def test_gcn_counts_a_repeated_self_loop_once_as_pyg():
         pyg = _pyg().GCNConv(5, 3).double()
         conv.load_state_dict(pyg.state_dict())
         torch.testing.assert_close(conv(x, twice), pyg(x, twice))
+
+
+@pytest.mark.parametrize("layer", ["GCNConv", "SAGEConv", "GATConv"])
+def test_a_blocked_adjacency_is_the_same_graph(layer):
+    """A BSR adjacency's blocks store zeros around the edges; they were read as edges
+    (GCNConv took them for weight-0 self loops, SAGEConv counted them, GATConv attended)."""
+    torch.manual_seed(0)
+    edges = torch.tensor([[0, 1, 2, 3, 4, 5, 1], [1, 0, 3, 2, 5, 4, 3]])
+    dense = torch.zeros(6, 6)
+    dense[edges[1], edges[0]] = 1.0
+    conv = getattr(st.nn, layer)(4, 3)
+    x = torch.randn(6, 4)
+    want = conv(x, st.tensor(dense, "csr"))
+    got = conv(x, st.tensor(dense, "bsr", blocksize=(2, 2)))
+    torch.testing.assert_close(got, want)
+
+
+def test_the_gcn_model_adds_self_loops_as_its_layers_do():
+    """GCN(normalize=None) added self loops where GCNConv(normalize=None) does not."""
+    for normalize, loops in (("sym", True), ("mean", True), (None, False)):
+        model = st.models.GCN(4, 8, 3, normalize=normalize)
+        assert model.conv1.add_self_loops is loops is model.conv2.add_self_loops
+        assert st.nn.GCNConv(4, 8, normalize=normalize).add_self_loops is loops

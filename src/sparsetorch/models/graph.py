@@ -15,6 +15,8 @@ class GCN(nn.Module):
     """Two-layer GCN (Kipf & Welling 2017): dropout, ``GCNConv``, ReLU, dropout,
     ``GCNConv``; returns logits (train with ``F.cross_entropy``). Sparse features are
     dropped on their stored values. Each layer keeps its normalised adjacency (``cached``).
+    ``normalize`` and ``self_loops`` are ``GCNConv``'s (self loops follow ``normalize``
+    unless given).
 
     Example:
         >>> import torch, sparsetorch as st
@@ -24,7 +26,7 @@ class GCN(nn.Module):
     """
 
     def __init__(self, in_features: int, hidden: int, num_classes: int, dropout: float = 0.5,
-                 normalize="sym", self_loops: bool = True, cached: bool = True):
+                 normalize="sym", self_loops: bool | None = None, cached: bool = True):
         super().__init__()
         self.dropout = dropout
         self.conv1 = GCNConv(in_features, hidden, normalize=normalize, self_loops=self_loops,

@@ -2,9 +2,11 @@
 CSR SparseTensor out, computed once per adjacency and kept.
 
 Convention (PyG's): messages flow source -> target. An ``edge_index`` is a ``(2, E)`` int
-tensor with row 0 the sources and row 1 the targets; a SparseTensor adjacency ``A`` has
-``A[i, j] != 0`` when ``j`` sends to ``i`` (it is PyG's ``adj_t``), so a layer computes
-``A @ x``. For an undirected graph (both directions stored) the two readings agree.
+tensor with row 0 the sources and row 1 the targets; a SparseTensor adjacency ``A`` stores
+``A[i, j]`` when ``j`` sends to ``i`` (it is PyG's ``adj_t``), so a layer computes
+``A @ x``. Each stored entry is an edge, with its value as weight, a stored zero too,
+except in a blocked format (BSR), whose blocks store the zeros around their edges: there
+an edge is a nonzero. For an undirected graph (both directions stored) the two readings agree.
 Duplicate edges add up (as PyG's scatter-sum of their messages does), except self loops
 where a layer adds them: one per node, as PyG's ``add_remaining_self_loops`` keeps.
 
@@ -79,8 +81,13 @@ def coordinates(adj, num_nodes: int, dtype, what: str):
                              f"{num_nodes} nodes; pass an ({num_nodes}, {num_nodes}) "
                              "SparseTensor or an edge_index")
         coo = adj.detach().asformat("coo")
-        arrays = coo.arrays
-        return arrays["crd0"].long(), arrays["crd1"].long(), coo.values.to(dtype)
+        rows, cols, values = coo.arrays["crd0"].long(), coo.arrays["crd1"].long(), coo.values
+        if adj.format.blocksize is not None:
+            # (a block stores the zeros around its edges: those are no edges; an explicit
+            # zero in a block cannot be told from them, so zeros are dropped)
+            edge = values != 0
+            rows, cols, values = rows[edge], cols[edge], values[edge]
+        return rows, cols, values.to(dtype)
     if not isinstance(adj, torch.Tensor) or adj.layout != torch.strided:
         raise TypeError(f"{what}: adj must be an edge_index (a (2, E) integer tensor) or a "
                         f"SparseTensor adjacency, got {type(adj).__name__}"
