@@ -200,3 +200,11 @@ def test_a_hook_inside_a_pair_or_a_removed_child_turns_the_fusion_off():
     del sparse[1]   # now: expansion, projection, Identity; the old pair {"0": "1"} is stale
     with torch.no_grad():
         torch.testing.assert_close(sparse(x), sparse[1](sparse[0](x)))
+
+
+def test_no_expanded_channels_is_not_the_fused_kernels():
+    """E = 0 divided by zero in the fused kernel's walk (SIGFPE, found under
+    AddressSanitizer): it goes to the two steps, whose convolution refuses it."""
+    W = st.tensor(torch.zeros(0, 3), format="csr")
+    assert _kernel_for(torch.randn(1, 3, 5, 5), W, None, torch.randn(0, 1, 3, 3), None, 1,
+                       None) is None

@@ -293,3 +293,13 @@ def test_sparse_linear_layer_takes_the_kernel():
     torch.sigmoid(x[0, :3] @ wd.T + b).sum().backward()
     grad = layer.weight.with_values(layer.values.grad).to_dense()
     torch.testing.assert_close(grad, wd.grad * (w != 0), rtol=1e-4, atol=1e-5)
+
+
+def test_a_weight_of_no_columns_or_rows_is_einsums():
+    """An empty dense x has a null data pointer, which the kernel reads as "x is CSR rows"
+    (a segfault, found under AddressSanitizer): such weights go to einsum."""
+    bias = torch.randn(4)
+    y = st.ops.sparse_linear(torch.randn(16, 0), st.tensor(torch.zeros(4, 0), "csr"), bias)
+    torch.testing.assert_close(y, bias.expand(16, 4))
+    y = st.ops.sparse_linear(torch.randn(16, 3), st.tensor(torch.zeros(0, 3), "csr"))
+    assert y.shape == (16, 0)

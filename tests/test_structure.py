@@ -113,9 +113,9 @@ def test_formats_import_no_compute_stage(graph):
             if _stage(v.split(" imports ")[1]) in later] == []
 
 
-@pytest.mark.parametrize("stage, allowed", [("nn", {"ops", "formats", ""}),
+# (_files: the atomic writer; _modes: caches' inference-mode and version helpers; no stage)
+@pytest.mark.parametrize("stage, allowed", [("nn", {"ops", "formats", "", "_modes"}),
                                             ("models", {"ops", "formats", "", "nn"}),
-                                            # (_files: the atomic writer, no stage)
                                             ("train", {"ops", "formats", "", "nn", "_files"})])
 def test_layers_use_ops_and_formats_only(graph, stage, allowed):
     assert _violations(graph, stage, allowed) == []

@@ -422,7 +422,10 @@ class SparseLinear(nn.Module):
         incoming = state_dict.get(prefix + "values")
         if isinstance(incoming, torch.Tensor) and incoming.shape != self.values.shape:
             self.values.data = self.values.new_empty(incoming.shape)
-            self.values.grad = None   # (of the old entries)
+            # (of the old entries. A graph recorded before the load and still held, say
+            # through a kept output, holds the values' gradient node sized for the old
+            # count, which the next backward meets: drop such outputs first)
+            self.values.grad = None
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
                                       missing_keys, unexpected_keys, error_msgs)
         if prefix + "weight_shape" in missing_keys:   # (a state of an earlier version)

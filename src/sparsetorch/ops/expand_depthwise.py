@@ -230,7 +230,7 @@ def _kernel_for(x, ew, eb, weight, bias, stride, activation):
         return None
     dtype, e = x.dtype, ew._size[0]
     n, c, h, w = x.shape
-    if (not x.is_cpu or x.layout != torch.strided or n * c * h * w == 0
+    if (not x.is_cpu or x.layout != torch.strided or n * c * h * w * e == 0
             or (x.stride(3) != 1 and w > 1) or (x.stride(2) != w and h > 1)
             or stride not in (1, 2) or activation not in ACTIVATIONS or backend() != "c"
             or not _plain(ew._values, dtype) or not _plain(weight, dtype)

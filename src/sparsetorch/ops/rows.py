@@ -601,6 +601,8 @@ def _kernel_for(x, weight, bias, activation, values):
             or activation not in _ACTIVATIONS or backend() != "c"):
         return None
     m, k = weight._size
+    if k == 0 or m == 0:   # (a dense x's null pointer would read as "x is CSR rows")
+        return None
     if type(x) is SparseTensor:
         if (x._format.name != "csr" or len(x._size) != 2 or not _plain(x._values)
                 or x._values.requires_grad):
