@@ -313,6 +313,29 @@ def test_a_graph_break_mode_compile_takes_an_assembled_result_in_the_backward():
     torch.testing.assert_close(x.grad, A.to_dense().sum(0))
 
 
+ASSEMBLED = ["spgemm", "sparse_add_scale", "lazy_tree", "lazy_out_format", "einsum_out_format",
+             "spgemm_values", "spgemm_to_dense"]
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+@pytest.mark.parametrize("name", ASSEMBLED)
+def test_the_torch_backend_compiles_assembled_results(name, fullgraph, monkeypatch):
+    """``SPARSETORCH_BACKEND=torch`` (and so the Triton backend's fallback) builds a new
+    sparse result from a dense one with ``nonzero``, whose count dynamo could not guard on:
+    SpGEMM, sparse + sparse and elementwise trees failed to compile. It is one custom op
+    (``sparsetorch::sparse_from_dense``) with a data-dependent size rule now."""
+    fn, args = FORWARD[name]
+    ref = fn(*args)
+    monkeypatch.setenv("SPARSETORCH_BACKEND", "torch")
+    check_same(torch.compile(fn, fullgraph=fullgraph, backend="aot_eager")(*args), ref)
+
+
+def test_the_torch_backend_compiles_the_gradient_of_an_assembled_result(monkeypatch):
+    ref = _sparse_input_grads(SPARSE_INPUT["spgemm_twice_used"])
+    monkeypatch.setenv("SPARSETORCH_BACKEND", "torch")
+    _same(ref, _sparse_input_grads(SPARSE_INPUT["spgemm_twice_used"], "aot_eager"))
+
+
 def _prepared(equation, *operands):
     """The call recipe ``st.einsum`` builds for these operands (the registry's entry)."""
     from sparsetorch.compiler.notation import parse_einsum, var_extents
@@ -335,6 +358,15 @@ def test_opcheck(equation, operands, op):
     key = custom_ops.kernel_id(prepared)
     args = (key, custom_ops.flatten(operands), prepared.extents(operands))
     torch.library.opcheck(getattr(torch.ops.sparsetorch, op), args)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "dcsc", "bsr"])
+def test_opcheck_sparse_from_dense(fmt):
+    dense = _matrix(6, 4, 7)
+    form = st.tensor(dense, fmt, blocksize=(2, 2) if fmt == "bsr" else None).format
+    out = custom_ops.from_dense(dense, form)
+    check_same(out, st.tensor(dense, form))
+    torch.library.opcheck(torch.ops.sparsetorch.sparse_from_dense, (repr(form), dense))
 
 
 def test_fake_kernels_shapes():

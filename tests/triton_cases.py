@@ -358,6 +358,20 @@ def test_torch_compile_records_triton_launches():
     assert custom_ops.CALLS == {"dense": 0, "sampled": 0, "emit": 0}   # no C kernel ran
 
 
+def test_torch_compile_takes_an_assembled_result_from_the_fallback():
+    """SpGEMM and sparse + sparse (no Triton kernel: the dense fallback) compile: the
+    fallback's result is gathered by one ``sparsetorch::sparse_from_dense`` node, whose
+    entry count is a data-dependent size (``nonzero`` stopped the graph)."""
+    a, b = matrix(6, 6, torch.float32, 14), matrix(6, 6, torch.float32, 15)
+    A, B = st.tensor(a, "csr"), st.tensor(b, "csr")
+    product, total = torch.compile(lambda A, B: (A @ B, A + B), backend="aot_eager",
+                                   fullgraph=True)(A, B)
+    torch.testing.assert_close(product.to_dense(), a @ b)
+    torch.testing.assert_close(total.to_dense(), a + b)
+    assert product.format.name == total.format.name == "csr"
+    assert triton_run.stats["fallback"] >= 2, triton_run.stats
+
+
 @settings(max_examples=examples(12), deadline=None)
 @given(data=st_h.data())
 def test_random_expressions_against_dense(data):

@@ -13,6 +13,10 @@ the Python of every op, so a traced graph never names a kernel this process has 
   sparse + sparse): its level arrays then its values, with data-dependent sizes (the fake
   kernel asks ``torch.library.get_ctx().new_dynamic_size()`` for each stored-entry count).
 
+A fourth, ``sparsetorch::sparse_from_dense(str format, Tensor dense) -> Tensor[]``, gathers
+a dense result's nonzeros into a sparse format with the same data-dependent sizes: the
+pure-torch paths (``fallback.py``) assemble their results with it while tracing.
+
 ``inputs`` is every operand flattened: a dense operand as itself, a sparse one as its level
 arrays (``array_names`` order) then its values. ``extents`` gives every index variable's
 size in ``Assignment.all_vars`` order; sparse operands' shapes are rebuilt from it.
@@ -397,11 +401,14 @@ def _entry_count(ctx) -> torch.SymInt:
 @emit_kernel.register_fake
 def _(kernel, inputs, extents):
     entry = _entry(kernel)
-    fmt = entry.output.format
-    shape = entry.out_shape(extents)
-    index = entry.index_dtype(extents)
+    return _assembled_like(entry.output.format, entry.out_shape(extents),
+                           entry.index_dtype(extents), entry.prepared.dtype, inputs[-1].device)
+
+
+def _assembled_like(fmt, shape, index, dtype, device) -> list[torch.Tensor]:
+    """Empty level arrays then values of an assembled result in ``fmt``, each entry count a
+    new data-dependent size: what the fake kernels of assembling ops return."""
     ctx = torch.library.get_ctx()
-    device = inputs[-1].device
     out, count = [], 1
     for level, size in zip(fmt.levels, fmt.storage_dims(shape)):
         if level.has_pos:     # one position per parent, then a data-dependent entry count
@@ -411,5 +418,57 @@ def _(kernel, inputs, extents):
             count = count * size
         if level.has_crd:
             out.append(torch.empty(count, dtype=index, device=device))
-    out.append(torch.empty(count, dtype=entry.prepared.dtype, device=device))
+    out.append(torch.empty(count, dtype=dtype, device=device))
     return out
+
+
+# repr(Format) -> Format, for ``sparse_from_dense``'s format argument (a custom op takes
+# strings, not Python objects); the repr names every level's properties and the mode order.
+_FORMATS: dict = {}
+
+
+def from_dense(dense: torch.Tensor, fmt) -> SparseTensor:
+    """``dense`` in format ``fmt``, zeros dropped, recorded as one traced op: what the
+    pure-torch paths (``SPARSETORCH_BACKEND=torch``, the Triton backend's fallback) call
+    while tracing, where ``nonzero``'s data-dependent count would stop the graph.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> f = torch.compile(lambda x: from_dense(x, st.Format((st.dense, st.compressed))),
+        ...                   backend="aot_eager", fullgraph=True)
+        >>> f(torch.eye(2)).values
+        tensor([1., 1.])
+    """
+    key = repr(fmt)
+    _FORMATS[key] = fmt
+    out = torch.ops.sparsetorch.sparse_from_dense(key, dense)
+    return SparseTensor(dense.shape, fmt, dict(zip(array_names(fmt), out[:-1])), out[-1])
+
+
+def _from_dense_index(fmt, shape) -> torch.dtype:
+    # fixed by the shape alone, as an emitted result's (the entry count is unknown when
+    # tracing): int32 whenever the full shape's count fits
+    total = 1
+    for s in shape:
+        total *= s
+    return choose_index_dtype(fmt.storage_dims(shape), total)
+
+
+@torch.library.custom_op("sparsetorch::sparse_from_dense", mutates_args=())
+def sparse_from_dense(fmt: str, dense: torch.Tensor) -> list[torch.Tensor]:
+    """``dense``'s nonzeros in the format registered as ``fmt``: level arrays
+    (``array_names`` order) then values, the index dtype fixed by the shape."""
+    from ..formats.convert import _from_dense
+
+    form = _FORMATS[fmt]
+    out = _from_dense(dense, form, None, None, _from_dense_index(form, dense.shape))
+    # (a custom op must not return its input's memory: a dense format's values may be it)
+    return [*(out._level_arrays[n] for n in array_names(form)),
+            out.values.clone() if out.values.data_ptr() == dense.data_ptr() else out.values]
+
+
+@sparse_from_dense.register_fake
+def _(fmt, dense):
+    form = _FORMATS[fmt]
+    return _assembled_like(form, dense.shape, _from_dense_index(form, dense.shape),
+                           dense.dtype, dense.device)

@@ -15,6 +15,7 @@ from ..compiler.schedule import schedule
 from ..formats.convert import _from_dense
 from ..formats.pack import unpack
 from ..formats.tensor import SparseTensor
+from .custom_ops import from_dense, is_tracing
 
 
 def evaluate_dense(assignment, dense_operands, extents) -> torch.Tensor:
@@ -79,4 +80,6 @@ def run_dense(assignment, tensors, infos, extents, out_format):
         perm = [acc.indices.index(v) for v in assignment.out_vars]
         values = result[tuple(coords[perm])]
         return SparseTensor(result.shape, spec.format, source._level_arrays, values)
+    if is_tracing([result]):   # nonzero's count is data-dependent: one op with a size rule
+        return from_dense(result, spec.format)
     return _from_dense(result, spec.format, None, None, None)
