@@ -241,13 +241,40 @@ def test_load_or_generate_records_stand_in(capsys):
 
     def missing():
         raise FileNotFoundError("gone")
-    assert load_or_generate("cora", missing, lambda: 2, report=rep) == (2, "generated")
+    assert load_or_generate("cora", missing, lambda: 2, report=rep) == \
+        (2, "real data missing (gone)")
     assert "cora" in rep.notes[0] and "gone" in rep.notes[0]
     load_or_generate("cora", missing, lambda: 2)
     assert "not from the real dataset" in capsys.readouterr().err
 
 
+def test_a_corrupt_dataset_is_an_error_not_a_stand_in(tmp_path):
+    """A truncated file (pickle data was truncated) was taken for missing data: the bench
+    ran on a stand-in and exited 0; the row now fails with the loader's error."""
+    import shutil
+
+    from sparsetorch.bench import gnn, graph_data
+    from sparsetorch.datasets import data_root
+    from sparsetorch.bench import workloads as wl
+    from sparsetorch.bench.runner import run_case
+
+    real = tmp_path / "real"
+    try:
+        source = data_root() / "planetoid"
+    except FileNotFoundError:
+        pytest.skip("shipped data not found")
+    shutil.copytree(source, real / "planetoid")
+    part = real / "planetoid" / "ind.cora.graph"
+    part.write_bytes(part.read_bytes()[:100])
+    with pytest.raises(ValueError, match="ind.cora.graph"):
+        load_or_generate("cora", lambda: graph_data.load("cora", real), lambda: 2)
+    work = wl.Workload("gcn-cora", "gcn", lambda ctx, mode: gnn.prepare("gcn", "cora", ctx, mode))
+    row = run_case(work, "infer", wl.Context(data_root=real), rounds=1)
+    assert row["check"] == "FAIL: could not prepare" and "ind.cora.graph" in row["error"]
+
+
 def test_find_data(tmp_path, monkeypatch):
+    (tmp_path / "mnist").mkdir()
     assert find_data(tmp_path) == tmp_path
     assert find_data(tmp_path / "missing") is None
     monkeypatch.setenv("SPARSETORCH_DATA", str(tmp_path))
@@ -277,7 +304,7 @@ def test_conversions_benchmark_smoke(tmp_path, capsys):
     bench = _load_conversions_script()
     out = tmp_path / "conv.json"
     empty = tmp_path / "data"
-    empty.mkdir()
+    (empty / "mnist").mkdir(parents=True)   # (a data folder without suitesparse/)
     assert bench.main(["--quick", "--data", str(empty), "--only", "rajat01|generated",
                        "--big-nnz", "20000", "--rounds", "1", "--out", str(out)]) == 0
     data = json.loads(out.read_text())

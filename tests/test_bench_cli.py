@@ -2,6 +2,8 @@
 end (JSON keys, correctness flag) and a wrong implementation failing loudly."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -76,6 +78,8 @@ def test_unknown_workload_and_missing_data_are_errors(capsys, tmp_path):
     (["--threads", "0"], "--threads must be between 1 and 1024"),
     (["--threads", "100000"], "--threads must be between 1 and 1024"),   # (torch crashed)
     (["--only", ","], "names no workload"),
+    (["--only", ""], "names no workload"),      # (an unset "$W": it ran every workload)
+    (["--json", "{tmp}/same.png", "--plot", "{tmp}/same"], "name the same file"),
     (["--json", "{tmp}"], "is a folder"),
     (["--json", "{tmp}/file/r.json"], "is not a folder this process can write into"),
     (["--plot", "{tmp}/r.xyz"], "the chart is a PNG"),
@@ -108,6 +112,73 @@ def test_a_data_folder_named_by_the_environment_must_exist(monkeypatch, capsys, 
     assert "--rounds must be at least 1" in capsys.readouterr().err
 
 
+def test_repeated_only_adds_up():
+    args = build_parser().parse_args(["bench", "--only", "gcn-cora", "--only", "gat-cora"])
+    assert args.only == "gcn-cora,gat-cora"   # (argparse kept the last one)
+
+
+def test_a_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # (find_spec then says None)
+    assert main(["bench", "--quick", "--only", "gcn-cora", "--plot", str(tmp_path / "c")]) == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
+def test_a_toolchain_that_cannot_build_kernels_is_one_error_line(tmp_path):
+    """Without a compiler (or with a bad SPARSETORCH_* setting) every row failed, then the
+    GCN overhead step raised: a traceback and no table."""
+    for env in ({"CC": str(tmp_path / "no-cc")}, {"SPARSETORCH_BACKEND": "bogus"}):
+        proc = subprocess.run(
+            [sys.executable, "-m", "sparsetorch", "bench", "--quick", "--only", "gcn-cora"],
+            env={**os.environ, "SPARSETORCH_CACHE": str(tmp_path / "cache"), **env},
+            capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.startswith("sparsetorch bench: error: sparsetorch cannot run its "
+                                      "kernels here"), proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr and "workloads x" not in proc.stdout
+
+
+def test_a_failed_chart_write_keeps_the_old_chart(monkeypatch, tmp_path):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from sparsetorch.bench.report import plot
+
+    chart = tmp_path / "c.png"
+    chart.write_bytes(b"old chart")
+    row = {"workload": "w", "mode": "infer", "vs": {"dense": {"ratio": 2.0}}}
+    assert plot([row], chart) == chart and chart.read_bytes().startswith(b"\x89PNG")
+    chart.write_bytes(b"old chart")
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    with pytest.raises(OSError):
+        plot([row], chart)
+    assert chart.read_bytes() == b"old chart" and os.listdir(tmp_path) == ["c.png"]
+
+
+def test_an_interrupted_run_leaves_json_marked_incomplete(toy_workloads, monkeypatch, capsys,
+                                                          tmp_path):
+    from sparsetorch.bench import suite
+
+    calls = []
+
+    def run_then_interrupt(*args, **kwargs):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return run_case(*args, **kwargs)
+    monkeypatch.setattr(suite, "run_case", run_then_interrupt)
+    out = tmp_path / "r.json"
+    assert main(["bench", "--quick", "--only", "toy-right", "--json", str(out)]) == 130
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and len(doc["rows"]) == 1
+    assert doc["planned"] == ["toy-right infer", "toy-right train"]
+    assert doc["summary"] == ["incomplete: 1 of 2 cases ran"]
+    err = capsys.readouterr().err
+    assert "sparsetorch bench: interrupted" in err and "Traceback" not in err
+
+
 def test_toy_workload_end_to_end_writes_json(toy_workloads, tmp_path, capsys):
     out = tmp_path / "r.json"
     assert main(["bench", "--quick", "--only", "toy", "--json", str(out), "--threads", "1"]) == 0
@@ -115,6 +186,7 @@ def test_toy_workload_end_to_end_writes_json(toy_workloads, tmp_path, capsys):
     assert "toy-right" in text and "stand-in" in text
     doc = json.loads(out.read_text())
     assert {"machine", "rows", "summary", "quick", "overhead"} <= set(doc)
+    assert doc["complete"] is True
     assert doc["machine"]["threads"] == 1
     rows = {r["mode"]: r for r in doc["rows"]}
     assert set(rows) == {"infer", "train"}

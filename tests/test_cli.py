@@ -19,6 +19,7 @@ def _format_lines(out):
 
 @pytest.mark.slow   # ~3 s: the demo again, on a stand-in (the full suite runs it)
 def test_demo_falls_back_to_generated_graph(tmp_path, capsys):
+    (tmp_path / "mnist").mkdir()    # a data folder without planetoid/
     assert main(["demo", "--data", str(tmp_path), "--rounds", "2", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "GENERATED" in out and "not from the real dataset" in out

@@ -32,10 +32,28 @@ def root():
 
 # -- data root -------------------------------------------------------------------------------
 def test_root_argument_and_env(tmp_path, monkeypatch):
+    (tmp_path / "planetoid").mkdir()
     assert D.data_root(tmp_path) == tmp_path
     monkeypatch.setenv("SPARSETORCH_DATA", str(tmp_path))
     assert D.data_root() == tmp_path
-    assert D.data_root(tmp_path / "..") == tmp_path / ".."   # root= beats the env
+    (tmp_path / "inner" / "mnist").mkdir(parents=True)
+    assert D.data_root(tmp_path / "inner") == tmp_path / "inner"   # root= beats the env
+
+
+def test_a_named_folder_without_datasets_is_an_error(tmp_path, monkeypatch):
+    """A folder one level too high (or an unrelated one) named as the data root: every
+    loader said "missing" and the bench ran on stand-ins; it is an error that points at the
+    data folder inside where there is one."""
+    (tmp_path / "shared" / "data" / "planetoid").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"holds none of the dataset folders.*"
+                                                r"did you mean '.*shared/data'"):
+        D.data_root(tmp_path)
+    monkeypatch.setenv("SPARSETORCH_DATA", str(tmp_path / "shared"))
+    with pytest.raises(FileNotFoundError, match=r"SPARSETORCH_DATA=.*holds none.*"
+                                                r"did you mean '.*shared/data'"):
+        D.data_root()
+    with pytest.raises(ValueError, match="root='' names no folder"):
+        D.data_root("")
 
 
 def test_root_errors(tmp_path, monkeypatch):
@@ -62,11 +80,14 @@ def test_candidates_include_repo_sibling():
 
 
 def test_loaders_say_what_is_missing(tmp_path):
+    (tmp_path / "dlmc").mkdir()   # (a data folder must hold one dataset's folder)
+    other = tmp_path / "other"
+    (other / "mnist").mkdir(parents=True)
     for call, missing in [(lambda: D.planetoid("cora", root=tmp_path), "planetoid"),
                           (lambda: D.graph("amazon_cs", root=tmp_path), "graphs"),
                           (lambda: D.mnist(root=tmp_path), "mnist"),
                           (lambda: D.suitesparse(root=tmp_path), "suitesparse"),
-                          (lambda: D.dlmc(root=tmp_path), "dlmc")]:
+                          (lambda: D.dlmc(root=other), "dlmc")]:
         with pytest.raises(FileNotFoundError, match=f"{missing}.*does not exist.*"
                                                     "SPARSETORCH_DATA"):
             call()
@@ -336,6 +357,9 @@ _BAD_PARTS = [
     ("graph", lambda: {0: [1.5]}, "does not map node ids"),
     ("graph", lambda: {0: [1 << 40]}, r"names a node outside \[0, 6\)"),
     ("graph", lambda: {0: [1 << 70]}, "does not map node ids"),   # (numpy's OverflowError)
+    # (a flipped byte in a label matrix: argmax made it a plausible label)
+    ("ally", lambda: np.array([[1, 0], [0, -16777216], [1, 0], [0, 1]]), "must be one-hot"),
+    ("y", lambda: np.array([[1, 1], [0, 1]]), "must be one-hot"),
 ]
 
 
@@ -367,3 +391,50 @@ def test_bad_test_index_is_refused(tmp_path, test_index, message):
     _write_planetoid(tmp_path, _planetoid_parts(), test_index)
     with pytest.raises(ValueError, match=message):
         D.planetoid("cora", root=tmp_path)
+
+
+def _write_npz_graph(root, **replace):
+    """A 4-node graph in the Amazon/Coauthor npz layout, ``replace``'s arrays swapped in."""
+    adj = sp.csr_matrix(np.array([[0, 1, 0, 0], [1, 0, 1, 0], [0, 1, 0, 1], [0, 0, 1, 0]],
+                                 np.float32))
+    arrays = {"adj_matrix": adj, "node_attr": sp.csr_matrix(np.eye(4, 3, dtype=np.float32)),
+              "node_label": np.array([0, 1, 1, 2]), **replace}
+    (root / "graphs").mkdir(exist_ok=True)
+    np.savez(root / "graphs" / "amazon_photo.npz",
+             **{k: np.array(v, dtype=object) if sp.issparse(v) else v
+                for k, v in arrays.items()})
+
+
+@pytest.mark.parametrize("replace, message", [
+    ({}, None),
+    ({"node_attr": sp.csr_matrix(np.eye(3, 3, dtype=np.float32))}, "has 3 rows for 4 nodes"),
+    ({"node_label": np.array([0, -1, 1, 2])}, "node_label holds -1"),
+    ({"node_label": np.array([0, 1.5, 1, 2])}, "node_label holds 1.5"),
+])
+def test_npz_graphs_check_features_and_labels_against_the_nodes(tmp_path, replace, message):
+    """(Features with fewer rows than nodes, a negative label, fractional labels: each
+    loaded, to fail later inside a model.)"""
+    _write_npz_graph(tmp_path, **replace)
+    if message is None:
+        g = D.graph("amazon_photo", root=tmp_path)
+        assert g.num_nodes == 4 and g.labels.tolist() == [0, 1, 1, 2]
+        return
+    with pytest.raises(ValueError, match=message):
+        D.graph("amazon_photo", root=tmp_path)
+
+
+def test_loader_arguments_that_named_nothing_are_errors(tmp_path):
+    """(A probe: ``train="no"`` gave the training set, ``fields="bogus"`` and a model of
+    ``"../.."`` an empty list, ``sparsity=None`` float()'s bare TypeError.)"""
+    for sub in ("mnist", "dlmc", "suitesparse/mtx"):
+        (tmp_path / sub).mkdir(parents=True)
+    with pytest.raises(TypeError, match="mnist: train must be True or False, got 'no'"):
+        D.mnist(root=tmp_path, train="no")
+    with pytest.raises(ValueError, match="fields='bogus'; Matrix Market fields are complex"):
+        D.suitesparse(root=tmp_path, fields="bogus")
+    assert D.suitesparse(root=tmp_path, fields=("real", "pattern")) == []
+    for kwargs in ({"model": "../.."}, {"pruning": "."}, {"sparsity": "0.9/.."}):
+        with pytest.raises(ValueError, match="is not the name of a shipped set"):
+            D.dlmc(root=tmp_path, **kwargs)
+    with pytest.raises(TypeError, match="dlmc: sparsity must be a number"):
+        D.dlmc(root=tmp_path, sparsity=None)

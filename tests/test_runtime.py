@@ -271,6 +271,10 @@ def test_cache_dir_precedence(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert rt.cache_dir() == tmp_path / "home" / ".cache" / "sparsetorch"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")   # (invalid per the XDG spec)
+    assert rt.cache_dir() == tmp_path / "home" / ".cache" / "sparsetorch"
+    monkeypatch.setenv("HOME", "")     # (expanduser gave "": the cache was /.cache/...)
+    assert str(rt.cache_dir()) != "/.cache/sparsetorch" and rt.cache_dir().is_absolute()
     monkeypatch.setenv("SPARSETORCH_CACHE", str(tmp_path / "mine"))
     assert rt.cache_dir() == tmp_path / "mine"
 

@@ -117,12 +117,15 @@ def demo(args) -> int:
     from . import tensor
     from .bench import Report, compare, format_table, load_or_generate
     from .bench.harness import named_data, quiet_sparse_warnings
+    from .bench.suite import MAX_THREADS
 
     quiet_sparse_warnings()
     try:
-        if (args.threads is not None and args.threads < 1) or args.rounds < 1:
-            raise ValueError(f"--threads and --rounds must be at least 1, got "
-                             f"{args.threads} and {args.rounds}")
+        if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+            raise ValueError(f"--threads must be between 1 and {MAX_THREADS}, got "
+                             f"{args.threads}")
+        if args.rounds < 1:
+            raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
         root = named_data(args.data)
     except (ValueError, FileNotFoundError) as exc:
         print(f"sparsetorch demo: error: {exc}", file=sys.stderr)

@@ -43,7 +43,8 @@ def batch(ctx) -> tuple[torch.Tensor, str]:
 
     x, source = load_or_generate("mnist", real, fake)
     return x, ("real" if source == "real" else
-               f"generated stand-in ({BATCH} random binary images, {PIXELS_ON:.0%} on)")
+               f"generated stand-in ({BATCH} random binary images, {PIXELS_ON:.0%} on): "
+               f"{source}")
 
 
 class TorchAutoencoder(nn.Module):

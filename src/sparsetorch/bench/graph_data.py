@@ -114,6 +114,8 @@ def get(ctx, name: str) -> GraphData:
     def build():
         g, source = load_or_generate(name, lambda: load(name, ctx.data_root, ctx.seed),
                                      lambda: stand_in(name, ctx.seed))
+        if source != "real":   # (the row, the table's notes and the JSON say why)
+            g.source = f"{g.source}: {source}"
         return g
     return ctx.cached(("graph", name), build)
 

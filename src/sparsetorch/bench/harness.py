@@ -527,21 +527,23 @@ def named_data(path: str | os.PathLike | None = None) -> Path | None:
     return find_data(None)
 
 
-_MISSING = (FileNotFoundError, NotADirectoryError, ImportError, KeyError, EOFError,
-            OSError, ValueError)
+# What "the real data is not there" raises; anything else from a loader (a truncated or
+# corrupt file: ValueError, EOFError, ...) is raised, not replaced by a stand-in.
+_MISSING = (FileNotFoundError, NotADirectoryError)
 
 
 def load_or_generate(name: str, load: Callable[[], Any], generate: Callable[[], Any], *,
                      report: Report | None = None, stand_in: str = "generated stand-in"):
-    """``(load(), "real")`` if that works, else ``(generate(), "generated")``, printing (and
-    recording in ``report``) that the real data was missing and why.
+    """``(load(), "real")`` if the real data is there, else ``(generate(), why)`` with
+    ``why`` saying what was missing, printed (and recorded in ``report``). Data that is
+    there but unreadable raises the loader's error: a stand-in must not hide it.
 
     Example:
         >>> def missing():
         ...     raise FileNotFoundError("cora not found")
         >>> obj, source = load_or_generate("cora", missing, lambda: "random graph")
         >>> obj, source
-        ('random graph', 'generated')
+        ('random graph', 'real data missing (cora not found)')
     """
     try:
         return load(), "real"
@@ -552,4 +554,4 @@ def load_or_generate(name: str, load: Callable[[], Any], generate: Callable[[], 
             report.note(msg)
         else:
             print(f"note: {msg}", file=sys.stderr, flush=True)
-        return generate(), "generated"
+        return generate(), f"real data missing ({exc})"

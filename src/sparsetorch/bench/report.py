@@ -11,6 +11,10 @@ Example:
 """
 from __future__ import annotations
 
+import io
+from pathlib import Path
+
+from .._files import atomic_write
 from .harness import format_table, format_time, geomean
 
 FAMILIES = ("torch.sparse", "dense", "PyG")
@@ -91,15 +95,14 @@ def summary(rows: list[dict], overhead: dict | None = None) -> list[str]:
     return lines
 
 
-def plot(rows: list[dict], path) -> str | None:
+def plot(rows: list[dict], path) -> Path:
     """Write a horizontal bar chart of the ratios (log scale, one bar per baseline family)
-    to ``path``; returns why not when matplotlib is missing, else ``None``."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'sparsetorch[bench]'); no chart written"
+    to ``path`` (PNG), whole or not at all: a chart there before survives a failed write.
+    Needs matplotlib (the ``bench`` extra); returns the path written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     labels = [f"{r['workload']} {r['mode']}" for r in rows]
     fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) * len(FAMILIES) / 2 + 1.5))
     height = 0.8 / len(FAMILIES)
@@ -116,6 +119,7 @@ def plot(rows: list[dict], path) -> str | None:
     ax.legend(fontsize=7, loc="lower right")
     ax.set_title("sparsetorch bench")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
-    return None
+    return atomic_write(path, lambda f: f.write(png.getvalue()), who="sparsetorch bench --plot")

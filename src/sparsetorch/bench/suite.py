@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import tempfile
@@ -34,10 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The command line of ``sparsetorch bench``."""
     p.add_argument("--quick", action="store_true",
                    help="fewer workloads and rounds: at most ~3 minutes on 2 cores")
-    p.add_argument("--only", default=None, metavar="NAME[,NAME]",
+    p.add_argument("--only", default=None, metavar="NAME[,NAME]", action=_Joined,
                    help="workloads to run: names (gcn-cora), groups (gcn, gat, sage, "
                         "autoencoder, transformer, convnets) or patterns (*-cora); with "
-                        "--quick, these workloads with fewer rounds")
+                        "--quick, these workloads with fewer rounds; may be repeated")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", default=None, metavar="PATH",
                    help="write a PNG chart of the ratios (needs matplotlib)")
@@ -49,28 +50,53 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--list", action="store_true", help="list the workloads and exit")
 
 
+class _Joined(argparse.Action):
+    """``--only a --only b`` means ``--only a,b`` (argparse would keep the last)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if not any(p.strip() for p in values.split(",")):   # (e.g. an unset "$W")
+            raise argparse.ArgumentError(self, f"{values!r} names no workload; give names, "
+                                         "groups or patterns separated by commas")
+        before = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, values if before is None else f"{before},{values}")
+
+
 def main(args) -> int:
     """Run the selected workloads; 0 when every correctness check passed, 1 when one
-    failed, 2 on bad arguments (an unknown workload, a ``--data`` folder that is missing)."""
+    failed or the JSON or chart could not be written, 2 on bad arguments (an unknown
+    workload, a ``--data`` folder that is missing) or when kernels cannot be built here,
+    130 when interrupted (the JSON then holds the cases that finished, ``complete: false``)."""
     from . import all_workloads  # noqa: F401  (registers the workloads)
-    from .overhead import gcn_overhead
 
     quiet_sparse_warnings()
     try:
         workloads = select(REGISTRY.values(), args.only, args.quick)
+        if args.list:
+            for w in workloads:
+                print(f"{w.name:24s} {'quick ' if w.quick else '      '}{w.describe}")
+            return 0
         _check_arguments(args)
         # (a named --data or $SPARSETORCH_DATA must exist: a typo must not silently
         # run on stand-ins)
         ctx = Context(data_root=named_data(args.data), quick=args.quick)
         if args.quick:
             ctx.dense_limit_bytes = QUICK_DENSE_LIMIT
-    except (ValueError, FileNotFoundError) as exc:
+        _check_kernels()
+    except (ValueError, TypeError, OSError) as exc:
         print(f"sparsetorch bench: error: {exc}", file=sys.stderr)
         return 2
-    if args.list:
-        for w in REGISTRY.values():
-            print(f"{w.name:24s} {'quick ' if w.quick else '      '}{w.describe}")
-        return 0
+    try:
+        return _run(args, workloads, ctx)
+    except KeyboardInterrupt:
+        print("\nsparsetorch bench: interrupted"
+              + (f"; {args.json} holds the cases that finished, marked incomplete"
+                 if args.json else ""), file=sys.stderr)
+        return 130
+
+
+def _run(args, workloads, ctx) -> int:
+    from .overhead import gcn_overhead
+
     budget = QUICK if args.quick else FULL
     start = time.perf_counter()
     busy = _busy()
@@ -80,14 +106,23 @@ def main(args) -> int:
           f"data {ctx.data_root or 'NOT FOUND: generated stand-ins'}")
     rows = []
     steps = [(w, m) for w in workloads for m in w.modes]
+    planned = [f"{w.name} {mode}" for w, mode in steps]
     with pinned_threads(args.threads) as threads:
         for w, mode in _progress(steps):
             rows.append(run_case(w, mode, ctx, threads=threads, **budget))
             if args.json:   # rows so far, so a long run interrupted still leaves its numbers
-                write_json_atomic(args.json, _document(args, ctx, threads, rows, None))
+                try:
+                    write_json_atomic(args.json, _document(args, ctx, threads, rows, None,
+                                                           planned, complete=False))
+                except OSError:   # (a full disk must not end the run: the last write says)
+                    pass
         overhead = None
         if any(w.group == "gcn" for w in workloads):
-            overhead = gcn_overhead(ctx, rounds=budget["rounds"], threads=threads)
+            try:
+                overhead = gcn_overhead(ctx, rounds=budget["rounds"], threads=threads)
+            except Exception as exc:   # the workloads' rows say what failed and why
+                overhead = {"graph": "cora", "overhead": None,
+                            "detail": f"not measured: {type(exc).__name__}: {exc}"}
     print()
     print(results_table(rows))
     for line in _row_notes(rows):
@@ -102,20 +137,46 @@ def main(args) -> int:
     print(f"\n{threads} threads; ratios are medians of per-round time(baseline) / "
           f"time(sparsetorch), > 1 means sparsetorch is faster; done in "
           f"{time.perf_counter() - start:.0f}s")
+    written = True
     if args.json:
-        doc = _document(args, ctx, threads, rows, overhead)
-        print(f"JSON: {write_json_atomic(args.json, doc)}")
+        try:
+            doc = _document(args, ctx, threads, rows, overhead, planned, complete=True)
+            print(f"JSON: {write_json_atomic(args.json, doc)}")
+        except OSError as exc:
+            written = False
+            print(f"ERROR: JSON not written to {args.json}: {exc}", file=sys.stderr)
     if args.plot:
-        chart = Path(args.plot)
-        chart = chart if chart.suffix else chart.with_suffix(".png")   # (as savefig names it)
-        chart.parent.mkdir(parents=True, exist_ok=True)   # (as --json's)
-        why = plot(rows, chart)
-        print(f"chart: {chart}" if why is None else f"no chart: {why}")
+        chart = _chart_path(args.plot)
+        try:
+            chart.parent.mkdir(parents=True, exist_ok=True)   # (as --json's)
+            print(f"chart: {plot(rows, chart)}")
+        except OSError as exc:
+            written = False
+            print(f"ERROR: chart not written to {chart}: {exc}", file=sys.stderr)
     failed = [r for r in rows if str(r.get("check", "")).startswith("FAIL")]
     for r in failed:
         print(f"ERROR: {r['workload']} {r['mode']}: {r['check']}"
               + (f" ({r['error']})" if r.get("error") else ""), file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if failed or not written else 0
+
+
+def _chart_path(path) -> Path:
+    chart = Path(path)
+    return chart if chart.suffix else chart.with_suffix(".png")   # (as savefig names it)
+
+
+def _check_kernels() -> None:
+    """Build and run one kernel, so a missing compiler, an unwritable kernel cache or a
+    bad ``SPARSETORCH_*`` setting is one error line before anything runs, not a failure in
+    every row."""
+    import torch
+
+    from .. import einsum, tensor
+
+    try:
+        einsum("ij,j->i", tensor(torch.eye(2), format="csr"), torch.ones(2))
+    except (ValueError, TypeError, OSError, RuntimeError) as exc:
+        raise ValueError(f"sparsetorch cannot run its kernels here: {exc}") from None
 
 
 MAX_THREADS = 1024   # (torch itself crashes at 100000)
@@ -136,8 +197,16 @@ def _check_arguments(args) -> None:
         if not _can_create_in(folder):
             raise ValueError(f"{flag} {path}: {folder} is not a folder this process can "
                              "write into")
-    if args.plot is not None and Path(args.plot).suffix.lower() not in ("", ".png"):
-        raise ValueError(f"--plot {args.plot}: the chart is a PNG; give a .png path")
+    if args.plot is not None:
+        if Path(args.plot).suffix.lower() not in ("", ".png"):
+            raise ValueError(f"--plot {args.plot}: the chart is a PNG; give a .png path")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--plot needs matplotlib, which is not installed: pip install "
+                             "'sparsetorch[bench]' (or matplotlib), or leave --plot out")
+        if args.json is not None and \
+                _chart_path(args.plot).resolve() == Path(args.json).resolve():
+            raise ValueError(f"--json and --plot name the same file {args.json}; give two "
+                             "paths")
 
 
 def _can_create_in(folder: Path) -> bool:
@@ -162,9 +231,13 @@ def _busy() -> str | None:
     return None
 
 
-def _document(args, ctx, threads, rows, overhead) -> dict:
+def _document(args, ctx, threads, rows, overhead, planned, *, complete: bool) -> dict:
+    """The JSON document; ``complete`` is false (``planned`` lists every case) while the
+    run is going on, so a run interrupted leaves numbers that say they are partial."""
     return {"machine": machine_info(threads), "quick": args.quick, "only": args.only,
-            "rows": rows, "overhead": overhead, "summary": summary(rows, overhead),
+            "complete": complete, "planned": planned, "rows": rows, "overhead": overhead,
+            "summary": summary(rows, overhead) if complete else
+            [f"incomplete: {len(rows)} of {len(planned)} cases ran"],
             "data_root": str(ctx.data_root) if ctx.data_root else None}
 
 

@@ -118,7 +118,7 @@ def select(workloads, only: str | None = None, quick: bool = False) -> list[Work
         (['gat-cora'], ['gcn-cora'])
     """
     workloads = list(workloads)
-    if not only:
+    if only is None:
         return [w for w in workloads if w.quick or not quick]
     chosen = []
     for pattern in (p.strip() for p in only.split(",")):

@@ -37,18 +37,20 @@ def data_root(root=None) -> Path:
         ['README.md', 'SHA256SUMS']
     """
     if root is not None:
+        if str(root) == "":   # (Path("") is the working directory)
+            raise ValueError(f"sparsetorch data: root='' names no folder; {_HOW}")
         path = Path(root).expanduser()
         if not path.is_dir():
             raise FileNotFoundError(f"sparsetorch data: root={str(root)!r} is not a folder; "
                                     f"{_HOW}")
-        return path
+        return _holding_data(path, f"root={str(root)!r}")
     env = os.environ.get(ENV)
     if env:
         path = Path(env).expanduser()
         if not path.is_dir():
             raise FileNotFoundError(f"sparsetorch data: {ENV}={env!r} is not a folder; fix "
                                     f"or unset it, or {_HOW}")
-        return path
+        return _holding_data(path, f"{ENV}={env!r}")
     looked = _candidates()
     for cand in looked:
         if cand.is_dir():
@@ -56,6 +58,21 @@ def data_root(root=None) -> Path:
     places = "\n  ".join(str(p) for p in looked)
     raise FileNotFoundError(f"sparsetorch data: no data folder found. Looked at root= (not "
                             f"given), ${ENV} (not set), and:\n  {places}\nTo fix, {_HOW}.")
+
+
+SUBFOLDERS = ("planetoid", "graphs", "mnist", "dlmc", "suitesparse")
+
+
+def _holding_data(path: Path, named: str) -> Path:
+    """``path`` if it holds one of the datasets' folders: a folder named by the user that
+    holds none (one level too high or too low) would make every loader say "missing"."""
+    if any((path / sub).is_dir() for sub in SUBFOLDERS):
+        return path
+    inner = next((c for c in (path / "data", path / "shared" / "data")
+                  if any((c / sub).is_dir() for sub in SUBFOLDERS)), None)
+    hint = f"; did you mean {str(inner)!r}?" if inner else ""
+    raise FileNotFoundError(f"sparsetorch data: {named} holds none of the dataset folders "
+                            f"({', '.join(s + '/' for s in SUBFOLDERS)}){hint} {_HOW}")
 
 
 def dataset_dir(sub: str, root=None) -> Path:

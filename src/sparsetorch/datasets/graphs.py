@@ -9,7 +9,7 @@ import torch
 
 from ._graph import Graph, csr_features, symmetric_adjacency
 from ._paths import dataset_dir, need_file
-from ._pickle import load_npz, numeric_array, sparse_matrix
+from ._pickle import CORRUPT_HINT, load_npz, numeric_array, sparse_matrix
 from .planetoid import PLANETOID_NAMES, planetoid
 
 NPZ_NAMES = ("amazon_cs", "amazon_photo", "coauthor_cs")
@@ -42,14 +42,21 @@ def graph(name: str, root=None) -> Graph:
     path = need_file(dataset_dir("graphs", root) / f"{key}.npz", where)
     arrays = load_npz(path, ("adj_matrix", "node_attr", "node_label"))
     adj = sparse_matrix(_object(arrays["adj_matrix"]), f"{where}: {path} adj_matrix").tocoo()
-    labels = numeric_array(arrays["node_label"], f"{where}: {path} node_label",
-                           1).astype(np.int64)
+    raw = numeric_array(arrays["node_label"], f"{where}: {path} node_label", 1)
+    labels = raw.astype(np.int64)
+    if raw.size and ((labels != raw).any() or labels.min() < 0):
+        bad = raw[(labels != raw) | (labels < 0)][0]
+        raise ValueError(f"{where}: {path} node_label holds {bad}; labels are class numbers "
+                         f"0, 1, 2, ...; {CORRUPT_HINT}")
     n = adj.shape[0]
     if adj.shape != (n, n) or len(labels) != n:
         raise ValueError(f"{where}: {path} has a {adj.shape} adjacency and {len(labels)} "
                          "labels; expected a square adjacency with one label per node")
     features = csr_features(sparse_matrix(_object(arrays["node_attr"]),
                                           f"{where}: {path} node_attr"), where)
+    if features.shape[0] != n:
+        raise ValueError(f"{where}: {path} node_attr has {features.shape[0]} rows for {n} "
+                         f"nodes; expected one feature row per node; {CORRUPT_HINT}")
     return Graph(name=key, adj=symmetric_adjacency(adj.row, adj.col, n, where),
                  features=features, labels=torch.from_numpy(labels.copy()),
                  num_classes=int(labels.max()) + 1, num_features=int(features.shape[1]))

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import difflib
+import os
 
 from ..io.mtx import read_mtx, read_mtx_header
 from ._paths import dataset_dir
+
+_FIELDS = {"real", "integer", "pattern", "complex"}
 
 
 def suitesparse(name=None, root=None, *, fields=None, format="csr", dtype=None,
@@ -29,6 +32,9 @@ def suitesparse(name=None, root=None, *, fields=None, format="csr", dtype=None,
         names = sorted(paths)
         if fields is not None:
             wanted = {fields} if isinstance(fields, str) else set(fields)
+            if not wanted <= _FIELDS:
+                raise ValueError(f"suitesparse: fields={fields!r}; Matrix Market fields are "
+                                 f"{', '.join(sorted(_FIELDS))}")
             names = [n for n in names if read_mtx_header(paths[n]).field in wanted]
         return names
     key = str(name).replace("/", "__")
@@ -55,7 +61,16 @@ def dlmc(model="transformer", pruning="magnitude_pruning", sparsity="0.9", root=
         >>> len(paths), st.io.read_smtx(paths[0]).shape         # doctest: +SKIP
         (54, torch.Size([64, 256]))
     """
-    level = sparsity if isinstance(sparsity, str) else f"{float(sparsity):g}"
+    try:
+        level = sparsity if isinstance(sparsity, str) else f"{float(sparsity):g}"
+    except (TypeError, ValueError):
+        raise TypeError(f"dlmc: sparsity must be a number or its text (0.9 or '0.9'), got "
+                        f"{sparsity!r}") from None
+    for what, part in (("model", model), ("pruning", pruning), ("sparsity", level)):
+        part = str(part)   # (one folder name each: "../.." walked out of the data folder)
+        if not part or part in (".", "..") or "/" in part or os.sep in part:
+            raise ValueError(f"dlmc: {what}={part!r} is not the name of a shipped set; "
+                             "st.datasets.dlmc's error for a missing one lists them")
     base = dataset_dir("dlmc", root)
     folder = base / str(model) / str(pruning) / level
     if not folder.is_dir():

@@ -35,6 +35,8 @@ def mnist(root=None, train=True, dtype=torch.uint8) -> MNIST:
         raise TypeError(f"mnist: dtype={dtype} is not supported; use torch.uint8 (raw pixels) "
                         "or a floating dtype (scaled to [0, 1])")
     folder = dataset_dir("mnist", root)
+    if not isinstance(train, (bool, np.bool_)):   # (bool("no") is True)
+        raise TypeError(f"mnist: train must be True or False, got {train!r}")
     img_name, lbl_name, count = _FILES[bool(train)]
     images = _idx(folder, img_name, 2051, 3)
     labels = _idx(folder, lbl_name, 2049, 1)

@@ -46,8 +46,8 @@ class UnsafeCacheError(PermissionError):
 
 
 def cache_dir() -> Path:
-    """Where kernels are cached: ``$SPARSETORCH_CACHE``, else ``$XDG_CACHE_HOME/sparsetorch``,
-    else ``~/.cache/sparsetorch``. Read on every call, so tests can monkeypatch the variable.
+    """Where kernels are cached: ``$SPARSETORCH_CACHE``, else ``$XDG_CACHE_HOME/sparsetorch``
+    (when absolute), else ``~/.cache/sparsetorch``. Read on every call, so tests can monkeypatch the variable.
 
     Example:
         >>> import os
@@ -59,8 +59,24 @@ def cache_dir() -> Path:
     env = os.environ.get("SPARSETORCH_CACHE")
     if env:
         return Path(os.path.abspath(os.path.expanduser(env)))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):   # (the XDG spec: a relative path is invalid, ignore it)
+        base = os.path.join(_home(), ".cache")
     return Path(os.path.abspath(base)) / "sparsetorch"
+
+
+def _home() -> str:
+    """The user's home folder: ``$HOME`` unless empty (``expanduser`` then gives "" and the
+    cache landed in ``/.cache``), else the password database's."""
+    home = os.environ.get("HOME")
+    if home:
+        return home
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except (ImportError, KeyError):
+        return os.path.expanduser("~")
 
 
 def ensure_dir() -> Path:
