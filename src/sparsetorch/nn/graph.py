@@ -15,6 +15,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .._modes import outside_inference_mode, version
 from ..formats import SparseTensor
@@ -53,9 +54,10 @@ class _TransposedWeight:
     row by row: the product with a sparse ``x``, and narrow dense products (``_linear``).
     ``x W^T`` with ``W`` as ``nn.Linear`` keeps it ``(out, in)`` would copy ``W^T`` on
     every call (Cora, 1433 x 16: ~45 us of a 130 us product). Kept between calls while the
-    weight is unchanged (the same tensor, at the same data pointer and version) and no
-    gradient is recorded; rebuilt (a differentiable copy) otherwise. (A write in place
-    through ``weight.data`` bumps no version and goes unseen: docs/layers.md says so.)"""
+    weight is unchanged (the same tensor, at the same data pointer and version, and no
+    optimizer step since: fused optimizers write parameters without bumping their version)
+    and no gradient is recorded; rebuilt (a differentiable copy) otherwise. (A write in
+    place through ``weight.data`` bumps no version and goes unseen: docs/layers.md says so.)"""
 
     def __init__(self):
         self._kept = None   # (reference, key, W^T): one attribute, for threads (adjacency.py)
@@ -66,7 +68,7 @@ class _TransposedWeight:
         # (a resize or an assignment to .data changes the pointer or the version; another
         # tensor, e.g. torch.func.functional_call's, may sit where a freed one was: a
         # probe's calls ran with the old weight's copy)
-        key, kept = (weight.data_ptr(), version(weight)), self._kept
+        key, kept = (weight.data_ptr(), version(weight), _optimizer_steps()), self._kept
         if kept is None or kept[1] != key or kept[0]() is not weight:
             kept = self._kept = weakref.ref(weight), key, _transposed_copy(weight)
         return kept[2]
@@ -76,6 +78,24 @@ class _TransposedWeight:
 
     def __setstate__(self, state):
         self._kept = None
+
+
+_STEPS = [0, None]   # optimizer steps counted since the first kept copy; the hook's handle
+
+
+def _optimizer_steps() -> int:
+    """How many optimizer steps (any ``torch.optim`` optimizer, in this process) have run
+    since the first call: ``torch.optim``'s fused kernels (``fused=True``) write parameters
+    without bumping their version counters, so a kept copy of a weight must also be older
+    than the last step. (A probe: every evaluation under no_grad after training with fused
+    Adam ran with the weight of the first one.)"""
+    if _STEPS[1] is None:
+        _STEPS[1] = register_optimizer_step_post_hook(_count_step)
+    return _STEPS[0]
+
+
+def _count_step(optimizer, args, kwargs) -> None:
+    _STEPS[0] += 1
 
 
 @outside_inference_mode
