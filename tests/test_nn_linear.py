@@ -411,6 +411,42 @@ def test_a_load_of_another_entry_count_keeps_the_parameter_an_optimizer_holds():
     assert not torch.equal(layer.weight.to_dense(), before)
 
 
+def test_set_pattern_of_another_count_keeps_the_parameter_users_hold():
+    """(A probe: a new values Parameter left a list given to clip_grad_norm_, an optimizer
+    and AveragedModel on an orphan.)"""
+    layer = SparseLinear(8, 6, density=0.2, generator=gen(0))
+    values, held = layer.values, list(layer.parameters())
+    layer(torch.randn(2, 8)).sum().backward()
+    layer.set_pattern(torch.ones(6, 8, dtype=torch.bool))
+    assert layer.values is values and values.numel() == 48 and values.grad is None
+    opt = torch.optim.SGD(held, lr=0.1)
+    layer(torch.randn(3, 8)).square().sum().backward()
+    assert torch.nn.utils.clip_grad_norm_(held, 1e9) > 0
+    before = layer.weight.to_dense().detach().clone()
+    opt.step()
+    assert not torch.equal(layer.weight.to_dense(), before)
+
+
+def test_pattern_buffers_written_in_place_are_checked():
+    """AveragedModel(use_buffers=True) averages every buffer, integer ones too: the EMA
+    copy's column indices dropped by one here and there (p * 0.9 + p * 0.1 truncated), and
+    the layer ran the invalid pattern (duplicate columns) without a word."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+    layer = SparseLinear(3000, 40, density=0.05, generator=gen(0))
+    ema = AveragedModel(layer, multi_avg_fn=get_ema_multi_avg_fn(0.9), use_buffers=True)
+    for _ in range(3):
+        ema.update_parameters(layer)
+    assert not torch.equal(ema.module.crd1, layer.crd1)   # (torch's doing)
+    with pytest.raises(ValueError, match="pattern buffers .* not a valid csr pattern.*"
+                                         "use_buffers=False"):
+        ema(torch.randn(2, 3000))
+    fine = AveragedModel(layer, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    fine.update_parameters(layer)
+    x = torch.randn(2, 3000)
+    torch.testing.assert_close(fine(x), layer(x))
+
+
 def test_a_state_takes_every_index_array_at_its_dtype_and_keeps_its_shape_in_plain_dicts():
     """(A probe's findings: an int64 state of another count left int32 offsets beside int64
     columns, and the forward failed; a narrower layer's state copied into a plain dict, as

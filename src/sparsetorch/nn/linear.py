@@ -166,8 +166,17 @@ class SparseLinear(nn.Module):
     def _built_weight(self, values):
         arrays = self._arrays()
         stamp = tuple((a, version(a)) for a in arrays.values())
-        kept = SparseTensor.from_levels(self._shape(), self._format, arrays, values.detach(),
-                                        check=False)
+        try:   # (fully checked: the buffers may have been written in place since)
+            kept = SparseTensor.from_levels(self._shape(), self._format, arrays,
+                                            values.detach())
+        except ValueError as exc:
+            raise ValueError(
+                f"{type(self).__name__}: its pattern buffers ({', '.join(arrays)}) are not a "
+                f"valid {self._format.name} pattern for its values: {exc}. Something wrote "
+                "them in place, e.g. torch.optim.swa_utils.AveragedModel(use_buffers=True), "
+                "which averages every buffer, integer ones included: average with "
+                "use_buffers=False (the patterns are copied), and change a pattern with "
+                "set_pattern or load_state_dict") from None
         return values, values.data_ptr(), kept, stamp
 
     def _shape(self):
@@ -193,11 +202,11 @@ class SparseLinear(nn.Module):
 
         ``values``: a 1-D tensor of one value per new stored entry (storage order) or a dense
         ``(out_features, in_features)`` tensor read at the new entries; by default the old
-        weights where the entry was stored before, 0 where it is new. When the entry count
-        is unchanged ``self.values`` is updated in place (same Parameter); otherwise it is
-        replaced by a new Parameter, and optimizers holding the old one must be rebuilt (or
-        their state remapped). Even in place, per-entry optimizer state (momentum, Adam's
-        moments) belongs to the old entry at that position: reset or remap it.
+        weights where the entry was stored before, 0 where it is new. ``self.values`` stays
+        the same Parameter, written in place, or resized (its gradient dropped) when the
+        entry count changes, as ``load_state_dict`` does. Per-entry optimizer state
+        (momentum, Adam's moments) belongs to the old entry at that position, and is sized
+        for the old count when that changes: reset or remap it (``st.train`` does).
 
         Example:
             >>> import torch, sparsetorch as st
@@ -222,9 +231,11 @@ class SparseLinear(nn.Module):
         if values.numel() == old.numel():
             with torch.no_grad():
                 self.values.copy_(values)
-        else:
-            self.values = nn.Parameter(values.to(old.dtype).clone(),
-                                       requires_grad=self.values.requires_grad)
+        else:   # the same Parameter, resized, as load_state_dict does: an optimizer, a list
+            # given to clip_grad_norm_ or a hook holding it goes on seeing the layer's weights
+            # (a new Parameter left them all on an orphan)
+            self.values.data = values.to(old.dtype).clone()
+            self.values.grad = None
 
     def _new_values(self, values, nnz: int, new_at: torch.Tensor) -> torch.Tensor:
         if not isinstance(values, torch.Tensor) or isinstance(values, SparseTensor):

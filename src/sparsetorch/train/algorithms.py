@@ -192,10 +192,10 @@ class MagnitudePruning(SparseTrainer):
         if sparse and _dist.world_size() > 1:
             raise ValueError(
                 f"MagnitudePruning: the SparseLinear layers {sparse} store fewer entries at "
-                "every prune, each time in a new values Parameter; under torch.distributed, "
-                "DistributedDataParallel would go on averaging the old one and the ranks "
-                "drift apart. Prune nn.Linear/nn.Conv2d layers (masked in place) instead, or "
-                "prune in one process")
+                "every prune, each time resizing the values Parameter; under "
+                "torch.distributed, DistributedDataParallel's gradient buckets keep the old "
+                "size and the ranks would drift apart. Prune nn.Linear/nn.Conv2d layers "
+                "(masked in place) instead, or prune in one process")
         super()._initial_masks(generator)
 
     def _initial_count(self, name):

@@ -200,10 +200,11 @@ class SparseTrainer:
                 continue   # a SparseLinear built at this density keeps its pattern and values
             if _dist.grads_already_averaged(self.model):
                 raise ValueError(f"{type(self).__name__}: {name} stores {n} weights but its "
-                                 f"density needs {count}; a new values Parameter would escape "
-                                 "DDP's gradient hooks. Build the layer with that many entries "
-                                 "(densities: st.train.layer_densities) or create the trainer "
-                                 "before wrapping the model in DistributedDataParallel")
+                                 f"density needs {count}; resizing its values Parameter would "
+                                 "break DDP's gradient buckets, sized once. Build the layer "
+                                 "with that many entries (densities: "
+                                 "st.train.layer_densities) or create the trainer before "
+                                 "wrapping the model in DistributedDataParallel")
             # keep the user's pattern and trained values: drop the smallest or grow zeros at
             # random (seeded) until the layer holds its target count
             active, values = layer.active(), layer.values()
