@@ -407,6 +407,32 @@ def test_a_fused_optimizer_step_is_seen_by_the_kept_weight(make, optimizer):
         torch.testing.assert_close(after, conv(x, e).detach())   # (grad mode keeps nothing)
 
 
+@pytest.mark.parametrize("make, attr, value", [
+    (lambda: st.nn.GCNConv(5, 3), "add_self_loops", False),
+    (lambda: st.nn.GCNConv(5, 3), "normalize", "mean"),
+    (lambda: st.nn.GCNConv(5, 3), "normalize", None),
+    (lambda: st.nn.GATConv(5, 2, heads=2), "add_self_loops", False),
+    (lambda: st.nn.SAGEConv(5, 3), "aggr", "sum"),
+])
+def test_a_setting_changed_after_a_call_is_not_answered_from_the_kept_matrix(make, attr,
+                                                                             value):
+    """The kept adjacency was keyed by the graph only: a layer whose add_self_loops or
+    normalize was set after a first call went on with the old matrix (off by 2 in a
+    probe); SAGEConv read aggr in its constructor only."""
+    conv, e, x = make(), graph(), features().float()
+    before = conv(x, e)
+    setattr(conv, attr, value)
+    fresh = make()
+    fresh.load_state_dict(conv.state_dict())
+    setattr(fresh, attr, value)
+    if attr == "aggr":   # (a fresh SAGEConv built with it: what the setting must mean)
+        fresh = st.nn.SAGEConv(5, 3, aggr=value)
+        fresh.load_state_dict(conv.state_dict())
+    after = conv(x, e)
+    torch.testing.assert_close(after, fresh(x, e))
+    assert not torch.allclose(after, before)
+
+
 def test_kept_matrices_are_published_whole_for_other_threads():
     """The kept adjacency was three attributes stored one after another: a thread reading
     between the stores paired the new graph with the old matrix (a probe saw 0-2 wrong

@@ -109,7 +109,8 @@ class AdjacencyCache:
     """One layer's normalised adjacency, kept while the same adjacency comes back: keyed by
     the object (a weak reference, so a freed tensor is never mistaken for a new one at its
     address), its tensors' data pointers and versions (in-place edits invalidate), the node
-    count and the dtype.
+    count, the dtype and the layer's settings that shape the matrix (``config``: a layer's
+    ``normalize`` or ``add_self_loops`` set after a first call must not find the old one).
 
     Example:
         >>> import torch
@@ -125,14 +126,14 @@ class AdjacencyCache:
         # graph's, when they were three (a probe's finding)
         self._kept = None
 
-    def get(self, adj, num_nodes: int, dtype, build):
-        value = self.lookup(adj, num_nodes, dtype)
+    def get(self, adj, num_nodes: int, dtype, build, config=()):
+        value = self.lookup(adj, num_nodes, dtype, config)
         if value is None:
             value = outside_inference_mode(build)()
-            self._kept = weakref.ref(adj), _key(adj, num_nodes, dtype), value
+            self._kept = weakref.ref(adj), _key(adj, num_nodes, dtype, config), value
         return value
 
-    def lookup(self, adj, num_nodes: int, dtype):
+    def lookup(self, adj, num_nodes: int, dtype, config=()):
         """The kept matrix when ``adj`` is the adjacency it was built from, unchanged, for
         the same node count and dtype; else None. (A layer's forward runs this on every
         call: a few attribute reads, ~1 us, where building the key as a tuple of tuples
@@ -140,7 +141,7 @@ class AdjacencyCache:
         kept = self._kept
         if kept is None or kept[0]() is not adj:
             return None
-        return kept[2] if kept[1] == _key(adj, num_nodes, dtype) else None
+        return kept[2] if kept[1] == _key(adj, num_nodes, dtype, config) else None
 
     def clear(self) -> None:
         self._kept = None
@@ -154,8 +155,8 @@ class AdjacencyCache:
         self.clear()
 
 
-def _key(adj, num_nodes: int, dtype) -> tuple:
+def _key(adj, num_nodes: int, dtype, config) -> tuple:
     # (a SparseTensor's level arrays never change -- ``.arrays`` gives copies -- so the
     # same object with the same values is the same matrix)
     t = adj.values if isinstance(adj, SparseTensor) else adj
-    return t.data_ptr(), version(t), t.shape, num_nodes, dtype
+    return t.data_ptr(), version(t), t.shape, num_nodes, dtype, config

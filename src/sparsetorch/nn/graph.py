@@ -177,18 +177,26 @@ class _Propagation(nn.Module):
         # pointers; the products around it are traced
         if _is_compiling():
             return self._eager_adjacency(adj, x)
-        kept = self._cache.lookup(adj, x.shape[0], x.dtype) if self.cached else None
+        kept = self._cache.lookup(adj, x.shape[0], x.dtype, self._config()) \
+            if self.cached else None
         return kept if kept is not None else self._adjacency(adj, x)
+
+    def _config(self) -> tuple:
+        """The settings the matrix is built from (read at each call: they may be set after
+        the first)."""
+        return self.normalize, self.add_self_loops, self._degree
 
     def _adjacency(self, adj, x) -> SparseTensor:
         n, dtype = x.shape[0], x.dtype
         what = type(self).__name__
+        config = self._config()
 
         def build():
-            return normalized_adjacency(adj, n, self.normalize, self.add_self_loops,
-                                        degree=self._degree, dtype=dtype, what=what)
+            normalize, loops, degree = config
+            return normalized_adjacency(adj, n, normalize, loops, degree=degree, dtype=dtype,
+                                        what=what)
 
-        return self._cache.get(adj, n, dtype, build) if self.cached else build()
+        return self._cache.get(adj, n, dtype, build, config) if self.cached else build()
 
     _eager_adjacency = outside_graph(_adjacency)
 
@@ -310,6 +318,12 @@ class SAGEConv(_Propagation):
             root = None if w_r is None else _linear(x, w_r, self._transposed_r, bias)
         return _propagate(A, messages, bias if root is None else root)
 
+    def _config(self) -> tuple:
+        # (aggr, not normalize, is SAGEConv's setting: read at each call as GCNConv's are)
+        if self.aggr not in ("mean", "sum"):
+            raise ValueError(f"SAGEConv: aggr must be 'mean' or 'sum', got {self.aggr!r}")
+        return "mean" if self.aggr == "mean" else None, False, self._degree
+
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, aggr={self.aggr!r}, "
                 f"root_weight={self.lin_r is not None}")
@@ -393,7 +407,8 @@ class GATConv(nn.Module):
                           shape=(n * H, n * H), format="csr")
             return P, node * 2 * H + H + head, source * 2 * H + head
 
-        return self._cache.get(adj, n, x.dtype, build) if self.cached else build()
+        config = (self.add_self_loops, H)
+        return self._cache.get(adj, n, x.dtype, build, config) if self.cached else build()
 
     _eager_pattern = outside_graph(_pattern)
 
