@@ -91,3 +91,28 @@ def test_autoencoder_trains_on_dense_and_sparse_rows():
     assert ae.encode(x).shape == (32, 8)
     losses = train_steps(ae, (st.tensor(x, "csr"),), lambda y: F.mse_loss(y, x), steps=30)
     assert losses[-1] < 0.5 * losses[0]
+
+
+_EDGES = torch.tensor([[0, 1, 2, 3], [1, 0, 3, 2]])
+
+
+@pytest.mark.parametrize("make, inputs", [
+    (lambda: st.models.GCN(4, 8, 3), lambda: (torch.randn(5, 4), _EDGES)),
+    (lambda: st.models.GAT(4, 2, 3, heads=2), lambda: (torch.randn(5, 4), _EDGES)),
+    (lambda: st.nn.SparseLinear(4, 3, density=0.5), lambda: (torch.randn(5, 4),)),
+    (lambda: st.models.SparseTransformer(10, 2, embed_dim=8, num_heads=2, ff_dim=16,
+                                         max_len=8, mask=st.nn.masks.longformer(6, 1, 1)),
+     lambda: (torch.randint(0, 10, (2, 6)),)),
+])
+def test_torchscript_and_fx_are_refused_clearly(make, inputs):
+    """torch.jit.trace recorded nothing of the kernels (its module returned the example
+    outputs as constants when the check was turned off), torch.jit.script failed with an
+    empty message, and fx.symbolic_trace said "got Proxy" (a probe)."""
+    model = make().eval()
+    with pytest.raises(TypeError, match="TorchScript .* cannot record sparsetorch's kernels"):
+        torch.jit.trace(model, inputs(), check_trace=False)
+    with pytest.raises(TypeError, match="TorchScript .* cannot record sparsetorch's kernels"):
+        torch.jit.script(model)
+    with pytest.raises(TypeError, match="symbolic_trace cannot trace into sparsetorch's"):
+        torch.fx.symbolic_trace(model)
+    model(*inputs())   # (and the model still runs)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..nn._common import check_sizes
+from ..nn._common import check_sizes, input_type_error
 from ..nn.attention import MaskArg, SparseAttention
 from ..nn.masks import block_diagonal
 
@@ -67,11 +67,12 @@ class SparseTransformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, mask: MaskArg = None) -> torch.Tensor:
         """Logits (B, num_classes) for token ids (B, L); ``mask`` overrides the model's."""
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or \
-                tokens.dtype not in (torch.int32, torch.int64):
-            got = f"{tokens.dtype} of shape {tuple(tokens.shape)}" \
-                if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-            raise TypeError(f"SparseTransformer: tokens must be integer ids (B, L), got {got}")
+        if not isinstance(tokens, torch.Tensor):
+            raise input_type_error("SparseTransformer", "tokens must be integer ids (B, L)",
+                                   tokens)
+        if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"SparseTransformer: tokens must be integer ids (B, L), got "
+                            f"{tokens.dtype} of shape {tuple(tokens.shape)}")
         if tokens.numel() and not torch.compiler.is_compiling():
             # (nn.Embedding's own error is an IndexError, a device assert on a GPU)
             low, high = (int(t) for t in torch.aminmax(tokens))

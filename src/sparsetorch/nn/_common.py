@@ -17,6 +17,44 @@ from ..formats import SparseTensor
 from ..formats.tensor import inherit_pattern_facts
 
 
+class NoTorchScript:
+    """Mixed into the sparse layers: TorchScript (``torch.jit.script``, ``torch.jit.trace``
+    and the TorchScript ``torch.onnx.export``) cannot record calls to generated kernels, so
+    each refuses with one clear error (a trace recorded nothing for them: its outputs were
+    constants of the example inputs; scripting failed with an empty message). Costs nothing
+    otherwise: torch calls ``_slow_forward`` instead of ``forward`` only while tracing.
+    """
+
+    def _refusal(self) -> TypeError:
+        return TypeError(
+            f"{type(self).__name__}: TorchScript (torch.jit.script, torch.jit.trace, "
+            "torch.onnx.export's TorchScript exporter) cannot record sparsetorch's kernels; "
+            "use torch.compile or torch.export (they record them as custom ops), or "
+            "st.freeze for inference")
+
+    def __prepare_scriptable__(self):
+        raise self._refusal()
+
+    def _slow_forward(self, *args, **kwargs):
+        raise self._refusal()
+
+
+def input_type_error(what: str, expected: str, x) -> TypeError:
+    """The error for an input ``x`` that is not a tensor: ``"{what}: {expected}, got ..."``,
+    or for a ``torch.fx.Proxy`` (``symbolic_trace``), what to do instead.
+
+    Example:
+        >>> str(input_type_error("Layer", "x must be a tensor", 3))
+        'Layer: x must be a tensor, got int'
+    """
+    if isinstance(x, torch.fx.Proxy):
+        return TypeError(f"{what}: torch.fx.symbolic_trace cannot trace into sparsetorch's "
+                         "layers (their kernels need real tensors); keep them whole as leaf "
+                         "modules (a Tracer whose is_leaf_module says so), or use st.freeze, "
+                         "torch.compile or torch.export")
+    return TypeError(f"{what}: {expected}, got {type(x).__name__}")
+
+
 def check_sizes(what: str, least: int = 1, **sizes) -> None:
     """Raise a ``ValueError`` naming the first of ``sizes`` that is not an int (NumPy's
     count) of at least ``least``.
@@ -55,8 +93,9 @@ def check_image(x, what: str, channels: int, dtype: torch.dtype) -> torch.Tensor
         >>> check_image(torch.ones(1, 3, 4, 4), "Stem", 3, torch.float32).shape
         torch.Size([1, 3, 4, 4])
     """
-    if not isinstance(x, torch.Tensor) or isinstance(x, SparseTensor) or x.dim() != 4 or \
-            x.shape[1] != channels:
+    if not isinstance(x, torch.Tensor):
+        raise input_type_error(what, f"input must be a dense (N, {channels}, H, W) tensor", x)
+    if isinstance(x, SparseTensor) or x.dim() != 4 or x.shape[1] != channels:
         raise ValueError(f"{what}: input must be a dense (N, {channels}, H, W) tensor; got "
                          f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
     x = autocast_input(x, dtype)

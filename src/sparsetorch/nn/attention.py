@@ -27,7 +27,7 @@ from .._modes import outside_inference_mode
 from ..formats.tensor import SparseTensor
 from ..ops import einsum
 from ..ops.attention import masked_attention
-from ._common import autocast_input, check_sizes, outside_graph
+from ._common import NoTorchScript, autocast_input, check_sizes, input_type_error, outside_graph
 from .masks import as_mask, block_diagonal
 
 # The mask functions' masks a layer keeps, in stored entries (~8 bytes each): 128 MiB.
@@ -39,7 +39,7 @@ _MASKS_LOCK = threading.RLock()
 MaskArg = SparseTensor | torch.Tensor | Callable[[int], SparseTensor] | None
 
 
-class SparseAttention(nn.Module):
+class SparseAttention(NoTorchScript, nn.Module):
     """Multi-head attention restricted to the stored entries of an L x L mask.
 
     ``mask`` (at construction, or per call) is a SparseTensor from
@@ -165,7 +165,9 @@ class SparseAttention(nn.Module):
             return mask
 
     def _checked(self, t, name):
-        if not isinstance(t, torch.Tensor) or isinstance(t, SparseTensor) or t.dim() != 3:
+        if not isinstance(t, torch.Tensor):
+            raise input_type_error("SparseAttention", f"{name} must be a dense 3-D tensor", t)
+        if isinstance(t, SparseTensor) or t.dim() != 3:
             got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
             layout = "(B, L, E)" if self.batch_first else "(L, B, E)"
             raise ValueError(f"SparseAttention: {name} must be a dense 3-D tensor {layout}, "
@@ -187,12 +189,14 @@ class SparseAttention(nn.Module):
     def _folded_mask(self, mask, copies, dtype):
         """``copies`` copies of ``mask`` on a block diagonal, valued 1/sqrt(head_dim) (the
         score scale rides on the mask's values); kept while the same mask is used."""
+        kept = type(copies) is int   # (a symbolic batch under torch.export: built each trace)
         key = (id(mask), copies, dtype)
-        hit = self._folded.get(key)
+        hit = self._folded.get(key) if kept else None
         if hit is not None and hit[0] is mask:
             return hit[1]
         folded = block_diagonal(mask, copies)
         folded = folded.with_values(torch.full_like(folded.values, 1 / math.sqrt(self.head_dim),
                                                     dtype=dtype))
-        self._folded = {key: (mask, folded)}
+        if kept:
+            self._folded = {key: (mask, folded)}
         return folded

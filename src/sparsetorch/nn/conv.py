@@ -39,7 +39,7 @@ from ..formats.pack import array_names
 from ..ops import spmm_narrow
 from ..ops.narrow import band_of_rows, max_columns, prepared_spmm_narrow
 from . import _pattern
-from ._common import as_asked, autocast_input
+from ._common import as_asked, autocast_input, input_type_error
 from ._common import check_pointwise as _check_pointwise, keep_facts as _keep_facts
 from .linear import SparseLinear
 from .pattern import BLOCK_ROWS, choose_blocksize, prune_mask
@@ -183,7 +183,10 @@ class SparseConv2d(SparseLinear):
         # (few tensor ops: at batch 1 the late layers' kernels take tens of microseconds,
         # and each view or index of a tensor costs a few here)
         shape = getattr(x, "shape", None)
-        if not isinstance(x, torch.Tensor) or len(shape) != 4 or shape[1] != self.in_features:
+        if not isinstance(x, torch.Tensor):
+            raise input_type_error("SparseConv2d", f"input must be (N, {self.in_features}, H, "
+                                   "W)", x)
+        if len(shape) != 4 or shape[1] != self.in_features:
             raise ValueError(f"SparseConv2d: input must be (N, {self.in_features}, H, W); got "
                              f"{tuple(shape or ()) or type(x).__name__}")
         weight, bias = self.weight, self.bias

@@ -29,12 +29,12 @@ from torch import nn
 
 from ..ops import depthwise3x3
 from ..ops.depthwise import prepared_depthwise3x3
-from ._common import as_asked, check_image, step_as_asked
+from ._common import NoTorchScript, as_asked, check_image, step_as_asked
 
 _ACTIVATIONS = {None: None, "relu": F.relu, "relu6": F.relu6}
 
 
-class ChannelsFirstDepthwise(nn.Module):
+class ChannelsFirstDepthwise(NoTorchScript, nn.Module):
     """Depthwise ``nn.Conv2d`` (``groups == in_channels == out_channels``) with an optional
     fused-in-place ReLU/ReLU6, keeping a (C, N, H, W) memory layout. Parameters ``weight``
     (C, 1, kh, kw) and ``bias`` as ``nn.Conv2d``'s.

@@ -22,15 +22,15 @@ from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
 from ..ops import einsum, softmax
 from ..ops.policy import torch_blas_is_fast
-from ._common import autocast_input, check_sizes, member, outside_graph
+from ._common import (NoTorchScript, autocast_input, check_sizes, input_type_error, member,
+                      outside_graph)
 from .adjacency import AdjacencyCache, coordinates, normalized_adjacency
 
 
 def _check_x(x, in_features: int, what: str, dtype: torch.dtype):
     """``x``, checked (and cast to ``dtype`` under autocast: ``autocast_input``)."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{what}: x must be a tensor or SparseTensor of node features, got "
-                        f"{type(x).__name__}")
+        raise input_type_error(what, "x must be a tensor or SparseTensor of node features", x)
     if x.dim() != 2 or x.shape[1] != in_features:
         raise ValueError(f"{what}: x must be (num_nodes, in_features={in_features}), got "
                          f"shape {tuple(x.shape)}")
@@ -148,7 +148,7 @@ def _sparse_product(x: SparseTensor, weights_t: torch.Tensor) -> torch.Tensor:
     return einsum("ij,jk->ik", x, weights_t)
 
 
-class _Propagation(nn.Module):
+class _Propagation(NoTorchScript, nn.Module):
     """What GCNConv and SAGEConv share: the kept normalised adjacency."""
 
     def __init__(self, normalize, add_self_loops: bool, cached: bool, degree: str = "weights"):
@@ -329,7 +329,7 @@ class SAGEConv(_Propagation):
                 f"root_weight={self.lin_r is not None}")
 
 
-class GATConv(nn.Module):
+class GATConv(NoTorchScript, nn.Module):
     """Graph attention (PyG's ``GATConv``): per head, scores ``e_ij = leaky_relu(a_dst .
     h_i + a_src . h_j)`` on the edges ``j -> i`` (with ``h = x W^T``), a softmax over each
     target's incoming edges, dropout on the attention, and ``out_i = sum_j alpha_ij h_j``;

@@ -22,7 +22,8 @@ from ..ops import einsum
 from ..ops.epilogue import ACTIVATIONS, unfused
 from ..ops.rows import MIN_ROWS, linear_rows
 from . import _pattern
-from ._common import autocast_input, keep_facts, member, outside_graph
+from ._common import (NoTorchScript, autocast_input, input_type_error, keep_facts, member,
+                      outside_graph)
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -44,7 +45,7 @@ def _densified_for_product(x: SparseTensor) -> torch.Tensor:
     return einsum("ni->in", x, out_format="dense").t()
 
 
-class SparseLinear(nn.Module):
+class SparseLinear(NoTorchScript, nn.Module):
     """A linear layer whose weight is sparse: ``forward(x) = x @ W.T + b``.
 
     Give exactly one of ``density`` (a random pattern of ``kept_count(out * in, density)``
@@ -297,8 +298,7 @@ class SparseLinear(nn.Module):
     # -- forward ------------------------------------------------------------------------------
     def forward(self, x):
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"SparseLinear: input must be a tensor or SparseTensor, got "
-                            f"{type(x).__name__}")
+            raise input_type_error("SparseLinear", "input must be a tensor or SparseTensor", x)
         if x.layout != torch.strided and type(x) is not SparseTensor:
             raise TypeError(f"SparseLinear: input is a torch.sparse tensor ({x.layout}); "
                             "wrap it with st.tensor(x) (sparse activations) or pass "

@@ -24,11 +24,11 @@ from torch import nn
 
 from ..ops.depthwise import check_epilogue
 from ..ops.stem import MAX_CHANNELS, prepared_stem_conv3x3, stem_conv3x3
-from ._common import as_asked, check_image, step_as_asked
+from ._common import NoTorchScript, as_asked, check_image, step_as_asked
 
 
 
-class ChannelsFirstStem(nn.Module):
+class ChannelsFirstStem(NoTorchScript, nn.Module):
     """``activation(conv2d(x, weight, bias, stride, padding=1))`` for ``weight`` (O, C, 3, 3)
     with ``C <= 4``; parameters ``weight`` and ``bias`` named as ``nn.Conv2d``'s (its
     ``state_dict`` loads). Input (N, C, H, W) in any memory layout; output (N, O, OH, OW) in
