@@ -300,6 +300,55 @@ def test_issue31_2_values_that_no_longer_fit_are_refused(how):
             call()
 
 
+def test_conversions_refuse_values_that_no_longer_fit():
+    """Conversions sized their output by the values and wrote by the pattern: CSR -> CSC
+    with a one-value tensor segfaulted, to_torch().to_dense() too, COO/DCSR conversions gave
+    wrong tensors silently, and a larger values tensor left uninitialised indices in the
+    result (a probe). In a process of its own: a regression crashes."""
+    run_isolated("""
+        import pytest, torch, sparsetorch as st
+        d = torch.randn(40, 30) * (torch.rand(40, 30) < 0.3)
+        for fmt in ("csr", "csc", "coo", "dcsr"):
+            for extra in (-1, 500):
+                A = st.tensor(d, fmt)
+                A.values.set_(torch.ones(1 if extra < 0 else A.nnz + extra))
+                other = "csc" if fmt != "csc" else "csr"
+                for call in (lambda: A.asformat(other), lambda: st.tensor(A, "coo"),
+                             A.to_dense, A.to_torch, A.to_scipy,
+                             lambda: A.asformat("bsr", blocksize=(2, 2))):
+                    with pytest.raises(ValueError, match="values were replaced"):
+                        call()
+    """)
+
+
+def test_values_restrided_in_place_after_a_call_are_refused():
+    """``as_strided_`` keeps the values' pointer and size: a repeated call's shim read them
+    contiguously where they were strided (off by 10 in a probe); a first call refused."""
+    d, A, X = _spmm_operands()
+    _warm(A, X)
+    A.values.as_strided_((A.nnz,), (0,))
+    for call in (lambda: A @ X, lambda: st.einsum("ij,jk->ik", A, X)):
+        with pytest.raises(ValueError, match="replaced by a strided tensor"):
+            call()
+
+
+def test_a_tensor_saves_after_its_transposed_view_was_re_laid():
+    """A transposed view kept by A holds its re-laid pattern through weak references, and
+    torch takes a tensor's state before clearing its caches: torch.save(A) and
+    pickle.dumps(A) raised "cannot pickle weakref" after A.t() @ A."""
+    import io
+    import pickle
+
+    d, A, X = _spmm_operands()
+    A.t() @ A
+    for save in (lambda: torch.save(A, io.BytesIO()), lambda: pickle.dumps(A)):
+        save()
+    buffer = io.BytesIO()
+    torch.save(A, buffer)
+    buffer.seek(0)
+    torch.testing.assert_close(torch.load(buffer, weights_only=True).to_dense(), A.to_dense())
+
+
 def test_issue31_2_level_arrays_cannot_be_written():
     d, A, X = _spmm_operands()
     _warm(A, X)

@@ -324,6 +324,7 @@ def convert(t: SparseTensor, format, *, blocksize=None, index_dtype=None) -> Spa
         >>> convert(st.tensor(torch.eye(2), format="csr"), "csc").format.name
         'csc'
     """
+    t._readable_values()
     if blocksize is None and _is_bsr_name(format) and t.format.blocksize is not None:
         blocksize = t.format.blocksize
     fmt = as_format(format, t.dim(), blocksize)
@@ -353,6 +354,7 @@ def to_dense(t: SparseTensor) -> torch.Tensor:
     CSR and CSC on the CPU are written by scipy's ``toarray`` (one pass over the entries
     into a fresh zeroed array: 1.4-6.7x the scatter below on 84k-470k entries, 0.8-0.9x
     scipy's own call) unless their values record a gradient."""
+    t._readable_values()
     fmt = t.format
     if fmt.is_dense:
         return _from_dense_layout(t.values, fmt, t.shape)
@@ -381,6 +383,7 @@ def to_scipy(t: SparseTensor):
 
     if t.dim() != 2:
         raise ValueError(f"to_scipy: scipy.sparse holds 2-D matrices; this tensor is {t.dim()}-D")
+    t._readable_values()
     if t.device.type != "cpu":
         raise ValueError(f"to_scipy: tensor is on {t.device}; call .to('cpu') first")
     if t.dtype == torch.bfloat16:
@@ -406,7 +409,7 @@ def to_torch(t: SparseTensor) -> torch.Tensor:
     caller could write through ``crow_indices()``), dense formats to a strided tensor,
     everything else to a coalesced ``sparse_coo`` tensor (int64 indices, as torch
     requires)."""
-    name, vals = t.format.name, t.values
+    name, vals = t.format.name, t._readable_values()
     if t.format.is_dense:
         return to_dense(t)
     with warnings.catch_warnings():  # "... support is in beta": nothing a user can act on

@@ -102,6 +102,14 @@ def _wrapper_grad_fn(t):
         return torch.Tensor.grad_fn.__get__(t)
 
 
+# What a SparseTensor keeps about its own arrays, never copied or saved with it: the raw
+# pointers call shims read (``ops/shim.raw``), views of its arrays (unblocked, transposed,
+# a ones tensor on its pattern) and patterns re-laid for them (``ops/relaid``).
+_CACHES = ("_raw", "_unblocked", "_views", "_ones", "_relaid")
+# Values of these types are real memory, which ``_readable_values`` checks.
+_REAL_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
 class SparseTensor(torch.Tensor):
     """A sparse tensor in any level format (CSR, CSC, COO, DCSR, DCSC, CSF, BSR, dense, ...).
 
@@ -227,10 +235,12 @@ class SparseTensor(torch.Tensor):
 
     def __getstate__(self):
         # (the hook requires_grad_ put on the wrapper is not saved, and its handle may not
-        # be: torch.load(weights_only=True) refuses it; __setstate__ registers a new one)
-        state = dict(self.__dict__)
-        state.pop("_grad_hook", None)
-        return state
+        # be: torch.load(weights_only=True) refuses it; __setstate__ registers a new one.
+        # Nor are the caches: torch takes the state before it clears them, and a kept
+        # transposed view's re-laid pattern holds weak references, which pickle refuses:
+        # torch.save failed after A.t() @ A.)
+        return {k: v for k, v in self.__dict__.items()
+                if k != "_grad_hook" and k not in _CACHES}
 
     def __deepcopy__(self, memo):
         # torch's copy takes __dict__ (the old hook's handle included) but not the hook
@@ -252,11 +262,8 @@ class SparseTensor(torch.Tensor):
         # pointers call shims keep (``ops/shim.raw``) belong to this object's arrays, and a
         # copy or a loaded tensor must read its own.
         super()._clear_non_serializable_cached_data()
-        self.__dict__.pop("_raw", None)
-        self.__dict__.pop("_unblocked", None)   # views of this object's arrays: rebuilt
-        self.__dict__.pop("_views", None)
-        self.__dict__.pop("_ones", None)
-        self.__dict__.pop("_relaid", None)      # patterns kept for this object's arrays
+        for key in _CACHES:
+            self.__dict__.pop(key, None)
 
     # -- traceability -------------------------------------------------------------------------
     def __tensor_flatten__(self):
@@ -506,6 +513,14 @@ class SparseTensor(torch.Tensor):
                 f"pattern stores {count} contiguous entries of {dtype}; give other values with "
                 "A.with_values(v), or change them in place (A.values.copy_(v))")
         return values
+
+    def _readable_values(self) -> torch.Tensor:
+        """``_checked_values`` for real values: what reads them by the pattern (conversions,
+        ``to_dense``, kernels' operand checks) sizes buffers by one and writes by the other,
+        so a mismatch must stop it (a probe's conversions crashed). Traced values (fake,
+        functional: torch.compile) are taken as they are."""
+        values = self._values
+        return self._checked_values() if type(values) in _REAL_TENSORS else values
 
     def __repr__(self, *, tensor_contents=None) -> str:
         return (f"SparseTensor(shape={tuple(self.shape)}, format={self._format.name!r}, "

@@ -204,10 +204,11 @@ O st_fast_call(O self, O const* a, ptrdiff_t nargs) {
       O values = DictGet(dict[n], s_values);
       if (!raw[n] || !shape[n] || !values) return python_shim(&o, self, ops);
       stored[n] = AsI64(TupleItem(raw[n], 0));
-      /* values given other storage since ``raw`` kept its pointers: Python reads them
-         again, checked (shim.py) */
+      /* values given other storage, or restrided in place (as_strided_), since ``raw``
+         kept its pointers: Python reads them again, checked (shim.py) */
       if (AsI64(method0(&o, values, s_data_ptr)) != AsI64(TupleItem(raw[n], 2)) ||
-          AsI64(method0(&o, values, s_numel)) != stored[n]) return python_shim(&o, self, ops);
+          AsI64(method0(&o, values, s_numel)) != stored[n] ||
+          method0(&o, values, s_is_contiguous) != py_true) return python_shim(&o, self, ops);
     } else if (method0(&o, t[n], s_is_contiguous) != py_true) {
       return python_shim(&o, self, ops);
     }

@@ -66,6 +66,7 @@ def normalize_operands(operands, what: str, keep_blocked: bool = False):
             raise TypeError(f"{what}: operand {n} is a {type(t).__name__}; pass torch tensors "
                             "or SparseTensors")
         if isinstance(t, SparseTensor):
+            t._readable_values()   # (re-laying, below and in kernels' calls, reads by both)
             fmt = t.format
             if fmt.blocksize is not None and not keep_blocked:
                 t = t.asformat("csr", index_dtype=t.index_dtype)

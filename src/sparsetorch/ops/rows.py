@@ -605,8 +605,8 @@ def _kernel_for(x, weight, bias, activation, values):
         return None
     if type(x) is SparseTensor:
         if (x._format.name != "csr" or len(x._size) != 2 or not _plain(x._values)
-                or x._values.requires_grad):
-            return None
+                or x._values.requires_grad or x._values.numel() != x._crd1.numel()):
+            return None   # (values replaced by another count: einsum says so)
         rows, x_index = x._size, x._crd1.dtype
     elif type(x) is torch.Tensor and x.dim() == 2 and _plain(x):
         rows, x_index = x.shape, weight._crd1.dtype

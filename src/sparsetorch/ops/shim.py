@@ -14,7 +14,8 @@ signature the shim is memoised under), and ``exec``\\s it once, the way
         s1 = t1.shape; d0 = t0.__dict__
         t1 = t1 if t1.is_contiguous() else contiguous(t1)
         n0, p0, q0 = d0.get('_raw') or raw(t0); v0 = t0._values
-        if v0.data_ptr() != q0 or v0.numel() != n0: n0, p0, q0 = raw(t0)
+        if v0.data_ptr() != q0 or v0.numel() != n0 or not v0.is_contiguous():
+            n0, p0, q0 = raw(t0)
         s0 = t0._size
         e0 = s0[0]; e1 = s0[1]
         if s1[0] != e1: mismatch(ops)
@@ -44,9 +45,10 @@ def raw(t) -> tuple:
     """``(entry count, data pointers of the level arrays and values, the values' pointer)``
     of SparseTensor ``t`` in the order kernels take them, kept with ``t``. Its level arrays
     never change (no user holds them: ``SparseTensor.arrays`` gives copies); its values
-    tensor may be given other storage (``.data =``, ``set_``, ``resize_``), so callers
-    compare the values' pointer and size with the kept ones on every call
-    (``pointers``) and read them again, checked, when they differ.
+    tensor may be given other storage (``.data =``, ``set_``, ``resize_``) or strides
+    (``as_strided_``), so callers compare the values' pointer, size and contiguity with
+    the kept ones on every call (``pointers``) and read them again, checked, when they
+    differ.
 
     Example:
         >>> import torch, sparsetorch as st
@@ -67,7 +69,8 @@ def pointers(t) -> tuple:
     """``raw(t)``, read again when the values' storage changed since it was kept."""
     found = t.__dict__.get("_raw")
     values = t._values
-    if found is None or values.data_ptr() != found[2] or values.numel() != found[0]:
+    if found is None or values.data_ptr() != found[2] or values.numel() != found[0] or \
+            not values.is_contiguous():
         found = raw(t)
     return found
 
@@ -117,8 +120,8 @@ def _make(prepared, tensors, parallel_work: int, generic, max_work):
     # can be given other storage since, which one pointer and size compare notices.
     for n in sparse:
         lines += [f"    n{n}, p{n}, q{n} = d{n}.get('_raw') or raw(t{n}); v{n} = t{n}._values",
-                  f"    if v{n}.data_ptr() != q{n} or v{n}.numel() != n{n}: "
-                  f"n{n}, p{n}, q{n} = raw(t{n})"]
+                  f"    if v{n}.data_ptr() != q{n} or v{n}.numel() != n{n} or "
+                  f"not v{n}.is_contiguous(): n{n}, p{n}, q{n} = raw(t{n})"]
     # Dense shapes are read by the caller of these lines: ``call`` below, or the guard,
     # which needs the rank anyway (``len(shape)`` is cheaper than ``dim()`` then ``shape``).
     if sparse:
