@@ -285,10 +285,10 @@ def test_index_dtype_argument():
 
 # -- devices ----------------------------------------------------------------------------------
 def test_values_and_indices_on_different_devices():
-    with pytest.raises(ValueError, match=r"indices is on cpu but values are on meta; move them "
-                                         r"to one device"):
+    # (meta, the one other device a CPU machine has, is refused first: it holds no data)
+    with pytest.raises(ValueError, match=r"values is on the meta device"):
         coo_pair([[0], [1]], torch.ones(1, device="meta"))
-    with pytest.raises(ValueError, match=r"pos1 is on meta but values are on cpu"):
+    with pytest.raises(ValueError, match=r"pos1 is on the meta device"):
         from_levels({"pos1": CSR["pos1"].to("meta"), "crd1": CSR["crd1"]})
 
 
@@ -436,3 +436,48 @@ def test_corrupted_arrays_never_pass_silently(seed, which, delta, fmt):
         assert "level 1" in str(e) or "values has" in str(e)
         return
     b.to_dense()       # whatever passed must be a valid tensor
+
+
+def test_inputs_that_are_no_tensors_or_hold_no_data_are_named():
+    """(A probe: lists gave AttributeError 'list' has no 'dtype', meta tensors torch's
+    "item() cannot be called on meta tensors", uint64 indices NotImplementedError
+    "aminmax_cpu", an absent device an AssertionError, an integer st.random
+    check_uniform_bounds.)"""
+    pos, crd, vals = torch.tensor([0, 1, 2]), torch.tensor([1, 0]), torch.ones(2)
+    with pytest.raises(TypeError, match="level array pos1 is a list; pass a torch tensor"):
+        st.SparseTensor.from_levels((2, 2), "csr", {"pos1": [0, 1, 2], "crd1": crd}, vals)
+    with pytest.raises(TypeError, match="values is a list; pass a torch tensor"):
+        st.SparseTensor.from_levels((2, 2), "csr", {"pos1": pos, "crd1": crd}, [1.0, 2.0])
+    with pytest.raises(ValueError, match="on the meta device, which holds no data"):
+        st.SparseTensor.from_levels((2, 2), "csr", {"pos1": pos.to("meta"),
+                                                    "crd1": crd.to("meta")}, vals.to("meta"))
+    with pytest.raises(ValueError, match="indices is on the meta device"):
+        st.tensor((torch.zeros(2, 2, dtype=torch.long, device="meta"), vals.to("meta")),
+                  shape=(2, 2))
+    if hasattr(torch, "uint64"):
+        with pytest.raises(TypeError, match=r"dtype torch.uint64; convert the indices"):
+            st.tensor((np.array([[0, 1], [1, 0]], dtype=np.uint64), np.ones(2)), shape=(2, 2))
+    with pytest.raises(TypeError, match="dtype must be a floating type"):
+        st.random((3, 3), 0.5, dtype=torch.int64)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda:9' is not available here"):
+            st.tensor(torch.eye(3), device="cuda:9")
+    assert st.tensor(torch.eye(2)).to("meta").device.type == "meta"   # (still allowed)
+
+
+@pytest.mark.parametrize("op", ["add_", "sub_", "mul_", "copy_", "iadd"])
+def test_a_dense_tensors_in_place_op_with_a_sparse_operand_runs_as_torch_does(op):
+    """x.add_(A), x += A, ... with a dense x: the SparseTensor handler took x for the sparse
+    one and failed with AttributeError; now the dense op on A.to_dense()."""
+    d = torch.tensor([[1., 0, 2], [0, 3, 0]])
+    A = st.tensor(d, "csr")
+    x, ref = torch.full((2, 3), 2.0), torch.full((2, 3), 2.0)
+    if op == "iadd":
+        y = x
+        y += A
+        ref += d
+        assert y is x
+    else:
+        assert getattr(x, op)(A) is x
+        getattr(ref, op)(d)
+    torch.testing.assert_close(x, ref)

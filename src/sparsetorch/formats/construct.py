@@ -51,6 +51,9 @@ def random(shape, density: float, *, format="csr", dtype=None, device=None,
     """
     shape = check_shape(shape, "st.random")
     check_dtype_argument(dtype, "st.random")
+    if dtype is not None and not dtype.is_floating_point:
+        raise TypeError(f"st.random: values are drawn uniform in [0, 1), so dtype must be a "
+                        f"floating type, got {dtype}; cast the result (A.to(dtype)) if needed")
     if isinstance(density, bool) or not isinstance(density, (int, float)) or not (
             0.0 <= float(density) <= 1.0):
         raise ValueError(f"st.random: density must be a number in [0, 1], got {density!r}")

@@ -56,6 +56,12 @@ def tensor(data, format="csr", *, shape=None, blocksize=None, index_dtype=None,
         except (RuntimeError, TypeError):
             raise ValueError(f"st.tensor: device={device!r} is not a device; use e.g. 'cpu' or "
                              "'cuda'") from None
+        try:   # (torch's own answer for a device this build or machine lacks: an assert)
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError) as e:
+            raise ValueError(f"st.tensor: device={str(device)!r} is not available here ({e})"
+                             "; torch.cuda.device_count() says how many GPUs there are") \
+                from None
     if shape is not None:
         shape = check_shape(shape, "st.tensor")
     out = _from_any(data, format, shape, blocksize, index_dtype)

@@ -178,7 +178,7 @@ class SparseTensor(torch.Tensor):
                     check: bool = True) -> "SparseTensor":
         """Wrap raw level arrays (``{"pos1": ..., "crd1": ...}``) and values. The arrays are
         copied (kernels must not read memory the caller can still write); the values are
-        kept as given (``.values`` is that tensor).
+        kept as given (``.values`` is that tensor) when contiguous, else copied contiguous.
 
         ``check=True`` validates everything (ranges, order, duplicates, sizes, dtypes,
         devices); ``check=False`` skips only the order and duplicate checks, for callers

@@ -139,10 +139,27 @@ def zeros_like(t, *, dtype=None, layout=None, device=None, requires_grad=False,
     return out.requires_grad_() if requires_grad else out
 
 
-TABLE = {
+def _also_on_dense(op, handler):
+    """``handler`` for a SparseTensor's own in-place op; on a dense tensor with a
+    SparseTensor operand (``x.add_(A)``, ``x += A``), the dense op on ``A.to_dense()``, as
+    torch computes it (it failed inside the handler, which took ``x`` for the sparse one)."""
+    def run(t, *args, **kwargs):
+        if type(t) is SparseTensor:
+            return handler(t, *args, **kwargs)
+        args = [a.to_dense() if isinstance(a, SparseTensor) else a for a in args]
+        kwargs = {k: v.to_dense() if isinstance(v, SparseTensor) else v
+                  for k, v in kwargs.items()}
+        with torch._C.DisableTorchFunctionSubclass():
+            return op(t, *args, **kwargs)
+    return run
+
+
+TABLE = {op: _also_on_dense(op, handler) for op, handler in {
     torch.Tensor.copy_: copy_, torch.Tensor.add_: add_, torch.Tensor.sub_: sub_,
     torch.Tensor.mul_: mul_, torch.Tensor.div_: div_, torch.Tensor.addcmul_: addcmul_,
-    torch.Tensor.addcdiv_: addcdiv_, torch.Tensor.lerp_: lerp_, torch.Tensor.zero_: zero_,
+    torch.Tensor.addcdiv_: addcdiv_, torch.Tensor.lerp_: lerp_}.items()}
+TABLE |= {
+    torch.Tensor.zero_: zero_,
     torch.zeros_like: zeros_like,
     # formats never hold duplicates: coalesced by construction
     torch.Tensor.coalesce: lambda t: t, torch.Tensor.is_coalesced: lambda t: True,
