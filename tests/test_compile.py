@@ -366,7 +366,8 @@ def test_opcheck_sparse_from_dense(fmt):
     form = st.tensor(dense, fmt, blocksize=(2, 2) if fmt == "bsr" else None).format
     out = custom_ops.from_dense(dense, form)
     check_same(out, st.tensor(dense, form))
-    torch.library.opcheck(torch.ops.sparsetorch.sparse_from_dense, (repr(form), dense))
+    torch.library.opcheck(torch.ops.sparsetorch.sparse_from_dense,
+                          (custom_ops.format_key(form), dense))
 
 
 def test_fake_kernels_shapes():

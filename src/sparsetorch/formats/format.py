@@ -12,7 +12,6 @@ import functools
 import operator
 
 from dataclasses import dataclass
-from functools import cached_property
 
 from .levels import Compressed, Dense, LevelKind, Singleton
 
@@ -76,9 +75,19 @@ class Format:
     def is_dense(self) -> bool:
         return all(isinstance(lv, Dense) for lv in self.levels)
 
-    @cached_property
+    @property
     def name(self) -> str:
         """The conventional name if the format has one, else a description of its levels."""
+        # (kept in the instance by hand: functools.cached_property takes a lock in Python
+        # 3.11, which torch.compile cannot trace, so a Format first named inside a compiled
+        # function, e.g. a user's out_format, stopped the graph)
+        found = self.__dict__.get("_name")
+        if found is None:
+            found = self._find_name()
+            object.__setattr__(self, "_name", found)
+        return found
+
+    def _find_name(self) -> str:
         for name, make in _NAMED.items():
             try:
                 if make(self.ndim, self.blocksize) == self:

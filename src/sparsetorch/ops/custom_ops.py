@@ -422,9 +422,34 @@ def _assembled_like(fmt, shape, index, dtype, device) -> list[torch.Tensor]:
     return out
 
 
-# repr(Format) -> Format, for ``sparse_from_dense``'s format argument (a custom op takes
-# strings, not Python objects); the repr names every level's properties and the mode order.
-_FORMATS: dict = {}
+def format_key(fmt) -> str:
+    """``fmt`` as the string ``sparse_from_dense`` takes (a custom op takes no Python
+    objects): each level's kind, uniqueness and order, the mode order, the block sizes.
+    Read back by ``_format_of``, not from a registry: under torch.compile a registry's
+    write is a side effect dynamo replays after tracing, when the fake kernel has run.
+
+    Example:
+        >>> import sparsetorch as st
+        >>> format_key(st.Format((st.dense, st.compressed)))
+        'Dense:1:1,Compressed:1:1;0,1;'
+    """
+    levels = ",".join(f"{type(lv).__name__}:{int(lv.unique)}:{int(lv.ordered)}"
+                      for lv in fmt.levels)
+    blocks = ",".join(map(str, fmt.blocksize or ()))
+    return f"{levels};{','.join(map(str, fmt.mode_order))};{blocks}"
+
+
+def _format_of(key: str):
+    from ..formats import levels as kinds
+    from ..formats.format import Format
+
+    levels, order, blocks = key.split(";")
+    made = []
+    for part in levels.split(","):
+        kind, unique, ordered = part.split(":")
+        made.append(getattr(kinds, kind)(unique=unique == "1", ordered=ordered == "1"))
+    return Format(tuple(made), tuple(int(m) for m in order.split(",")),
+                  tuple(int(b) for b in blocks.split(",")) if blocks else None)
 
 
 def from_dense(dense: torch.Tensor, fmt) -> SparseTensor:
@@ -439,9 +464,7 @@ def from_dense(dense: torch.Tensor, fmt) -> SparseTensor:
         >>> f(torch.eye(2)).values
         tensor([1., 1.])
     """
-    key = repr(fmt)
-    _FORMATS[key] = fmt
-    out = torch.ops.sparsetorch.sparse_from_dense(key, dense)
+    out = torch.ops.sparsetorch.sparse_from_dense(format_key(fmt), dense)
     return SparseTensor(dense.shape, fmt, dict(zip(array_names(fmt), out[:-1])), out[-1])
 
 
@@ -456,11 +479,11 @@ def _from_dense_index(fmt, shape) -> torch.dtype:
 
 @torch.library.custom_op("sparsetorch::sparse_from_dense", mutates_args=())
 def sparse_from_dense(fmt: str, dense: torch.Tensor) -> list[torch.Tensor]:
-    """``dense``'s nonzeros in the format registered as ``fmt``: level arrays
+    """``dense``'s nonzeros in the format ``fmt`` names (``format_key``): level arrays
     (``array_names`` order) then values, the index dtype fixed by the shape."""
     from ..formats.convert import _from_dense
 
-    form = _FORMATS[fmt]
+    form = _format_of(fmt)
     out = _from_dense(dense, form, None, None, _from_dense_index(form, dense.shape))
     # (a custom op must not return its input's memory: a dense format's values may be it)
     return [*(out._level_arrays[n] for n in array_names(form)),
@@ -469,6 +492,6 @@ def sparse_from_dense(fmt: str, dense: torch.Tensor) -> list[torch.Tensor]:
 
 @sparse_from_dense.register_fake
 def _(fmt, dense):
-    form = _FORMATS[fmt]
+    form = _format_of(fmt)
     return _assembled_like(form, dense.shape, _from_dense_index(form, dense.shape),
                            dense.dtype, dense.device)
