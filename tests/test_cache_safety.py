@@ -120,6 +120,24 @@ def test_bad_compile_timeout_is_named(monkeypatch, value):
         compile_timeout()
 
 
+@pytest.mark.parametrize("value", ["inf", "1e400", "1e12"])
+def test_a_compile_timeout_beyond_the_clock_means_no_limit(monkeypatch, value):
+    """(inf raised OverflowError deep inside selectors, 1e12 "timestamp too large")"""
+    monkeypatch.setenv("SPARSETORCH_COMPILE_TIMEOUT", value)
+    from sparsetorch.runtime.tool import compile_timeout, run
+
+    assert compile_timeout() is None
+    assert run(["sh", "-c", "echo ok"]).stdout == "ok\n"
+
+
+def test_build_threads_take_ascii_digits_only(monkeypatch):
+    from sparsetorch.runtime.tool import build_threads
+
+    monkeypatch.setenv("SPARSETORCH_BUILD_THREADS", "\u00b2")   # ("²".isdigit() is True)
+    with pytest.raises(ValueError, match="SPARSETORCH_BUILD_THREADS=.*positive whole number"):
+        build_threads()
+
+
 @pytest.mark.slow   # ~3 s: a build killed in a subprocess (the full suite runs it)
 def test_temp_files_of_a_killed_build_are_swept(cache, tmp_path, monkeypatch):
     """A process killed mid-build leaves its temp library; the next cache open removes it

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+import warnings
 
 import pytest
 import torch
@@ -189,6 +190,56 @@ def test_entry_that_passes_marker_but_fails_dlopen_is_rebuilt(cache, monkeypatch
     src = _entry_copy(cache, monkeypatch, tmp_path, damage)
     run_saxpy(rt.load_kernel(src, "saxpy", SAXPY_ARGS))
     assert rt.stats()["builds"] == 1 and rt.stats()["rebuilt_corrupt"] == 1
+
+
+def test_an_entry_copied_over_another_keys_is_rebuilt(cache, monkeypatch, tmp_path):
+    """Every kernel exports the same symbols and the marker held only the library's size
+    and hash: a relu kernel's entry copied over the plain one's (a backup restored, an
+    rsync mix-up) loaded and ran, silently wrong."""
+    other = saxpy_source().replace("y[i] +=", "y[i] -=")
+    assert "y[i] -=" in other
+    wrong = rt.load_kernel(other, "saxpy", SAXPY_ARGS).library
+
+    def damage(so):
+        so.write_bytes(open(wrong.path, "rb").read())
+        so.with_suffix(".json").write_text(open(wrong.path[:-3] + ".json").read())
+    src = _entry_copy(cache, monkeypatch, tmp_path, damage)
+    run_saxpy(rt.load_kernel(src, "saxpy", SAXPY_ARGS))
+    assert rt.stats()["builds"] == 1 and rt.stats()["disk_hits"] == 0
+
+
+def test_a_failing_build_is_not_taken_for_missing_openmp(cache, monkeypatch, tmp_path):
+    """A compiler that fails everything (a full disk, missing headers) made the OpenMP
+    probe fail too: the process built, and cached, every later kernel single-threaded."""
+    real = rt_build.toolchain().argv[0]
+    fake = tmp_path / "cc-broken"
+    fake.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && exec {real} --version\n"
+                    "echo 'No space left on device' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)   # (no "does not support -fopenmp")
+        with pytest.raises(rt.KernelCompileError, match="point at this machine"):
+            rt.load_kernel(saxpy_source(), "saxpy", SAXPY_ARGS)
+    assert not rt_build.openmp_missing(rt_build.toolchain())
+
+
+def test_a_cached_single_threaded_kernel_is_rebuilt_where_openmp_works(cache, monkeypatch,
+                                                                          tmp_path):
+    def damage(so):   # (the marker of a build without OpenMP, as a poisoned cache held)
+        marker = so.with_suffix(".json")
+        meta = json.loads(marker.read_text())
+        meta["flags"] = [f for f in meta["flags"] if f != "-fopenmp"]
+        marker.write_text(json.dumps(meta))
+    src = _entry_copy(cache, monkeypatch, tmp_path, damage)
+    f = rt.load_kernel(src, "saxpy", SAXPY_ARGS)
+    assert "-fopenmp" in f.library.flags and rt.stats()["builds"] == 1
+
+
+def test_an_unbalanced_quote_in_cc_is_named(cache, monkeypatch):
+    monkeypatch.setenv("CC", 'gcc "-O2')
+    with pytest.raises(rt.CompilerNotFoundError, match="cannot read CC=.*No closing quotation"):
+        rt.load_kernel(saxpy_source(), "saxpy", SAXPY_ARGS)
 
 
 @pytest.mark.parametrize("cc,says", [("/nonexistent", "was not found"),

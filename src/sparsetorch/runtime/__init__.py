@@ -45,8 +45,9 @@ from pathlib import Path
 from . import cache as _cache
 from . import entry as _entry
 from . import tool as _tool
-from .build import (FLAGS, LIBS, CompilerNotFoundError, CompileTimeoutError, KernelBuildError,
-                    KernelCompileError, Toolchain, compile_library, cpu_features, toolchain)
+from .build import (FLAGS, LIBS, OPENMP_FLAG, CompilerNotFoundError, CompileTimeoutError,
+                    KernelBuildError, KernelCompileError, Toolchain, compile_library,
+                    cpu_features, openmp_missing, toolchain)
 from .cache import UnsafeCacheError, cache_dir
 
 PTR = ctypes.c_void_p    # a tensor's data_ptr()
@@ -304,7 +305,11 @@ def _count(name: str, amount) -> None:
 
 def _load_entry(p, key: str, tc: Toolchain):
     meta = _cache.read_marker(p)
-    if meta is None:
+    # (the marker names its key: a library copied over another entry's, a restored backup,
+    # loaded and ran another kernel, as every kernel exports the same symbols; and one built
+    # single-threaded, without OpenMP, is taken only where this process found none)
+    if meta is None or meta.get("key") != key or (
+            OPENMP_FLAG not in meta.get("flags", ()) and not openmp_missing(tc)):
         return None
     try:
         lib = ctypes.CDLL(str(p["so"]))
@@ -331,7 +336,7 @@ def _build_entry(source: str, p, key: str, tc: Toolchain, d: Path):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    _cache.write_marker(p, {"flags": list(flags), "compiler": " ".join(tc.argv),
+    _cache.write_marker(p, {"key": key, "flags": list(flags), "compiler": " ".join(tc.argv),
                             "build_seconds": dt})
     _count("builds", 1)
     _count("build_seconds", dt)

@@ -90,7 +90,11 @@ def _find_toolchain(cc: str) -> Toolchain:
     fix = ("Install a C compiler (gcc or clang) or point CC at one (e.g. CC=gcc), "
            + _FALLBACK_HINT + ".")
     # CC may carry arguments ("ccache gcc", "gcc -m64"), as in make.
-    argv = shlex.split(cc)
+    try:
+        argv = shlex.split(cc)
+    except ValueError as e:   # (an unbalanced quote)
+        raise CompilerNotFoundError(f"sparsetorch cannot read {how}: {e}; quote it as a "
+                                    f"shell would (e.g. CC='gcc -O2'). {fix}") from None
     exe = shutil.which(argv[0]) if argv else None
     if exe is None:
         raise CompilerNotFoundError(
@@ -170,7 +174,7 @@ def compile_library(tc: Toolchain, source_path: str, out_path: str) -> tuple[str
     if proc.returncode != 0 and pch_flags:   # a precompiled header GCC rejects outright
         pch.discard(tc, flags, cpu)
         proc = _run(tc, flags, source_path, out_path)
-    if proc.returncode != 0 and OPENMP_FLAG in flags and not _has_openmp(tc):
+    if proc.returncode != 0 and OPENMP_FLAG in flags and _lacks_openmp(tc):
         _no_openmp.add(ident)
         flags = _without_openmp(FLAGS)
         warnings.warn(
@@ -185,8 +189,10 @@ def compile_library(tc: Toolchain, source_path: str, out_path: str) -> tuple[str
             f"compiling a generated kernel failed (exit {proc.returncode}).\n"
             f"source: {source_path}\ncommand: {' '.join(cmd)}\n"
             f"compiler stderr:\n{proc.stderr.strip()}\n"
-            "This is a bug in sparsetorch's code generator unless CC or the flags were "
-            "changed; please report it with the source file above.",
+            "If the compiler's messages point at this machine (a full disk, missing headers "
+            "or libraries, a CC that cannot build 64-bit shared libraries), fix that; "
+            "otherwise this is a bug in sparsetorch's code generator: please report it with "
+            "the source file above.",
             stderr=proc.stderr, source_path=source_path, command=cmd)
     return flags
 
@@ -222,11 +228,21 @@ _OMP_PROBE = ("int probe(int n) { int s = 0;\n#pragma omp parallel for reduction
               "for (int i = 0; i < n; i++) s += i;\nreturn s; }\n")
 
 
-def _has_openmp(tc: Toolchain) -> bool:
-    """Whether the compiler builds a trivial OpenMP library. Only asked after a failed
-    build, so a genuine error inside a pragma is not mistaken for missing OpenMP."""
+def _lacks_openmp(tc: Toolchain) -> bool:
+    """Whether the compiler builds a trivial library without OpenMP but not with it. Only
+    asked after a failed build, so a genuine error inside a pragma is not mistaken for
+    missing OpenMP, nor is a failure of any build (a full disk, missing headers: a probe
+    took those for it, and every kernel after was built, and cached, single-threaded)."""
     with tempfile.TemporaryDirectory(prefix="sparsetorch-omp-") as d:
         src = os.path.join(d, "probe.c")
         with open(src, "w") as f:
             f.write(_OMP_PROBE)
-        return _run(tc, FLAGS, src, os.path.join(d, "probe.so")).returncode == 0
+        out = os.path.join(d, "probe.so")
+        if _run(tc, FLAGS, src, out).returncode == 0:
+            return False
+        return _run(tc, _without_openmp(FLAGS), src, out).returncode == 0
+
+
+def openmp_missing(tc: Toolchain) -> bool:
+    """Whether this process found ``tc`` without OpenMP (kernels built single-threaded)."""
+    return tc.identity() in _no_openmp

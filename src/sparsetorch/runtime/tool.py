@@ -21,8 +21,9 @@ _pool: tuple[int, ThreadPoolExecutor] | None = None   # (threads, the pool)
 _pool_lock = threading.Lock()
 
 
-def compile_timeout() -> float:
-    """Seconds one compiler run may take: ``$SPARSETORCH_COMPILE_TIMEOUT``, default 60.
+def compile_timeout() -> float | None:
+    """Seconds one compiler run may take: ``$SPARSETORCH_COMPILE_TIMEOUT``, default 60;
+    ``inf`` (or anything beyond a year, which the clock cannot hold) means no limit (None).
 
     Example:
         >>> import os
@@ -40,13 +41,19 @@ def compile_timeout() -> float:
         value = -1.0
     if not value > 0:
         raise ValueError(f"{TIMEOUT_ENV}={raw!r} is not a positive number of seconds; set it "
-                         f"to e.g. 120, or unset it for the default {DEFAULT_TIMEOUT:g}")
-    return value
+                         f"to e.g. 120 (inf: no limit), or unset it for the default "
+                         f"{DEFAULT_TIMEOUT:g}")
+    return None if value > _YEAR else value
 
 
-def run(cmd, timeout: float | None = None, text: bool = True) -> subprocess.CompletedProcess:
+_YEAR = 365 * 24 * 3600.0
+_CONFIGURED = "configured"   # run()'s default timeout: compile_timeout()'s
+
+
+def run(cmd, timeout=_CONFIGURED, text: bool = True) -> subprocess.CompletedProcess:
     """Run ``cmd`` capturing its output; ``subprocess.TimeoutExpired`` after ``timeout``
-    seconds (default :func:`compile_timeout`), once its whole process group is killed.
+    seconds (by default :func:`compile_timeout`'s; None: no limit), once its whole process
+    group is killed.
 
     Example:
         >>> run(["sh", "-c", "echo hi"]).stdout
@@ -56,7 +63,7 @@ def run(cmd, timeout: float | None = None, text: bool = True) -> subprocess.Comp
         ...
         subprocess.TimeoutExpired: Command ... timed out after 0.2 seconds
     """
-    timeout = compile_timeout() if timeout is None else timeout
+    timeout = compile_timeout() if timeout is _CONFIGURED else timeout
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text,
                             start_new_session=True)
     try:
@@ -89,7 +96,7 @@ def build_threads() -> int:
     raw = os.environ.get(THREADS_ENV)
     if not raw:
         return max(2, min(8, os.cpu_count() or 2))
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:   # ("²".isdigit() is True)
         raise ValueError(f"{THREADS_ENV}={raw!r} is not a positive whole number; set it to "
                          "e.g. 4, or 1 to build one kernel at a time")
     return int(raw)
