@@ -525,3 +525,35 @@ def test_gzip_is_streamed_and_a_bomb_is_refused(tmp_path):
                              r"than max_bytes=2097152 \(2 MiB\)")
     assert peak < 8 << 20
     assert read_mtx(bomb).shape == (1, 1)
+
+
+def test_entry_lines_of_mixed_widths_are_refused(tmp_path):
+    """The numbers were read as one stream: lines of 4 and 2 numbers made two entries of 3
+    (a wrong matrix, silently; scipy refuses the file)."""
+    path = tmp_path / "w.mtx"
+    path.write_text("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1 1\n2 2\n")
+    with pytest.raises(ValueError, match="line 3 has 4 values"):
+        st.io.read_mtx(path)
+
+
+def test_values_beyond_the_asked_dtype_are_refused(tmp_path):
+    path = tmp_path / "i.mtx"
+    path.write_text("%%MatrixMarket matrix coordinate integer general\n1 1 1\n1 1 3000000000\n")
+    with pytest.raises(ValueError, match="3000000000, beyond torch.int32's range"):
+        st.io.read_mtx(path, dtype=torch.int32)
+    assert st.io.read_mtx(path, dtype=torch.int64).values.item() == 3000000000
+    real = tmp_path / "r.mtx"
+    real.write_text("%%MatrixMarket matrix coordinate real general\n1 1 1\n1 1 1e30\n")
+    with pytest.raises(ValueError, match="beyond torch.int64's range"):
+        st.io.read_mtx(real, dtype=torch.int64)
+
+
+def test_write_mtx_checks_an_index_pair_and_takes_bytes_paths(tmp_path):
+    with pytest.raises(ValueError, match="3-D with shape"):
+        st.io.write_mtx(tmp_path / "a.mtx", (torch.tensor([[0, 0], [1, 1], [0, 1]]),
+                                             torch.tensor([1., 2.])))
+    A = st.tensor(torch.tensor([[0., 1.], [2., 0.]]))
+    path = tmp_path / "b.MTX.GZ"
+    st.io.write_mtx(os.fsencode(path), A)
+    assert path.read_bytes()[:2] == b"\x1f\x8b"   # gzipped, whatever the suffix's case
+    torch.testing.assert_close(st.io.read_mtx(path).to_dense().float(), A.to_dense())

@@ -310,15 +310,31 @@ def _numbers(body: bytes, np_dtype, per_line: int, count: int, path: str, first_
     for width in (per_line, per_line + 1) if lenient else (per_line,):
         if out is not None and out.size == width * count:
             # (the numbers are read as one stream: entry lines of 4 and 2 numbers also make
-            # 3 a line; where the lines do not count ``count``, the walk below names a bad
-            # one, and finds none when blank-looking lines held only spaces)
-            problem = None if per_line == 1 or _lines(body) == count else \
+            # 3 a line, so every line's width is counted; where one is off, or the lines do
+            # not count ``count``, the walk below names a bad line, and finds none when
+            # blank-looking lines held only spaces)
+            problem = None if per_line == 1 or (_lines(body) == count and
+                                                _widths_are(body, width)) else \
                 _locate_problem(given, np_dtype, per_line, count, path, first_line, lenient)
             if problem is not None:
                 raise problem
             return out.reshape(count, width)
     raise _locate_problem(given, np_dtype, per_line, count, path, first_line, lenient) or \
         ValueError(f"read_mtx: {path!r}: cannot read the entries")
+
+
+def _widths_are(body: bytes, width: int) -> bool:
+    """Whether every line of ``body`` that holds a word holds ``width`` of them, counted
+    at C speed: the words starting before each line's end, differenced."""
+    a = np.frombuffer(body, np.uint8)
+    space = (a == 32) | (a == 9) | (a == 13) | (a == 10) | (a == 11) | (a == 12)
+    start = ~space
+    start[1:] &= space[:-1]
+    ends = np.flatnonzero(a == 10)
+    if not body.endswith(b"\n"):
+        ends = np.append(ends, a.size)
+    per_line = np.diff(np.searchsorted(np.flatnonzero(start), ends), prepend=0)
+    return bool((per_line[per_line > 0] == width).all())
 
 
 def _lines(body: bytes) -> int:
@@ -451,6 +467,14 @@ def _cast(vals: np.ndarray, target: torch.dtype, path) -> torch.Tensor:
         if not np.array_equal(vals, np.trunc(vals)):
             raise ValueError(f"read_mtx: {path!r} has non-integer values but dtype={target}; "
                              "pass a floating dtype (or None)")
+    if not target.is_floating_point and vals.size:
+        # (a cast wraps or saturates what the type cannot hold: 3e9 read as int32 was -1.3e9)
+        info = torch.iinfo(target)
+        low, high = vals.min(), vals.max()
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise ValueError(f"read_mtx: {path!r} holds the value {bad}, beyond {target}'s "
+                             f"range [{info.min}, {info.max}]; pass a wider dtype (or None)")
     return torch.from_numpy(vals).to(target)
 
 
@@ -474,12 +498,11 @@ def write_mtx(path, tensor, comment=None) -> None:
         >>> torch.equal(st.io.read_mtx(path, dtype=torch.float32).to_dense(), A.to_dense())
         True
     """
-    spath = os.fspath(path)
-    shape = tuple(getattr(tensor, "shape", ()))
-    if not isinstance(tensor, tuple) and len(shape) != 2:
-        raise ValueError(f"write_mtx({spath!r}): Matrix Market stores matrices; this tensor is "
-                         f"{len(shape)}-D with shape {shape}")
+    spath = os.fsdecode(os.fspath(path))   # (bytes too, as read_mtx takes them)
     t = tensor if isinstance(tensor, SparseTensor) else _tensor(tensor, format="coo")
+    if t.dim() != 2:   # (after st.tensor: an (indices, values) pair's order shows there)
+        raise ValueError(f"write_mtx({spath!r}): Matrix Market stores matrices; this tensor is "
+                         f"{t.dim()}-D with shape {tuple(t.shape)}")
     if t.dtype.is_complex or t.dtype == torch.bool:
         raise TypeError(f"write_mtx({spath!r}): values of dtype {t.dtype} are not supported; "
                         "convert to a float or integer dtype first")
@@ -510,7 +533,7 @@ def write_mtx(path, tensor, comment=None) -> None:
                 zip(r, c, v)))
             yield text.encode()
 
-    atomic_write(spath, chunks(), gz=spath.endswith(".gz"), who="write_mtx")
+    atomic_write(spath, chunks(), gz=spath.lower().endswith(".gz"), who="write_mtx")
 
 
 def atomic_write(path: str, chunks, gz: bool, who: str) -> None:
