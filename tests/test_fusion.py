@@ -248,3 +248,60 @@ def test_fullgraph_true_raises_on_a_graph_break():
 
     with pytest.raises(Exception, match="(?i)graph break|print"):
         st.compile(f, fullgraph=True)(st.tensor(torch.eye(2), "csr"), torch.ones(2, 1))
+
+
+# -- what dynamo cannot take: split, eager, or the user's own error (a probe's findings) ----
+def test_data_dependent_control_flow_and_the_recompile_limit_split_the_graph():
+    """``.item()`` in control flow raised dynamo's UserError, and a ninth shape its
+    FailOnRecompileLimitHit, from st.compile's first, full-graph attempt."""
+    f = st.compile(lambda A, B: torch.relu(A * 2 - B) if A.values.sum().item() > 0
+                   else torch.relu(B - A))
+    A = st.tensor(_matrix(6, 5, 1, torch.float64), "csr")
+    B = st.tensor(_matrix(6, 5, 2, torch.float64), "csr")
+    check_same(f(A, B), torch.relu(A * 2 - B) if A.values.sum().item() > 0
+               else torch.relu(B - A))
+    g = st.compile(lambda A, B: torch.relu(A * 2 - B))
+    for n in range(2, 13):   # (more shapes than dynamo's recompile limit, 8)
+        A = st.tensor(_matrix(n, 3, n, torch.float64), "csr")
+        B = st.tensor(_matrix(n, 3, n + 50, torch.float64), "csr")
+        check_same(g(A, B), torch.relu(A * 2 - B))
+
+
+def test_an_error_of_the_function_itself_comes_back_unwrapped():
+    f = st.compile(lambda A, B: torch.relu(A / B))     # (dividing by a SparseTensor)
+    A = st.tensor(_matrix(4, 3, 1, torch.float64), "csr")
+    with pytest.raises(TypeError, match="dividing by a SparseTensor"):
+        f(A, A)
+    assert f.fallback is None   # (still compiled: the error was the user's)
+
+
+@pytest.mark.parametrize("compile_", ["st", "torch"])
+def test_a_python_number_that_changes_between_calls(compile_):
+    """dynamo passes a number that changed as a SymFloat/SymInt, which the elementwise ops
+    refused ("cannot combine a SparseTensor with a SymFloat") on the second call."""
+    fn = lambda A, B, c: torch.relu(A * c - B) / c   # noqa: E731
+    f = st.compile(fn) if compile_ == "st" else torch.compile(fn, backend="aot_eager",
+                                                              fullgraph=True)
+    A = st.tensor(_matrix(6, 5, 1, torch.float64), "csr")
+    B = st.tensor(_matrix(6, 5, 2, torch.float64), "csr")
+    for c in (2.0, 3.0, 5, 0.5):
+        check_same(f(A, B, c), fn(A, B, c))
+
+
+def test_softmax_of_an_assembled_result_compiles():
+    """(``if t.nnz == 0`` guarded on the traced entry count: a UserError)"""
+    fn = lambda A, B: torch.sparse.softmax(A - B, 1)   # noqa: E731
+    A = st.tensor(_matrix(6, 5, 1, torch.float64), "csr")
+    B = st.tensor(_matrix(6, 5, 2, torch.float64), "csr")
+    check_same(torch.compile(fn, backend="aot_eager", fullgraph=True)(A, B), fn(A, B))
+
+
+@pytest.mark.parametrize("fmt", ["csr", "coo", "bsr"])
+def test_division_divides(fmt):
+    """``A / c`` multiplied by 1/c: a third of the values 1 ulp off torch's, and
+    1e-300 / 1e-310 infinite."""
+    d = _matrix(8, 6, 3, torch.float64) * 1e-300
+    A = st.tensor(d, fmt, blocksize=(2, 2) if fmt == "bsr" else None)
+    for c in (7.0, 1e-310, torch.full((6,), 3.0, dtype=torch.float64)):
+        torch.testing.assert_close((A / c).to_dense(), torch.where(d != 0, d / c, 0.0),
+                                   rtol=0, atol=0)

@@ -47,17 +47,22 @@ from .runtime import CALLS, recording
 
 __all__ = ["CALLS", "Compiled", "Fusion", "FusionReport", "compile"]
 
-_Unsupported = _InternalError = None   # dynamo's exception types, once it is imported
+# dynamo's exception types, once it is imported: what a graph with breaks may get past
+# (a break, a guard on data, .item() in control flow, the recompile limit of a full graph),
+# and any failure of dynamo's (the first of those included)
+_SPLIT = _FAILED = None
 
 
 def _import_dynamo():
     """Import dynamo's exception types on the first ``st.compile`` rather than at import:
     importing dynamo costs about a second."""
-    global _Unsupported, _InternalError
-    if _Unsupported is None:
-        from torch._dynamo.exc import InternalTorchDynamoError, Unsupported
+    global _SPLIT, _FAILED
+    if _SPLIT is None:
+        from torch._dynamo.exc import (FailOnRecompileLimitHit, TorchDynamoException,
+                                       Unsupported, UserError)
 
-        _Unsupported, _InternalError = Unsupported, InternalTorchDynamoError
+        _SPLIT = (Unsupported, UserError, FailOnRecompileLimitHit)
+        _FAILED = (TorchDynamoException, FailOnRecompileLimitHit)
 
 
 @dataclass
@@ -118,24 +123,28 @@ class Compiled:
             return self.fn(*args, **kwargs)
         try:
             return self._compiled(*args, **kwargs)
-        except _Unsupported as e:
-            if self._fullgraph or self._mode != "fullgraph":
+        except _FAILED as e:
+            if self._fullgraph:
                 raise
+            if self._mode != "fullgraph" or not isinstance(e, _SPLIT):
+                return self._eagerly(e, args, kwargs)
             # a graph break: compile the pieces between breaks, each fused on its own
             self._mode = "split"
             self.split = str(e).splitlines()[0]
             self._compiled = torch.compile(self.fn, backend=self._backend,
                                            dynamic=self._dynamic)
-        except _InternalError as e:
-            if self._fullgraph:
-                raise
-            self._fall_back(e)
-            return self.fn(*args, **kwargs)
         try:
             return self._compiled(*args, **kwargs)
-        except _InternalError as e:
-            self._fall_back(e)
-            return self.fn(*args, **kwargs)
+        except _FAILED as e:
+            return self._eagerly(e, args, kwargs)
+
+    def _eagerly(self, error, args, kwargs):
+        """The call run as written; if it runs, dynamo was what failed, and later calls run
+        eagerly too. (If it raises, that error is the user's, clearer than dynamo's wrapping
+        of it, and the function stays compiled.)"""
+        out = self.fn(*args, **kwargs)
+        self._fall_back(error)
+        return out
 
     def _fall_back(self, error):
         import warnings

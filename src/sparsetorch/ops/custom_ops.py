@@ -394,7 +394,7 @@ def _entry_count(ctx) -> torch.SymInt:
         if ctx._shape_env is None:
             raise
         size = ctx._shape_env.create_unbacked_symint()
-        torch._check_is_size(size)
+        torch._check(size >= 0)
         return size
 
 

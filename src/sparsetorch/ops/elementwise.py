@@ -19,6 +19,7 @@ import numbers
 
 import torch
 
+from ..formats.pack import unpack
 from ..formats.tensor import SparseTensor
 from .einsum import einsum
 from .expr import LazyExpr, lazy
@@ -27,7 +28,19 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def _is_scalar(x) -> bool:
-    return isinstance(x, numbers.Real)   # (a bool too: an int to torch's promotion)
+    # (a bool too: an int to torch's promotion; a symbolic number: torch.compile passes a
+    # Python number that changed between calls as one)
+    return isinstance(x, (numbers.Real, torch.SymInt, torch.SymFloat))
+
+
+def _on_values(t: SparseTensor, fn) -> SparseTensor:
+    """``t`` with ``fn`` applied to its stored values (the pattern kept, implicit zeros
+    staying zero): a symbolic scalar cannot ride in a lazy tree's equation, and a division
+    must divide (a lazy tree's scale multiplies by the reciprocal: 1 ulp off a third of the
+    time, and 1e-300 / 1e-310 was inf). A dense format's result is a torch.Tensor, as a
+    lazy tree's is."""
+    out = t.with_values(fn(t.values))
+    return out.to_dense() if t.format.is_dense else out
 
 
 def _fmt(*xs) -> str:
@@ -73,10 +86,12 @@ def mul(a, b):
     """
     _check_operand(a, "mul")
     _check_operand(b, "mul")
+    if _is_scalar(a):
+        a, b = b, a
+    if isinstance(b, (torch.SymInt, torch.SymFloat)):
+        return _on_values(a, lambda v: v * b)
     if _is_scalar(b):
         return (lazy(a) * _scalar(b)).eval()
-    if _is_scalar(a):
-        return (lazy(b) * _scalar(a)).eval()
     if a.shape == b.shape:
         return (lazy(a) * lazy(b)).eval()
     sparse, dense = (a, b) if isinstance(a, SparseTensor) else (b, a)
@@ -180,8 +195,10 @@ def div(a, b, *, rounding_mode=None):
             f"div: dividing by a SparseTensor (format {_fmt(a, b)}) divides by its missing "
             "zeros; divide the values instead: B.with_values(x / B.values)")
     if _is_scalar(b):
-        return (lazy(a) / _scalar(b)).eval()
-    return mul(a, torch.reciprocal(b))
+        return _on_values(a, lambda v: v / b)
+    _broadcast_dense(a, b, "div")   # (the shape check)
+    coords, _ = unpack(a.format, a.shape, a._level_arrays, a.values)
+    return _on_values(a, lambda v: v / b.expand(a.shape)[tuple(coords)])
 
 
 def pow(a, exponent):

@@ -95,7 +95,8 @@ def softmax(input: SparseTensor, dim: int, dtype=None) -> SparseTensor:
         fix = "pass a floating dtype" if dtype is not None else "pass dtype=torch.float32"
         raise TypeError(f"sparse softmax: values of dtype {t.dtype} are not floating point; "
                         f"{fix}")
-    if t.nnz == 0:
+    count = t.values.shape[0]
+    if type(count) is int and count == 0:   # (a traced count is symbolic: no guard on it)
         return t.with_values(t.values * 0)
     return _row_softmax(t) if _by_rows(t, dim) else _by_einsum(t, dim)
 
