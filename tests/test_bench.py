@@ -241,8 +241,7 @@ def test_load_or_generate_records_stand_in(capsys):
 
     def missing():
         raise FileNotFoundError("gone")
-    assert load_or_generate("cora", missing, lambda: 2, report=rep) == \
-        (2, "real data missing (gone)")
+    assert load_or_generate("cora", missing, lambda: 2, report=rep) == (2, "generated")
     assert "cora" in rep.notes[0] and "gone" in rep.notes[0]
     load_or_generate("cora", missing, lambda: 2)
     assert "not from the real dataset" in capsys.readouterr().err

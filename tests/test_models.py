@@ -100,6 +100,10 @@ _EDGES = torch.tensor([[0, 1, 2, 3], [1, 0, 3, 2]])
     (lambda: st.models.GCN(4, 8, 3), lambda: (torch.randn(5, 4), _EDGES)),
     (lambda: st.models.GAT(4, 2, 3, heads=2), lambda: (torch.randn(5, 4), _EDGES)),
     (lambda: st.nn.SparseLinear(4, 3, density=0.5), lambda: (torch.randn(5, 4),)),
+    # (a frozen model calls its kernels itself, not through the layers' __call__)
+    (lambda: st.freeze(st.sparsify(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                                       torch.nn.Linear(8, 3)), 0.5)),
+     lambda: (torch.randn(5, 4),)),
     (lambda: st.models.SparseTransformer(10, 2, embed_dim=8, num_heads=2, ff_dim=16,
                                          max_len=8, mask=st.nn.masks.longformer(6, 1, 1)),
      lambda: (torch.randint(0, 10, (2, 6)),)),

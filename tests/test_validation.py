@@ -285,11 +285,11 @@ def test_index_dtype_argument():
 
 # -- devices ----------------------------------------------------------------------------------
 def test_values_and_indices_on_different_devices():
-    # (meta, the one other device a CPU machine has, is refused first: it holds no data)
-    with pytest.raises(ValueError, match=r"values is on the meta device"):
+    with pytest.raises(ValueError, match=r"indices is on cpu but values are on meta; move them "
+                                         r"to one device"):
         coo_pair([[0], [1]], torch.ones(1, device="meta"))
-    with pytest.raises(ValueError, match=r"pos1 is on the meta device"):
-        from_levels({"pos1": CSR["pos1"].to("meta"), "crd1": CSR["crd1"]})
+    with pytest.raises(ValueError, match=r"pos1 is on cpu but values are on meta"):
+        from_levels(CSR, values=VALS.to("meta"))
 
 
 # -- formats and blocks -----------------------------------------------------------------------
@@ -462,7 +462,9 @@ def test_inputs_that_are_no_tensors_or_hold_no_data_are_named():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="device='cuda:9' is not available here"):
             st.tensor(torch.eye(3), device="cuda:9")
-    assert st.tensor(torch.eye(2)).to("meta").device.type == "meta"   # (still allowed)
+    M = st.tensor(torch.eye(2)).to("meta")   # (meta SparseTensors still work)
+    assert (M / 2).device.type == M.with_values(torch.empty(2, device="meta")).device.type \
+        == "meta"
 
 
 @pytest.mark.parametrize("op", ["add_", "sub_", "mul_", "copy_", "iadd"])

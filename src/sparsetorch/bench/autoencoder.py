@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .harness import load_or_generate
+from .harness import Report, load_or_generate
 from .steps import inference, training
 from .workloads import OURS, Prepared, Workload, register
 
@@ -41,10 +41,11 @@ def batch(ctx) -> tuple[torch.Tensor, str]:
         gen = torch.Generator().manual_seed(ctx.seed)
         return (torch.rand(BATCH, IN, generator=gen) < PIXELS_ON).float()
 
-    x, source = load_or_generate("mnist", real, fake)
+    said = Report("mnist", quiet=True)
+    x, source = load_or_generate("mnist", real, fake, report=said)
     return x, ("real" if source == "real" else
-               f"generated stand-in ({BATCH} random binary images, {PIXELS_ON:.0%} on): "
-               f"{source}")
+               f"generated stand-in ({BATCH} random binary images, {PIXELS_ON:.0%} on); "
+               f"{said.notes[-1]}")
 
 
 class TorchAutoencoder(nn.Module):

@@ -109,13 +109,14 @@ def stand_in(name: str, seed: int = 0) -> GraphData:
 
 def get(ctx, name: str) -> GraphData:
     """The real graph if the data folder has it, else a stand-in; once per run."""
-    from .harness import load_or_generate
+    from .harness import Report, load_or_generate
 
     def build():
+        said = Report(name, quiet=True)
         g, source = load_or_generate(name, lambda: load(name, ctx.data_root, ctx.seed),
-                                     lambda: stand_in(name, ctx.seed))
+                                     lambda: stand_in(name, ctx.seed), report=said)
         if source != "real":   # (the row, the table's notes and the JSON say why)
-            g.source = f"{g.source}: {source}"
+            g.source = f"{g.source}; {said.notes[-1]}"
         return g
     return ctx.cached(("graph", name), build)
 

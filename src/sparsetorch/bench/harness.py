@@ -534,16 +534,16 @@ _MISSING = (FileNotFoundError, NotADirectoryError)
 
 def load_or_generate(name: str, load: Callable[[], Any], generate: Callable[[], Any], *,
                      report: Report | None = None, stand_in: str = "generated stand-in"):
-    """``(load(), "real")`` if the real data is there, else ``(generate(), why)`` with
-    ``why`` saying what was missing, printed (and recorded in ``report``). Data that is
-    there but unreadable raises the loader's error: a stand-in must not hide it.
+    """``(load(), "real")`` if the real data is there, else ``(generate(), "generated")``,
+    printing (and recording in ``report``) what was missing. Data that is there but
+    unreadable raises the loader's error: a stand-in must not hide it.
 
     Example:
         >>> def missing():
         ...     raise FileNotFoundError("cora not found")
         >>> obj, source = load_or_generate("cora", missing, lambda: "random graph")
         >>> obj, source
-        ('random graph', 'real data missing (cora not found)')
+        ('random graph', 'generated')
     """
     try:
         return load(), "real"
@@ -554,4 +554,4 @@ def load_or_generate(name: str, load: Callable[[], Any], generate: Callable[[], 
             report.note(msg)
         else:
             print(f"note: {msg}", file=sys.stderr, flush=True)
-        return generate(), f"real data missing ({exc})"
+        return generate(), "generated"

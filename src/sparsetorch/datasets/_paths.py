@@ -65,14 +65,15 @@ SUBFOLDERS = ("planetoid", "graphs", "mnist", "dlmc", "suitesparse")
 
 def _holding_data(path: Path, named: str) -> Path:
     """``path`` if it holds one of the datasets' folders: a folder named by the user that
-    holds none (one level too high or too low) would make every loader say "missing"."""
+    holds none (say, one level too high: the folder inside is suggested) would make every
+    loader say "missing"."""
     if any((path / sub).is_dir() for sub in SUBFOLDERS):
         return path
     inner = next((c for c in (path / "data", path / "shared" / "data")
                   if any((c / sub).is_dir() for sub in SUBFOLDERS)), None)
-    hint = f"; did you mean {str(inner)!r}?" if inner else ""
+    fix = f"did you mean {str(inner)!r}?" if inner else _HOW
     raise FileNotFoundError(f"sparsetorch data: {named} holds none of the dataset folders "
-                            f"({', '.join(s + '/' for s in SUBFOLDERS)}){hint} {_HOW}")
+                            f"({', '.join(s + '/' for s in SUBFOLDERS)}); {fix}")
 
 
 def dataset_dir(sub: str, root=None) -> Path:

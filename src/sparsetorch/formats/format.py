@@ -20,6 +20,20 @@ compressed = Compressed()
 singleton = Singleton()
 
 
+class _NameOnce:
+    """``Format.name``: the conventional name if the format has one, else a description of
+    its levels, found once and kept in the instance's ``__dict__`` (where later reads find
+    it without calling this). functools.cached_property does the same but takes a lock in
+    Python 3.11, which torch.compile cannot trace: a Format first named inside a compiled
+    function stopped the graph."""
+
+    def __get__(self, fmt, owner=None):
+        if fmt is None:
+            return self
+        name = fmt.__dict__["name"] = fmt._find_name()
+        return name
+
+
 @dataclass(frozen=True)
 class Format:
     """How a sparse tensor is laid out.
@@ -75,18 +89,6 @@ class Format:
     def is_dense(self) -> bool:
         return all(isinstance(lv, Dense) for lv in self.levels)
 
-    @property
-    def name(self) -> str:
-        """The conventional name if the format has one, else a description of its levels."""
-        # (kept in the instance by hand: functools.cached_property takes a lock in Python
-        # 3.11, which torch.compile cannot trace, so a Format first named inside a compiled
-        # function, e.g. a user's out_format, stopped the graph)
-        found = self.__dict__.get("_name")
-        if found is None:
-            found = self._find_name()
-            object.__setattr__(self, "_name", found)
-        return found
-
     def _find_name(self) -> str:
         for name, make in _NAMED.items():
             try:
@@ -97,6 +99,8 @@ class Format:
         if all(isinstance(lv, Compressed) and lv.unique for lv in self.levels):
             return "csf"
         return "(" + ",".join(map(str, self.levels)) + f";order={self.mode_order})"
+
+    name = _NameOnce()
 
     def storage_dims(self, shape) -> tuple[int, ...]:
         """Sizes of the storage dimensions (one per level) for a tensor of ``shape``."""

@@ -35,9 +35,9 @@ def _supported() -> str:
 
 
 def check_value_dtype(values: torch.Tensor, name: str) -> None:
-    """Values must be a tensor of real data with one of ``VALUE_DTYPES`` (complex, bool and
-    8-bit types are not)."""
-    _check_real_tensor(values, f"{name}: values")
+    """Values must be a tensor with one of ``VALUE_DTYPES`` (complex, bool and 8-bit types
+    are not). (On any device: a meta SparseTensor's ``with_values`` takes meta values.)"""
+    _check_tensor(values, f"{name}: values")
     if values.dtype not in VALUE_DTYPES:
         raise TypeError(f"{name}: values of dtype {values.dtype} are not supported; use one "
                         f"of {_supported()} (e.g. convert with .to(torch.float32))")
@@ -66,13 +66,18 @@ def check_shape(shape, name: str) -> tuple[int, ...]:
 
 
 def check_index_tensor(idx: torch.Tensor, name: str) -> None:
-    """Indices must be integers; a float index (NaN or not) is a user error, not a cast."""
-    _check_real_tensor(idx, name)
+    """Indices must be integers holding data (they are checked against the shape); a float
+    index (NaN or not) is a user error, not a cast."""
+    _check_tensor(idx, name)
+    if idx.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device, which holds no data to check; build "
+                         "the tensor on a real device (a meta SparseTensor: A.to('meta') of a "
+                         "real one)")
     if idx.dtype in _UNSIGNED_WIDE:   # (torch's reductions, which the checks use, lack them)
         raise TypeError(f"{name} has dtype {idx.dtype}; convert the indices with "
                         ".to(torch.int64)")
     if idx.dtype.is_floating_point or idx.dtype.is_complex:
-        if idx.dtype.is_floating_point and idx.device.type != "meta":
+        if idx.dtype.is_floating_point:
             nan = torch.isnan(idx).reshape(-1)
             if bool(nan.any()):
                 p = int(torch.nonzero(nan)[0]) % max(idx.shape[-1], 1) if idx.dim() else 0
@@ -88,15 +93,11 @@ _UNSIGNED_WIDE = tuple(getattr(torch, n) for n in ("uint16", "uint32", "uint64")
                        if hasattr(torch, n))
 
 
-def _check_real_tensor(t, name: str) -> None:
-    """``t`` is a tensor holding data: a list, a NumPy array or a meta tensor is named."""
+def _check_tensor(t, name: str) -> None:
+    """``t`` is a tensor: a list or a NumPy array is named."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} is a {type(t).__name__}; pass a torch tensor "
                         "(torch.as_tensor(...))")
-    if t.device.type == "meta":
-        raise ValueError(f"{name} is on the meta device, which holds no data to check or "
-                         "compute with; build it on a real device (a meta SparseTensor: "
-                         "A.to('meta') of a real one)")
 
 
 def check_same_device(name: str, values: torch.Tensor, **others: torch.Tensor) -> None:

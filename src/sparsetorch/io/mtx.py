@@ -323,18 +323,26 @@ def _numbers(body: bytes, np_dtype, per_line: int, count: int, path: str, first_
         ValueError(f"read_mtx: {path!r}: cannot read the entries")
 
 
-def _widths_are(body: bytes, width: int) -> bool:
+def _widths_are(body: bytes, width: int, chunk: int = 1 << 22) -> bool:
     """Whether every line of ``body`` that holds a word holds ``width`` of them, counted
-    at C speed: the words starting before each line's end, differenced."""
-    a = np.frombuffer(body, np.uint8)
-    space = (a == 32) | (a == 9) | (a == 13) | (a == 10) | (a == 11) | (a == 12)
-    start = ~space
-    start[1:] &= space[:-1]
-    ends = np.flatnonzero(a == 10)
-    if not body.endswith(b"\n"):
-        ends = np.append(ends, a.size)
-    per_line = np.diff(np.searchsorted(np.flatnonzero(start), ends), prepend=0)
-    return bool((per_line[per_line > 0] == width).all())
+    at C speed in pieces of whole lines of about ``chunk`` bytes (the temporaries are a few
+    times a piece's size): the words starting before each line's end, differenced."""
+    at = 0
+    while at < len(body):
+        cut = body.find(b"\n", min(at + chunk, len(body)) - 1)
+        cut = len(body) if cut < 0 else cut + 1
+        a = np.frombuffer(body, np.uint8, count=cut - at, offset=at)
+        space = (a == 32) | (a == 9) | (a == 13) | (a == 10) | (a == 11) | (a == 12)
+        start = ~space
+        start[1:] &= space[:-1]
+        ends = np.flatnonzero(a == 10)
+        if a[-1] != 10:
+            ends = np.append(ends, a.size)
+        per_line = np.diff(np.searchsorted(np.flatnonzero(start), ends), prepend=0)
+        if not (per_line[per_line > 0] == width).all():
+            return False
+        at = cut
+    return True
 
 
 def _lines(body: bytes) -> int:

@@ -11,7 +11,8 @@ softmax, product) or ``"torch_sparse"`` (``torch.sparse.sampled_addmm`` on a CSR
 ``torch.sparse.softmax``, ``torch.sparse.mm``); ``dense_reference`` is ``"sdpa"``. These are
 the baselines benchmarks time against and tests check against. Dense references build the
 L x L mask (and scores) the sparse model avoids; rows with no stored entries give zeros in
-the sparse model and in torch 2.13's SDPA (NaN in ``nn.MultiheadAttention``'s fast path).
+the sparse model and in torch 2.13's SDPA (NaN in ``nn.MultiheadAttention`` with
+``need_weights=True``).
 """
 from __future__ import annotations
 

@@ -135,7 +135,7 @@ class AdjacencyCache:
 
     def lookup(self, adj, num_nodes: int, dtype, config=()):
         """The kept matrix when ``adj`` is the adjacency it was built from, unchanged, for
-        the same node count and dtype; else None. (A layer's forward runs this on every
+        the same node count, dtype and ``config``; else None. (A layer's forward runs this on every
         call: a few attribute reads, ~1 us, where building the key as a tuple of tuples
         took 5.)"""
         kept = self._kept

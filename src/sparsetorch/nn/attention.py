@@ -165,13 +165,13 @@ class SparseAttention(NoTorchScript, nn.Module):
             return mask
 
     def _checked(self, t, name):
+        layout = "(B, L, E)" if self.batch_first else "(L, B, E)"
         if not isinstance(t, torch.Tensor):
-            raise input_type_error("SparseAttention", f"{name} must be a dense 3-D tensor", t)
+            raise input_type_error("SparseAttention", f"{name} must be a dense 3-D tensor "
+                                   f"{layout}", t)
         if isinstance(t, SparseTensor) or t.dim() != 3:
-            got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-            layout = "(B, L, E)" if self.batch_first else "(L, B, E)"
             raise ValueError(f"SparseAttention: {name} must be a dense 3-D tensor {layout}, "
-                             f"got {got}")
+                             f"got shape {tuple(t.shape)}")
         t = autocast_input(t, self.in_proj_weight.dtype)
         if t.dtype != self.in_proj_weight.dtype:
             raise TypeError(f"SparseAttention: {name} is {t.dtype} but the weights are "

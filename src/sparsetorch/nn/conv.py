@@ -188,7 +188,7 @@ class SparseConv2d(SparseLinear):
                                    "W)", x)
         if len(shape) != 4 or shape[1] != self.in_features:
             raise ValueError(f"SparseConv2d: input must be (N, {self.in_features}, H, W); got "
-                             f"{tuple(shape or ()) or type(x).__name__}")
+                             f"{tuple(shape)}")
         weight, bias = self.weight, self.bias
         x = autocast_input(x, weight.dtype)
         if x.dtype != weight.dtype:

@@ -49,7 +49,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..ops.expand_depthwise import expand_depthwise3x3, prepared_expand_depthwise3x3
-from ._common import as_asked, hooked, step_as_asked
+from ._common import NoTorchScript, as_asked, hooked, input_type_error, step_as_asked
 from .attention import SparseAttention
 from .depthwise import ChannelsFirstDepthwise
 from .fuse import fusable_pair
@@ -66,7 +66,7 @@ _MOST_PLANS = 16
 _IDENTITIES = (nn.Identity, nn.modules.dropout._DropoutNd)
 
 
-class Frozen(nn.Module):
+class Frozen(NoTorchScript, nn.Module):
     """What ``freeze`` returns: call it as the model (same arguments, same results, no
     autograd graph). ``code`` is the Python source of its forward.
 
@@ -96,6 +96,10 @@ class Frozen(nn.Module):
         return self._graph_module.code
 
     def forward(self, *args, **kwargs):
+        # (fx.symbolic_trace hands *args over as one Proxy; its own error said "cannot be
+        # iterated")
+        if isinstance(args, fx.Proxy):
+            raise input_type_error("Frozen", "inputs must be tensors", args)
         with torch.no_grad():
             return self._run(*args, **kwargs)
 

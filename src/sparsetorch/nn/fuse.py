@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from ..ops.expand_depthwise import expand_depthwise3x3
-from ._common import as_asked, hooked
+from ._common import NoTorchScript, as_asked, hooked
 from .conv import SparseConv2d
 from .depthwise import ChannelsFirstDepthwise
 
@@ -52,7 +52,7 @@ _is_compiling = torch.compiler.is_compiling
 FUSE_UP_TO_ENTRIES_PER_ROW = 20
 
 
-class ExpandDepthwiseSequential(nn.Sequential):
+class ExpandDepthwiseSequential(NoTorchScript, nn.Sequential):
     """An ``nn.Sequential`` whose fusable (expansion, depthwise) neighbours run as one kernel
     in inference (see the module docstring); ``pairs`` maps the expansion child's name to
     the depthwise child's.

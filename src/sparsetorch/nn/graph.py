@@ -383,10 +383,11 @@ class GATConv(NoTorchScript, nn.Module):
 
     def _pattern(self, adj, x):
         n, H = x.shape[0], self.heads
+        add_loops = self.add_self_loops   # (read once: for the key and the build alike)
 
         def build():
             rows, cols, _ = coordinates(adj, n, x.dtype, "GATConv")
-            if self.add_self_loops:
+            if add_loops:
                 keep = rows != cols
                 loops = torch.arange(n, device=rows.device)
                 rows, cols = torch.cat([rows[keep], loops]), torch.cat([cols[keep], loops])
@@ -407,8 +408,8 @@ class GATConv(NoTorchScript, nn.Module):
                           shape=(n * H, n * H), format="csr")
             return P, node * 2 * H + H + head, source * 2 * H + head
 
-        config = (self.add_self_loops, H)
-        return self._cache.get(adj, n, x.dtype, build, config) if self.cached else build()
+        return self._cache.get(adj, n, x.dtype, build, (add_loops, H)) if self.cached \
+            else build()
 
     _eager_pattern = outside_graph(_pattern)
 

@@ -171,13 +171,16 @@ class SparseLinear(NoTorchScript, nn.Module):
             kept = SparseTensor.from_levels(self._shape(), self._format, arrays,
                                             values.detach())
         except ValueError as exc:
+            if not any(not a.is_inference() and a._version for a in arrays.values()):
+                raise   # (never written in place: not the case the hint below is about)
             raise ValueError(
                 f"{type(self).__name__}: its pattern buffers ({', '.join(arrays)}) are not a "
-                f"valid {self._format.name} pattern for its values: {exc}. Something wrote "
-                "them in place, e.g. torch.optim.swa_utils.AveragedModel(use_buffers=True), "
-                "which averages every buffer, integer ones included: average with "
-                "use_buffers=False (the patterns are copied), and change a pattern with "
-                "set_pattern or load_state_dict") from None
+                f"valid {self._format.name} pattern for its values: {exc}. They were written "
+                "in place since they were made: if not by load_state_dict, maybe by "
+                "torch.optim.swa_utils.AveragedModel(use_buffers=True), which averages every "
+                "buffer, integer ones included: average with use_buffers=False (the patterns "
+                "are copied), and change a pattern with set_pattern or load_state_dict") \
+                from None
         return values, values.data_ptr(), kept, stamp
 
     def _shape(self):
@@ -206,8 +209,9 @@ class SparseLinear(NoTorchScript, nn.Module):
         weights where the entry was stored before, 0 where it is new. ``self.values`` stays
         the same Parameter, written in place, or resized (its gradient dropped) when the
         entry count changes, as ``load_state_dict`` does. Per-entry optimizer state
-        (momentum, Adam's moments) belongs to the old entry at that position, and is sized
-        for the old count when that changes: reset or remap it (``st.train`` does).
+        (momentum, Adam's moments) belongs to the old entry at that position; sized for the
+        old count, it makes the optimizer's next step raise torch's size mismatch: drop it
+        (``optimizer.state.pop(layer.values, None)``) or remap it (``st.train`` does).
 
         Example:
             >>> import torch, sparsetorch as st

@@ -89,9 +89,10 @@ def bigbird(L: int, block: int = 64, window_blocks: int = 3, global_blocks: int 
             dtype=torch.float32) -> SparseTensor:
     """BigBird's block-sparse mask (ITC): the sequence is cut into blocks of ``block``
     tokens (the last one may be shorter); block row ``b`` attends to the ``window_blocks``
-    blocks centred on ``b`` (always its own: 0 is taken as 1), to the first ``global_blocks`` blocks (whose rows attend to
-    everything), and to ``random_blocks`` further blocks drawn without replacement from the
-    rest by ``generator`` (the same seeded generator gives the same mask).
+    blocks centred on ``b`` (always its own: 0 is taken as 1), to the first
+    ``global_blocks`` blocks (whose rows attend to everything), and to ``random_blocks``
+    further blocks drawn without replacement from the rest by ``generator`` (the same
+    seeded generator gives the same mask).
 
     Example:
         >>> import torch

@@ -486,8 +486,9 @@ def sparse_from_dense(fmt: str, dense: torch.Tensor) -> list[torch.Tensor]:
     form = _format_of(fmt)
     out = _from_dense(dense, form, None, None, _from_dense_index(form, dense.shape))
     # (a custom op must not return its input's memory: a dense format's values may be it)
+    shared = out.values.untyped_storage().data_ptr() == dense.untyped_storage().data_ptr()
     return [*(out._level_arrays[n] for n in array_names(form)),
-            out.values.clone() if out.values.data_ptr() == dense.data_ptr() else out.values]
+            out.values.clone() if shared else out.values]
 
 
 @sparse_from_dense.register_fake

@@ -306,9 +306,10 @@ def _count(name: str, amount) -> None:
 def _load_entry(p, key: str, tc: Toolchain):
     meta = _cache.read_marker(p)
     # (the marker names its key: a library copied over another entry's, a restored backup,
-    # loaded and ran another kernel, as every kernel exports the same symbols; and one built
-    # single-threaded, without OpenMP, is taken only where this process found none)
-    if meta is None or meta.get("key") != key or (
+    # loaded and ran another kernel, as every kernel exports the same symbols; a marker
+    # written before markers named keys is taken on its hash, as then. An entry built
+    # single-threaded, without OpenMP, is taken only where the compiler has none)
+    if meta is None or meta.get("key", key) != key or (
             OPENMP_FLAG not in meta.get("flags", ()) and not openmp_missing(tc)):
         return None
     try:

@@ -65,6 +65,7 @@ class Toolchain:
 
 _toolchains: dict[str, Toolchain] = {}
 _no_openmp: set[str] = set()   # identities whose compiler lacks OpenMP (probed once)
+_openmp_probed: set[str] = set()
 _cpu: str | None = None
 
 
@@ -175,6 +176,7 @@ def compile_library(tc: Toolchain, source_path: str, out_path: str) -> tuple[str
         pch.discard(tc, flags, cpu)
         proc = _run(tc, flags, source_path, out_path)
     if proc.returncode != 0 and OPENMP_FLAG in flags and _lacks_openmp(tc):
+        _openmp_probed.add(ident)
         _no_openmp.add(ident)
         flags = _without_openmp(FLAGS)
         warnings.warn(
@@ -244,5 +246,16 @@ def _lacks_openmp(tc: Toolchain) -> bool:
 
 
 def openmp_missing(tc: Toolchain) -> bool:
-    """Whether this process found ``tc`` without OpenMP (kernels built single-threaded)."""
-    return tc.identity() in _no_openmp
+    """Whether ``tc`` lacks OpenMP (its kernels are built single-threaded), probed once per
+    process: asked where a cached kernel was built without it.
+
+    Example:
+        >>> openmp_missing(toolchain())    # (gcc and clang with libomp have it)
+        False
+    """
+    ident = tc.identity()
+    if ident not in _openmp_probed:
+        _openmp_probed.add(ident)
+        if _lacks_openmp(tc):
+            _no_openmp.add(ident)
+    return ident in _no_openmp

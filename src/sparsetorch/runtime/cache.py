@@ -47,7 +47,8 @@ class UnsafeCacheError(PermissionError):
 
 def cache_dir() -> Path:
     """Where kernels are cached: ``$SPARSETORCH_CACHE``, else ``$XDG_CACHE_HOME/sparsetorch``
-    (when absolute), else ``~/.cache/sparsetorch``. Read on every call, so tests can monkeypatch the variable.
+    (when absolute), else ``~/.cache/sparsetorch``. Read on every call, so tests can
+    monkeypatch the variable.
 
     Example:
         >>> import os

@@ -23,7 +23,8 @@ _pool_lock = threading.Lock()
 
 def compile_timeout() -> float | None:
     """Seconds one compiler run may take: ``$SPARSETORCH_COMPILE_TIMEOUT``, default 60;
-    ``inf`` (or anything beyond a year, which the clock cannot hold) means no limit (None).
+    ``inf`` or anything beyond a year means no limit (None): the clock's own limit is only
+    a few centuries, and ``selectors`` overflowed past it.
 
     Example:
         >>> import os
@@ -47,7 +48,7 @@ def compile_timeout() -> float | None:
 
 
 _YEAR = 365 * 24 * 3600.0
-_CONFIGURED = "configured"   # run()'s default timeout: compile_timeout()'s
+_CONFIGURED = object()   # run()'s default timeout: compile_timeout()'s
 
 
 def run(cmd, timeout=_CONFIGURED, text: bool = True) -> subprocess.CompletedProcess:

@@ -216,8 +216,9 @@ class SparseLayer:
     def set_active(self, active: torch.Tensor, optimizer, values=None) -> dict | None:
         """Rebuild the pattern as ``active`` (row-major flat indices, sorted) with ``values``
         (in that order; zeros if None); ``optimizer`` is handed the layer's values (state
-        sized for another count dropped: ``apply`` moves it). Returns the storage position of each entry of ``active`` when the
-        layer stores them in another order (blocks), else None."""
+        sized for another count dropped: ``apply`` moves it). Returns the storage position
+        of each entry of ``active`` when the layer stores them in another order (blocks),
+        else None."""
         self.sync(optimizer)
         old = self.module.values
         dev = old.device
