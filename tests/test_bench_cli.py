@@ -123,6 +123,7 @@ def test_a_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, capsys
     assert "--plot needs matplotlib" in capsys.readouterr().err
 
 
+@pytest.mark.slow   # ~6 s: two fresh processes (the full suite runs it)
 def test_a_toolchain_that_cannot_build_kernels_is_one_error_line(tmp_path):
     """Without a compiler (or with a bad SPARSETORCH_* setting) every row failed, then the
     GCN overhead step raised: a traceback and no table."""

@@ -330,6 +330,7 @@ def test_the_torch_backend_compiles_assembled_results(name, fullgraph, monkeypat
     check_same(torch.compile(fn, fullgraph=fullgraph, backend="aot_eager")(*args), ref)
 
 
+@pytest.mark.slow   # ~4 s: a compiled backward (the full suite runs it)
 def test_the_torch_backend_compiles_the_gradient_of_an_assembled_result(monkeypatch):
     ref = _sparse_input_grads(SPARSE_INPUT["spgemm_twice_used"])
     monkeypatch.setenv("SPARSETORCH_BACKEND", "torch")

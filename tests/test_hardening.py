@@ -300,6 +300,7 @@ def test_issue31_2_values_that_no_longer_fit_are_refused(how):
             call()
 
 
+@pytest.mark.slow   # ~4 s: a fresh process (the full suite runs it)
 def test_conversions_refuse_values_that_no_longer_fit():
     """Conversions sized their output by the values and wrote by the pattern: CSR -> CSC
     with a one-value tensor segfaulted, to_torch().to_dense() too, COO/DCSR conversions gave
