@@ -174,7 +174,6 @@ def _check_kernels() -> None:
     import torch
 
     from .. import einsum, tensor
-
     from ..runtime import KernelBuildError, UnsafeCacheError
 
     try:   # (bad settings are ValueErrors; the rest, a traceback: a bug)

@@ -285,10 +285,8 @@ class SAGEConv(_Propagation):
 
     def __init__(self, in_features: int, out_features: int, aggr: str = "mean",
                  root_weight: bool = True, bias: bool = True, cached: bool = True):
-        if aggr not in ("mean", "sum"):
-            raise ValueError(f"SAGEConv: aggr must be 'mean' or 'sum', got {aggr!r}")
         check_sizes("SAGEConv", in_features=in_features, out_features=out_features)
-        super().__init__("mean" if aggr == "mean" else None, False, cached, degree="edges")
+        super().__init__(_sage_normalization(aggr), False, cached, degree="edges")
         self.in_features, self.out_features, self.aggr = in_features, out_features, aggr
         self.lin_l = nn.Linear(in_features, out_features, bias=bias)
         self.lin_r = nn.Linear(in_features, out_features, bias=False) if root_weight else None
@@ -320,13 +318,18 @@ class SAGEConv(_Propagation):
 
     def _config(self) -> tuple:
         # (aggr, not normalize, is SAGEConv's setting: read at each call as GCNConv's are)
-        if self.aggr not in ("mean", "sum"):
-            raise ValueError(f"SAGEConv: aggr must be 'mean' or 'sum', got {self.aggr!r}")
-        return "mean" if self.aggr == "mean" else None, False, self._degree
+        return _sage_normalization(self.aggr), False, self._degree
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, aggr={self.aggr!r}, "
                 f"root_weight={self.lin_r is not None}")
+
+
+def _sage_normalization(aggr) -> str | None:
+    """SAGEConv's ``aggr`` as its propagation's normalisation."""
+    if aggr not in ("mean", "sum"):
+        raise ValueError(f"SAGEConv: aggr must be 'mean' or 'sum', got {aggr!r}")
+    return "mean" if aggr == "mean" else None
 
 
 class GATConv(NoTorchScript, nn.Module):

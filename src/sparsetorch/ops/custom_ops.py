@@ -142,12 +142,16 @@ class _Entry:
     def index_dtype(self, extents):
         """The index dtype of an emitted result: fixed from the shape alone (the entry count
         is unknown when tracing), int32 whenever the full shape's count fits."""
-        shape = self.out_shape(extents)
-        fmt = self.output.format
-        total = 1
-        for s in shape:
-            total *= s
-        return choose_index_dtype(fmt.storage_dims(shape), total)
+        return _shape_index_dtype(self.output.format, self.out_shape(extents))
+
+
+def _shape_index_dtype(fmt, shape) -> torch.dtype:
+    """An assembled result's index dtype, fixed by its shape alone (the entry count is
+    unknown when tracing): int32 whenever the full shape's count fits."""
+    total = 1
+    for s in shape:
+        total *= s
+    return choose_index_dtype(fmt.storage_dims(shape), total)
 
 
 def kernel_id(prepared) -> str:
@@ -468,15 +472,6 @@ def from_dense(dense: torch.Tensor, fmt) -> SparseTensor:
     return SparseTensor(dense.shape, fmt, dict(zip(array_names(fmt), out[:-1])), out[-1])
 
 
-def _from_dense_index(fmt, shape) -> torch.dtype:
-    # fixed by the shape alone, as an emitted result's (the entry count is unknown when
-    # tracing): int32 whenever the full shape's count fits
-    total = 1
-    for s in shape:
-        total *= s
-    return choose_index_dtype(fmt.storage_dims(shape), total)
-
-
 @torch.library.custom_op("sparsetorch::sparse_from_dense", mutates_args=())
 def sparse_from_dense(fmt: str, dense: torch.Tensor) -> list[torch.Tensor]:
     """``dense``'s nonzeros in the format ``fmt`` names (``format_key``): level arrays
@@ -484,7 +479,7 @@ def sparse_from_dense(fmt: str, dense: torch.Tensor) -> list[torch.Tensor]:
     from ..formats.convert import _from_dense
 
     form = _format_of(fmt)
-    out = _from_dense(dense, form, None, None, _from_dense_index(form, dense.shape))
+    out = _from_dense(dense, form, None, None, _shape_index_dtype(form, dense.shape))
     # (a custom op must not return its input's memory: a dense format's values may be it)
     shared = out.values.untyped_storage().data_ptr() == dense.untyped_storage().data_ptr()
     return [*(out._level_arrays[n] for n in array_names(form)),
@@ -494,5 +489,5 @@ def sparse_from_dense(fmt: str, dense: torch.Tensor) -> list[torch.Tensor]:
 @sparse_from_dense.register_fake
 def _(fmt, dense):
     form = _format_of(fmt)
-    return _assembled_like(form, dense.shape, _from_dense_index(form, dense.shape),
+    return _assembled_like(form, dense.shape, _shape_index_dtype(form, dense.shape),
                            dense.dtype, dense.device)

@@ -175,9 +175,7 @@ def compile_library(tc: Toolchain, source_path: str, out_path: str) -> tuple[str
     if proc.returncode != 0 and pch_flags:   # a precompiled header GCC rejects outright
         pch.discard(tc, flags, cpu)
         proc = _run(tc, flags, source_path, out_path)
-    if proc.returncode != 0 and OPENMP_FLAG in flags and _lacks_openmp(tc):
-        _openmp_probed.add(ident)
-        _no_openmp.add(ident)
+    if proc.returncode != 0 and OPENMP_FLAG in flags and openmp_missing(tc):
         flags = _without_openmp(FLAGS)
         warnings.warn(
             f"C compiler {tc.cc!r} ({tc.argv[0]}) does not support {OPENMP_FLAG}; "
