@@ -22,6 +22,15 @@ Sections
           (``st.einsum("ij,kj->ik", x, W)``) and rows (``st.einsum("ij,jk->ik", x, W^T)``,
           four rows side by side), on 2708 and 8192 rows of 16-1024 inputs, 2-64 outputs.
 
+  sparse-input
+          ``st.nn.SparseLinear(V, 256, density=0.1)`` on 256 bag-of-words rows (20 or 100
+          distinct words of V = 4096 or 30000, Zipf-distributed like a corpus's) given as a
+          CSR SparseTensor, against the masked dense weight in ``F.linear`` on the dense rows
+          and ``torch.sparse.mm`` of the rows as a torch CSR tensor with the masked weight:
+          a training step (gradients of the weight and bias; the baselines multiply by the
+          mask each step, so their gradients stay on the pattern) and inference (masked
+          once).
+
 Timing: ``sparsetorch.bench.compare`` (interleaved rounds, medians of per-round ratios;
 ``speedup`` > 1 means faster than the baseline, the first implementation listed).
 """
@@ -40,7 +49,8 @@ def _args():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2, help="threads for every library (2)")
     p.add_argument("--rounds", type=int, default=15, help="timed rounds per case (15)")
-    p.add_argument("--only", default=None, help="regex of sections to run (linear, gcn, narrow)")
+    p.add_argument("--only", default=None,
+                   help="regex of sections to run (linear, gcn, narrow, sparse-input)")
     p.add_argument("--out", default=str(HERE / "results" / "nn_layers.json"), help="JSON path")
     return p.parse_args()
 
@@ -175,11 +185,61 @@ def section_narrow(report):
                         section="narrow", rows=rows, inputs=inputs, outputs=outputs)
 
 
+def bag_of_words(rows: int, vocabulary: int, words: int, gen) -> torch.Tensor:
+    """``rows`` dense rows of word counts: ``words`` distinct words each, drawn with Zipf
+    weights (rank r: 1 / r), counts 1-3."""
+    weights = 1.0 / torch.arange(1, vocabulary + 1, dtype=torch.float64)
+    out = torch.zeros(rows, vocabulary)
+    for r in range(rows):
+        cols = torch.multinomial(weights, words, replacement=False, generator=gen)
+        out[r, cols] = torch.randint(1, 4, (words,), generator=gen).float()
+    return out
+
+
+def section_sparse_input(report):
+    gen = torch.Generator().manual_seed(0)
+    for vocabulary in (4096, 30000):
+        layer = st.nn.SparseLinear(vocabulary, 256, density=0.1, generator=gen)
+        mask = layer.mask().float()
+        weight = torch.nn.Parameter(layer.weight.to_dense().detach())
+        bias = torch.nn.Parameter(layer.bias.detach().clone())
+        for words in (20, 100):
+            dense_x = bag_of_words(256, vocabulary, words, gen)
+            ours_x, torch_x = st.tensor(dense_x, format="csr"), dense_x.to_sparse_csr()
+            impls = {
+                "F.linear (dense x, masked W)": lambda: F.linear(dense_x, weight * mask, bias),
+                "torch.sparse.mm (CSR x)":
+                    lambda: torch.sparse.mm(torch_x, (weight * mask).t()) + bias,
+                "SparseLinear (CSR x)": lambda: layer(ours_x)}
+
+            def step(fn, params):
+                def f():
+                    for p in params:
+                        p.grad = None
+                    y = fn()
+                    y.backward(torch.ones_like(y))
+                    return torch.cat([y.detach().flatten(), params[-1].grad])
+                return f
+
+            params = {"SparseLinear (CSR x)": [layer.values, layer.bias]}
+            case = f"{vocabulary} words, {words} a row"
+            fields = dict(section="sparse-input", vocabulary=vocabulary, words=words,
+                          density=words / vocabulary)
+            run(report, case + " train", {k: step(fn, params.get(k, [weight, bias]))
+                                          for k, fn in impls.items()}, **fields)
+            masked = (weight * mask).detach()   # (inference: masked once, outside the timing)
+            with torch.no_grad():
+                run(report, case + " infer", {
+                    "F.linear (dense x, masked W)": lambda: F.linear(dense_x, masked, bias),
+                    "torch.sparse.mm (CSR x)": lambda: torch.sparse.mm(torch_x, masked.t()) + bias,
+                    "SparseLinear (CSR x)": lambda: layer(ours_x)}, **fields)
+
+
 def main():
     quiet_sparse_warnings()
     report = Report(f"st.nn layers and models ({ARGS.threads} threads)")
     for name, section in (("linear", section_linear), ("gcn", section_gcn),
-                          ("narrow", section_narrow)):
+                          ("narrow", section_narrow), ("sparse-input", section_sparse_input)):
         if ARGS.only is None or re.search(ARGS.only, name):
             print(f"{name}:", flush=True)
             section(report)

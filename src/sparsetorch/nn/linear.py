@@ -63,9 +63,10 @@ class SparseLinear(NoTorchScript, nn.Module):
     ``sqrt(10)`` times wider and the output keeps ``nn.Linear``'s scale.
 
     ``x`` may be dense with any leading dimensions, ``(..., in_features)``, or a 1-D/2-D
-    SparseTensor (sparse activations such as bag-of-words rows; one holding more than
-    ``DENSIFY_INPUT_ABOVE`` = 3% of its entries is densified first, which is faster from
-    there); the result is dense. ``activation`` (None or one of ``st.einsum``'s: "relu",
+    SparseTensor (sparse activations such as bag-of-words rows: a CSR batch holding less
+    than 3% of its entries is multiplied by its entries, its cost in proportion to them,
+    ``ops/sparse_rows.py``; a denser one is read as it is by the row-block kernel, or
+    densified first); the result is dense. ``activation`` (None or one of ``st.einsum``'s: "relu",
     "sigmoid", ...) is applied to the result: for a 2-D dense input with a CSR weight in the
     product's kernel together with the bias, as each output is written (unfused while
     autograd records).
@@ -324,11 +325,14 @@ class SparseLinear(NoTorchScript, nn.Module):
             # (traced, always: the sparse x sparse product does not compile yet)
             if _is_compiling():
                 x = x.to_dense()
-            elif x.nnz > DENSIFY_INPUT_ABOVE * math.prod(x.shape):
-                out = self._rows(x)   # (the row-block kernel reads the CSR rows as they are)
+            else:
+                # (the row-block kernel reads CSR rows as they are; very sparse ones go
+                # by their entries, ops/sparse_rows.py)
+                out = self._rows(x)
                 if out is not None:
                     return out
-                x = _densified_for_product(x)
+                if x.nnz > DENSIFY_INPUT_ABOVE * math.prod(x.shape):
+                    x = _densified_for_product(x)
         if self.blocksize is not None and _is_compiling():
             return self._eager_product(x)
         return self._product(x)

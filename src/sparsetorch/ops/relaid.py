@@ -191,6 +191,20 @@ ST_GATHER(st_gather8_i64, uint64_t, int64_t)
 """
 
 
+@lru_cache(maxsize=None)
+def transposed_format(fmt: Format) -> Format:
+    """A 2-D format's levels in the other mode order (CSR -> CSC: the pattern of the
+    transpose stored row-major), made once per format (a Format checks itself).
+
+    Example:
+        >>> import sparsetorch as st
+        >>> import torch
+        >>> transposed_format(st.tensor(torch.eye(2), "csr").format).mode_order
+        (1, 0)
+    """
+    return Format(fmt.levels, (1, 0))
+
+
 def gather(values: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """``values.index_select(0, perm)`` (a permutation of a 1-D tensor's entries), by the C
     loop above where it applies: 4K entries or more, contiguous CPU values of 4- or 8-byte

@@ -34,7 +34,8 @@ Used for float32 CPU operands on AVX2 (or AVX-512) CPUs with the C backend, whil
 are computed too; where autograd records, for any number: einsum's recorded path cost
 more, a training step of a 784 -> 256 layer at batch 1-15 1.5-1.9x as long) and no
 gradient wanted for CSR rows; everything else runs ``st.einsum``, which this matches up
-to rounding.
+to rounding. CSR rows under ``SPARSE_ROWS_BELOW`` (3%) full go by their entries instead
+(``sparse_rows.py``: bag-of-words batches, float32 or float64, any number of rows).
 
 Example:
     >>> import torch, sparsetorch as st
@@ -55,12 +56,12 @@ from .. import runtime
 from ..codegen.intrinsics import prelude
 from ..compiler.kernel import vector_isa
 from ..formats import SparseTensor
-from ..formats.format import Format
 from .depthwise import _Scratch, _scratch as _buffers   # (each Python thread's buffers)
 from .einsum import einsum
 from .epilogue import ACTIVATIONS as _EINSUM_ACTIVATIONS, unfused
 from .policy import backend
-from .relaid import gather, relaid, relaid_pattern
+from .relaid import gather, relaid, relaid_pattern, transposed_format
+from .sparse_rows import SPARSE_ROWS_BELOW, recomputed_grads, sparse_rows_linear
 from .transpose import BLOCK4_C
 
 MIN_ROWS = 16   # (below it, most of a block's rows would be padding)
@@ -389,7 +390,12 @@ def sparse_linear(x, weight: SparseTensor, bias: torch.Tensor | None = None,
     if activation is not None and activation not in _EINSUM_ACTIVATIONS:
         raise ValueError(f"sparse_linear: activation must be None or one of "
                          f"{_EINSUM_ACTIVATIONS}, got {activation!r}")
-    fn = _kernel_for(x, weight, bias, activation, weight._values)
+    values = weight._values   # (the kernels take them apart from a wrapper without grad)
+    kept = weight.with_values(values.detach()) if values.requires_grad else weight
+    out = _very_sparse_rows(x, kept, values, bias, activation)
+    if out is not None:
+        return out
+    fn = _kernel_for(x, kept, bias, activation, values)
     if fn is None:
         if not fallback:
             return None
@@ -397,10 +403,7 @@ def sparse_linear(x, weight: SparseTensor, bias: torch.Tensor | None = None,
             return unfused(einsum("ni,oi->no", x, weight, out_format="dense"), bias,
                            activation)
         return einsum("ni,oi->no", x, weight, bias=bias, activation=activation)
-    values = weight._values
-    if values.requires_grad:
-        weight = weight.with_values(values.detach())
-    return _run(fn, x, weight, values, bias, activation)
+    return _run(fn, x, kept, values, bias, activation)
 
 
 def linear_rows(x, weight: SparseTensor, values: torch.Tensor, bias, activation):
@@ -417,8 +420,22 @@ def linear_rows(x, weight: SparseTensor, values: torch.Tensor, bias, activation)
         >>> y is None or torch.equal(y, torch.ones(16, 3))   # (None: no AVX2 or no compiler)
         True
     """
+    out = _very_sparse_rows(x, weight, values, bias, activation)
+    if out is not None:
+        return out
     fn = _kernel_for(x, weight, bias, activation, values)
     return None if fn is None else _run(fn, x, weight, values, bias, activation)
+
+
+def _very_sparse_rows(x, weight, values, bias, activation):
+    """``sparse_rows.py``'s product for a batch of CSR rows holding less than
+    ``SPARSE_ROWS_BELOW`` of their entries (the activation then applied by torch), or
+    None."""
+    if type(x) is not SparseTensor or len(x._size) != 2 or \
+            x._crd1.numel() >= SPARSE_ROWS_BELOW * x._size[0] * x._size[1]:
+        return None
+    out = sparse_rows_linear(x, weight, values, bias)
+    return None if out is None else unfused(out, None, activation)
 
 
 def _run(fn, x, weight, values, bias, activation):
@@ -476,7 +493,8 @@ class _Recorded(torch.autograd.Function):
         weight, x_sparse, activation = ctx.weight, ctx.x_sparse, ctx.activation
         need_x, need_values, need_bias = ctx.needs_input_grad[1:4]
         if torch.is_grad_enabled():   # create_graph: a differentiable backward
-            return _differentiable_backward(ctx, dy, x, values, bias)
+            return (None, *recomputed_grads(x_sparse if x is None else x, weight, values,
+                                            bias, activation, dy), None, None, None)
         (m, k), n = weight._size, y.shape[0]
         fns, nt = _library(vector_isa()), runtime.num_threads()
         ld = _leading(n)
@@ -514,7 +532,7 @@ def _grad_values(fns, weight: SparseTensor, gt, xt, n: int, ld: int, dvalues, db
     (m, k), index = weight._size, _INDEX[weight._crd1.dtype]
     # (not for a pattern of no entries: the empty permutation's pointer is null, which the
     # kernel reads as W's own pattern, with W^T's k rows: dbias written past its m)
-    found = relaid_pattern(weight, _transposed_format(weight._format)) \
+    found = relaid_pattern(weight, transposed_format(weight._format)) \
         if k > m and weight._crd1.numel() else None
     if found is not None and found[1].dtype == weight._crd1.dtype:
         (arrays, perm), rows, a, b = found, k, xt, gt
@@ -542,7 +560,7 @@ def _grad_x(weight: SparseTensor, gt: torch.Tensor, n: int, ld: int) -> torch.Te
     ``W``'s values gathered into its order (read through the permutation instead, once
     per block of rows, the scattered reads cost more than the gather: 146 against 96 us
     for the MNIST decoder)."""
-    (m, k), fmt = weight._size, _transposed_format(weight._format)
+    (m, k), fmt = weight._size, transposed_format(weight._format)
     found = relaid_pattern(weight, fmt)
     if found is None:   # (arrays or values of a tensor subclass: converted whole)
         t = relaid(weight, fmt)
@@ -552,12 +570,6 @@ def _grad_x(weight: SparseTensor, gt: torch.Tensor, n: int, ld: int) -> torch.Te
         pos, crd, values = arrays["pos1"], arrays["crd1"], gather(weight._values, perm)
     return _launch(_kernel(crd.dtype, crd.dtype), gt, pos, crd, values, n, m, k, None, None,
                    ldt=ld)
-
-
-@lru_cache(maxsize=None)
-def _transposed_format(fmt: Format) -> Format:
-    """``fmt``'s levels in the other mode order (made once: a Format checks itself)."""
-    return Format(fmt.levels, (1, 0))
 
 
 # The backward's temporaries (the output gradient through the activation and transposed,
@@ -573,17 +585,6 @@ def _scratch(kept, size: int) -> torch.Tensor:
     if size > _KEEP_ELEMENTS:
         return torch.empty(size, dtype=torch.float32)
     return kept.get(torch.float32, size)
-
-
-def _differentiable_backward(ctx, dy, x, values, bias):
-    weight, x_sparse, activation = ctx.weight, ctx.x_sparse, ctx.activation
-    inputs = [t for t in (x, values, bias) if t is not None and t.requires_grad]
-    with torch.enable_grad():
-        y = unfused(einsum("ni,oi->no", x_sparse if x is None else x,
-                           weight.with_values(values), out_format="dense"), bias, activation)
-        grads = iter(torch.autograd.grad(y, inputs, dy, create_graph=True))
-    return (None, *(next(grads) if t is not None and t.requires_grad else None
-                    for t in (x, values, bias)), None, None, None)
 
 
 def _records(x, values, bias) -> bool:
