@@ -191,3 +191,19 @@ def test_graph_model_layers_with_several_arguments():
     gcn = st.models.GCN(12, 8, 3).eval()
     x, edge_index = torch.randn(20, 12), torch.randint(0, 20, (2, 60))
     _same(st.freeze(gcn), gcn, x, edge_index)
+
+
+def test_a_lone_layer_freezes():
+    """A model that is itself one of the layers (torch.fx traces into a root, never takes
+    it whole: its own refusal of tracing said "use st.freeze"), with its positional
+    arguments and their defaults."""
+    torch.manual_seed(3)
+    layer = st.nn.SparseLinear(30, 6, density=0.3, activation="relu")
+    _same(st.freeze(layer), layer, torch.randn(5, 30))
+    conv = st.nn.GCNConv(12, 4).eval()
+    _same(st.freeze(conv), conv, torch.randn(20, 12), torch.randint(0, 20, (2, 60)))
+    attention = st.nn.SparseAttention(8, 2, mask=st.nn.masks.sliding_window(6, 2)).eval()
+    frozen, q = st.freeze(attention), torch.randn(2, 6, 8)
+    _same(frozen, attention, q)
+    _same(frozen, attention, q, q, q)
+    assert "step_layer" in frozen.code

@@ -43,6 +43,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 import torch.fx as fx
@@ -141,6 +142,9 @@ def freeze(model: nn.Module) -> Frozen:
     copied = copy.deepcopy(model).eval()
     for p in copied.parameters():
         p.requires_grad_(False)
+    if isinstance(copied, _LAYERS):   # (torch.fx traces into a root, never takes it whole)
+        copied, graph = _lone_layer(copied)
+        return Frozen(fx.GraphModule(copied, graph), name)
     try:
         graph = _Tracer().trace(copied)
     except Exception as err:   # any tracing failure: control flow on values, unsupported ops
@@ -154,6 +158,20 @@ def freeze(model: nn.Module) -> Frozen:
     graph.eliminate_dead_code()
     graph.lint()
     return Frozen(fx.GraphModule(copied, graph), name)
+
+
+def _lone_layer(layer: nn.Module) -> tuple:
+    """``(root, graph)`` for a model that is one of sparsetorch's layers: a root holding it
+    as ``layer`` and a graph of one call of it, with the layer's positional parameters
+    (and their defaults) as the inputs."""
+    root, graph = nn.Module(), fx.Graph()
+    root.add_module("layer", layer)
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    args = tuple(graph.placeholder(p.name, default_value=p.default)
+                 for p in inspect.signature(layer.forward).parameters.values()
+                 if p.kind in positional)
+    graph.output(graph.call_function(_step(layer, "layer"), args))
+    return root, graph
 
 
 class _Tracer(fx.Tracer):
