@@ -452,6 +452,36 @@ def test_smtx_bad_arguments(tmp_path):
         read_smtx(tmp_path / "none.smtx")
 
 
+def test_smtx_memory_limit_and_blocks(tmp_path):
+    """``max_bytes`` bounds the (decompressed) text, streamed, and the result (a huge BSR
+    block asked of a tiny file); ``blocksize`` gives BSR."""
+    p = _write(tmp_path, SMTX, "w.smtx")
+    bsr = read_smtx(p, format="bsr", blocksize=(1, 2))
+    assert bsr.format.name == "bsr" and torch.equal(bsr.to_dense(), read_smtx(p).to_dense())
+    with pytest.raises(ValueError, match=r"w\.smtx.* more than max_bytes=10 "):
+        read_smtx(p, max_bytes=10)
+    huge = _write(tmp_path, "2, 1000000000, 1\n0 1 1\n5\n", "h.smtx")
+    with pytest.raises(ValueError, match=r"h\.smtx.*as .bsr.* would need about 7\.45 GiB"):
+        read_smtx(huge, format="bsr", blocksize=(2, 10**9))
+    bomb = tmp_path / "bomb.smtx.gz"
+    bomb.write_bytes(gzip.compress(b"1, 1, 0\n0 0\n" + b" " * (16 << 20), 9))
+    peak = _peak_numpy_bytes(lambda: read_smtx(bomb, max_bytes=2 << 20),
+                             raises=r"bomb\.smtx\.gz' decompresses to over")
+    assert peak < 8 << 20
+
+
+@pytest.mark.parametrize("reader, text", [
+    ("mtx", "%%MatrixMarket matrix coordinate real general\n1_0 2 1\n1 1 1.0\n"),
+    ("mtx", "%%MatrixMarket matrix coordinate real general\n2 \u0663 1\n1 1 1.0\n"),
+    ("smtx", "2, 1_0, 1\n0 1 1\n0\n")])
+def test_size_lines_take_plain_digits_only(tmp_path, reader, text):
+    """Python's ``int`` reads ``1_0`` as 10 (and other digits than ASCII): no writer spells a
+    size so; the size line is refused as malformed."""
+    p = _write(tmp_path, text, "s." + reader)
+    with pytest.raises(ValueError, match="line 1 is|line 2: expected the size line"):
+        (read_mtx if reader == "mtx" else read_smtx)(p)
+
+
 # -- integers beyond int64, sizes the file cannot back, and the memory limit -----------------
 @pytest.mark.parametrize("value", ["99999999999999999999", "-9223372036854775809"])
 def test_integers_beyond_int64_raise(tmp_path, value):

@@ -194,10 +194,26 @@ def _check_memory(header: MtxHeader, body_bytes: int, format, target, max_bytes,
     present = min(header.entries, body_bytes // (2 * per_value))
     nnz = present * (1 if header.symmetry == "general" or header.layout == "array" else 2)
     parsed = nnz * (per_value + 2) * 8            # parsed table, then index and value copies
-    need = parsed + _stored_bytes(format, header.shape, nnz, target.itemsize, blocksize)
+    check_result_memory("read_mtx", header.path, header.shape, nnz, format, target,
+                        blocksize, parsed, max_bytes)
+
+
+def check_result_memory(who: str, path: str, shape, nnz: int, format, dtype: torch.dtype,
+                        blocksize, parsed: int, max_bytes) -> None:
+    """Refuse, before allocating, a reader's result of ``nnz`` entries in ``format`` (and
+    ``parsed`` bytes of temporaries) that would need more than ``max_bytes`` (None: no
+    limit): a small file can ask for a huge BSR block or row pointer.
+
+    Example:
+        >>> check_result_memory("read_x", "a.mtx", (4, 4), 2, "csr", torch.float32, None, 0,
+        ...                     1 << 20)
+    """
+    if max_bytes is None:
+        return
+    need = parsed + _stored_bytes(format, shape, nnz, dtype.itemsize, blocksize)
     if need > max_bytes:
-        m, n = header.shape
-        raise ValueError(f"read_mtx: {header.path!r} ({m}x{n}, {nnz} entries, as {format!r}) "
+        m, n = shape
+        raise ValueError(f"{who}: {path!r} ({m}x{n}, {nnz} entries, as {format!r}) "
                          f"would need about {_gib(need)}, more than max_bytes={max_bytes} "
                          f"({_gib(max_bytes)}); if you trust the file and have the memory, "
                          "pass a larger max_bytes (or max_bytes=None for no limit); for a "
@@ -257,10 +273,7 @@ def _parse_header(data: bytes, path: str):
             break
     want = 3 if layout == "coordinate" else 2
     shape_words = "rows cols entries" if want == 3 else "rows cols"
-    try:
-        numbers = [int(w) for w in size.split()] if size is not None else []
-    except ValueError:
-        numbers = []
+    numbers = whole_numbers(size.split()) if size is not None else []
     if len(numbers) != want or min(numbers) < 0 or max(numbers) > _INT64.max:
         found = "nothing" if size is None else repr(size[:60])
         raise ValueError(f"read_mtx: {path!r} line {line_no}: expected the size line "
@@ -278,6 +291,21 @@ def _parse_header(data: bytes, path: str):
                    "skew-symmetric": n * (n - 1) // 2, "hermitian": n * (n + 1) // 2}[symmetry]
     body = data[pos:] if end >= 0 else b""
     return MtxHeader(path, layout, field, symmetry, shape, entries), body, line_no + 1
+
+
+def whole_numbers(words) -> list:
+    """``words`` (bytes) as ints where each is digits (a leading ``+`` allowed), else
+    ``[]``: Python's ``int`` would also take ``1_0``, `` 7`` and other spellings no
+    format writes.
+
+    Example:
+        >>> whole_numbers([b"12", b"+3"]), whole_numbers([b"1_0"]), whole_numbers([b"-1"])
+        ([12, 3], [], [])
+    """
+    digits = [w[1:] if w[:1] == b"+" else w for w in words]
+    if not all(d.isdigit() and d.isascii() for d in digits):
+        return []
+    return [int(d) for d in digits]
 
 
 _FORTRAN_EXPONENTS = bytes.maketrans(b"dD", b"ee")   # 1.0D+00 is 1.0e+00

@@ -14,20 +14,23 @@ import torch
 from ..formats import SparseTensor
 from ..formats.pack import choose_index_dtype
 from ..formats.validate import VALUE_DTYPES
-from .mtx import read_bytes
+from .mtx import MAX_BYTES, check_result_memory, read_bytes, whole_numbers
 
 VALUE_RULES = ("ones", "normal", "uniform")
 
 
 def read_smtx(path, format="csr", values="ones", seed=0, dtype=torch.float32,
-              index_dtype=None) -> SparseTensor:
+              index_dtype=None, max_bytes=MAX_BYTES, *, blocksize=None) -> SparseTensor:
     """Read a DLMC ``.smtx`` / ``.smtx.gz`` pattern into a ``SparseTensor`` (M x K).
 
     ``values`` fills the nonzeros: ``"ones"``; ``"normal"`` (standard normal) or
     ``"uniform"`` (uniform on [0, 1)), drawn in float32 from ``torch.Generator`` seeded with
     ``seed`` and cast to ``dtype``, so the same seed always gives the same values; or a
     callable ``values(nnz, generator)`` returning ``nnz`` values. Column indices within a row
-    are sorted if the file does not sort them; duplicates are an error.
+    are sorted if the file does not sort them; duplicates are an error. ``format``,
+    ``index_dtype`` and ``blocksize`` (BSR's) are as in ``st.tensor``; ``max_bytes`` as in
+    ``read_mtx`` (default 4 GiB; None: no limit) bounds the (decompressed) text and the
+    result, checked before either is allocated whole.
 
     Example:
         >>> import os, tempfile, torch, sparsetorch as st
@@ -45,7 +48,7 @@ def read_smtx(path, format="csr", values="ones", seed=0, dtype=torch.float32,
     if not isinstance(dtype, torch.dtype) or dtype not in VALUE_DTYPES:
         raise TypeError(f"read_smtx({spath!r}): dtype={dtype!r} is not supported; use one of "
                         f"{', '.join(map(str, VALUE_DTYPES))}")
-    data = read_bytes(path, "read_smtx")
+    data = read_bytes(path, "read_smtx", max_bytes)
     parts = data.split(b"\n", 3)
     parts += [b""] * (4 - len(parts))
     head, line2, line3, rest = parts
@@ -56,6 +59,9 @@ def read_smtx(path, format="csr", values="ones", seed=0, dtype=torch.float32,
     offsets = _ints(line2, spath, 2, "row offsets")
     cols = _ints(line3, spath, 3, "column indices")
     _check(spath, m, k, nnz, offsets, cols)
+    # (the parsed arrays and the row numbers, int64, then the CSR copies)
+    check_result_memory("read_smtx", spath, (m, k), nnz, format, dtype, blocksize,
+                        8 * (2 * nnz + m), max_bytes)
     rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(offsets))
     same_row = rows[1:] == rows[:-1]
     step = np.diff(cols)
@@ -69,16 +75,12 @@ def read_smtx(path, format="csr", values="ones", seed=0, dtype=torch.float32,
     vals = _fill(values, nnz, seed, dtype, spath)
     arrays = {"pos1": torch.from_numpy(offsets).to(idx), "crd1": torch.from_numpy(cols).to(idx)}
     out = SparseTensor.from_levels((m, k), "csr", arrays, vals)
-    return out.asformat(format, index_dtype=index_dtype)
+    return out.asformat(format, index_dtype=index_dtype, blocksize=blocksize)
 
 
 def _header(line: bytes, path):
-    words = line.replace(b",", b" ").split()
-    try:
-        numbers = [int(w) for w in words]
-    except ValueError:
-        numbers = []
-    if len(numbers) != 3 or min(numbers) < 0:
+    numbers = whole_numbers(line.replace(b",", b" ").split())
+    if len(numbers) != 3:
         raise ValueError(f"read_smtx: {path!r} line 1 is {line[:60]!r}; a DLMC .smtx file "
                          "starts with 'rows, cols, nnz' (three non-negative integers)")
     return numbers
