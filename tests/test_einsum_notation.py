@@ -91,6 +91,19 @@ def test_ellipsis_errors():
         st.einsum("...j,...j->...", A, torch.ones(3, 3, 4, dtype=F64))
 
 
+def test_subscripts_are_ascii_letters():
+    """As torch.einsum's: another script's letters (``str.isalpha`` takes them) or digits
+    are refused, in operands and output alike; upper case is an index of its own."""
+    A = st.tensor(torch.eye(3, dtype=F64), "csr")
+    x = torch.ones(3, 2, dtype=F64)
+    for eq, match in [("\u00efj,jk->\u00efk", "operand 0 subscript .* letters a-z, A-Z"),
+                      ("ij,j\u0663->ik", "operand 1 subscript"),
+                      ("ij,jk->i\u00e9", "output subscript .* letters a-z, A-Z")]:
+        with pytest.raises(ValueError, match=match):
+            st.einsum(eq, A, x)
+    torch.testing.assert_close(st.einsum("Ij,jK->IK", A, x), x)
+
+
 @pytest.mark.parametrize("eq", ["ii->i", "ii->", "ii,i->i", "ii,j->ij", "ij,ii->j",
                                 "ii,ij->ij"])
 @pytest.mark.parametrize("fmt", F2)

@@ -270,15 +270,17 @@ def _parse(equation: str, ndims) -> Assignment:
     if "." in eq:
         terms, rhs = _expand_ellipsis(terms, rhs, arrow, ndims)
     for n, (term, nd) in enumerate(zip(terms, ndims)):
-        if not all(c.isalpha() for c in term):
-            raise ValueError(f"einsum: operand {n} subscript {term!r} must be letters only")
+        if not _letters(term):
+            raise ValueError(f"einsum: operand {n} subscript {term!r} must be letters a-z, "
+                             "A-Z only (torch.einsum's)")
         if len(term) != nd:
             raise ValueError(f"einsum: operand {n} has {nd} dimensions but subscript "
                              f"{term!r} names {len(term)}")
     if arrow or "..." in lhs:   # an implicit output with an ellipsis: rhs was made for it
         out = rhs
-        if not all(c.isalpha() for c in out) or len(set(out)) != len(out):
-            raise ValueError(f"einsum: output subscript {out!r} must be distinct letters")
+        if not _letters(out) or len(set(out)) != len(out):
+            raise ValueError(f"einsum: output subscript {out!r} must be distinct letters a-z, "
+                             "A-Z")
         missing = set(out) - set("".join(terms))
         if missing:
             raise ValueError(f"einsum: output index {sorted(missing)[0]!r} appears in no "
@@ -290,6 +292,11 @@ def _parse(equation: str, ndims) -> Assignment:
     if expr is None:
         raise ValueError("einsum: no operands")
     return Assignment(tuple(out), expr)
+
+
+def _letters(term: str) -> bool:
+    # (str.isalpha takes any script's letters, which torch.einsum refuses)
+    return all(c.isascii() and c.isalpha() for c in term)
 
 
 def product(factors):
