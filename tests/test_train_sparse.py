@@ -449,3 +449,32 @@ def test_a_closure_step_follows_masked_mode(algo, make_opt):
     torch.testing.assert_close(out["masked"], out["sparse"], rtol=1e-10, atol=1e-12)
     if algo == "SNFS":
         torch.testing.assert_close(out["masked average"], out["sparse average"])
+
+
+@pytest.mark.parametrize("truly_sparse", [True, False])
+def test_grown_weights_start_with_a_new_parameters_optimizer_state(truly_sparse):
+    """Rprop's step sizes start at the learning rate (at 0, Rprop clamped them to its
+    minimum, 1e-6: a grown weight took ~50 steps to move as a new one does); Adam's moments
+    at 0."""
+    for make, key, fresh in ((lambda p: torch.optim.Rprop(p, lr=0.01), "step_size", 0.01),
+                             (lambda p: torch.optim.Adam(p, lr=0.01), "exp_avg_sq", 0.0)):
+        torch.manual_seed(0)
+        model = st.nn.SparseLinear(20, 9, density=0.2) if truly_sparse else \
+            nn.Sequential(nn.Linear(20, 9))
+        opt = make(model.parameters())
+        trainer = st.train.RigL(model, opt, density=0.2, delta_t=3, alpha=0.5, total_steps=8)
+        layer = next(iter(trainer.layers.values()))
+        x = torch.randn(5, 20)
+        for _ in range(4):   # updates at t = 0 and 3, two optimizer steps between
+            before = layer.mask().clone()
+            opt.zero_grad()
+            model(x).square().sum().backward()
+            trainer.step()
+        grown = layer.mask() & ~before
+        assert grown.any()
+        param = model.values if truly_sparse else model[0].weight
+        state = opt.state[param][key]
+        dense = model.weight.with_values(state).to_dense() if truly_sparse else state
+        assert torch.all(dense[grown] == fresh)
+        assert not torch.all(dense[before & layer.mask()] == fresh)   # (kept: their own)
+        trainer.close()

@@ -23,7 +23,8 @@ class RigL(SparseTrainer):
     ``total_steps``) each layer drops ``f(t) * active`` weights of smallest ``|w|``, ``f(t) =
     alpha / 2 * (1 + cos(pi t / t_end))``, and grows as many inactive ones with the largest
     dense-gradient magnitude; the optimizer does not step on those iterations; grown weights
-    and their optimizer state start at zero; per-layer counts never change.
+    start at zero and their optimizer state where a new parameter's does (moments and
+    momentum 0, Rprop's step size the learning rate); per-layer counts never change.
 
     Arguments: ``density`` (global fraction kept), ``distribution`` ("erk", "er", "uniform"),
     ``delta_t``, ``alpha``, ``t_end``, ``total_steps``, ``dense`` (layer or parameter names

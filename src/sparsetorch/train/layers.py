@@ -3,7 +3,8 @@
 ``MaskedLayer``: a dense ``Linear``/``Conv2d`` weight with a bool mask (weights and optimizer
 state outside the mask are kept exactly zero). ``SparseLayer``: an ``st.nn.SparseLinear``
 whose ``values`` hold only the active weights; a mask update rebuilds its pattern and moves
-the values and their optimizer state to the new storage order (grown entries zero).
+the values and their optimizer state to the new storage order (grown entries zero, their
+state as a new parameter's).
 
 Both give: ``active()`` (sorted flat row-major indices), ``values()`` (the active weights in
 that order), ``grad_rows(r0, r1)`` (rows of the dense gradient of the weight as a 2-D
@@ -27,6 +28,21 @@ def _state_tensors(optimizer, param: torch.Tensor):
     state = optimizer.state.get(param, {})
     return [(k, v) for k, v in state.items()
             if isinstance(v, torch.Tensor) and v.shape == param.shape]
+
+
+def _fresh(optimizer, param: torch.Tensor, key: str) -> float:
+    """The value a weight's per-entry state ``key`` starts at in ``optimizer``, as torch
+    initialises it for a new parameter: Rprop's step sizes at the learning rate, Adagrad's
+    sums at ``initial_accumulator_value``; 0 for every other (moments, momentum). A grown
+    weight starts there (at 0, Rprop clamped its step to the minimum, 1e-6: a grown weight
+    took ~50 steps to move as a new one does)."""
+    group = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])),
+                 optimizer.defaults)
+    if isinstance(optimizer, torch.optim.Rprop) and key == "step_size":
+        return float(group["lr"])
+    if isinstance(optimizer, torch.optim.Adagrad) and key == "sum":
+        return float(group["initial_accumulator_value"])
+    return 0.0
 
 
 class MaskedLayer:
@@ -75,11 +91,13 @@ class MaskedLayer:
 
     def apply(self, change: Change, optimizer) -> None:
         # Newly grown entries were outside the mask, so their weight and state are already
-        # zero; zeroing them again keeps that true even if something wrote there.
+        # zero; zeroing them again keeps that true even if something wrote there, and their
+        # state starts where a new parameter's does (``_fresh``).
         grown = change.active[change.source < 0].to(self.param.device)
         with torch.no_grad():
-            for t in [self.param] + [t for _, t in _state_tensors(optimizer, self.param)]:
-                t.reshape(-1)[grown] = 0
+            self.param.reshape(-1)[grown] = 0
+            for key, t in _state_tensors(optimizer, self.param):
+                t.reshape(-1)[grown] = _fresh(optimizer, self.param, key)
         self.set_active(change.active, optimizer)
 
 
@@ -252,7 +270,7 @@ class SparseLayer:
         grown = src < 0
         with torch.no_grad():
             values = torch.where(grown, 0, old_param.detach()[take])
-            moved = {k: torch.where(grown, 0, t[take])
+            moved = {k: torch.where(grown, _fresh(optimizer, old_param, k), t[take])
                      for k, t in _state_tensors(optimizer, old_param)}
         # (the rest of the state, e.g. Adam's step count: a new count of entries makes
         # set_active drop the state sized for the old one, which a prune must not lose,
