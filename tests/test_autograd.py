@@ -330,3 +330,37 @@ def test_an_empty_operand_stays_in_the_graph(fmt, shape):
     assert y.requires_grad
     y.sum().backward()
     assert torch.equal(x.grad, torch.zeros(7, dtype=F64)) and B.grad.nnz == 0
+
+
+def test_a_zero_tensor_gradient_gives_zero_gradients():
+    """``sgn``'s gradient (and ``abs``'s gradient of a gradient) is one of torch's
+    efficient zero tensors, with a null data pointer: each backward that hands the output
+    gradient to a kernel crashed the process (einsum's, so every layer on it; the
+    SparseLinear kernels for dense and for very sparse rows; the row softmax). Now every
+    gradient is zero, as the dense computation's is."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 40) * (torch.rand(8, 40) < 0.3)
+    W = st.tensor(w, format="csr")
+    xd = torch.zeros(4, 40)
+    xd[0, 3], xd[2, 7] = 1.0, 2.0
+    calls = {
+        "spmm": lambda v: st.einsum("ij,jk->ik", W.with_values(v), torch.randn(40, 3)),
+        "rows": lambda v: st.ops.sparse_linear(torch.randn(20, 40), W.with_values(v)),
+        "sparse rows": lambda v: st.ops.sparse_linear(st.tensor(xd, format="csr"),
+                                                      W.with_values(v)),
+        "softmax": lambda v: st.ops.softmax(W.with_values(v), 1).values,
+        "relaid": lambda v: st.einsum("ni,oi->no", torch.randn(3, 40), W.with_values(v))}
+    for name, call in calls.items():
+        v = W.values.clone().requires_grad_()
+        torch.sgn(call(v)).sum().backward()
+        assert torch.equal(v.grad, torch.zeros_like(v)), name
+    # a gradient penalty through abs: the second-order term meets the zero tensor
+    v = W.values.clone().requires_grad_()
+    x = st.tensor(xd, format="csr")
+    g, = torch.autograd.grad(st.ops.sparse_linear(x, W.with_values(v), None, "abs").sum(), v,
+                             create_graph=True)
+    g.square().sum().backward()
+    dense = w.clone().requires_grad_()
+    gd, = torch.autograd.grad((xd @ dense.T).abs().sum(), dense, create_graph=True)
+    gd.square().sum().backward()
+    torch.testing.assert_close(W.with_values(v.grad).to_dense(), dense.grad * (w != 0))

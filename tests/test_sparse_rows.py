@@ -47,10 +47,12 @@ def _operands(n, k, m, *, words=3, dtype=torch.float32, index=torch.int32,
                                             (torch.int64, torch.int64)])
 @pytest.mark.parametrize("n, k, m, words", [(5, 40, 7, 3), (1, 1, 1, 1), (3, 9, 1, 2),
                                             (4, 50, 6, 0), (1, 30, 12, 30)])
-def test_matches_dense(dtype, index, x_index, n, k, m, words):
+def test_matches_dense(dtype, index, x_index, n, k, m, words, monkeypatch):
     x, xs, W, w, b = _operands(n, k, m, words=words, dtype=dtype, index=index,
                                x_index=x_index)
-    for bias in (b, None):
+    for gather_from, bias in ((0.0, b), (float("inf"), None), (float("inf"), b)):
+        # (the values read through the permutation, and gathered first)
+        monkeypatch.setattr(sparse_rows, "GATHER_FROM", gather_from)
         y = sparse_rows_linear(xs, W, W.values, bias)
         assert y is not None and y.shape == (n, m) and y.dtype == dtype
         want = x @ w.T + (0 if bias is None else bias)

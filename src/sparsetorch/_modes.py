@@ -2,7 +2,8 @@
 ``torch.inference_mode`` off: a tensor made under it is an inference tensor, which a later
 call with autograd on cannot save for backward, and whose version counter (part of a
 cache's key) cannot be read; the first call of a layer under ``inference_mode`` made every
-later training call fail.
+later training call fail. And a gradient autograd hands a backward may be one of torch's
+zero tensors, which have no memory to give a kernel (``materialized``).
 """
 from __future__ import annotations
 
@@ -45,3 +46,20 @@ def version(t: torch.Tensor):
         False
     """
     return object() if t.is_inference() else t._version
+
+
+def materialized(grad: torch.Tensor) -> torch.Tensor:
+    """``grad``, or zeros of its shape where it is one of torch's efficient zero tensors
+    (``sgn``'s and ``abs``'s gradients of a gradient are), whose data pointer is null: a
+    kernel reading it crashed the process. Dense torch gives zero gradients then, and so
+    does a backward given these zeros.
+
+    Example:
+        >>> import torch
+        >>> z = torch._efficientzerotensor(2)
+        >>> z.data_ptr() == 0, materialized(z).data_ptr() != 0
+        (True, True)
+    """
+    if not grad._is_zerotensor():
+        return grad
+    return torch.zeros(grad.shape, dtype=grad.dtype, device=grad.device)

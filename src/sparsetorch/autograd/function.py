@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .._modes import materialized
 from ..formats.tensor import SparseTensor
 from ..ops.execute import _signature, prefetch, run
 from ..ops.merge import sharing_products
@@ -70,7 +71,7 @@ class _ExprFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        plan = ctx.plan
+        plan, grad_out = ctx.plan, materialized(grad_out)
         operands = plan.rebuild(ctx.saved_tensors)
         g = grad_out if plan.out_pattern is None else plan.out_pattern.with_values(grad_out)
         with sharing_products():   # (the operands' gradients may share a product)

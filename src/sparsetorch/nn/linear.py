@@ -66,10 +66,10 @@ class SparseLinear(NoTorchScript, nn.Module):
     SparseTensor (sparse activations such as bag-of-words rows: a CSR batch holding less
     than 3% of its entries is multiplied by its entries, its cost in proportion to them,
     ``ops/sparse_rows.py``; a denser one is read as it is by the row-block kernel, or
-    densified first); the result is dense. ``activation`` (None or one of ``st.einsum``'s: "relu",
-    "sigmoid", ...) is applied to the result: for a 2-D dense input with a CSR weight in the
-    product's kernel together with the bias, as each output is written (unfused while
-    autograd records).
+    densified first); the result is dense. ``activation`` (None or one of
+    ``st.einsum``'s: "relu", "sigmoid", ...) is applied to the result: for a 2-D dense
+    input with a CSR weight in the product's kernel together with the bias, as each output
+    is written (unfused while autograd records).
     ``load_state_dict`` accepts a state of another pattern (another entry count) and takes
     it over. Works with autograd, any optimizer, ``torch.compile`` (CSR weights traced; a
     sparse input is densified inside a compiled function; a BSR weight's product runs

@@ -53,6 +53,7 @@ from string import Template
 import torch
 
 from .. import runtime
+from .._modes import materialized
 from ..codegen.intrinsics import prelude
 from ..compiler.kernel import vector_isa
 from ..formats import SparseTensor
@@ -490,6 +491,7 @@ class _Recorded(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, values, bias, y = ctx.saved_tensors
+        dy = materialized(dy)
         weight, x_sparse, activation = ctx.weight, ctx.x_sparse, ctx.activation
         need_x, need_values, need_bias = ctx.needs_input_grad[1:4]
         if torch.is_grad_enabled():   # create_graph: a differentiable backward

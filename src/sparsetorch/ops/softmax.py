@@ -29,6 +29,7 @@ import operator
 import torch
 
 from .. import runtime
+from .._modes import materialized
 from ..autograd.pattern import values_on_pattern
 from ..formats.pack import unpack, unpack_rows
 from ..formats.tensor import SparseTensor, inherit_pattern_facts, layout
@@ -188,7 +189,7 @@ class _RowSoftmax(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        (y,), rows = ctx.saved_tensors, ctx.rows
+        (y,), rows, g = ctx.saved_tensors, ctx.rows, materialized(g)
         if not _is_grad_enabled():
             return _run_rows("row_softmax_grad", rows, y, g.to(y.dtype)), None
         row_of = unpack_rows(rows.format, rows.shape, rows._level_arrays)[0]

@@ -44,6 +44,7 @@ from functools import lru_cache
 import torch
 
 from .. import runtime
+from .._modes import materialized
 from ..formats import SparseTensor
 from .einsum import einsum
 from .epilogue import unfused
@@ -57,6 +58,7 @@ from .relaid import gather, relaid_pattern, transposed_format
 # 1.37x (1.29x), 0.96x (0.90x); 30000 inputs 3.14x (2.91x), 1.51x (1.30x), 1.09x (0.96x).
 SPARSE_ROWS_BELOW = 0.03
 _PARALLEL_WORK = 1 << 15   # multiply-adds below which one thread is as fast
+GATHER_FROM = 1.0
 _INDEX = {torch.int32: "int32_t", torch.int64: "int64_t"}
 _VALUE = {torch.float32: "float", torch.float64: "double"}
 
@@ -65,11 +67,12 @@ _SOURCE = r"""/* very sparse rows times a CSR weight (ops/sparse_rows.py) */
 #include <string.h>
 #include <omp.h>
 /* y (n x m) = x W^T + bias: x's n CSR rows (xpos, xcrd, xval); W^T's CSR pattern (tpos:
-   k + 1 row starts, tcrd: output columns), entry e of which holds W's value perm[e]. */
-#define ST_FORWARD(I, J, T)                                                              \
-void st_sparse_rows_##I##_##J##_##T(int64_t n, int64_t m, const J* xpos, const J* xcrd, \
-    const T* xval, const I* tpos, const I* tcrd, const T* val, const T* bias, T* y,      \
-    int64_t nt) {                                                                        \
+   k + 1 row starts, tcrd: output columns), entry e of which holds val[perm[e]] (W's
+   values), or val[e] where perm is null (the values gathered into W^T's order). */
+#define ST_FORWARD(I, P, J, T)                                                           \
+void st_sparse_rows_##I##_##P##_##J##_##T(int64_t n, int64_t m, const J* xpos,           \
+    const J* xcrd, const T* xval, const I* tpos, const I* tcrd, const P* perm,           \
+    const T* val, const T* bias, T* y, int64_t nt) {                                     \
   _Pragma("omp parallel for num_threads(nt) if(nt > 1) schedule(dynamic, 8)")            \
   for (int64_t r = 0; r < n; r++) {                                                      \
     T* row = y + r * m;                                                                  \
@@ -78,7 +81,10 @@ void st_sparse_rows_##I##_##J##_##T(int64_t n, int64_t m, const J* xpos, const J
     for (J q = xpos[r]; q < xpos[r + 1]; q++) {                                          \
       const T v = xval[q];                                                               \
       const I i = (I)xcrd[q];                                                            \
-      for (I e = tpos[i]; e < tpos[i + 1]; e++) row[tcrd[e]] += v * val[e];              \
+      if (perm)                                                                          \
+        for (I e = tpos[i]; e < tpos[i + 1]; e++) row[tcrd[e]] += v * val[perm[e]];      \
+      else                                                                               \
+        for (I e = tpos[i]; e < tpos[i + 1]; e++) row[tcrd[e]] += v * val[e];            \
     }                                                                                    \
   }                                                                                      \
 }
@@ -113,7 +119,8 @@ void st_sparse_rows_grad_##I##_##P##_##J##_##T(int64_t n, int64_t k, int64_t m, 
     }                                                                                    \
   }                                                                                      \
 }
-#define ST_ALL(I, J, T) ST_FORWARD(I, J, T) ST_GRAD(I, int32_t, J, T) ST_GRAD(I, int64_t, J, T)
+#define ST_BOTH(I, P, J, T) ST_FORWARD(I, P, J, T) ST_GRAD(I, P, J, T)
+#define ST_ALL(I, J, T) ST_BOTH(I, int32_t, J, T) ST_BOTH(I, int64_t, J, T)
 ST_ALL(int32_t, int32_t, float)
 ST_ALL(int32_t, int64_t, float)
 ST_ALL(int64_t, int32_t, float)
@@ -182,9 +189,8 @@ def _plan(x, weight, values, bias):
     fns = _library()
     if fns is None:
         return None
-    w, xw, t = _INDEX[index], _INDEX[x._crd1.dtype], _VALUE[dtype]
-    return ((fns[f"st_sparse_rows_{w}_{xw}_{t}"],
-             fns[f"st_sparse_rows_grad_{w}_{_INDEX[perm.dtype]}_{xw}_{t}"]),
+    names = f"{_INDEX[index]}_{_INDEX[perm.dtype]}_{_INDEX[x._crd1.dtype]}_{_VALUE[dtype]}"
+    return ((fns[f"st_sparse_rows_{names}"], fns[f"st_sparse_rows_grad_{names}"]),
             arrays["pos1"], arrays["crd1"], perm)
 
 
@@ -200,13 +206,16 @@ def _forward(plan, x, weight, values, bias) -> torch.Tensor:
     (forward, _), tpos, tcrd, perm = plan
     n, m = x._size[0], weight._size[0]
     out = torch.empty((n, m), dtype=values.dtype)
-    # W's values in W^T's order, read in order by the kernel (through the permutation
-    # instead, most reads missed L2: a 30000 x 256 weight, 2.4 against 1.7 ms)
-    ordered = gather(values.detach(), perm)
+    # W's values gathered into W^T's order where the batch reads most of them (read
+    # through the permutation instead, most reads missed L2: ...), else read through it
+    # (gathering them all cost more than the product: ...)
+    gathered = x._crd1.numel() * GATHER_FROM >= weight._size[1]
+    read = gather(values.detach(), perm) if gathered else values
     bias = None if bias is None else bias.detach().contiguous()
     forward(n, m, x._pos1.data_ptr(), x._crd1.data_ptr(), x._values.data_ptr(),
-            tpos.data_ptr(), tcrd.data_ptr(), ordered.data_ptr(),
-            0 if bias is None else bias.data_ptr(), out.data_ptr(), _threads(x, weight))
+            tpos.data_ptr(), tcrd.data_ptr(), 0 if gathered else perm.data_ptr(),
+            read.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
+            _threads(x, weight))
     return out
 
 
@@ -223,6 +232,7 @@ class _Recorded(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         values, bias = ctx.saved_tensors
+        dy = materialized(dy)
         x, weight = ctx.x, ctx.weight
         need_values, need_bias = ctx.needs_input_grad[3:5]
         if torch.is_grad_enabled():   # create_graph: a differentiable backward
@@ -278,11 +288,11 @@ def _library():
     entries = {}
     for w in _INDEX.values():
         for xw in _INDEX.values():
-            for t in _VALUE.values():
-                entries[f"st_sparse_rows_{w}_{xw}_{t}"] = [I, I] + [P] * 8 + [I]
-                for pw in _INDEX.values():
-                    entries[f"st_sparse_rows_grad_{w}_{pw}_{xw}_{t}"] = \
-                        [I, I, I] + [P] * 11 + [I]
+            for pw in _INDEX.values():
+                for t in _VALUE.values():
+                    names = f"{w}_{pw}_{xw}_{t}"
+                    entries[f"st_sparse_rows_{names}"] = [I, I] + [P] * 9 + [I]
+                    entries[f"st_sparse_rows_grad_{names}"] = [I, I, I] + [P] * 11 + [I]
     try:
         return runtime.load_entries(_SOURCE, entries)
     except runtime.KernelBuildError:
