@@ -212,6 +212,19 @@ def test_optimizer_steps_and_dtype_and_compile():
     torch.testing.assert_close(compiled(xs), double(xs))
 
 
+@pytest.mark.slow   # ~7 s: a compiled forward and backward (the full suite runs it)
+def test_compiled_layer_whose_input_is_re_laid():
+    """An input of a product large enough is copied batch-last for the kernel
+    (``ops/relayout.py``, from 2**17 multiply-adds): under torch.compile its fake tensors
+    reached that C copy, and compiling failed ("Cannot access data pointer of Tensor")."""
+    layer = SparseLinear(512, 32, density=0.5, generator=gen())
+    x = torch.randn(16, 512, generator=gen(1), requires_grad=True)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), layer(x))
+    compiled(x).sum().backward()
+    assert x.grad is not None and layer.values.grad is not None
+
+
 def test_from_dense_magnitude_and_random():
     dense = torch.nn.Linear(10, 6)
     sparse = SparseLinear.from_dense(dense, sparsity=0.75)

@@ -285,8 +285,10 @@ def torch_einsum(equation, *operands):
                         "(the sublist form is not supported)")
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
-    out = run_relaid(lambda eq, ops, _: _einsum(eq, ops, out_format), equation, operands,
-                     out_format, None)
+    # (not while compiling: the graph runs here on fake tensors, which have no memory for
+    # the re-layout's copies; the compiled call re-lays its real operands)
+    out = None if _is_compiling() else run_relaid(
+        lambda eq, ops, _: _einsum(eq, ops, out_format), equation, operands, out_format, None)
     return out if out is not None else _einsum(equation, operands, out_format)
 
 
