@@ -175,3 +175,13 @@ def test_sparse_linear_layer_on_bag_of_words(monkeypatch):
     xg = xs.with_values(xs.values.clone().requires_grad_())
     layer(xg).sum().backward()
     assert calls == [1] and xg.values.grad is not None
+
+
+def test_frozen_parameter_values_take_the_kernel(monkeypatch):
+    """Values held as a frozen ``nn.Parameter`` (a tensor subclass, whose re-laid pattern is
+    not kept) are read through a plain alias: the kernel runs, not einsum."""
+    calls = _counting(monkeypatch)
+    x, xs, W, w, b = _operands(6, 200, 5, words=2)
+    frozen = W.with_values(torch.nn.Parameter(W.values.clone(), requires_grad=False))
+    torch.testing.assert_close(st.ops.sparse_linear(xs, frozen, b), x @ w.T + b)
+    assert calls == [1]

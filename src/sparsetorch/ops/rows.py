@@ -391,8 +391,11 @@ def sparse_linear(x, weight: SparseTensor, bias: torch.Tensor | None = None,
     if activation is not None and activation not in _EINSUM_ACTIVATIONS:
         raise ValueError(f"sparse_linear: activation must be None or one of "
                          f"{_EINSUM_ACTIVATIONS}, got {activation!r}")
-    values = weight._values   # (the kernels take them apart from a wrapper without grad)
-    kept = weight.with_values(values.detach()) if values.requires_grad else weight
+    # (the kernels take the values apart from a wrapper holding a plain tensor without
+    # grad: a Parameter, even a frozen one, is a subclass, whose re-laid pattern is not kept)
+    values = weight._values
+    kept = weight if type(values) is torch.Tensor and not values.requires_grad else \
+        weight.with_values(values.detach())
     out = _very_sparse_rows(x, kept, values, bias, activation)
     if out is not None:
         return out
