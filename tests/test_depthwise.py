@@ -99,6 +99,14 @@ def test_gradcheck(stride, act):
     ref = torch.autograd.grad(_reference(x, wt, b, stride, act).square().sum(), (x, wt, b))
     for g, r in zip(grads, ref):
         torch.testing.assert_close(g, r)
+    if act is None:   # (the output is not needed: changed in place first, as F.conv2d's)
+        y = st.ops.depthwise3x3(x, wt, b, stride, act)
+        y += 1
+        grads = torch.autograd.grad(y.square().sum(), (x, wt, b))
+        ref = torch.autograd.grad((_reference(x, wt, b, stride, act) + 1).square().sum(),
+                                  (x, wt, b))
+        for g, r in zip(grads, ref):
+            torch.testing.assert_close(g, r)
 
 
 def test_nan_passes_and_fallbacks():

@@ -303,3 +303,20 @@ def test_a_weight_of_no_columns_or_rows_is_einsums():
     torch.testing.assert_close(y, bias.expand(16, 4))
     y = st.ops.sparse_linear(torch.randn(16, 3), st.tensor(torch.zeros(0, 3), "csr"))
     assert y.shape == (16, 0)
+
+
+@needs_kernel
+def test_an_output_changed_in_place_before_backward():
+    """Without an activation the backward does not need the output: a residual ``y += 1``
+    (or ``relu_``) before backward works, as after ``nn.Linear`` (it raised "modified by an
+    inplace operation")."""
+    x, _, W, w, b = _operands(40, 21, 11)
+    values, xin = W.values.clone().requires_grad_(), x.clone().requires_grad_()
+    y = st.ops.sparse_linear(xin, W.with_values(values), b)
+    y += 1
+    y.relu_().sum().backward()
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    F.relu(x64 @ w64.T + b.double() + 1).sum().backward()
+    torch.testing.assert_close(xin.grad.double(), x64.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(W.with_values(values.grad).to_dense().double(),
+                               w64.grad * (w != 0), rtol=1e-4, atol=1e-4)

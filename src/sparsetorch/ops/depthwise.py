@@ -518,7 +518,9 @@ class _Depthwise(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, stride, activation):
         y = _forward(x, weight, bias, stride, activation, _plane_order(x, x.shape))
-        ctx.save_for_backward(x, weight, y)
+        # (the output only for the activation's mask: without one, an in-place op on the
+        # result before backward is fine, as after F.conv2d)
+        ctx.save_for_backward(x, weight, None if activation is None else y)
         ctx.stride, ctx.activation, ctx.has_bias = stride, activation, bias is not None
         return y
 

@@ -487,7 +487,9 @@ class _Recorded(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn, x, values, bias, weight, x_sparse, activation):
         y = _forward(fn, x_sparse if x is None else x, weight, bias, activation)
-        ctx.save_for_backward(x, values, bias, y)
+        # (the output only for its activation's derivative: without one, a residual
+        # ``y += skip`` before backward is fine, as after nn.Linear)
+        ctx.save_for_backward(x, values, bias, None if activation is None else y)
         ctx.weight, ctx.x_sparse, ctx.activation = weight, x_sparse, activation
         return y
 
@@ -500,14 +502,15 @@ class _Recorded(torch.autograd.Function):
         if torch.is_grad_enabled():   # create_graph: a differentiable backward
             return (None, *recomputed_grads(x_sparse if x is None else x, weight, values,
                                             bias, activation, dy), None, None, None)
-        (m, k), n = weight._size, y.shape[0]
+        (m, k), n = weight._size, dy.shape[0]
         fns, nt = _library(vector_isa()), runtime.num_threads()
         ld = _leading(n)
         gt = _scratch(_GT, m * ld)   # (the output gradient through the activation)
         dy = dy.contiguous()   # (held: a temporary's memory is freed before the call)
-        fns["st_activation_grad_t"](n, m, dy.data_ptr(), y.data_ptr(),
+        # (no activation: the kernel reads no output, dy stands in for it)
+        fns["st_activation_grad_t"](n, m, dy.data_ptr(), (dy if y is None else y).data_ptr(),
                                     _ACTIVATIONS[activation], gt.data_ptr(), ld,
-                                    nt if y.numel() >= _PARALLEL_ELEMENTS else 1)
+                                    nt if dy.numel() >= _PARALLEL_ELEMENTS else 1)
         dx = _grad_x(weight, gt, n, ld) if need_x else None
         dvalues = dbias = None
         if need_values:   # (dbias summed in the same pass)
