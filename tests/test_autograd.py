@@ -364,3 +364,22 @@ def test_a_zero_tensor_gradient_gives_zero_gradients():
     gd, = torch.autograd.grad((xd @ dense.T).abs().sum(), dense, create_graph=True)
     gd.square().sum().backward()
     torch.testing.assert_close(W.with_values(v.grad).to_dense(), dense.grad * (w != 0))
+
+
+def test_forward_mode_ad_is_refused_not_dropped():
+    """The kernels compute the primal alone: a dual input's tangent came out as None (no
+    tangent, as if the derivative were zero), silently. Every entry refuses it instead:
+    st.einsum, torch's API on a SparseTensor, the SparseLinear kernels, the ops."""
+    import torch.autograd.forward_ad as fwAD
+    W = st.tensor(torch.eye(4), format="csr")
+    layer = st.nn.SparseLinear(4, 3, density=0.5)
+    calls = [lambda x: st.einsum("ni,oi->no", x, W), lambda x: x @ W,
+             lambda x: torch.nn.functional.linear(x, W), lambda x: st.ops.sparse_linear(x, W),
+             layer, lambda x: st.ops.softmax(W.with_values(x[0]), 1)]
+    with fwAD.dual_level():
+        for call in calls:
+            x = fwAD.make_dual(torch.randn(20, 4), torch.randn(20, 4))
+            with pytest.raises(TypeError, match="forward-mode AD .* is not supported"):
+                call(x)
+        y = st.einsum("ni,oi->no", torch.randn(2, 4), W)   # (no tangent: computed as ever)
+        assert fwAD.unpack_dual(y).tangent is None and y.shape == (2, 4)

@@ -3,13 +3,15 @@
 call with autograd on cannot save for backward, and whose version counter (part of a
 cache's key) cannot be read; the first call of a layer under ``inference_mode`` made every
 later training call fail. And a gradient autograd hands a backward may be one of torch's
-zero tensors, which have no memory to give a kernel (``materialized``).
+zero tensors, which have no memory to give a kernel (``materialized``); forward-mode AD's
+dual tensors carry tangents no kernel reads (``refuse_dual``).
 """
 from __future__ import annotations
 
 import functools
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 
 def outside_inference_mode(fn):
@@ -63,3 +65,30 @@ def materialized(grad: torch.Tensor) -> torch.Tensor:
     if not grad._is_zerotensor():
         return grad
     return torch.zeros(grad.shape, dtype=grad.dtype, device=grad.device)
+
+
+def refuse_dual(what: str, tensors) -> None:
+    """Raise a ``TypeError`` where one of ``tensors`` (or a SparseTensor's values) carries a
+    forward-mode AD tangent (``torch.autograd.forward_ad``): the kernels compute the primal
+    alone, so the result would come out without its tangent, silently. Costs one global
+    read outside ``forward_ad.dual_level()``.
+
+    Example:
+        >>> import torch
+        >>> import torch.autograd.forward_ad as fwAD
+        >>> with fwAD.dual_level():
+        ...     x = fwAD.make_dual(torch.ones(2), torch.ones(2))
+        ...     refuse_dual("op", [x])
+        Traceback (most recent call last):
+        TypeError: op: forward-mode AD (torch.autograd.forward_ad) is not supported: ...
+    """
+    if _forward_ad._current_level < 0:
+        return
+    for t in tensors:
+        values = getattr(t, "_values", None)   # (a SparseTensor's: its tangent's place;
+        t = values if isinstance(values, torch.Tensor) else t   # torch's is a method)
+        if isinstance(t, torch.Tensor) and _forward_ad.unpack_dual(t).tangent is not None:
+            raise TypeError(f"{what}: forward-mode AD (torch.autograd.forward_ad) is not "
+                            "supported: sparsetorch's kernels would drop the tangent; use "
+                            "reverse mode (backward, torch.autograd.grad, jacrev-free "
+                            "torch.autograd.functional.jacobian)")

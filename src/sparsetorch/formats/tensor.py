@@ -13,7 +13,9 @@ from functools import lru_cache
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
+from torch.autograd import forward_ad as _forward_ad
 
+from .._modes import refuse_dual
 from .format import Format
 from .pack import array_names
 
@@ -300,6 +302,8 @@ class SparseTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         # Route torch-level calls (before autograd) so gradients flow to the values; the
         # rest goes on to ``__torch_dispatch__`` (structural ops, or a clear error).
+        if _forward_ad._current_level >= 0:   # (inside forward_ad.dual_level() only)
+            refuse_dual(getattr(func, "__name__", str(func)), (*args, *(kwargs or {}).values()))
         handler = _TORCH_FUNCTIONS.get(func)
         if handler is not None:
             return handler(*args, **(kwargs or {}))
