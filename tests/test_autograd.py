@@ -383,3 +383,25 @@ def test_forward_mode_ad_is_refused_not_dropped():
                 call(x)
         y = st.einsum("ni,oi->no", torch.randn(2, 4), W)   # (no tangent: computed as ever)
         assert fwAD.unpack_dual(y).tangent is None and y.shape == (2, 4)
+
+
+def test_relu_passes_the_gradient_at_nan_as_torch_does():
+    """torch's relu backward passes the gradient where the value is NaN (``not x <= 0``);
+    the kernels' ordered compares gave 0 (the row-block kernel, the depthwise kernel, a
+    lazy relu's derivative). (torch's relu6 passes it on a 1-D tensor, not on these rows:
+    the kernels follow the latter.)"""
+    nan = float("nan")
+    x = torch.tensor([[nan, 1.0, -1.0, 7.0] * 3] * 20)   # (8 columns in vectors, 4 after)
+    for act, ref in (("relu", torch.relu), ("relu6", torch.nn.functional.relu6)):
+        xin, x0 = x.clone().requires_grad_(), x.clone().requires_grad_()
+        st.ops.sparse_linear(xin, st.tensor(torch.eye(12), format="csr"), None, act) \
+            .sum().backward()
+        ref(x0).sum().backward()
+        assert torch.equal(xin.grad, x0.grad), act
+    A = st.tensor(torch.tensor([[nan, 2.0], [-1.0, 0.0]], dtype=torch.float64), format="csr")
+    v = A.values.clone().requires_grad_()
+    (st.lazy(A.with_values(v)).relu().eval().values.sum()).backward()
+    assert v.grad.tolist() == [1.0, 1.0, 0.0]
+    xd = torch.full((1, 2, 4, 4), nan, requires_grad=True)
+    st.ops.depthwise3x3(xd, torch.ones(2, 1, 3, 3), None, 1, "relu").sum().backward()
+    assert not torch.equal(xd.grad, torch.zeros_like(xd))

@@ -49,7 +49,7 @@ def _map_values(t, fn):
 # f'(u) from u, for maps whose derivative the notation cannot spell; f'(0) == 0 for relu and
 # abs (the subgradient), and sqrt's is only read where u is stored.
 _DERIVATIVES = {
-    "relu": lambda v: (v > 0).to(v.dtype),
+    "relu": lambda v: (v <= 0).logical_not().to(v.dtype),   # (a NaN passes, as torch's)
     "abs": torch.sign,
     "sqrt": lambda v: 0.5 / torch.sqrt(v),
 }
@@ -87,15 +87,15 @@ class _Builder:
 
 def _positive_entries(u) -> SparseTensor:
     """relu's derivative at ``u`` (sparse or dense) as a mask that stores only ``u``'s
-    positive entries (ones, COO): the gradient is then 0 elsewhere whatever arrives from
-    above, as torch's relu backward masks (a 0/1 factor made an infinite gradient inf x 0 =
-    NaN, e.g. through ``sqrt(relu(A))``). Not while tracing: the entry count depends on
-    values."""
+    positive (and NaN) entries (ones, COO): the gradient is then 0 elsewhere whatever
+    arrives from above, as torch's relu backward masks (a 0/1 factor made an infinite
+    gradient inf x 0 = NaN, e.g. through ``sqrt(relu(A))``); it passes at a NaN, as torch's
+    does. Not while tracing: the entry count depends on values."""
     if isinstance(u, SparseTensor):
         coords, values = unpack(u.format, u.shape, u._level_arrays, u.values)
-        kept = coords[:, values > 0]
+        kept = coords[:, (values <= 0).logical_not()]
     else:
-        kept = (u > 0).nonzero().t()
+        kept = (u <= 0).logical_not().nonzero().t()
     return st_tensor((kept, torch.ones(kept.shape[1], dtype=u.dtype, device=u.device)),
                      format="coo", shape=tuple(u.shape))
 

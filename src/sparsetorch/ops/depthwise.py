@@ -530,7 +530,8 @@ class _Depthwise(torch.autograd.Function):
     def backward(ctx, grad):
         x, weight, y = ctx.saved_tensors
         if ctx.activation is not None:
-            keep = y > 0 if ctx.activation == "relu" else (y > 0) & (y < 6)
+            # (a NaN output passes its gradient through relu, not relu6: as torch's)
+            keep = ~(y <= 0) if ctx.activation == "relu" else (y > 0) & (y < 6)
             grad = grad * keep
         c, s = x.shape[1], ctx.stride
         need_x, need_w, need_b = ctx.needs_input_grad[:3]

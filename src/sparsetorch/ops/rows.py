@@ -255,8 +255,10 @@ static inline void st_grad8(const float* dy, const float* y, int64_t ld, int64_t
       const __m256 v = _mm256_loadu_ps(y + i * ld);
       if (act == 3) {
         d = _mm256_mul_ps(_mm256_mul_ps(d, v), _mm256_sub_ps(one, v));
-      } else {   /* (ordered compares: a NaN output passes no gradient, as torch's) */
-        __m256 keep = _mm256_cmp_ps(v, zero, _CMP_GT_OQ);
+      } else {   /* (relu: unordered "not <= 0", a NaN output passes its gradient, as
+                    through torch's relu; relu6: ordered "< 6", it does not, as torch's
+                    vectorised relu6 backward) */
+        __m256 keep = _mm256_cmp_ps(v, zero, _CMP_NLE_UQ);
         if (act == 2) keep = _mm256_and_ps(keep, _mm256_cmp_ps(v, _mm256_set1_ps(6.0f),
                                                                 _CMP_LT_OQ));
         d = _mm256_and_ps(d, keep);
@@ -274,7 +276,6 @@ void st_activation_grad_t(int64_t n, int64_t m, const float* restrict dy,
                           const float* restrict y, int64_t act, float* restrict gt,
                           int64_t ld, int64_t nt) {
   const int64_t blocks = (n + R - 1) / R, mb = m - m % 8;
-  const float hi = act == 2 ? 6.0f : __builtin_inff();
   #pragma omp parallel num_threads(nt) if(nt > 1)
   {
     const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
@@ -290,7 +291,7 @@ void st_activation_grad_t(int64_t n, int64_t m, const float* restrict dy,
       for (int64_t o = r < rb ? mb : 0; o < m; o++) {
         const float d = dy[r * m + o], v = y[r * m + o];
         gt[o * ld + r] = act == 0 ? d : act == 3 ? d * v * (1.0f - v)
-                                     : v > 0.0f && v < hi ? d : 0.0f;
+                                     : !(v <= 0.0f) && (act == 1 || v < 6.0f) ? d : 0.0f;
       }
     if (end > r1)
       for (int64_t o = 0; o < m; o++) memset(gt + o * ld + r1, 0, (size_t)(end - r1) * 4);

@@ -291,7 +291,7 @@ class SparseLayer:
 # by a forward that captures). 0 where torch's backward gives 0, whatever g holds there.
 _DERIVATIVES = {
     None: None,
-    "relu": lambda g, y: torch.where(y > 0, g, 0),
+    "relu": lambda g, y: torch.where(y <= 0, 0, g),   # (a NaN passes, as in torch's)
     "relu6": lambda g, y: torch.where((y > 0) & (y < 6), g, 0),
     "sigmoid": lambda g, y: g * y * (1 - y),
     "exp": lambda g, y: g * y,
