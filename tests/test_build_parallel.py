@@ -175,6 +175,7 @@ def test_forward_prefetches_the_kernels_backward_loads(cache, monkeypatch, expr,
         x = torch.rand(4, 3, dtype=torch.float64, generator=g, requires_grad=True)
         got, want, inputs = (st.einsum(expr, A, x) ** 2).sum(), ((dense @ x) ** 2).sum(), (x,)
     assert len(prefetched) >= 2
+    torch.testing.assert_close(got, want)
     loaded.clear()
     got.backward()
     backward = [s for s in loaded if "st_fast_call" not in s]

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import sparsetorch as st
 from dense_check import private_kernel_cache  # noqa: F401  (fixture)
