@@ -405,3 +405,29 @@ def test_relu_passes_the_gradient_at_nan_as_torch_does():
     xd = torch.full((1, 2, 4, 4), nan, requires_grad=True)
     st.ops.depthwise3x3(xd, torch.ones(2, 1, 3, 3), None, 1, "relu").sum().backward()
     assert not torch.equal(xd.grad, torch.zeros_like(xd))
+
+
+def test_hooks_and_autograd_grad_on_a_sparse_leaf():
+    """Eager ops differentiate a SparseTensor's values, not its wrapper: hooks registered
+    on the wrapper never ran (a gradient-scaling hook was ignored, silently) and
+    ``torch.autograd.grad(y, A)`` said A was "not used in the graph". Both reach the values
+    now, with the gradient as a SparseTensor on A's pattern."""
+    w = torch.tensor([[0.0, 2.0], [3.0, 0.0]], dtype=torch.float64)
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64, requires_grad=True)
+    A = st.tensor(w, format="csr").requires_grad_()
+    seen = []
+    A.register_hook(lambda g: seen.append(type(g).__name__) or g * 2)
+    A.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.values.tolist()))
+    st.einsum("ij,jk->ik", A, x).sum().backward()
+    assert seen == ["SparseTensor", [14.0, 6.0]]   # (doubled: x's row sums 3, 7)
+    B = st.tensor(w, format="csr").requires_grad_()
+    gB, gx = torch.autograd.grad(st.einsum("ij,jk->ik", B, x).square().sum(), (B, x))
+    wd, xd = w.clone().requires_grad_(), x.detach().clone().requires_grad_()
+    rw, rx = torch.autograd.grad((wd @ xd).square().sum(), (wd, xd))
+    assert isinstance(gB, st.SparseTensor)
+    torch.testing.assert_close(gB.to_dense(), rw * (w != 0))
+    torch.testing.assert_close(gx, rx)
+    with pytest.raises(RuntimeError, match="not have been used in the graph"):
+        torch.autograd.grad(st.einsum("ij,jk->ik", B, x).sum(), A)
+    assert torch.autograd.grad(st.einsum("ij,jk->ik", B, x).sum(), A,
+                               allow_unused=True) == (None,)

@@ -373,6 +373,38 @@ class SparseTensor(torch.Tensor):
                     self, _move_wrapper_grad)
         return self
 
+    def register_hook(self, hook):
+        """``torch.Tensor.register_hook`` for the stored values' gradient: ``hook(grad)``
+        gets it as a SparseTensor with this pattern and may return a replacement (a
+        SparseTensor of the pattern, or its values) or None; returns the removable handle.
+        (The hook was the wrapper's, which eager ops never differentiate: it never ran.)
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> A = st.tensor(torch.eye(2, dtype=torch.float64), "csr").requires_grad_()
+            >>> _ = A.register_hook(lambda g: g * 2)
+            >>> st.einsum("ij,j->i", A, torch.ones(2, dtype=torch.float64)).sum().backward()
+            >>> A.grad.values.tolist()
+            [2.0, 2.0]
+        """
+        def on_values(grad):
+            out = hook(self.with_values(grad))
+            return out._values if isinstance(out, SparseTensor) else out
+        return self._values.register_hook(on_values)
+
+    def register_post_accumulate_grad_hook(self, hook):
+        """``torch.Tensor.register_post_accumulate_grad_hook`` for the stored values:
+        ``hook(self)`` runs after their gradient (``self.grad``) has been accumulated.
+
+        Example:
+            >>> import torch, sparsetorch as st
+            >>> A = st.tensor(torch.eye(2, dtype=torch.float64), "csr").requires_grad_()
+            >>> _ = A.register_post_accumulate_grad_hook(lambda t: print(t.grad.values))
+            >>> st.einsum("ij,j->i", A, torch.ones(2, dtype=torch.float64)).sum().backward()
+            tensor([1., 1.], dtype=torch.float64)
+        """
+        return self._values.register_post_accumulate_grad_hook(lambda values: hook(self))
+
     @property
     def grad(self):
         """The gradient as a SparseTensor with this tensor's pattern (None before backward)."""

@@ -8,6 +8,8 @@ nothing is silently densified.
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -67,6 +69,64 @@ def _dropout(input, p=0.5, training=True, inplace=False):
     return input.with_values(F.dropout(input.values, p, training)) if training and p else input
 
 
+_GRAD = inspect.signature(torch.autograd.grad)
+
+
+def _autograd_grad(*args, **kwargs):
+    """``torch.autograd.grad`` with SparseTensors among its tensors. A SparseTensor input is
+    asked for through its values (what eager ops differentiate: the wrapper alone was "not
+    used in the graph") and through the wrapper itself where it is a leaf that requires grad
+    (what a ``torch.compile``d graph takes), the two summed; its gradient comes back as a
+    SparseTensor on its pattern. SparseTensor outputs and output gradients are their
+    values."""
+    if torch.compiler.is_compiling():   # (AOTAutograd tracing a graph's backward: as is)
+        with torch._C.DisableTorchFunctionSubclass():
+            return torch.autograd.grad(*args, **kwargs)
+    bound = _GRAD.bind(*args, **kwargs)
+    arg = bound.arguments
+
+    def seq(x):
+        return (x,) if isinstance(x, torch.Tensor) else tuple(x)
+
+    def values(t):
+        return t._values if isinstance(t, SparseTensor) else t
+
+    arg["outputs"] = [values(t) for t in seq(arg["outputs"])]
+    if arg.get("grad_outputs") is not None:
+        arg["grad_outputs"] = [values(t) for t in seq(arg["grad_outputs"])]
+    inputs, asked, places = seq(arg["inputs"]), [], []
+    for t in inputs:
+        places.append(len(asked))
+        asked.append(values(t))
+        if isinstance(t, SparseTensor) and _leaf_wrapper(t):
+            asked.append(t)
+    allow_unused = arg.get("allow_unused")
+    arg["inputs"], arg["allow_unused"] = asked, True
+    with torch._C.DisableTorchFunctionSubclass():   # (the wrappers: plain tensors to it)
+        grads = torch.autograd.grad(*bound.args, **bound.kwargs)
+    out = []
+    for t, at in zip(inputs, places):
+        g = grads[at]
+        if isinstance(t, SparseTensor):
+            if _leaf_wrapper(t) and grads[at + 1] is not None:
+                w = values(grads[at + 1])
+                g = w if g is None else g + w
+            g = None if g is None else t.with_values(g)
+        if g is None and not allow_unused and not arg.get("materialize_grads"):
+            raise RuntimeError("One of the differentiated Tensors appears to not have been "
+                               "used in the graph. Set allow_unused=True if this is the "
+                               "desired behavior.")
+        out.append(g)
+    return tuple(out)
+
+
+def _leaf_wrapper(t: SparseTensor) -> bool:
+    """Whether ``t``'s wrapper is itself a leaf autograd tracks (``requires_grad_`` flags
+    one, for compiled graphs: ``formats/tensor.py``)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return torch.Tensor.requires_grad.__get__(t) and t.grad_fn is None
+
+
 def _install():
     relu, abs_, exp, sqrt = (ew.unary(n) for n in ("relu", "abs", "exp", "sqrt"))
     table = {
@@ -97,6 +157,7 @@ def _install():
         torch._sparse_sum: red.sparse_sum,   # (what torch.sparse.sum calls)
         # softmax over stored entries
         torch.sparse.softmax: _sparse_softmax,
+        torch.autograd.grad: _autograd_grad,
         F.dropout: _dropout,
         # free views
         torch.t: views.t, Tensor.t: views.t, torch.transpose: views.transpose,
