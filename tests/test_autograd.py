@@ -431,3 +431,16 @@ def test_hooks_and_autograd_grad_on_a_sparse_leaf():
         torch.autograd.grad(st.einsum("ij,jk->ik", B, x).sum(), A)
     assert torch.autograd.grad(st.einsum("ij,jk->ik", B, x).sum(), A,
                                allow_unused=True) == (None,)
+
+
+def test_a_batch_of_gradients_is_refused_clearly():
+    """``is_grads_batched=True`` hands the backward a vmap batch, which has no memory: the
+    kernels said "Cannot access data pointer of Tensor that doesn't have storage"."""
+    W = st.tensor(torch.eye(3), format="csr")
+    v = W.values.clone().requires_grad_()
+    y = st.ops.sparse_linear(torch.randn(20, 3), W.with_values(v))
+    with pytest.raises(TypeError, match="cannot take a batch of gradients"):
+        torch.autograd.grad(y, v, torch.randn(2, 20, 3), is_grads_batched=True)
+    y = st.einsum("ij,jk->ik", W.with_values(v), torch.randn(3, 2))
+    with pytest.raises(TypeError, match="is_grads_batched=False"):
+        torch.autograd.grad(y, v, torch.randn(2, 3, 2), is_grads_batched=True)

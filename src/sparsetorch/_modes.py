@@ -50,11 +50,17 @@ def version(t: torch.Tensor):
     return object() if t.is_inference() else t._version
 
 
+_is_batched = torch._C._functorch.is_batchedtensor
+_is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor   # (is_grads_batched's)
+
+
 def materialized(grad: torch.Tensor) -> torch.Tensor:
     """``grad``, or zeros of its shape where it is one of torch's efficient zero tensors
     (``sgn``'s and ``abs``'s gradients of a gradient are), whose data pointer is null: a
     kernel reading it crashed the process. Dense torch gives zero gradients then, and so
-    does a backward given these zeros.
+    does a backward given these zeros. A batch of gradients (``torch.autograd.grad(...,
+    is_grads_batched=True)``, a vectorised jacobian: vmap) has no memory either, and is
+    refused with a ``TypeError`` that says so.
 
     Example:
         >>> import torch
@@ -62,6 +68,11 @@ def materialized(grad: torch.Tensor) -> torch.Tensor:
         >>> z.data_ptr() == 0, materialized(z).data_ptr() != 0
         (True, True)
     """
+    if _is_batched(grad) or _is_legacy_batched(grad):
+        raise TypeError("sparsetorch's kernels cannot take a batch of gradients "
+                        "(is_grads_batched=True, jacobian(vectorize=True), torch.func.vmap); "
+                        "compute them one at a time (is_grads_batched=False, "
+                        "vectorize=False)")
     if not grad._is_zerotensor():
         return grad
     return torch.zeros(grad.shape, dtype=grad.dtype, device=grad.device)
