@@ -431,6 +431,9 @@ def test_hooks_and_autograd_grad_on_a_sparse_leaf():
         torch.autograd.grad(st.einsum("ij,jk->ik", B, x).sum(), A)
     assert torch.autograd.grad(st.einsum("ij,jk->ik", B, x).sum(), A,
                                allow_unused=True) == (None,)
+    zeros, = torch.autograd.grad(st.einsum("ij,jk->ik", B, x).sum(), A,
+                                 materialize_grads=True)
+    assert isinstance(zeros, st.SparseTensor) and zeros.values.tolist() == [0.0, 0.0]
 
 
 def test_a_batch_of_gradients_is_refused_clearly():

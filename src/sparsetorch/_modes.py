@@ -101,5 +101,5 @@ def refuse_dual(what: str, tensors) -> None:
         if isinstance(t, torch.Tensor) and _forward_ad.unpack_dual(t).tangent is not None:
             raise TypeError(f"{what}: forward-mode AD (torch.autograd.forward_ad) is not "
                             "supported: sparsetorch's kernels would drop the tangent; use "
-                            "reverse mode (backward, torch.autograd.grad, jacrev-free "
+                            "reverse mode (backward, torch.autograd.grad, "
                             "torch.autograd.functional.jacobian)")

@@ -100,8 +100,10 @@ def _autograd_grad(*args, **kwargs):
         asked.append(values(t))
         if isinstance(t, SparseTensor) and _leaf_wrapper(t):
             asked.append(t)
-    allow_unused = arg.get("allow_unused")
+    allow_unused, materialize = arg.get("allow_unused"), arg.get("materialize_grads")
     arg["inputs"], arg["allow_unused"] = asked, True
+    if materialize:   # (zeros made here: of the values' shape, not the wrapper's)
+        arg["materialize_grads"] = False
     with torch._C.DisableTorchFunctionSubclass():   # (the wrappers: plain tensors to it)
         grads = torch.autograd.grad(*bound.args, **bound.kwargs)
     out = []
@@ -111,12 +113,13 @@ def _autograd_grad(*args, **kwargs):
             if _leaf_wrapper(t) and grads[at + 1] is not None:
                 w = values(grads[at + 1])
                 g = w if g is None else g + w
-            g = None if g is None else t.with_values(g)
-        if g is None and not allow_unused and not arg.get("materialize_grads"):
+        if g is None and materialize:
+            g = torch.zeros_like(values(t))
+        if g is None and not allow_unused:
             raise RuntimeError("One of the differentiated Tensors appears to not have been "
                                "used in the graph. Set allow_unused=True if this is the "
                                "desired behavior.")
-        out.append(g)
+        out.append(t.with_values(g) if isinstance(t, SparseTensor) and g is not None else g)
     return tuple(out)
 
 
