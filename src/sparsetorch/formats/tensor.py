@@ -7,17 +7,15 @@ so ``torch.compile`` and autograd see plain dense tensors, and every kernel is a
 from __future__ import annotations
 
 import hashlib
-import sys
 from functools import lru_cache
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.autograd import forward_ad as _forward_ad
 
 from .._modes import refuse_dual
 from .format import Format
 from .pack import array_names
+from .traced import check_recordable, outside_tracer, read_by_dynamo
 
 # torch functions a SparseTensor handles itself (``torch.matmul``, ``F.linear``, ``torch.sum``,
 # ...), filled by ``sparsetorch.ops`` (``formats/`` must not import the compiler). Anything
@@ -26,9 +24,6 @@ _TORCH_FUNCTIONS: dict = {}
 _DisableTorchFunction = torch._C.DisableTorchFunctionSubclass
 _is_grad_enabled = torch.is_grad_enabled
 _make_wrapper = torch.Tensor._make_wrapper_subclass
-_is_compiling = torch.compiler.is_compiling
-_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
-_FUNCTIONAL_MODE = torch._C._TorchDispatchModeKey.FUNCTIONAL
 
 
 class UnsupportedOp(NotImplementedError):
@@ -94,7 +89,15 @@ def inherit_pattern_facts(source, t) -> None:
 
 # The wrapper's own autograd state (the class overrides the Python properties). Read with
 # torch functions off: through ``__torch_function__`` the getter costs ~1.7 us, ~0.35 here.
-def _wrapper_requires_grad(t) -> bool:
+def wrapper_requires_grad(t) -> bool:
+    """Whether autograd tracks the SparseTensor ``t`` itself (its wrapper), not only its
+    values: a leaf flagged by ``requires_grad_`` for compiled graphs, or a recorded wrapper.
+
+    Example:
+        >>> import torch, sparsetorch as st
+        >>> wrapper_requires_grad(st.tensor(torch.eye(2), "csr").requires_grad_())
+        True
+    """
     with _DisableTorchFunction():
         return torch.Tensor.requires_grad.__get__(t)
 
@@ -271,7 +274,7 @@ class SparseTensor(torch.Tensor):
     def __tensor_flatten__(self):
         # "values", the public name: of a SparseTensor computed inside a compiled function,
         # dynamo can record reading only the attributes named here (``C.values``); the
-        # property hands tracers the stored tensor itself (see ``_outside_tracer``).
+        # property hands tracers the stored tensor itself (see ``traced.outside_tracer``).
         return ["values", *("_" + n for n in self._array_names)], (self._format,)
 
     def _stable_hash_for_caching(self) -> str:
@@ -348,7 +351,7 @@ class SparseTensor(torch.Tensor):
     @property
     def requires_grad(self) -> bool:
         """Whether the stored values require grad (gradients live on ``.values``)."""
-        return self._values.requires_grad or (self._wrapper_grad and _wrapper_requires_grad(self))
+        return self._values.requires_grad or (self._wrapper_grad and wrapper_requires_grad(self))
 
     @requires_grad.setter
     def requires_grad(self, value: bool):
@@ -460,7 +463,7 @@ class SparseTensor(torch.Tensor):
     def format(self) -> Format:
         """The storage ``Format`` (``.format.name`` is e.g. ``'csr'``)."""
         if type(self._values) is not torch.Tensor:   # eager tensors skip the check
-            _check_recordable(self, "format", "a Format object", "decide on formats outside "
+            check_recordable(self, "format", "a Format object", "decide on formats outside "
                               "the compiled function (the format of an input SparseTensor "
                               "can be read inside), or return the tensor and read .format "
                               "outside")
@@ -469,8 +472,8 @@ class SparseTensor(torch.Tensor):
     @property
     def values(self) -> torch.Tensor:
         """The stored values, one per stored entry, in storage order."""
-        if (self._unflattened and _is_grad_enabled() and _wrapper_requires_grad(self)
-                and not _outside_tracer(self._values)):
+        if (self._unflattened and _is_grad_enabled() and wrapper_requires_grad(self)
+                and not outside_tracer(self._values)):
             # AOTAutograd (torch.compile) differentiates the SparseTensors it rebuilds as
             # wholes: a compiled function's output carries its history on the wrapper, and
             # an input's gradient is taken with respect to the wrapper. Connect the values.
@@ -483,7 +486,7 @@ class SparseTensor(torch.Tensor):
     def nnz(self) -> int:
         """Number of stored entries (explicit zeros inside BSR blocks count)."""
         n = self._values.numel()
-        if type(n) is not int and _read_by_dynamo(self):   # a SymInt: data-dependent
+        if type(n) is not int and read_by_dynamo(self):   # a SymInt: data-dependent
             raise RuntimeError(
                 "SparseTensor.nnz: this SparseTensor is assembled inside the torch.compile'd "
                 "function, so its entry count is data-dependent and dynamo cannot record it "
@@ -512,7 +515,7 @@ class SparseTensor(torch.Tensor):
             [0, 1]
         """
         if type(self._values) is not torch.Tensor:   # eager tensors skip the check
-            _check_recordable(self, "arrays", "a dict of tensors", "return it and read "
+            check_recordable(self, "arrays", "a dict of tensors", "return it and read "
                               ".arrays outside, or keep to C.values and torch ops inside "
                               "(the level arrays of an input SparseTensor can be read)")
             return self._level_arrays   # (traced: no memory a kernel reads)
@@ -645,40 +648,6 @@ def _move_wrapper_grad(t: SparseTensor) -> None:
     grad = grad._values if isinstance(grad, SparseTensor) else grad
     old = t._values.grad
     t._values.grad = grad if old is None else old + grad
-
-
-def _outside_tracer(inner: torch.Tensor) -> bool:
-    """Whether ``inner``, an inner tensor of a SparseTensor, is a tracer's tensor (fake or
-    functional) read while that tracer's mode is off: by the tracer itself, not by the
-    traced code. Dynamo looks up attributes of a tensor computed inside the compiled
-    function that way, and AOTAutograd flattens wrappers to check them for mutations."""
-    return ((isinstance(inner, FakeTensor) and torch._C._get_dispatch_mode(_FAKE_MODE) is None)
-            or (isinstance(inner, FunctionalTensor)
-                and torch._C._get_dispatch_mode(_FUNCTIONAL_MODE) is None))
-
-
-def _check_recordable(t: SparseTensor, attr: str, what: str, fix: str) -> None:
-    """Raise naming ``fix`` when dynamo reads ``attr`` (``what``, not a tensor) of a
-    SparseTensor computed inside the compiled function: it cannot record that, and its own
-    error ('SourcelessBuilder ...') does not say why."""
-    if _read_by_dynamo(t, depth=3):
-        raise RuntimeError(
-            f"SparseTensor.{attr}: this SparseTensor is computed inside the torch.compile'd "
-            f"function, and dynamo cannot record {what} read from it; {fix}")
-
-
-def _read_by_dynamo(t: SparseTensor, depth: int = 2) -> bool:
-    """Whether dynamo is evaluating a property of ``t`` to record it (the property's getter
-    is ``depth - 1`` frames up from here): ``t`` is a SparseTensor computed inside a
-    compiled function, whose attributes dynamo reads on its fake value (in
-    ``TensorVariable.dynamic_getattr``) and can record only when they are tensors
-    ``__tensor_flatten__`` names. Best effort: should dynamo rename that method, the
-    property returns and dynamo reports its own error."""
-    if not (_is_compiling() and _outside_tracer(t._values)):
-        return False
-    # the getter's caller: fakification also reads fakes with no mode on, and must succeed
-    caller = sys._getframe(depth).f_code
-    return caller.co_name == "dynamic_getattr" and "_dynamo" in caller.co_filename
 
 
 class _FromValues(torch.autograd.Function):

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from ..formats import views
-from ..formats.tensor import _TORCH_FUNCTIONS, SparseTensor, map_arrays
+from ..formats.tensor import (_TORCH_FUNCTIONS, SparseTensor, map_arrays,
+                              wrapper_requires_grad)
 from . import elementwise as ew
 from . import inplace
 from . import matmul as mm_
@@ -126,8 +127,7 @@ def _autograd_grad(*args, **kwargs):
 def _leaf_wrapper(t: SparseTensor) -> bool:
     """Whether ``t``'s wrapper is itself a leaf autograd tracks (``requires_grad_`` flags
     one, for compiled graphs: ``formats/tensor.py``)."""
-    with torch._C.DisableTorchFunctionSubclass():
-        return torch.Tensor.requires_grad.__get__(t) and t.grad_fn is None
+    return wrapper_requires_grad(t) and t.grad_fn is None
 
 
 def _install():
