@@ -4,7 +4,8 @@ call with autograd on cannot save for backward, and whose version counter (part 
 cache's key) cannot be read; the first call of a layer under ``inference_mode`` made every
 later training call fail. And a gradient autograd hands a backward may be one of torch's
 zero tensors, which have no memory to give a kernel (``materialized``); forward-mode AD's
-dual tensors carry tangents no kernel reads (``refuse_dual``).
+dual tensors carry tangents no kernel reads (``refuse_dual``). Facts about the machine are
+constants to ``torch.compile``'s tracer (``constant_to_tracer``).
 """
 from __future__ import annotations
 
@@ -103,3 +104,20 @@ def refuse_dual(what: str, tensors) -> None:
                             "supported: sparsetorch's kernels would drop the tangent; use "
                             "reverse mode (backward, torch.autograd.grad, "
                             "torch.autograd.functional.jacobian)")
+
+
+def constant_to_tracer(fn):
+    """``fn`` marked so that ``torch.compile``'s tracer calls it while tracing and keeps its
+    result as a constant (``torch.compiler.assume_constant_result``) instead of tracing
+    into it: for facts about the machine (the CPU, whether kernels build) whose finding
+    reads files, which would otherwise break the graph. The public decorator imports
+    ``torch._dynamo`` (1.1 s added to ``import sparsetorch``) only to set this attribute;
+    ``tests/test_rows_op.py`` compiles a marked function's caller with ``fullgraph=True``
+    to notice if torch ever marks it otherwise.
+
+    Example:
+        >>> constant_to_tracer(lambda: 3)()
+        3
+    """
+    fn._dynamo_marked_constant = True
+    return fn

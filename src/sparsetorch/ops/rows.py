@@ -501,38 +501,48 @@ class _Recorded(torch.autograd.Function):
         x, values, bias, y = ctx.saved_tensors
         dy = materialized(dy)
         weight, x_sparse, activation = ctx.weight, ctx.x_sparse, ctx.activation
-        need_x, need_values, need_bias = ctx.needs_input_grad[1:4]
         if torch.is_grad_enabled():   # create_graph: a differentiable backward
             return (None, *recomputed_grads(x_sparse if x is None else x, weight, values,
                                             bias, activation, dy), None, None, None)
-        (m, k), n = weight._size, dy.shape[0]
-        fns, nt = _library(vector_isa()), runtime.num_threads()
-        ld = _leading(n)
-        gt = _scratch(_GT, m * ld)   # (the output gradient through the activation)
-        dy = dy.contiguous()   # (held: a temporary's memory is freed before the call)
-        # (no activation: the kernel reads no output, dy stands in for it)
-        fns["st_activation_grad_t"](n, m, dy.data_ptr(), (dy if y is None else y).data_ptr(),
-                                    _ACTIVATIONS[activation], gt.data_ptr(), ld,
-                                    nt if dy.numel() >= _PARALLEL_ELEMENTS else 1)
-        dx = _grad_x(weight, gt, n, ld) if need_x else None
-        dvalues = dbias = None
-        if need_values:   # (dbias summed in the same pass)
-            dbias = torch.empty(m, dtype=torch.float32) if need_bias else None
-            nt = nt if values.numel() * n >= _PARALLEL_WORK else 1
-            xt = _scratch(_XT, k * ld)
-            if x is not None:
-                x = x.contiguous()
-                fns["st_rows_dense_transposed"](n, k, x.data_ptr(), xt.data_ptr(), ld, nt)
-            else:
-                tiles = _buffers.get(torch.float32, nt * 16 * k)
-                fns["st_rows_transposed_" + _INDEX[x_sparse._crd1.dtype]](
-                    n, k, x_sparse._pos1.data_ptr(), x_sparse._crd1.data_ptr(),
-                    x_sparse._values.data_ptr(), xt.data_ptr(), ld, tiles.data_ptr(), nt)
-            dvalues = torch.empty_like(values)
-            _grad_values(fns, weight, gt, xt, n, ld, dvalues, dbias, nt)
-        elif need_bias:
-            dbias = gt[:m * ld].view(m, ld)[:, :n].sum(1)
-        return None, dx, dvalues, dbias, None, None, None
+        return (None, *gradients(dy, x, x_sparse, weight, values, y, activation,
+                                 ctx.needs_input_grad[1:4]), None, None, None)
+
+
+def gradients(dy, x, x_sparse, weight: SparseTensor, values, y, activation, needs) -> tuple:
+    """``(dx, dvalues, dbias)`` of ``activation(x W^T + bias)`` at the output gradient
+    ``dy`` (``_Recorded``'s backward, and the traced op's, ``rows_op.py``): ``x`` dense or
+    None with ``x_sparse`` its CSR rows, ``weight`` ``W``'s pattern over ``values``, ``y``
+    the output (None without an activation); ``needs`` says which of the three to compute
+    (None for the others)."""
+    need_x, need_values, need_bias = needs
+    (m, k), n = weight._size, dy.shape[0]
+    fns, nt = _library(vector_isa()), runtime.num_threads()
+    ld = _leading(n)
+    gt = _scratch(_GT, m * ld)   # (the output gradient through the activation)
+    dy = dy.contiguous()   # (held: a temporary's memory is freed before the call)
+    # (no activation: the kernel reads no output, dy stands in for it)
+    fns["st_activation_grad_t"](n, m, dy.data_ptr(), (dy if y is None else y).data_ptr(),
+                                _ACTIVATIONS[activation], gt.data_ptr(), ld,
+                                nt if dy.numel() >= _PARALLEL_ELEMENTS else 1)
+    dx = _grad_x(weight, gt, n, ld) if need_x else None
+    dvalues = dbias = None
+    if need_values:   # (dbias summed in the same pass)
+        dbias = torch.empty(m, dtype=torch.float32) if need_bias else None
+        nt = nt if values.numel() * n >= _PARALLEL_WORK else 1
+        xt = _scratch(_XT, k * ld)
+        if x is not None:
+            x = x.contiguous()
+            fns["st_rows_dense_transposed"](n, k, x.data_ptr(), xt.data_ptr(), ld, nt)
+        else:
+            tiles = _buffers.get(torch.float32, nt * 16 * k)
+            fns["st_rows_transposed_" + _INDEX[x_sparse._crd1.dtype]](
+                n, k, x_sparse._pos1.data_ptr(), x_sparse._crd1.data_ptr(),
+                x_sparse._values.data_ptr(), xt.data_ptr(), ld, tiles.data_ptr(), nt)
+        dvalues = torch.empty_like(values)
+        _grad_values(fns, weight, gt, xt, n, ld, dvalues, dbias, nt)
+    elif need_bias:
+        dbias = gt[:m * ld].view(m, ld)[:, :n].sum(1)
+    return dx, dvalues, dbias
 
 
 def _grad_values(fns, weight: SparseTensor, gt, xt, n: int, ld: int, dvalues, dbias,

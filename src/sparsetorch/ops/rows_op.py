@@ -1,0 +1,128 @@
+"""``rows.py``'s row-block kernels as a ``torch.library`` custom op, so a traced
+``SparseLinear`` (``torch.compile``, ``torch.export``) runs them instead of einsum's
+generic product.
+
+Traced, einsum's path computes ``x W^T`` through the compiler's custom op without the
+re-laying and the row blocks its eager call and ``rows.py`` use: compiled, the MNIST-sized
+autoencoder (784 -> 256 -> 784, 90%-sparse weights, batch 256, 2 threads) evaluated at
+0.10x and trained at 0.18x its eager speed; through these ops at 0.78x and 0.77x (the rest
+is ``torch.compile``'s own wrappers and guards, ~0.3 ms a step; ``python
+benchmarks/nn_layers.py --only compiled``).
+Here one op records the forward (``sparsetorch::rows_linear``) and one the backward
+(``sparsetorch::rows_linear_backward``, the same C passes as ``rows.py``'s eager backward,
+``rows.gradients``); their fake kernels give the shapes. The weight enters as its CSR level
+arrays and values, so ``W^T``'s pattern is re-laid once and kept as in eager calls
+(``relaid.py`` keys it by the arrays: the layer's own buffers, the same tensors each call).
+
+Applies to float32 CPU inputs and a float32 CSR weight with the C backend on an AVX2 CPU
+(``applies``, decided while tracing); a gradient of the gradient is not available through
+it (``create_graph`` raises torch's error for an op without a derivative).
+
+Example:
+    >>> import torch, sparsetorch as st
+    >>> layer = st.nn.SparseLinear(8, 4, density=0.5)
+    >>> f = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    >>> x = torch.randn(3, 8)
+    >>> torch.allclose(f(x), layer(x), atol=1e-6)
+    True
+"""
+from __future__ import annotations
+
+import torch
+
+from .._modes import constant_to_tracer
+from ..formats import SparseTensor
+from ..formats.format import Format, as_format
+from ..formats.tensor import layout
+from .policy import backend
+from .rows import _ACTIVATIONS, _kernel, _launch, gradients
+
+_CSR = layout(as_format("csr", 2))   # (what SparseTensor._from_parts takes for CSR)
+
+
+@constant_to_tracer   # (finding the kernels reads /proc/cpuinfo and may build them)
+def _has_kernels(index: torch.dtype) -> bool:
+    return backend() == "c" and _kernel(index, index) is not None
+
+
+def applies(x: torch.Tensor, weight_format: Format, index: torch.dtype, values, bias,
+            activation) -> bool:
+    """Whether ``rows_linear`` takes this product (everything it reads is fixed while
+    tracing: dtypes, devices, the format, the activation; not the batch size)."""
+    return (weight_format.name == "csr" and activation in _ACTIVATIONS
+            and x.dtype == values.dtype == torch.float32 and x.device.type == "cpu"
+            and values.device.type == "cpu" and x.dim() == 2
+            and (bias is None or bias.dtype == torch.float32 and bias.dim() == 1)
+            and _has_kernels(index))
+
+
+def _weight(pos, crd, values, in_features: int) -> SparseTensor:
+    """The CSR wrapper of the given arrays (no copies, no checks: the layer's own)."""
+    return SparseTensor._from_parts((pos.shape[0] - 1, in_features), _CSR, [pos, crd],
+                                    values)
+
+
+@torch.library.custom_op("sparsetorch::rows_linear", mutates_args=())
+def rows_linear(x: torch.Tensor, pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor,
+                bias: torch.Tensor | None, activation: str | None,
+                in_features: int) -> torch.Tensor:
+    """``activation(x W^T + bias)`` by ``rows.py``'s kernel, ``W`` the ``(m, in_features)``
+    CSR matrix of ``pos``, ``crd``, ``values``; ``x`` dense ``(n, in_features)``.
+
+    Example:
+        >>> import torch
+        >>> pos, crd = torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor(
+        ...     [1, 0], dtype=torch.int32)
+        >>> y = torch.ops.sparsetorch.rows_linear(torch.ones(2, 2), pos, crd,
+        ...                                       torch.tensor([2., 3.]), None, None, 2)
+        >>> y.tolist()
+        [[2.0, 3.0], [2.0, 3.0]]
+    """
+    m = pos.shape[0] - 1
+    return _launch(_kernel(crd.dtype, crd.dtype), x.contiguous(), pos, crd,
+                   values.contiguous(), x.shape[0], in_features, m,
+                   None if bias is None else bias.contiguous(), activation)
+
+
+@rows_linear.register_fake
+def _(x, pos, crd, values, bias, activation, in_features):
+    return x.new_empty((x.shape[0], pos.shape[0] - 1))
+
+
+@torch.library.custom_op("sparsetorch::rows_linear_backward", mutates_args=())
+def rows_linear_backward(dy: torch.Tensor, x: torch.Tensor, pos: torch.Tensor,
+                         crd: torch.Tensor, values: torch.Tensor, y: torch.Tensor | None,
+                         activation: str | None, in_features: int, need_x: bool,
+                         need_values: bool, need_bias: bool) -> list[torch.Tensor]:
+    """``[dx, dvalues, dbias]`` of ``rows_linear`` at ``dy`` (``rows.gradients``), each
+    empty where not asked for (an op returns tensors, not None)."""
+    weight = _weight(pos, crd, values.detach(), in_features)
+    grads = gradients(dy, x, None, weight, values, y, activation,
+                      (need_x, need_values, need_bias))
+    return [x.new_empty(0) if g is None else g for g in grads]
+
+
+@rows_linear_backward.register_fake
+def _(dy, x, pos, crd, values, y, activation, in_features, need_x, need_values, need_bias):
+    return [x.new_empty(x.shape if need_x else (0,)),
+            values.new_empty(values.shape if need_values else (0,)),
+            dy.new_empty((dy.shape[1],) if need_bias else (0,))]
+
+
+def _setup(ctx, inputs, output):
+    x, pos, crd, values, bias, activation, in_features = inputs
+    ctx.save_for_backward(x, pos, crd, values, None if activation is None else output)
+    ctx.activation, ctx.in_features = activation, in_features
+
+
+def _backward(ctx, dy):
+    x, pos, crd, values, y = ctx.saved_tensors
+    need_x, _, _, need_values, need_bias = ctx.needs_input_grad[:5]
+    dx, dvalues, dbias = torch.ops.sparsetorch.rows_linear_backward(
+        dy, x, pos, crd, values, y, ctx.activation, ctx.in_features, need_x, need_values,
+        need_bias)
+    return (dx if need_x else None, None, None, dvalues if need_values else None,
+            dbias if need_bias else None, None, None)
+
+
+rows_linear.register_autograd(_backward, setup_context=_setup)

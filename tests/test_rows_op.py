@@ -1,0 +1,116 @@
+"""``sparsetorch::rows_linear`` (``ops/rows_op.py``): a traced ``SparseLinear`` runs the
+row-block kernels as a custom op. Checked against the eager layer (itself checked against
+dense torch in ``test_rows.py``): outputs and every gradient under ``torch.compile`` with
+``fullgraph=True`` (activations, bias or none, inputs of more dimensions, a sparse input,
+batches that change without a recompile), the op in the traced graph, and torch's own
+custom-op checks (``torch.library.opcheck``: schema, fake kernel, autograd registration)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sparsetorch as st
+from sparsetorch.compiler.kernel import vector_isa
+from sparsetorch.ops import rows_op  # noqa: F401  (registers the op)
+
+needs_kernel = pytest.mark.skipif(vector_isa() is None, reason="the kernel needs AVX2")
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    # (each test compiles SparseLinear.forward anew: dynamo's limit of 8 recompilations a
+    # code object would be reached across them)
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _layer(k=20, m=12, activation="relu", bias=True, seed=0):
+    layer = st.nn.SparseLinear(k, m, density=0.3, bias=bias, activation=activation,
+                               generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        if bias:
+            layer.bias.normal_(generator=torch.Generator().manual_seed(seed + 1))
+    return layer
+
+
+def _compiled(layer, graphs: list, **kw):
+    """``layer`` compiled with a backend that keeps each graph dynamo captured."""
+    def keep(gm, inputs):
+        graphs.append(gm)
+        return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
+
+    return torch.compile(layer, fullgraph=True, backend=keep, **kw)
+
+
+def _grads(layer, x, out):
+    params = [p for p in (layer.values, layer.bias, x) if p is not None and p.requires_grad]
+    return torch.autograd.grad(out, params, torch.ones_like(out) * torch.linspace(
+        -1, 1, out.numel()).view(out.shape))
+
+
+@needs_kernel
+@pytest.mark.parametrize("activation", [None, "relu", "sigmoid"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_compiled_layer_runs_the_op_and_matches_eager(activation, bias):
+    layer, graphs = _layer(activation=activation, bias=bias), []
+    compiled = _compiled(layer, graphs)
+    x = torch.randn(37, 20, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    got, want = compiled(x), layer(x)
+    torch.testing.assert_close(got, want)
+    assert any("rows_linear" in str(gm.graph) for gm in graphs)
+    for g, w in zip(_grads(layer, x, got), _grads(layer, x, want)):
+        torch.testing.assert_close(g, w)
+
+
+@needs_kernel
+def test_compiled_inputs_of_more_dimensions_sparse_inputs_and_new_batches():
+    layer, graphs = _layer(), []
+    compiled = _compiled(layer, graphs, dynamic=True)
+    gen = torch.Generator().manual_seed(3)
+    x3 = torch.randn(2, 9, 20, generator=gen)
+    torch.testing.assert_close(compiled(x3), layer(x3))
+    for n in (16, 41):   # (a symbolic batch: no recompile per size)
+        x = torch.randn(n, 20, generator=gen)
+        torch.testing.assert_close(compiled(x), layer(x))
+    before = len(graphs)
+    x = torch.randn(70, 20, generator=gen)
+    torch.testing.assert_close(compiled(x), layer(x))
+    assert len(graphs) == before
+    xs = st.tensor(x * (x > 1), "csr")   # (densified while traced, then the op)
+    torch.testing.assert_close(compiled(xs), layer(xs))
+
+
+@needs_kernel
+def test_compiled_training_steps_follow_eager_ones():
+    torch.manual_seed(0)
+    eager, graphs = _layer(), []
+    traced = _layer()
+    traced.load_state_dict(eager.state_dict())
+    compiled = _compiled(traced, graphs)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, traced)]
+    x, target = torch.randn(24, 20), torch.randn(24, 12)
+    for _ in range(3):
+        for model, opt in zip((eager, compiled), opts):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), target).backward()
+            opt.step()
+    torch.testing.assert_close(traced.values, eager.values)
+    torch.testing.assert_close(traced.bias, eager.bias)
+
+
+@needs_kernel
+@pytest.mark.parametrize("activation", [None, "sigmoid"])
+def test_torch_custom_op_checks(activation):
+    layer = _layer(activation=activation)
+    x = torch.randn(17, 20, requires_grad=True)
+    args = (x, layer.pos1, layer.crd1, layer.values, layer.bias, activation, 20)
+    torch.library.opcheck(torch.ops.sparsetorch.rows_linear, args)
+
+
+def test_other_layers_keep_einsums_traced_path():
+    """float64 and BSR weights do not take the op (its kernels are float32 CSR)."""
+    layer = _layer().double()
+    x = torch.randn(16, 20, dtype=torch.float64)
+    assert not rows_op.applies(x, layer._format, layer.crd1.dtype, layer.values, layer.bias,
+                               layer.activation)
