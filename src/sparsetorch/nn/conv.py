@@ -36,13 +36,15 @@ from torch import nn
 
 from ..formats import SparseTensor
 from ..formats.pack import array_names
-from ..ops import spmm_narrow
+from ..ops import conv_ops, spmm_narrow
 from ..ops.narrow import band_of_rows, max_columns, prepared_spmm_narrow
 from . import _pattern
 from ._common import as_asked, autocast_input, input_type_error
 from ._common import check_pointwise as _check_pointwise, keep_facts as _keep_facts
 from .linear import SparseLinear
 from .pattern import BLOCK_ROWS, choose_blocksize, prune_mask
+
+_is_compiling = torch.compiler.is_compiling
 
 ACTIVATIONS = (None, "relu", "relu6")
 
@@ -196,6 +198,13 @@ class SparseConv2d(SparseLinear):
                             f"{weight.dtype}; cast the input or the layer (.to(dtype))")
         x, single, cols = self._columns(x)
         n, _, h, w = x.shape
+        if _is_compiling() and self.blocksize is None and \
+                conv_ops.narrow_applies(cols, self.values, bias, self.activation):
+            # traced inference: the same kernel as a custom op (ops/conv_ops.py)
+            y = torch.ops.sparsetorch.spmm_narrow(
+                self._buffers["pos1"], self._buffers["crd1"], self.values, self.in_features,
+                cols, bias, self.activation, _band(n, h, w))
+            return self._image(y, n, h, w, single)
         # (spmm_narrow runs einsum where its kernels do not pay)
         y = spmm_narrow(weight, cols, bias, self.activation, _band(n, h, w))
         _keep_facts(weight, self)

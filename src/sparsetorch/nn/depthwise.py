@@ -27,11 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import depthwise3x3
+from ..ops import conv_ops, depthwise3x3
 from ..ops.depthwise import prepared_depthwise3x3
 from ._common import NoTorchScript, as_asked, check_image, step_as_asked
 
 _ACTIVATIONS = {None: None, "relu": F.relu, "relu6": F.relu6}
+_is_compiling = torch.compiler.is_compiling
 
 
 class ChannelsFirstDepthwise(NoTorchScript, nn.Module):
@@ -76,6 +77,10 @@ class ChannelsFirstDepthwise(NoTorchScript, nn.Module):
     def _written(self, x: torch.Tensor) -> torch.Tensor:
         stride = getattr(self, "_fused_3x3", None)   # (None in a module pickled before it)
         if stride is not None:
+            if _is_compiling() and conv_ops.depthwise_applies(x, self.weight, self.bias):
+                # traced inference: the same kernel as a custom op (ops/conv_ops.py)
+                return torch.ops.sparsetorch.depthwise3x3(x, self.weight, self.bias, stride,
+                                                          self.activation)
             return depthwise3x3(x, self.weight, self.bias, stride, self.activation)
         n, c = x.shape[:2]
         cnhw = x.permute(1, 0, 2, 3)
