@@ -37,8 +37,10 @@ Sections
           features), against the same models eager, and for the autoencoder the masked
           dense one (``F.linear``) eager and compiled: a training step (forward, loss,
           backward, Adam) and inference. Each implementation trains its own copy of the
-          same starting weights. And ``st.sparsify(mobilenet_v1(), 0.9)`` (batch 1,
-          inference) compiled against eager.
+          same starting weights. And ``st.models.SparseTransformer`` (embedding 128, 4
+          heads, 2 layers, a Longformer mask of window 64, L = 1024, batch 2) and
+          ``st.sparsify(mobilenet_v1(), 0.9)`` (batch 1, inference) compiled against
+          eager.
 
 Timing: ``sparsetorch.bench.compare`` (interleaved rounds, medians of per-round ratios;
 ``speedup`` > 1 means faster than the baseline, the first implementation listed).
@@ -268,6 +270,14 @@ def section_compiled(report):
         cases[f"GCN {name}" + ("" if g.source == "real" else " (stand-in)")] = (
             {"GCN": gcn}, lambda m, f=features, a=adj: m(f, a),
             lambda out, y=g.labels: F.cross_entropy(out, y))
+    from functools import partial
+    transformer = st.models.SparseTransformer(
+        100, 2, max_len=1024, mask=partial(st.nn.masks.longformer, window=64))
+    tokens = torch.randint(0, 100, (2, 1024), generator=gen)
+    classes = torch.randint(0, 2, (2,), generator=gen)
+    cases["SparseTransformer L=1024, batch 2"] = (
+        {"SparseTransformer": transformer}, lambda m: m(tokens),
+        lambda out: F.cross_entropy(out, classes))
     mobilenet = st.sparsify(st.models.mobilenet_v1(), sparsity=0.9).eval()
     image = torch.randn(1, 3, 224, 224, generator=gen)
     cases["sparse MobileNet v1 90%, batch 1"] = ({"MobileNet": mobilenet},

@@ -81,3 +81,28 @@ def test_compiles_with_torch_compile():
     f = torch.compile(lambda A, Q, K, V: st.ops.masked_attention(A, Q, K, V),
                       backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(f(A, Q, K, V), reference(mask, dense, Q, K, V))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_traced_inference_records_the_fused_kernel(grad):
+    """Traced without a gradient wanted, the fused kernel is one custom op
+    (``sparsetorch::masked_attention``); with one, the unfused differentiable ops."""
+    torch._dynamo.reset()
+    mask, dense, A, Q, K, V = operands(12, 9, 4, 5, torch.float32, "csr", seed=5)
+    Q.requires_grad_(grad)
+    graphs = []
+
+    def keep(gm, inputs):
+        graphs.append(gm)
+        return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
+
+    f = torch.compile(lambda A, Q, K, V: st.ops.masked_attention(A, Q, K, V), backend=keep,
+                      fullgraph=True)
+    out = f(A, Q, K, V)
+    torch.testing.assert_close(out, reference(mask, dense, Q, K, V))
+    assert ("sparsetorch.masked_attention" in str(graphs[0].graph)) != grad
+    if grad:
+        want = torch.autograd.grad(reference(mask, dense, Q, K, V).sum(), Q)[0]
+        torch.testing.assert_close(torch.autograd.grad(out.sum(), Q)[0], want)
+    torch.library.opcheck(torch.ops.sparsetorch.masked_attention,
+                          (A._pos1, A._crd1, A.values, 9, Q.detach(), K, V))

@@ -5,7 +5,8 @@ generic product.
 Traced, einsum's path computes ``x W^T`` through the compiler's custom op without the
 re-laying and the row blocks its eager call and ``rows.py`` use: compiled, the MNIST-sized
 autoencoder (784 -> 256 -> 784, 90%-sparse weights, batch 256, 2 threads) evaluated at
-0.10x and trained at 0.18x its eager speed; through these ops at 0.78x and 0.77x (the rest
+0.10-0.11x and trained at 0.18-0.21x its eager speed; through these ops at 0.70-0.78x and
+0.77-0.82x (the rest
 is ``torch.compile``'s own wrappers and guards, ~0.3 ms a step; ``python
 benchmarks/nn_layers.py --only compiled``).
 Here one op records the forward (``sparsetorch::rows_linear``) and one the backward
