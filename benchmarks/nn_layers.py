@@ -37,10 +37,11 @@ Sections
           features), against the same models eager, and for the autoencoder the masked
           dense one (``F.linear``) eager and compiled: a training step (forward, loss,
           backward, Adam) and inference. Each implementation trains its own copy of the
-          same starting weights. And ``st.models.SparseTransformer`` (embedding 128, 4
-          heads, 2 layers, a Longformer mask of window 64, L = 1024, batch 2) and
-          ``st.sparsify(mobilenet_v1(), 0.9)`` (batch 1, inference) compiled against
-          eager.
+          same starting weights. And ``SparseLinear(30000, 256, density=0.1)`` on the
+          ``sparse-input`` section's bag-of-words rows (20 words, a CSR batch of 256),
+          ``st.models.SparseTransformer`` (embedding 128, 4 heads, 2 layers, a Longformer
+          mask of window 64, L = 1024, batch 2) and ``st.sparsify(mobilenet_v1(), 0.9)``
+          (batch 1, inference) compiled against eager.
 
 Timing: ``sparsetorch.bench.compare`` (interleaved rounds, medians of per-round ratios;
 ``speedup`` > 1 means faster than the baseline, the first implementation listed).
@@ -270,6 +271,10 @@ def section_compiled(report):
         cases[f"GCN {name}" + ("" if g.source == "real" else " (stand-in)")] = (
             {"GCN": gcn}, lambda m, f=features, a=adj: m(f, a),
             lambda out, y=g.labels: F.cross_entropy(out, y))
+    bow = st.nn.SparseLinear(30000, 256, density=0.1, activation="relu", generator=gen)
+    words = st.tensor(bag_of_words(256, 30000, 20, gen), format="csr")
+    cases["SparseLinear 30000 -> 256, bag-of-words rows (CSR)"] = (
+        {"SparseLinear": bow}, lambda m: m(words), lambda out: out.square().mean())
     from functools import partial
     transformer = st.models.SparseTransformer(
         100, 2, max_len=1024, mask=partial(st.nn.masks.longformer, window=64))

@@ -11,7 +11,7 @@ import torch
 
 import sparsetorch as st
 from sparsetorch.compiler.kernel import vector_isa
-from sparsetorch.ops import rows_op  # noqa: F401  (registers the op)
+from sparsetorch.ops import rows_op  # noqa: F401  (registers the ops)
 
 needs_kernel = pytest.mark.skipif(vector_isa() is None, reason="the kernel needs AVX2")
 
@@ -77,7 +77,7 @@ def test_compiled_inputs_of_more_dimensions_sparse_inputs_and_new_batches():
     x = torch.randn(70, 20, generator=gen)
     torch.testing.assert_close(compiled(x), layer(x))
     assert len(graphs) == before
-    xs = st.tensor(x * (x > 1), "csr")   # (densified while traced, then the op)
+    xs = st.tensor(x * (x > 1), "csr")   # (a CSR batch: its own op, below)
     torch.testing.assert_close(compiled(xs), layer(xs))
 
 
@@ -106,11 +106,38 @@ def test_torch_custom_op_checks(activation):
     x = torch.randn(17, 20, requires_grad=True)
     args = (x, layer.pos1, layer.crd1, layer.values, layer.bias, activation, 20)
     torch.library.opcheck(torch.ops.sparsetorch.rows_linear, args)
+    xs = st.tensor(x.detach() * (x.detach() > 1), "csr")
+    torch.library.opcheck(torch.ops.sparsetorch.rows_linear_csr,
+                          (xs._pos1, xs._crd1, xs.values, *args[1:]))
 
 
-def test_other_layers_keep_einsums_traced_path():
-    """float64 and BSR weights do not take the op (its kernels are float32 CSR)."""
-    layer = _layer().double()
+def _batch(n, k, density, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, k, generator=gen) * (torch.rand(n, k, generator=gen) < density)
+    if n > 3:
+        x[3] = 0   # (an empty row)
+    return st.tensor(x, "csr")
+
+
+@needs_kernel
+@pytest.mark.parametrize("density", [0.004, 0.2])   # (by entries; by the row-block kernel)
+@pytest.mark.parametrize("activation", [None, "relu", "relu6", "sigmoid"])
+@pytest.mark.parametrize("n", [5, 40])
+def test_compiled_csr_batches_run_their_op_and_match_eager(density, activation, n):
+    layer, graphs = _layer(k=600, m=24, activation=activation), []
+    x = _batch(n, 600, density, seed=4)
+    compiled = _compiled(layer, graphs)
+    got, want = compiled(x), layer(x)
+    torch.testing.assert_close(got, want)
+    assert any("rows_linear_csr" in str(gm.graph) for gm in graphs)
+    for g, w in zip(_grads(layer, x, got), _grads(layer, x, want)):
+        torch.testing.assert_close(g, w)
+
+
+def test_float64_layers_keep_einsums_traced_path():
+    """The kernels are float32: a float64 layer traces einsum's product, with eager's
+    results. (BSR weights run eagerly: ``test_nn_linear.py``.)"""
+    layer, graphs = _layer().double(), []
     x = torch.randn(16, 20, dtype=torch.float64)
-    assert not rows_op.applies(x, layer._format, layer.crd1.dtype, layer.values, layer.bias,
-                               layer.activation)
+    torch.testing.assert_close(_compiled(layer, graphs)(x), layer(x))
+    assert not any("rows_linear" in str(gm.graph) for gm in graphs)

@@ -71,10 +71,11 @@ class SparseLinear(NoTorchScript, nn.Module):
     input with a CSR weight in the product's kernel together with the bias, as each output
     is written (unfused while autograd records).
     ``load_state_dict`` accepts a state of another pattern (another entry count) and takes
-    it over. Works with autograd, any optimizer, ``torch.compile`` (CSR weights traced; a
-    sparse input is densified inside a compiled function; a BSR weight's product runs
-    eagerly, a graph break, so ``fullgraph=True`` refuses it: its coordinates are unpacked
-    by their values), ``.to(dtype)``.
+    it over. Works with autograd, any optimizer, ``torch.compile`` (CSR weights traced,
+    float32 ones through the eager kernels recorded as custom ops, dense or CSR inputs,
+    ``ops/rows_op.py``; a BSR weight's product runs eagerly, a graph break, so
+    ``fullgraph=True`` refuses it: its coordinates are unpacked by their values),
+    ``.to(dtype)``.
 
     Example:
         >>> import torch, sparsetorch as st
@@ -322,8 +323,12 @@ class SparseLinear(NoTorchScript, nn.Module):
             if x.dim() > 2:
                 raise ValueError(f"SparseLinear: a sparse input must be 1-D or 2-D (batch, "
                                  f"in_features), got shape {tuple(x.shape)}")
-            # (traced, always: the sparse x sparse product does not compile yet)
             if _is_compiling():
+                # (traced: the kernels as a custom op where they apply, else densified: the
+                # sparse x sparse product does not compile yet)
+                out = self._traced_sparse_rows(x)
+                if out is not None:
+                    return out
                 x = x.to_dense()
             else:
                 # (the row-block kernel reads CSR rows as they are; very sparse ones go
@@ -370,11 +375,23 @@ class SparseLinear(NoTorchScript, nn.Module):
             return None
         pos, crd = self._buffers["pos1"], self._buffers["crd1"]
         rows = x.reshape(-1, self.in_features)
-        if not rows_op.applies(rows, self._format, crd.dtype, values, bias, self.activation):
+        if not rows_op.applies(rows, crd.dtype, values, bias, self.activation):
             return None
         out = torch.ops.sparsetorch.rows_linear(rows, pos, crd, values, bias, self.activation,
                                                 self.in_features)
         return out.view(*x.shape[:-1], self.out_features)
+
+    def _traced_sparse_rows(self, x: SparseTensor):
+        """A CSR batch while tracing: ``ops/rows_op.py``'s custom op (its rows by their
+        entries or by the row-block kernel, as eager calls), or None."""
+        if self._format.name != "csr":
+            return None
+        values, bias, crd = member(self, "values"), member(self, "bias"), self._buffers["crd1"]
+        if not rows_op.sparse_applies(x, crd.dtype, values, bias, self.activation):
+            return None
+        return torch.ops.sparsetorch.rows_linear_csr(
+            x._pos1, x._crd1, x.values, self._buffers["pos1"], crd, values, bias,
+            self.activation, self.in_features)
 
     def _product(self, x):
         # (fewer rows than the row-block kernel takes without a gradient: the matrix-vector

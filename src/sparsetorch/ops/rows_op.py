@@ -1,23 +1,27 @@
-"""``rows.py``'s row-block kernels as a ``torch.library`` custom op, so a traced
-``SparseLinear`` (``torch.compile``, ``torch.export``) runs them instead of einsum's
-generic product.
+"""``rows.py``'s row-block kernels (and, for very sparse CSR batches, ``sparse_rows.py``'s)
+as ``torch.library`` custom ops, so a traced ``SparseLinear`` (``torch.compile``,
+``torch.export``) runs them instead of einsum's generic product.
 
 Traced, einsum's path computes ``x W^T`` through the compiler's custom op without the
 re-laying and the row blocks its eager call and ``rows.py`` use: compiled, the MNIST-sized
 autoencoder (784 -> 256 -> 784, 90%-sparse weights, batch 256, 2 threads) evaluated at
 0.10-0.11x and trained at 0.18-0.21x its eager speed; through these ops at 0.70-0.78x and
-0.77-0.82x (the rest
-is ``torch.compile``'s own wrappers and guards, ~0.3 ms a step; ``python
-benchmarks/nn_layers.py --only compiled``).
+0.77-0.82x (the rest is ``torch.compile``'s own wrappers and guards, ~0.3 ms a step;
+``python benchmarks/nn_layers.py --only compiled``).
+
 Here one op records the forward (``sparsetorch::rows_linear``) and one the backward
 (``sparsetorch::rows_linear_backward``, the same C passes as ``rows.py``'s eager backward,
-``rows.gradients``); their fake kernels give the shapes. The weight enters as its CSR level
-arrays and values, so ``W^T``'s pattern is re-laid once and kept as in eager calls
-(``relaid.py`` keys it by the arrays: the layer's own buffers, the same tensors each call).
+``rows.gradients``); their fake kernels give the shapes. A batch of CSR rows has its own
+pair (``rows_linear_csr``: ``st.ops.sparse_linear``'s eager call, and the backward of the
+path it takes; traced before, the batch was densified, and a bag-of-words batch lost its
+cost in proportion to its entries). The weight enters as its CSR level arrays and values,
+so ``W^T``'s pattern is re-laid once and kept as in eager calls (``relaid.py`` keys it by
+the arrays: the layer's own buffers, the same tensors each call).
 
 Applies to float32 CPU inputs and a float32 CSR weight with the C backend on an AVX2 CPU
-(``applies``, decided while tracing); a gradient of the gradient is not available through
-it (``create_graph`` raises torch's error for an op without a derivative).
+(``applies``, ``sparse_applies``, decided while tracing); a gradient of the gradient is
+not available through them (``create_graph`` raises torch's error for an op without a
+derivative).
 
 Example:
     >>> import torch, sparsetorch as st
@@ -33,10 +37,12 @@ import torch
 
 from .._modes import constant_to_tracer
 from ..formats import SparseTensor
-from ..formats.format import Format, as_format
+from ..formats.format import as_format
 from ..formats.tensor import layout
+from . import sparse_rows
 from .policy import backend
-from .rows import _ACTIVATIONS, _kernel, _launch, gradients
+from .rows import _ACTIVATIONS, _kernel, _launch, gradients, sparse_linear
+from .sparse_rows import SPARSE_ROWS_BELOW
 
 _CSR = layout(as_format("csr", 2))   # (what SparseTensor._from_parts takes for CSR)
 
@@ -46,11 +52,11 @@ def _has_kernels(index: torch.dtype) -> bool:
     return backend() == "c" and _kernel(index, index) is not None
 
 
-def applies(x: torch.Tensor, weight_format: Format, index: torch.dtype, values, bias,
-            activation) -> bool:
-    """Whether ``rows_linear`` takes this product (everything it reads is fixed while
-    tracing: dtypes, devices, the format, the activation; not the batch size)."""
-    return (weight_format.name == "csr" and activation in _ACTIVATIONS
+def applies(x: torch.Tensor, index: torch.dtype, values, bias, activation) -> bool:
+    """Whether ``rows_linear`` takes the product of dense rows ``x`` and a CSR weight of
+    index dtype ``index`` holding ``values`` (everything it reads is fixed while tracing:
+    dtypes, devices, the activation; not the batch size)."""
+    return (activation in _ACTIVATIONS
             and x.dtype == values.dtype == torch.float32 and x.device.type == "cpu"
             and values.device.type == "cpu" and x.dim() == 2
             and (bias is None or bias.dtype == torch.float32 and bias.dim() == 1)
@@ -127,3 +133,108 @@ def _backward(ctx, dy):
 
 
 rows_linear.register_autograd(_backward, setup_context=_setup)
+
+
+# -- CSR rows ---------------------------------------------------------------------------------
+# A batch of CSR rows (sparse activations) traced: without these ops it was densified, then
+# multiplied as dense rows, losing ``sparse_rows.py``'s cost in proportion to its entries.
+
+def sparse_applies(x: SparseTensor, index: torch.dtype, values, bias, activation) -> bool:
+    """``applies`` for ``rows_linear_csr``: ``x`` a SparseTensor batch."""
+    return (x.dim() == 2 and x.format.name == "csr" and x.dtype == values.dtype == torch.float32
+            and x.device.type == "cpu" and values.device.type == "cpu"
+            and not x.values.requires_grad and activation in _ACTIVATIONS
+            and (bias is None or bias.dtype == torch.float32 and bias.dim() == 1)
+            and _has_kernels(index))
+
+
+def _rows_of(xpos, xcrd, xvalues, in_features: int) -> SparseTensor:
+    return SparseTensor._from_parts((xpos.shape[0] - 1, in_features), _CSR, [xpos, xcrd],
+                                    xvalues)
+
+
+@torch.library.custom_op("sparsetorch::rows_linear_csr", mutates_args=())
+def rows_linear_csr(xpos: torch.Tensor, xcrd: torch.Tensor, xvalues: torch.Tensor,
+                    pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor,
+                    bias: torch.Tensor | None, activation: str | None,
+                    in_features: int) -> torch.Tensor:
+    """``activation(x W^T + bias)`` for the CSR rows ``x`` of ``xpos``, ``xcrd``,
+    ``xvalues``: ``st.ops.sparse_linear``'s eager call (very sparse rows by their entries,
+    ``sparse_rows.py``; denser ones by the row-block kernel).
+
+    Example:
+        >>> import torch
+        >>> i = lambda *v: torch.tensor(v, dtype=torch.int32)
+        >>> torch.ops.sparsetorch.rows_linear_csr(i(0, 1), i(1), torch.tensor([2.]), i(0, 1),
+        ...                                       i(1), torch.tensor([3.]), None, None, 2)
+        tensor([[6.]])
+    """
+    return sparse_linear(_rows_of(xpos, xcrd, xvalues, in_features),
+                         _weight(pos, crd, values, in_features), bias, activation)
+
+
+@rows_linear_csr.register_fake
+def _(xpos, xcrd, xvalues, pos, crd, values, bias, activation, in_features):
+    return xvalues.new_empty((xpos.shape[0] - 1, pos.shape[0] - 1))
+
+
+def _through_activation(dy, y, activation):
+    """The output gradient before ``activation`` (torch's derivatives, NaN cases too)."""
+    if activation == "relu":
+        return torch.where(y <= 0, 0, dy)
+    if activation == "relu6":
+        return torch.where((y > 0) & (y < 6), dy, 0)
+    return dy * y * (1 - y) if activation == "sigmoid" else dy
+
+
+@torch.library.custom_op("sparsetorch::rows_linear_csr_backward", mutates_args=())
+def rows_linear_csr_backward(dy: torch.Tensor, xpos: torch.Tensor, xcrd: torch.Tensor,
+                             xvalues: torch.Tensor, pos: torch.Tensor, crd: torch.Tensor,
+                             values: torch.Tensor, bias: torch.Tensor | None,
+                             y: torch.Tensor | None, activation: str | None,
+                             in_features: int, need_values: bool,
+                             need_bias: bool) -> list[torch.Tensor]:
+    """``[dvalues, dbias]`` of ``rows_linear_csr`` at ``dy`` (empty where not asked for):
+    very sparse rows by their entries (``sparse_rows.py``'s kernel), others by the
+    row-block backward, as eager calls take them. (Not by autograd: nothing records inside
+    a custom op.)"""
+    x = _rows_of(xpos, xcrd, xvalues, in_features)
+    weight = _weight(pos, crd, values, in_features)
+    (n, k), dy = x._size, dy.contiguous()
+    plan = sparse_rows._plan(x, weight, values, bias) \
+        if xcrd.numel() < SPARSE_ROWS_BELOW * n * k else None
+    if plan is not None:
+        grads = sparse_rows.entry_gradients(plan, x, weight, values,
+                                            _through_activation(dy, y, activation),
+                                            need_values, need_bias)
+    else:
+        grads = gradients(dy, None, x, weight, values, y, activation,
+                          (False, need_values, need_bias))[1:]
+    return [dy.new_empty(0) if g is None else g for g in grads]
+
+
+@rows_linear_csr_backward.register_fake
+def _(dy, xpos, xcrd, xvalues, pos, crd, values, bias, y, activation, in_features,
+      need_values, need_bias):
+    return [values.new_empty(values.shape if need_values else (0,)),
+            dy.new_empty((dy.shape[1],) if need_bias else (0,))]
+
+
+def _setup_csr(ctx, inputs, output):
+    xpos, xcrd, xvalues, pos, crd, values, bias, activation, in_features = inputs
+    ctx.save_for_backward(xpos, xcrd, xvalues, pos, crd, values, bias,
+                          None if activation is None else output)
+    ctx.activation, ctx.in_features = activation, in_features
+
+
+def _backward_csr(ctx, dy):
+    xpos, xcrd, xvalues, pos, crd, values, bias, y = ctx.saved_tensors
+    need_values, need_bias = ctx.needs_input_grad[5], ctx.needs_input_grad[6]
+    dvalues, dbias = torch.ops.sparsetorch.rows_linear_csr_backward(
+        dy, xpos, xcrd, xvalues, pos, crd, values, bias, y, ctx.activation, ctx.in_features,
+        need_values, need_bias)
+    return (None,) * 5 + (dvalues if need_values else None,
+                          dbias if need_bias else None, None, None)
+
+
+rows_linear_csr.register_autograd(_backward_csr, setup_context=_setup_csr)

@@ -246,22 +246,31 @@ class _Recorded(torch.autograd.Function):
         if torch.is_grad_enabled():   # create_graph: a differentiable backward
             _, dvalues, dbias = recomputed_grads(x, weight, values, bias, None, dy)
             return None, None, None, dvalues, dbias
-        dvalues = None
-        if need_values:
-            (_, grad), tpos, tcrd, perm = ctx.plan
-            (n, k), m = x._size, weight._size[0]
-            nnz = x._crd1.numel()
-            dy = dy.contiguous()
-            dvalues = torch.zeros_like(values)
-            # the transposed x's column starts, rows and values (int64: one scratch array)
-            arrays = torch.empty(k + 1 + nnz, dtype=torch.int64)
-            tv = torch.empty(nnz, dtype=values.dtype)
-            grad(n, k, m, x._pos1.data_ptr(), x._crd1.data_ptr(), x._values.data_ptr(),
-                 tpos.data_ptr(), tcrd.data_ptr(), perm.data_ptr(), dy.data_ptr(),
-                 dvalues.data_ptr(), arrays.data_ptr(), arrays[k + 1:].data_ptr(),
-                 tv.data_ptr(), _threads(x, weight))
-        dbias = dy.sum(0) if need_bias else None
-        return None, None, None, dvalues, dbias
+        return (None, None, None, *entry_gradients(ctx.plan, x, weight, values, dy,
+                                                   need_values, need_bias))
+
+
+def entry_gradients(plan, x: SparseTensor, weight: SparseTensor, values, dy, need_values: bool,
+                    need_bias: bool) -> tuple:
+    """``(dvalues, dbias)`` of ``x W^T + bias`` at the output gradient ``dy`` by the
+    gradient kernel (``_plan``'s; ``x`` transposed in it) and ``dy``'s column sums; None
+    for the one not asked for. (``_Recorded``'s backward, and the traced op's,
+    ``rows_op.py``.)"""
+    dvalues = None
+    if need_values:
+        (_, grad), tpos, tcrd, perm = plan
+        (n, k), m = x._size, weight._size[0]
+        nnz = x._crd1.numel()
+        dy = dy.contiguous()
+        dvalues = torch.zeros_like(values)
+        # the transposed x's column starts, rows and values (int64: one scratch array)
+        arrays = torch.empty(k + 1 + nnz, dtype=torch.int64)
+        tv = torch.empty(nnz, dtype=values.dtype)
+        grad(n, k, m, x._pos1.data_ptr(), x._crd1.data_ptr(), x._values.data_ptr(),
+             tpos.data_ptr(), tcrd.data_ptr(), perm.data_ptr(), dy.data_ptr(),
+             dvalues.data_ptr(), arrays.data_ptr(), arrays[k + 1:].data_ptr(),
+             tv.data_ptr(), _threads(x, weight))
+    return dvalues, dy.sum(0) if need_bias else None
 
 
 def recomputed_grads(x, weight: SparseTensor, values, bias, activation, dy) -> tuple:
