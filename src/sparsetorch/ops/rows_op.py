@@ -198,6 +198,9 @@ def rows_linear_csr_backward(dy: torch.Tensor, xpos: torch.Tensor, xcrd: torch.T
     very sparse rows by their entries (``sparse_rows.py``'s kernel), others by the
     row-block backward, as eager calls take them. (Not by autograd: nothing records inside
     a custom op.)"""
+    # (plain values: a Parameter reaches a custom op as itself, and the pattern re-laid
+    # for its transpose is kept only for a wrapper of a plain tensor, relaid.py)
+    values = values.detach()
     x = _rows_of(xpos, xcrd, xvalues, in_features)
     weight = _weight(pos, crd, values, in_features)
     (n, k), dy = x._size, dy.contiguous()
