@@ -154,9 +154,9 @@ class _GraphLayer(NoTorchScript, nn.Module):
     found kept (or built) by Python that dynamo cannot trace, a graph break already, and
     traced, their products went through einsum's generic custom ops without the eager
     calls' kept transposed patterns and fused epilogues. A compiled ``st.models.GCN``
-    evaluated at 0.18-0.24x (Cora) and 0.40-0.43x (PubMed) its eager speed and trained at
-    0.58-0.61x and 0.54-0.56x; with its layers eager, at 0.47-0.50x, 0.80-0.83x, 0.83-0.88x
-    and 0.93-0.94x (the rest: the graph breaks' fixed cost; ``python
+    evaluated at 0.18-0.24x (Cora) and 0.40-0.46x (PubMed) its eager speed and trained at
+    0.56-0.61x and 0.53-0.56x; with its layers eager, at 0.47-0.50x, 0.78-0.88x, 0.83-0.88x
+    and 0.92-0.94x (the rest: the graph breaks' fixed cost; ``python
     benchmarks/nn_layers.py --only compiled``)."""
 
     def forward(self, x, adj) -> torch.Tensor:

@@ -6,7 +6,7 @@ Traced (``torch.compile``), both layers ran generic paths: the 1x1 products eins
 traced kernels, the depthwise convolutions torch's, each kernel reading raw pointers that
 fake tensors do not have. A compiled sparse MobileNet v1 (90%, batch 1, 2 threads)
 evaluated at 0.46-0.49x its eager speed; with these ops, which record the eager kernels
-instead, at 0.74-0.77x (``python benchmarks/nn_layers.py --only compiled``). Their real
+instead, at 0.71-0.79x (``python benchmarks/nn_layers.py --only compiled``). Their real
 implementations are the eager calls; the fake ones give the shapes and, for the depthwise
 convolution, the memory layout its kernel writes. Forward only: where autograd
 records, the layers keep their traced paths (these ops have no derivative).
