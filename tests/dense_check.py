@@ -83,6 +83,27 @@ def split_by_rows(monkeypatch):
     torch.set_num_threads(old)
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """``torch.compile``'s caches reset around the test: the tests of a module compile the
+    same layers' ``forward`` anew, and dynamo's limit of 8 recompilations a code object was
+    reached across them."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled_keeping_graphs(fn, graphs: list, **kwargs):
+    """``torch.compile(fn, fullgraph=True)`` on aot_eager (dynamo and autograd tracing, no
+    C++ build), appending each graph dynamo captures to ``graphs``: tests look in them for
+    the custom ops a traced layer records."""
+    def keep(gm, inputs):
+        graphs.append(gm)
+        return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
+
+    return torch.compile(fn, fullgraph=True, backend=keep, **kwargs)
+
+
 def forget_call_memo() -> None:
     """Empty the ops layer's per-signature call memos, for tests that need the next call to
     take the cold path (build, schedule). Other tests share the memos across the session on

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import sparsetorch as st
+from dense_check import compiled_keeping_graphs, fresh_dynamo  # noqa: F401
 
 
 def reference(mask_dense, A_dense, Q, K, V):
@@ -83,21 +84,16 @@ def test_compiles_with_torch_compile():
     torch.testing.assert_close(f(A, Q, K, V), reference(mask, dense, Q, K, V))
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("grad", [False, True])
 def test_traced_inference_records_the_fused_kernel(grad):
     """Traced without a gradient wanted, the fused kernel is one custom op
     (``sparsetorch::masked_attention``); with one, the unfused differentiable ops."""
-    torch._dynamo.reset()
     mask, dense, A, Q, K, V = operands(12, 9, 4, 5, torch.float32, "csr", seed=5)
     Q.requires_grad_(grad)
     graphs = []
-
-    def keep(gm, inputs):
-        graphs.append(gm)
-        return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
-
-    f = torch.compile(lambda A, Q, K, V: st.ops.masked_attention(A, Q, K, V), backend=keep,
-                      fullgraph=True)
+    f = compiled_keeping_graphs(lambda A, Q, K, V: st.ops.masked_attention(A, Q, K, V),
+                                graphs)
     out = f(A, Q, K, V)
     torch.testing.assert_close(out, reference(mask, dense, Q, K, V))
     assert ("sparsetorch.masked_attention" in str(graphs[0].graph)) != grad

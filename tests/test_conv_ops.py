@@ -11,16 +11,11 @@ import torch
 from torch import nn
 
 import sparsetorch as st
+from dense_check import compiled_keeping_graphs, fresh_dynamo  # noqa: F401
 from sparsetorch.compiler.kernel import vector_isa
 
 needs_kernel = pytest.mark.skipif(vector_isa() is None, reason="the kernels need AVX2")
-
-
-@pytest.fixture(autouse=True)
-def _reset():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _net(seed=0):
@@ -31,19 +26,12 @@ def _net(seed=0):
     return st.sparsify(dense, sparsity=0.6).eval()
 
 
-def _compiled(net, graphs):
-    def keep(gm, inputs):
-        graphs.append(gm)
-        return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
-    return torch.compile(net, fullgraph=True, backend=keep)
-
-
 @needs_kernel
 @pytest.mark.parametrize("batch", [1, 2])
 def test_compiled_inference_runs_the_kernels_and_matches_eager(batch):
     net, graphs = _net(), []
     assert any(isinstance(m, st.nn.ChannelsFirstDepthwise) for m in net.modules())
-    compiled = _compiled(net, graphs)
+    compiled = compiled_keeping_graphs(net, graphs)
     x = torch.randn(batch, 8, 9, 7, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         got, want = compiled(x), net(x)
@@ -56,7 +44,7 @@ def test_compiled_inference_runs_the_kernels_and_matches_eager(batch):
 @needs_kernel
 def test_compiled_training_keeps_the_traced_paths():
     net, graphs = _net(), []
-    compiled = _compiled(net, graphs)
+    compiled = compiled_keeping_graphs(net, graphs)
     x = torch.randn(2, 8, 6, 6, generator=torch.Generator().manual_seed(2),
                     requires_grad=True)
     got, want = compiled(x), net(x)

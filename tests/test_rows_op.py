@@ -1,28 +1,23 @@
-"""``sparsetorch::rows_linear`` (``ops/rows_op.py``): a traced ``SparseLinear`` runs the
-row-block kernels as a custom op. Checked against the eager layer (itself checked against
-dense torch in ``test_rows.py``): outputs and every gradient under ``torch.compile`` with
-``fullgraph=True`` (activations, bias or none, inputs of more dimensions, a sparse input,
-batches that change without a recompile), the op in the traced graph, and torch's own
-custom-op checks (``torch.library.opcheck``: schema, fake kernel, autograd registration)."""
+"""``ops/rows_op.py``: a traced ``SparseLinear`` runs its eager kernels as custom ops
+(``sparsetorch::rows_linear`` for dense rows, ``rows_linear_csr`` for CSR batches, by their
+entries or by the row-block kernel). Checked against the eager layer (itself checked
+against dense torch in ``test_rows.py`` and ``test_sparse_rows.py``): outputs and every
+gradient under ``torch.compile`` with ``fullgraph=True`` (activations, bias or none,
+inputs of more dimensions, batches that change without a recompile), the ops in the
+traced graph, which backward ran, and torch's own custom-op checks
+(``torch.library.opcheck``: schema, fake kernel, autograd registration)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import sparsetorch as st
+from dense_check import compiled_keeping_graphs, fresh_dynamo  # noqa: F401
 from sparsetorch.compiler.kernel import vector_isa
-from sparsetorch.ops import rows_op, sparse_rows
+from sparsetorch.ops import sparse_rows
 
 needs_kernel = pytest.mark.skipif(vector_isa() is None, reason="the kernel needs AVX2")
-
-
-@pytest.fixture(autouse=True)
-def _reset():
-    # (each test compiles SparseLinear.forward anew: dynamo's limit of 8 recompilations a
-    # code object would be reached across them)
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _layer(k=20, m=12, activation="relu", bias=True, seed=0):
@@ -32,15 +27,6 @@ def _layer(k=20, m=12, activation="relu", bias=True, seed=0):
         if bias:
             layer.bias.normal_(generator=torch.Generator().manual_seed(seed + 1))
     return layer
-
-
-def _compiled(layer, graphs: list, **kw):
-    """``layer`` compiled with a backend that keeps each graph dynamo captured."""
-    def keep(gm, inputs):
-        graphs.append(gm)
-        return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
-
-    return torch.compile(layer, fullgraph=True, backend=keep, **kw)
 
 
 def _grads(layer, x, out):
@@ -54,7 +40,7 @@ def _grads(layer, x, out):
 @pytest.mark.parametrize("bias", [True, False])
 def test_compiled_layer_runs_the_op_and_matches_eager(activation, bias):
     layer, graphs = _layer(activation=activation, bias=bias), []
-    compiled = _compiled(layer, graphs)
+    compiled = compiled_keeping_graphs(layer, graphs)
     x = torch.randn(37, 20, generator=torch.Generator().manual_seed(2), requires_grad=True)
     got, want = compiled(x), layer(x)
     torch.testing.assert_close(got, want)
@@ -66,7 +52,7 @@ def test_compiled_layer_runs_the_op_and_matches_eager(activation, bias):
 @needs_kernel
 def test_compiled_inputs_of_more_dimensions_sparse_inputs_and_new_batches():
     layer, graphs = _layer(), []
-    compiled = _compiled(layer, graphs, dynamic=True)
+    compiled = compiled_keeping_graphs(layer, graphs, dynamic=True)
     gen = torch.Generator().manual_seed(3)
     x3 = torch.randn(2, 9, 20, generator=gen)
     torch.testing.assert_close(compiled(x3), layer(x3))
@@ -87,7 +73,7 @@ def test_compiled_training_steps_follow_eager_ones():
     eager, graphs = _layer(), []
     traced = _layer()
     traced.load_state_dict(eager.state_dict())
-    compiled = _compiled(traced, graphs)
+    compiled = compiled_keeping_graphs(traced, graphs)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, traced)]
     x, target = torch.randn(24, 20), torch.randn(24, 12)
     for _ in range(3):
@@ -127,7 +113,7 @@ def test_compiled_csr_batches_run_their_op_and_match_eager(density, activation, 
                                                           monkeypatch):
     layer, graphs = _layer(k=600, m=24, activation=activation), []
     x = _batch(n, 600, density, seed=4)
-    compiled = _compiled(layer, graphs)
+    compiled = compiled_keeping_graphs(layer, graphs)
     got, want = compiled(x), layer(x)
     torch.testing.assert_close(got, want)
     assert any("rows_linear_csr" in str(gm.graph) for gm in graphs)
@@ -149,5 +135,5 @@ def test_float64_layers_keep_einsums_traced_path():
     results. (BSR weights run eagerly: ``test_nn_linear.py``.)"""
     layer, graphs = _layer().double(), []
     x = torch.randn(16, 20, dtype=torch.float64)
-    torch.testing.assert_close(_compiled(layer, graphs)(x), layer(x))
+    torch.testing.assert_close(compiled_keeping_graphs(layer, graphs)(x), layer(x))
     assert not any("rows_linear" in str(gm.graph) for gm in graphs)

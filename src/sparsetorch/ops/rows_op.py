@@ -140,12 +140,9 @@ rows_linear.register_autograd(_backward, setup_context=_setup)
 # multiplied as dense rows, losing ``sparse_rows.py``'s cost in proportion to its entries.
 
 def sparse_applies(x: SparseTensor, index: torch.dtype, values, bias, activation) -> bool:
-    """``applies`` for ``rows_linear_csr``: ``x`` a SparseTensor batch."""
-    return (x.dim() == 2 and x.format.name == "csr" and x.dtype == values.dtype == torch.float32
-            and x.device.type == "cpu" and values.device.type == "cpu"
-            and not x.values.requires_grad and activation in _ACTIVATIONS
-            and (bias is None or bias.dtype == torch.float32 and bias.dim() == 1)
-            and _has_kernels(index))
+    """``applies`` for ``rows_linear_csr``: ``x`` a SparseTensor batch of CSR rows."""
+    return (x.format.name == "csr" and not x.values.requires_grad
+            and applies(x, index, values, bias, activation))
 
 
 def _rows_of(xpos, xcrd, xvalues, in_features: int) -> SparseTensor:
