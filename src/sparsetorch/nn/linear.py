@@ -368,8 +368,8 @@ class SparseLinear(NoTorchScript, nn.Module):
         return out if len(shape) <= 2 else out.view(*shape[:-1], self.out_features)
 
     def _traced_rows(self, x):
-        """``_rows`` while tracing: ``ops/rows_op.py``'s custom op (einsum's traced product
-        ran 6x slower than eager on the MNIST autoencoder), or None."""
+        """``_rows`` while tracing: ``ops/rows_op.py``'s custom op (through einsum's traced
+        product the compiled MNIST autoencoder trained at 0.18x its eager speed), or None."""
         values, bias = member(self, "values"), member(self, "bias")
         if self._format.name != "csr" or isinstance(x, SparseTensor) or x.dim() < 2:
             return None
