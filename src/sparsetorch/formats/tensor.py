@@ -464,9 +464,9 @@ class SparseTensor(torch.Tensor):
         """The storage ``Format`` (``.format.name`` is e.g. ``'csr'``)."""
         if type(self._values) is not torch.Tensor:   # eager tensors skip the check
             check_recordable(self, "format", "a Format object", "decide on formats outside "
-                              "the compiled function (the format of an input SparseTensor "
-                              "can be read inside), or return the tensor and read .format "
-                              "outside")
+                             "the compiled function (the format of an input SparseTensor "
+                             "can be read inside), or return the tensor and read .format "
+                             "outside")
         return self._format
 
     @property
@@ -516,8 +516,8 @@ class SparseTensor(torch.Tensor):
         """
         if type(self._values) is not torch.Tensor:   # eager tensors skip the check
             check_recordable(self, "arrays", "a dict of tensors", "return it and read "
-                              ".arrays outside, or keep to C.values and torch ops inside "
-                              "(the level arrays of an input SparseTensor can be read)")
+                             ".arrays outside, or keep to C.values and torch ops inside "
+                             "(the level arrays of an input SparseTensor can be read)")
             return self._level_arrays   # (traced: no memory a kernel reads)
         return {n: getattr(self, "_" + n).clone() for n in self._array_names}
 

@@ -15,12 +15,10 @@ from functools import lru_cache
 import torch
 
 from .._modes import constant_to_tracer
-from ..formats.format import as_format
-from ..formats.tensor import SparseTensor, layout
+from ..formats.tensor import SparseTensor
+from .custom_ops import csr_operand
 from .execute import kernel_argtypes
 from .policy import backend, uses_triton
-
-_CSR_PARTS = layout(as_format("csr", 2))
 
 
 def row_kernel(kind: str, A: SparseTensor):
@@ -137,8 +135,7 @@ def _traced_fused(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor, co
     """``masked_attention`` of the ``(n, cols)`` CSR mask of ``pos``, ``crd``, ``values``:
     the fused kernel, recorded in traced inference (no derivative: where autograd records,
     the unfused ops are traced instead)."""
-    A = SparseTensor._from_parts((pos.shape[0] - 1, cols), _CSR_PARTS, [pos, crd], values)
-    return masked_attention(A, Q, K, V)
+    return masked_attention(csr_operand(pos, crd, values, cols), Q, K, V)
 
 
 @_traced_fused.register_fake

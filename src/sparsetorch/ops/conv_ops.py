@@ -26,14 +26,10 @@ import torch
 
 from .._modes import constant_to_tracer
 from ..compiler.kernel import vector_isa
-from ..formats import SparseTensor
-from ..formats.format import as_format
-from ..formats.tensor import layout
+from .custom_ops import csr_operand
 from .depthwise import _plane_order, depthwise3x3
 from .narrow import spmm_narrow
 from .policy import backend
-
-_CSR = layout(as_format("csr", 2))
 
 
 @constant_to_tracer   # (finding the vector ISA reads /proc/cpuinfo)
@@ -73,9 +69,8 @@ def spmm_narrow_op(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor,
         ...                                   torch.ones(2, 3), None, None, 0).tolist()
         [[2.0, 2.0, 2.0], [3.0, 3.0, 3.0]]
     """
-    weight = SparseTensor._from_parts((pos.shape[0] - 1, in_features), _CSR, [pos, crd],
-                                      values)
-    return spmm_narrow(weight, x.contiguous(), bias, activation, band)
+    return spmm_narrow(csr_operand(pos, crd, values, in_features), x.contiguous(), bias,
+                       activation, band)
 
 
 @spmm_narrow_op.register_fake

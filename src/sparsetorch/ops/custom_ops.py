@@ -48,8 +48,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
+from ..formats.format import as_format
 from ..formats.pack import array_names, choose_index_dtype
-from ..formats.tensor import SparseTensor
+from ..formats.tensor import SparseTensor, layout
 
 # kernel id -> _Entry. Ids are content hashes of the compile arguments, so a graph cached on
 # disk (inductor's FX graph cache) names the same kernel in the next process.
@@ -256,6 +257,24 @@ def flatten(tensors) -> list:
         else:
             flat.append(t)
     return flat
+
+
+_CSR = layout(as_format("csr", 2))
+
+
+def csr_operand(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor,
+                columns: int) -> SparseTensor:
+    """The CSR SparseTensor of the level arrays and values a hand-written kernel's custom op
+    receives (``rows_op.py``, ``conv_ops.py``, ``attention.py``: a layer's own arrays or an
+    input's, checked when they were made), wrapped as they are: no copies, no checks.
+
+    Example:
+        >>> import torch
+        >>> i = lambda *v: torch.tensor(v, dtype=torch.int32)
+        >>> csr_operand(i(0, 1, 1), i(2), torch.tensor([5.]), 3).to_dense().tolist()
+        [[0.0, 0.0, 5.0], [0.0, 0.0, 0.0]]
+    """
+    return SparseTensor._from_parts((pos.shape[0] - 1, columns), _CSR, [pos, crd], values)
 
 
 def call(prepared, tensors):

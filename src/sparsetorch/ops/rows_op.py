@@ -37,14 +37,11 @@ import torch
 
 from .._modes import constant_to_tracer
 from ..formats import SparseTensor
-from ..formats.format import as_format
-from ..formats.tensor import layout
 from . import sparse_rows
+from .custom_ops import csr_operand
 from .policy import backend
 from .rows import _ACTIVATIONS, _kernel, _launch, gradients, sparse_linear
 from .sparse_rows import SPARSE_ROWS_BELOW
-
-_CSR = layout(as_format("csr", 2))   # (what SparseTensor._from_parts takes for CSR)
 
 
 @constant_to_tracer   # (finding the kernels reads /proc/cpuinfo and may build them)
@@ -61,12 +58,6 @@ def applies(x: torch.Tensor, index: torch.dtype, values, bias, activation) -> bo
             and values.device.type == "cpu" and x.dim() == 2
             and (bias is None or bias.dtype == torch.float32 and bias.dim() == 1)
             and _has_kernels(index))
-
-
-def _weight(pos, crd, values, in_features: int) -> SparseTensor:
-    """The CSR wrapper of the given arrays (no copies, no checks: the layer's own)."""
-    return SparseTensor._from_parts((pos.shape[0] - 1, in_features), _CSR, [pos, crd],
-                                    values)
 
 
 @torch.library.custom_op("sparsetorch::rows_linear", mutates_args=())
@@ -103,7 +94,7 @@ def rows_linear_backward(dy: torch.Tensor, x: torch.Tensor, pos: torch.Tensor,
                          need_values: bool, need_bias: bool) -> list[torch.Tensor]:
     """``[dx, dvalues, dbias]`` of ``rows_linear`` at ``dy`` (``rows.gradients``), each
     empty where not asked for (an op returns tensors, not None)."""
-    weight = _weight(pos, crd, values.detach(), in_features)
+    weight = csr_operand(pos, crd, values.detach(), in_features)
     grads = gradients(dy, x, None, weight, values, y, activation,
                       (need_x, need_values, need_bias))
     return [x.new_empty(0) if g is None else g for g in grads]
@@ -145,11 +136,6 @@ def sparse_applies(x: SparseTensor, index: torch.dtype, values, bias, activation
             and applies(x, index, values, bias, activation))
 
 
-def _rows_of(xpos, xcrd, xvalues, in_features: int) -> SparseTensor:
-    return SparseTensor._from_parts((xpos.shape[0] - 1, in_features), _CSR, [xpos, xcrd],
-                                    xvalues)
-
-
 @torch.library.custom_op("sparsetorch::rows_linear_csr", mutates_args=())
 def rows_linear_csr(xpos: torch.Tensor, xcrd: torch.Tensor, xvalues: torch.Tensor,
                     pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor,
@@ -166,8 +152,8 @@ def rows_linear_csr(xpos: torch.Tensor, xcrd: torch.Tensor, xvalues: torch.Tenso
         ...                                       i(1), torch.tensor([3.]), None, None, 2)
         tensor([[6.]])
     """
-    return sparse_linear(_rows_of(xpos, xcrd, xvalues, in_features),
-                         _weight(pos, crd, values, in_features), bias, activation)
+    return sparse_linear(csr_operand(xpos, xcrd, xvalues, in_features),
+                         csr_operand(pos, crd, values, in_features), bias, activation)
 
 
 @rows_linear_csr.register_fake
@@ -198,8 +184,8 @@ def rows_linear_csr_backward(dy: torch.Tensor, xpos: torch.Tensor, xcrd: torch.T
     # (plain values: a Parameter reaches a custom op as itself, and the pattern re-laid
     # for its transpose is kept only for a wrapper of a plain tensor, relaid.py)
     values = values.detach()
-    x = _rows_of(xpos, xcrd, xvalues, in_features)
-    weight = _weight(pos, crd, values, in_features)
+    x = csr_operand(xpos, xcrd, xvalues, in_features)
+    weight = csr_operand(pos, crd, values, in_features)
     (n, k), dy = x._size, dy.contiguous()
     plan = sparse_rows._plan(x, weight, values, bias) \
         if xcrd.numel() < SPARSE_ROWS_BELOW * n * k else None
