@@ -93,12 +93,14 @@ def test_sigmoid_at_its_extremes():
     torch.testing.assert_close(y, torch.sigmoid(x), rtol=1e-6, atol=1e-30, equal_nan=True)
 
 
-def _check_gradients(n, k, m, act, sparse_x, wanted=("x", "values", "bias"), **kw):
+def _check_gradients(n, k, m, act, sparse_x, wanted=("x", "values", "bias"), operands=None,
+                     **kw):
     """Recorded (float32): the output, then the wanted ones of dvalues on the pattern, dx
     (dense x), dbias, each against the float64 dense computation; the backward is the
     row-block one. (ReLU's kink is taken where our output puts it: float32 rounding may
-    put an output a float64 one has just above 0 at 0.)"""
-    x, xs, W, w, b = _operands(n, k, m, **kw)
+    put an output a float64 one has just above 0 at 0.) ``operands``: ``_operands``'
+    five, else made by it from ``kw``."""
+    x, xs, W, w, b = operands or _operands(n, k, m, **kw)
     values = W.values.clone().requires_grad_("values" in wanted)
     bias = b.clone().requires_grad_("bias" in wanted)
     xin = xs if sparse_x else x.clone().requires_grad_("x" in wanted)
@@ -191,6 +193,38 @@ def test_random_shapes_forward_and_backward(n, k, m, density, act, sparse_x, int
     index = torch.int64 if int64 else torch.int32
     _check_gradients(n, k, m, act, sparse_x, density=density, seed=seed, index=index,
                      x_index=index)
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+@pytest.mark.parametrize("n", [37, 70, 256])
+def test_the_weight_gradient_of_a_batch_with_rare_columns(isa, n, monkeypatch):
+    """A CSR batch wider than the weight's outputs (the backward walks W^T's pattern,
+    holding the batch's columns): columns empty in the whole batch, stored in at most
+    n / 16 rows (dotted at their entries alone), or in many (dotted whole), one holding an
+    explicitly stored zero; the pixels of binarised digits are like this. Every gradient
+    against float64 dense, on both vector ISAs."""
+    if isa == "avx2":
+        if vector_isa() != "avx512":
+            pytest.skip("the native run is the AVX2 variant already")
+        monkeypatch.setattr(rows, "vector_isa", lambda: "avx2")
+        rows._kernel.cache_clear()
+    k, m, most = 48, 9, n // 16
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, k, generator=g)
+    for c in range(k):
+        kept = [0, 1, most, most + 1, n][c % 5]   # (entries of column c)
+        x[torch.randperm(n, generator=g)[kept:], c] = 0
+    w = torch.randn(m, k, generator=g) * (torch.rand(m, k, generator=g) < 0.5)
+    xs = st.tensor(x, format="csr")
+    xs.values[0] = 0.0   # (an explicitly stored zero)
+    x = xs.to_dense()
+    try:
+        for act in (None, "relu", "sigmoid"):
+            _check_gradients(n, k, m, act, True, operands=(
+                x, xs, st.tensor(w, format="csr"), w, torch.randn(m, generator=g)))
+    finally:
+        rows._kernel.cache_clear()
 
 
 @needs_kernel
