@@ -369,13 +369,13 @@ def test_a_zero_tensor_gradient_gives_zero_gradients():
 def test_forward_mode_ad_is_refused_not_dropped():
     """The kernels compute the primal alone: a dual input's tangent came out as None (no
     tangent, as if the derivative were zero), silently. Every entry refuses it instead:
-    st.einsum, torch's API on a SparseTensor, the SparseLinear kernels, the ops."""
+    st.einsum, torch's API on a SparseTensor, the SparseLinear kernels, the ops (the
+    SparseLinear layer computes it: ``test_sparse_linear_under_torch_func``)."""
     import torch.autograd.forward_ad as fwAD
     W = st.tensor(torch.eye(4), format="csr")
-    layer = st.nn.SparseLinear(4, 3, density=0.5)
     calls = [lambda x: st.einsum("ni,oi->no", x, W), lambda x: x @ W,
              lambda x: torch.nn.functional.linear(x, W), lambda x: st.ops.sparse_linear(x, W),
-             layer, lambda x: st.ops.softmax(W.with_values(x[0]), 1)]
+             lambda x: st.ops.softmax(W.with_values(x[0]), 1)]
     with fwAD.dual_level():
         for call in calls:
             x = fwAD.make_dual(torch.randn(20, 4), torch.randn(20, 4))
@@ -383,6 +383,59 @@ def test_forward_mode_ad_is_refused_not_dropped():
                 call(x)
         y = st.einsum("ni,oi->no", torch.randn(2, 4), W)   # (no tangent: computed as ever)
         assert fwAD.unpack_dual(y).tangent is None and y.shape == (2, 4)
+
+
+@pytest.mark.parametrize("blocksize", [None, (2, 2)])
+def test_sparse_linear_under_torch_func(blocksize):
+    """``torch.func`` transforms and forward-mode AD: the kernels read raw memory, which
+    vmap's and grad's wrapped tensors have none of ("Cannot access data pointer of Tensor
+    that doesn't have storage", or torch's note that the autograd.Function has no
+    setup_context), and see no tangents; SparseLinear runs under them as a dense product:
+    vmap, per-example gradients (vmap of grad) equal to one backward per example, jacrev,
+    and jvp's tangent, each against the layer's own eager results."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.func import functional_call, grad, jacrev, vmap
+    torch.manual_seed(0)
+    layer = st.nn.SparseLinear(12, 6, density=0.4, blocksize=blocksize, activation="relu")
+    x = torch.randn(5, 12)
+    torch.testing.assert_close(vmap(layer)(x), layer(x))
+    params = {name: p.detach() for name, p in layer.named_parameters()}
+
+    def loss(p, row):
+        return functional_call(layer, p, (row,)).square().sum()
+
+    per_example = vmap(grad(loss), in_dims=(None, 0))(params, x)
+    for i in range(len(x)):
+        layer.zero_grad()
+        layer(x[i]).square().sum().backward()
+        torch.testing.assert_close(per_example["values"][i], layer.values.grad)
+        torch.testing.assert_close(per_example["bias"][i], layer.bias.grad)
+    dense = layer.weight.detach().to_dense()
+    torch.testing.assert_close(jacrev(layer)(x[0]),
+                               jacrev(lambda r: torch.relu(r @ dense.T + layer.bias))(x[0]))
+    tangent = torch.randn(5, 12)
+    with fwAD.dual_level():
+        y = layer(fwAD.make_dual(x, tangent))
+        out, dy = fwAD.unpack_dual(y)
+    pre = x @ dense.T + layer.bias
+    torch.testing.assert_close(out, layer(x).detach())
+    torch.testing.assert_close(dy, (tangent @ dense.T) * (pre > 0))
+
+
+def test_torch_func_is_refused_clearly_elsewhere():
+    """The other entries under a torch.func transform: a TypeError naming it, where torch
+    said "Cannot access data pointer of Tensor that doesn't have storage"."""
+    from torch.func import grad, vmap
+    W = st.tensor(torch.eye(3), format="csr")
+    conv = st.nn.GCNConv(3, 2)
+    edges = torch.tensor([[0, 1], [1, 2]])
+    for call in (lambda x: st.einsum("ij,j->i", W, x), lambda x: W @ x,
+                 lambda x: st.ops.sparse_linear(x.view(1, 3).expand(16, 3), W),
+                 lambda x: conv(x.view(1, 3).expand(3, 3), edges)):
+        for transform in (vmap, grad):
+            f = transform(call) if transform is vmap else transform(lambda x: call(x).sum())
+            with pytest.raises(TypeError, match="torch.func transforms .* are not supported"):
+                f(torch.ones(2, 3) if transform is vmap else torch.ones(3))
 
 
 def test_relu_passes_the_gradient_at_nan_as_torch_does():

@@ -4,8 +4,9 @@ call with autograd on cannot save for backward, and whose version counter (part 
 cache's key) cannot be read; the first call of a layer under ``inference_mode`` made every
 later training call fail. And a gradient autograd hands a backward may be one of torch's
 zero tensors, which have no memory to give a kernel (``materialized``); forward-mode AD's
-dual tensors carry tangents no kernel reads (``refuse_dual``). Facts about the machine are
-constants to ``torch.compile``'s tracer (``constant_to_tracer``).
+dual tensors carry tangents no kernel reads, and ``torch.func``'s wrapped tensors have no
+memory (``refuse_ad_transforms``). Facts about the machine are constants to
+``torch.compile``'s tracer (``constant_to_tracer``).
 """
 from __future__ import annotations
 
@@ -79,27 +80,68 @@ def materialized(grad: torch.Tensor) -> torch.Tensor:
     return torch.zeros(grad.shape, dtype=grad.dtype, device=grad.device)
 
 
-def refuse_dual(what: str, tensors) -> None:
+# (private torch API, guarded: without it no transform is seen, as before it was checked)
+_functorch = getattr(torch._C, "_functorch", None)
+_transform_level = getattr(_functorch, "peek_interpreter_stack", lambda: None)
+_transformed = getattr(_functorch, "is_functorch_wrapped_tensor", lambda t: False)
+
+
+def ad_transforms_active() -> bool:
+    """Whether forward-mode AD (``forward_ad.dual_level()``) or a ``torch.func`` transform
+    (``vmap``, ``grad``, ``jacrev``, ``jvp``...) is under way: two global reads, for the
+    hot paths that check their operands only then (``refuse_ad_transforms``).
+
+    Example:
+        >>> import torch
+        >>> ad_transforms_active(), torch.func.vmap(lambda x: torch.tensor(
+        ...     ad_transforms_active()) + x)(torch.zeros(1)).tolist()
+        (False, [1.0])
+    """
+    return _forward_ad._current_level >= 0 or _transforming()
+
+
+def _transforming() -> bool:
+    # (dynamo, tracing, finds an interpreter on the stack too: its own, not the user's)
+    return _transform_level() is not None and not torch.compiler.is_compiling()
+
+
+def refuse_ad_transforms(what: str, tensors) -> None:
     """Raise a ``TypeError`` where one of ``tensors`` (or a SparseTensor's values) carries a
     forward-mode AD tangent (``torch.autograd.forward_ad``): the kernels compute the primal
-    alone, so the result would come out without its tangent, silently. Costs one global
-    read outside ``forward_ad.dual_level()``.
+    alone, so the result would come out without its tangent, silently; or is a ``torch.func``
+    transform's wrapped tensor (``vmap``'s batched, ``grad``'s tracked ones): the kernels
+    read plain tensors' memory, which those have none of (torch's error named no cause:
+    "Cannot access data pointer of Tensor that doesn't have storage"). Costs two global
+    reads outside both (``ad_transforms_active``).
 
     Example:
         >>> import torch
         >>> import torch.autograd.forward_ad as fwAD
         >>> with fwAD.dual_level():
         ...     x = fwAD.make_dual(torch.ones(2), torch.ones(2))
-        ...     refuse_dual("op", [x])
+        ...     refuse_ad_transforms("op", [x])
         Traceback (most recent call last):
         TypeError: op: forward-mode AD (torch.autograd.forward_ad) is not supported: ...
+        >>> torch.func.vmap(lambda x: refuse_ad_transforms("op", [x]))(torch.ones(2))
+        Traceback (most recent call last):
+        TypeError: op: torch.func transforms (vmap, grad, jacrev, jvp, ...) are not ...
     """
-    if _forward_ad._current_level < 0:
+    dual, transformed = _forward_ad._current_level >= 0, _transforming()
+    if not (dual or transformed):
         return
     for t in tensors:
         values = getattr(t, "_values", None)   # (a SparseTensor's: its tangent's place;
         t = values if isinstance(values, torch.Tensor) else t   # torch's is a method)
-        if isinstance(t, torch.Tensor) and _forward_ad.unpack_dual(t).tangent is not None:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if transformed and _transformed(t):
+            raise TypeError(f"{what}: torch.func transforms (vmap, grad, jacrev, jvp, ...) are "
+                            "not supported: sparsetorch's kernels read the memory of plain "
+                            "tensors, which the transforms' wrapped ones do not have; call it "
+                            "on the whole batch (its ops take batches) or in a loop, and take "
+                            "gradients with backward or torch.autograd.grad "
+                            "(st.nn.SparseLinear alone runs under them, as a dense product)")
+        if dual and _forward_ad.unpack_dual(t).tangent is not None:
             raise TypeError(f"{what}: forward-mode AD (torch.autograd.forward_ad) is not "
                             "supported: sparsetorch's kernels would drop the tangent; use "
                             "reverse mode (backward, torch.autograd.grad, "

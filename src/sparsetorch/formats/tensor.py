@@ -10,9 +10,8 @@ import hashlib
 from functools import lru_cache
 
 import torch
-from torch.autograd import forward_ad as _forward_ad
 
-from .._modes import refuse_dual
+from .._modes import ad_transforms_active, refuse_ad_transforms
 from .format import Format
 from .pack import array_names
 from .traced import check_recordable, outside_tracer, read_by_dynamo
@@ -305,8 +304,9 @@ class SparseTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         # Route torch-level calls (before autograd) so gradients flow to the values; the
         # rest goes on to ``__torch_dispatch__`` (structural ops, or a clear error).
-        if _forward_ad._current_level >= 0:   # (inside forward_ad.dual_level() only)
-            refuse_dual(getattr(func, "__name__", str(func)), (*args, *(kwargs or {}).values()))
+        if ad_transforms_active():   # (forward_ad.dual_level() or torch.func only)
+            refuse_ad_transforms(getattr(func, "__name__", str(func)),
+                                 (*args, *(kwargs or {}).values()))
         handler = _TORCH_FUNCTIONS.get(func)
         if handler is not None:
             return handler(*args, **(kwargs or {}))

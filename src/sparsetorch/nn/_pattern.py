@@ -153,14 +153,24 @@ def positions(pattern: SparseTensor) -> torch.Tensor:
         >>> positions(st.tensor(torch.tensor([[0., 1.], [1., 1.]]), "csr")).tolist()
         [1, 2, 3]
     """
-    # From the level arrays (CSR, or BSR's block rows and columns), in entries of memory:
-    # each stored block's row and column, then its r x c entries in row-major order.
-    arrays = pattern.arrays
+    return entry_positions(pattern.arrays, pattern.format.blocksize, pattern.shape[1])
+
+
+def entry_positions(arrays: dict, blocksize, columns: int) -> torch.Tensor:
+    """``positions`` from a CSR or BSR pattern's level arrays (``pos1``, ``crd1``), its
+    block size (None for CSR) and column count.
+
+    Example:
+        >>> entry_positions({"pos1": torch.tensor([0, 1, 1]), "crd1": torch.tensor([1])},
+        ...                 None, 2).tolist()
+        [1]
+    """
+    # In entries of memory: each stored block's row and column, then its r x c entries in
+    # row-major order.
     pos, crd = arrays["pos1"].long(), arrays["crd1"].long()
-    r, c = pattern.format.blocksize or (1, 1)
+    r, c = blocksize or (1, 1)
     rows = torch.repeat_interleave(torch.arange(pos.numel() - 1, device=pos.device), pos.diff())
     within_r = torch.arange(r, device=pos.device).view(1, r, 1)
     within_c = torch.arange(c, device=pos.device).view(1, 1, c)
-    flat = (rows.view(-1, 1, 1) * r + within_r) * pattern.shape[1] + crd.view(-1, 1, 1) * c \
-        + within_c
+    flat = (rows.view(-1, 1, 1) * r + within_r) * columns + crd.view(-1, 1, 1) * c + within_c
     return flat.reshape(-1)

@@ -49,7 +49,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from .._modes import refuse_dual
+from .._modes import refuse_ad_transforms
 from ..ops.expand_depthwise import expand_depthwise3x3, prepared_expand_depthwise3x3
 from ._common import NoTorchScript, as_asked, hooked, input_type_error, step_as_asked
 from .attention import SparseAttention
@@ -102,7 +102,7 @@ class Frozen(NoTorchScript, nn.Module):
         # iterated")
         if isinstance(args, fx.Proxy):
             raise input_type_error("Frozen", "inputs must be tensors", args)
-        refuse_dual(f"the frozen {self._name}", (*args, *kwargs.values()))
+        refuse_ad_transforms(f"the frozen {self._name}", (*args, *kwargs.values()))
         with torch.no_grad():
             return self._run(*args, **kwargs)
 

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import runtime
-from .._modes import refuse_dual
+from .._modes import refuse_ad_transforms
 from .policy import backend
 
 ACTIVATIONS = {None: 0, "relu": 1, "relu6": 2}
@@ -327,7 +327,7 @@ def depthwise3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         >>> y.shape, y.permute(1, 0, 2, 3).is_contiguous()
         (torch.Size([2, 4, 3, 3]), True)
     """
-    refuse_dual("depthwise3x3", (x, weight, bias))
+    refuse_ad_transforms("depthwise3x3", (x, weight, bias))
     div = _kernel_div(x, weight, bias, stride, activation)
     if div is None:
         return _torch_depthwise(x, weight, bias, stride, activation)

@@ -11,9 +11,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
-from torch.autograd import forward_ad as _forward_ad
 
-from .._modes import refuse_dual
+from .._modes import ad_transforms_active, refuse_ad_transforms
 from ..compiler.kblock import block_coords
 from ..compiler.kernel import l2_bytes, panel_factors, sampled_block_bytes
 from ..compiler.notation import Assignment, BroadcastShapes, parse_einsum, var_extents
@@ -58,8 +57,8 @@ def einsum(equation: str, *operands, out_format=None, bias=None, activation=None
         >>> st.einsum("...j,j->...", A, torch.ones(2))
         tensor([1., 2.])
     """
-    if _forward_ad._current_level >= 0:   # (inside forward_ad.dual_level() only)
-        refuse_dual("st.einsum", (*operands, bias))
+    if ad_transforms_active():   # (forward_ad.dual_level() or torch.func only)
+        refuse_ad_transforms("st.einsum", (*operands, bias))
     if bias is None and activation is None and not _is_compiling():
         # A repeated call: the guarded shims of this string, no key to build. This is
         # ``execute.fast_calls`` inlined (0.2 us, about 5% of a tiny SpMM), with

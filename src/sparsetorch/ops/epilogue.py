@@ -47,8 +47,8 @@ def with_epilogue(assignment: Assignment, operands, out_shape, bias, activation,
 
 def unfused(result, bias, activation):
     """The same epilogue with torch ops on a computed (dense or sparse) result."""
-    if hasattr(result, "to_dense"):
-        result = result.to_dense()
+    if type(result) is not torch.Tensor or result.layout != torch.strided:
+        result = result.to_dense()   # (not for a dense one: vmap has no rule for to_dense)
     if bias is not None:
         result = result + bias
     return _TORCH[activation](result) if activation is not None else result

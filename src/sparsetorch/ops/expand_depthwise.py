@@ -42,7 +42,7 @@ from functools import lru_cache
 import torch
 
 from .. import runtime
-from .._modes import refuse_dual
+from .._modes import refuse_ad_transforms
 from ..formats import SparseTensor
 from . import depthwise as _dw
 from .depthwise import ACTIVATIONS, depthwise3x3
@@ -143,7 +143,7 @@ def expand_depthwise3x3(x: torch.Tensor, expand_weight: SparseTensor,
         >>> y[0, 0].tolist()
         [[4.0, 6.0, 4.0], [6.0, 9.0, 6.0], [4.0, 6.0, 4.0]]
     """
-    refuse_dual("expand_depthwise3x3", (x, expand_weight, expand_bias, weight, bias))
+    refuse_ad_transforms("expand_depthwise3x3", (x, expand_weight, expand_bias, weight, bias))
     run = prepared_expand_depthwise3x3(x, expand_weight, expand_bias, expand_activation,
                                        weight, bias, stride, activation)
     if run is None:

@@ -60,7 +60,7 @@ import torch
 from torch import nn
 
 from .. import runtime
-from .._modes import refuse_dual
+from .._modes import refuse_ad_transforms
 from ..compiler.kernel import vector_isa
 from ..formats import SparseTensor
 from .depthwise import STORE_PART_C, _scratch as _buffers, split_rows   # (each thread's buffers)
@@ -336,7 +336,7 @@ def spmm_narrow(weight: SparseTensor, x: torch.Tensor, bias: torch.Tensor | None
         >>> spmm_narrow(W, torch.full((3, 2), -1.0), torch.ones(3), "relu6").tolist()
         [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
     """
-    refuse_dual("spmm_narrow", (weight, x, bias))
+    refuse_ad_transforms("spmm_narrow", (weight, x, bias))
     if activation not in _ACTIVATIONS:
         raise ValueError(f"spmm_narrow: activation must be one of {tuple(_ACTIVATIONS)}, got "
                          f"{activation!r}")

@@ -54,7 +54,7 @@ from string import Template
 import torch
 
 from .. import runtime
-from .._modes import materialized, refuse_dual
+from .._modes import materialized, refuse_ad_transforms
 from ..codegen.intrinsics import prelude
 from ..compiler.kernel import vector_isa
 from ..formats import SparseTensor
@@ -428,7 +428,7 @@ def sparse_linear(x, weight: SparseTensor, bias: torch.Tensor | None = None,
         >>> sparse_linear(torch.full((2, 3), -1.0), W, torch.ones(3), "relu").tolist()
         [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
     """
-    refuse_dual("sparse_linear", (x, weight, bias))
+    refuse_ad_transforms("sparse_linear", (x, weight, bias))
     for name, t in (("x", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise TypeError(f"sparse_linear: {name} must be a 2-D tensor or SparseTensor, got "
@@ -472,7 +472,7 @@ def linear_rows(x, weight: SparseTensor, values: torch.Tensor, bias, activation)
         >>> y is None or torch.equal(y, torch.ones(16, 3))   # (None: no AVX2 or no compiler)
         True
     """
-    refuse_dual("SparseLinear", (x, values, bias))
+    refuse_ad_transforms("SparseLinear", (x, values, bias))
     out = _very_sparse_rows(x, weight, values, bias, activation)
     if out is not None:
         return out

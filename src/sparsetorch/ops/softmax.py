@@ -29,7 +29,7 @@ import operator
 import torch
 
 from .. import runtime
-from .._modes import materialized, refuse_dual
+from .._modes import materialized, refuse_ad_transforms
 from ..autograd.pattern import values_on_pattern
 from ..formats.pack import unpack, unpack_rows
 from ..formats.tensor import SparseTensor, inherit_pattern_facts, layout
@@ -76,7 +76,7 @@ def softmax(input: SparseTensor, dim: int, dtype=None) -> SparseTensor:
         tensor([[0.5000, 0.0000, 0.5000],
                 [0.0000, 1.0000, 0.0000]])
     """
-    refuse_dual("st.ops.softmax", (input,))
+    refuse_ad_transforms("st.ops.softmax", (input,))
     if not isinstance(input, SparseTensor):
         raise TypeError(f"sparse softmax: input must be a SparseTensor, got "
                         f"{type(input).__name__}; for a dense tensor use torch.softmax")

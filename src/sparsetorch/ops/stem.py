@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import runtime
-from .._modes import refuse_dual
+from .._modes import refuse_ad_transforms
 from .depthwise import (ACTIVATIONS, STORE_PART_C, _TORCH_ACTIVATION, check_epilogue,
                         check_image)
 from .depthwise import _scratch as _buffers   # (each Python thread's buffers)
@@ -168,7 +168,7 @@ def stem_conv3x3(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         >>> y.shape, y[0, 0, 0].tolist(), y.permute(1, 0, 2, 3).is_contiguous()
         (torch.Size([2, 5, 4, 4]), [12.0, 18.0, 18.0, 12.0], True)
     """
-    refuse_dual("stem_conv3x3", (x, weight, bias))
+    refuse_ad_transforms("stem_conv3x3", (x, weight, bias))
     run = prepared_stem_conv3x3(x, weight, bias, stride, activation)
     if run is not None:
         return run(x)
