@@ -312,8 +312,6 @@ class SparseLinear(NoTorchScript, nn.Module):
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ValueError(f"SparseLinear: input of shape {tuple(x.shape)} does not end in "
                              f"in_features={self.in_features}")
-        if ad_transforms_active():
-            return self._transformed_product(x)
         # (parameters read from the module's table, ~1.5 us a name otherwise: at batch 1
         # the layer's own code took twice its kernel's 12 us)
         dtype = member(self, "values").dtype
@@ -321,6 +319,8 @@ class SparseLinear(NoTorchScript, nn.Module):
         if x.dtype != dtype:
             raise TypeError(f"SparseLinear: input is {x.dtype} but the weights are "
                             f"{dtype}; cast the input or the layer (.to(dtype))")
+        if ad_transforms_active():
+            return self._transformed_product(x)
         if isinstance(x, SparseTensor):
             if x.dim() > 2:
                 raise ValueError(f"SparseLinear: a sparse input must be 1-D or 2-D (batch, "
@@ -354,9 +354,6 @@ class SparseLinear(NoTorchScript, nn.Module):
             raise TypeError("SparseLinear: a SparseTensor input is not supported under "
                             "torch.func transforms or forward-mode AD; pass x.to_dense()")
         values, bias = member(self, "values"), member(self, "bias")
-        if x.dtype != values.dtype:
-            raise TypeError(f"SparseLinear: input is {x.dtype} but the weights are "
-                            f"{values.dtype}; cast the input or the layer (.to(dtype))")
         at = _pattern.entry_positions(self._arrays(), self.blocksize, self.in_features)
         weight = values.new_zeros(self.out_features * self.in_features).index_put(
             (at,), values.reshape(-1)).view(self._shape())
