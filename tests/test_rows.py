@@ -228,6 +228,47 @@ def test_the_weight_gradient_of_a_batch_with_rare_columns(isa, n, monkeypatch):
 
 
 @needs_kernel
+def test_a_non_finite_output_gradient_meets_every_columns_zeros():
+    """Where the output gradient holds an inf, the weight gradient is NaN at every stored
+    weight whose input column is 0 in that row, as in dense torch: the columns dotted at
+    their few entries skipped those zeros (1.0 where a fuller column gave NaN; a probe's
+    finding)."""
+    n, k, m = 64, 32, 4
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(n, k, generator=g) < 0.2).float()
+    x[:, :2] = 0
+    x[0, 0] = 1.0        # (column 0: one entry, dotted at it alone)
+    x[20:31, 1] = 1.0    # (column 1: eleven, dotted whole)
+    x[5, :2] = 0
+    W = st.tensor(torch.ones(m, k), format="csr")
+    v = W.values.clone().requires_grad_()
+    dy = torch.ones(n, m)
+    dy[5, 0] = float("inf")
+    st.ops.sparse_linear(st.tensor(x, format="csr"), W.with_values(v)).backward(dy)
+    w64 = torch.ones(m, k, dtype=torch.float64, requires_grad=True)
+    (x.double() @ w64.T).backward(dy.double())
+    torch.testing.assert_close(W.with_values(v.grad).to_dense().double(), w64.grad,
+                               equal_nan=True)
+
+
+@pytest.mark.parametrize("density", [0.3, 0.01])
+def test_a_batch_written_in_place_before_backward_is_refused(density):
+    """A CSR batch's buffer reused (written in place) between the forward and backward:
+    torch's in-place error, as einsum and torch.sparse give it, where the row-block and the
+    very-sparse-rows kernels computed the weight gradient from the new contents (zeros),
+    silently (a probe's finding)."""
+    g = torch.Generator().manual_seed(0)
+    W = st.tensor(torch.randn(8, 30, generator=g), format="csr")
+    x = torch.rand(40, 30, generator=g) * (torch.rand(40, 30, generator=g) < density)
+    xs = st.tensor(x, format="csr")
+    v = W.values.clone().requires_grad_()
+    y = st.ops.sparse_linear(xs, W.with_values(v))
+    xs.values.zero_()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+@needs_kernel
 def test_dx_for_a_weight_whose_values_are_a_parameter():
     """Values held as a frozen ``nn.Parameter`` (a tensor subclass: its transposed pattern
     is not kept, the weight is converted whole) give the same dx."""

@@ -48,6 +48,7 @@ Example:
 """
 from __future__ import annotations
 
+import ctypes
 from functools import lru_cache
 from string import Template
 
@@ -63,7 +64,8 @@ from .einsum import einsum
 from .epilogue import ACTIVATIONS as _EINSUM_ACTIVATIONS, unfused
 from .policy import backend
 from .relaid import gather, relaid, relaid_pattern, transposed_format
-from .sparse_rows import SPARSE_ROWS_BELOW, recomputed_grads, sparse_rows_linear
+from .sparse_rows import (SPARSE_ROWS_BELOW, batch_arrays, recomputed_grads,
+                          sparse_rows_linear)
 from .transpose import BLOCK4_C
 
 MIN_ROWS = 16   # (below it, most of a block's rows would be padding)
@@ -240,9 +242,9 @@ static inline int64_t st_nonzeros(int64_t n, const float* g, int64_t most, int64
    loads or less where the whole rows took n / 16 vector loads of b from L2): binarised
    MNIST has 35% of its pixels off in a whole batch of 256 digits and 58% on in at most
    16, and the encoder's weight gradient took 82-109 us where it took 121-163 (2 threads,
-   Zen 4; n / 8: the same, n / 4: no gain). The zeros skipped meet no NaN or inf of b, as
-   a sparse operand's implicit zeros do not in torch.sparse. Parallel: the pattern's
-   rows (and b's) split statically across threads. */
+   Zen 4; n / 8: the same, n / 4: no gain). The caller skips only where b is finite: the
+   zeros skipped would have made an inf or NaN of b NaN, as they do in the whole rows'
+   dots. Parallel: the pattern's rows (and b's) split statically across threads. */
 #define ST_GRAD_VALUES(I)                                                                 \
 void st_linear_grad_values_##I(int64_t rows, int64_t n, const I* pos, const I* crd,      \
     const I* perm, const float* a, const float* b, int64_t ld, float* dvalues,           \
@@ -291,9 +293,10 @@ void st_linear_grad_values_##I(int64_t rows, int64_t n, const I* pos, const I* c
   }                                                                                       \
 }
 /* The 8 x 8 block of g = dy x act'(y) at dy, y (rows ld apart) into tmp (rows 8 apart),
-   for the activation's output y: act 0 none, 1 relu, 2 relu6, 3 sigmoid. */
+   for the activation's output y: act 0 none, 1 relu, 2 relu6, 3 sigmoid; the lanes of g
+   that are inf or NaN (g x 0 not 0) or'ed into *bad. */
 static inline void st_grad8(const float* dy, const float* y, int64_t ld, int64_t act,
-                            float* tmp) {
+                            float* tmp, __m256* bad) {
   const __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
   for (int64_t i = 0; i < 8; i++) {
     __m256 d = _mm256_loadu_ps(dy + i * ld);
@@ -310,17 +313,20 @@ static inline void st_grad8(const float* dy, const float* y, int64_t ld, int64_t
         d = _mm256_and_ps(d, keep);
       }
     }
+    *bad = _mm256_or_ps(*bad, _mm256_cmp_ps(_mm256_mul_ps(d, zero), zero, _CMP_NEQ_UQ));
     _mm256_storeu_ps(tmp + 8 * i, d);
   }
 }
 /* gt (m x n, rows ld apart) = (dy x act'(y))^T for dy, y (n x m): the output gradient
    through the activation, transposed in the same pass (8 x 8 blocks, computed then
    transposed, down each 8 rows of gt in turn: its writes in order; the edges one value at
-   a time); lanes n up to the last block's end zeroed. The forward's blocks of R rows split
-   across threads as there, so the thread that takes a block for dx wrote its columns. */
+   a time); lanes n up to the last block's end zeroed; *nonfinite = 1 where any of it is
+   inf or NaN (unless nonfinite is null: then left as it is). The forward's blocks of R rows
+   split across threads as there, so the thread that takes a block for dx wrote its
+   columns. */
 void st_activation_grad_t(int64_t n, int64_t m, const float* restrict dy,
                           const float* restrict y, int64_t act, float* restrict gt,
-                          int64_t ld, int64_t nt) {
+                          int64_t ld, int64_t* nonfinite, int64_t nt) {
   const int64_t blocks = (n + R - 1) / R, mb = m - m % 8;
   #pragma omp parallel num_threads(nt) if(nt > 1)
   {
@@ -328,17 +334,23 @@ void st_activation_grad_t(int64_t n, int64_t m, const float* restrict dy,
     const int64_t r0 = R * (blocks * t / T), end = R * (blocks * (t + 1) / T);
     const int64_t r1 = end < n ? end : n, rb = r0 + (r1 - r0) / 8 * 8;
     float tmp[64];
+    __m256 bad = _mm256_setzero_ps();
+    int some_bad = 0;
     for (int64_t o = 0; o < mb; o += 8)
       for (int64_t r = r0; r < rb; r += 8) {
-        st_grad8(dy + r * m + o, y + r * m + o, m, act, tmp);
+        st_grad8(dy + r * m + o, y + r * m + o, m, act, tmp, &bad);
         st_block4(tmp, 8, gt + o * ld + r, ld);
       }
     for (int64_t r = r0; r < r1; r++)
       for (int64_t o = r < rb ? mb : 0; o < m; o++) {
         const float d = dy[r * m + o], v = y[r * m + o];
-        gt[o * ld + r] = act == 0 ? d : act == 3 ? d * v * (1.0f - v)
+        const float g = act == 0 ? d : act == 3 ? d * v * (1.0f - v)
                                      : !(v <= 0.0f) && (act == 1 || v < 6.0f) ? d : 0.0f;
+        gt[o * ld + r] = g;
+        some_bad |= !(g * 0.0f == 0.0f);
       }
+    if (nonfinite && (some_bad || _mm256_movemask_ps(bad)))
+      __atomic_store_n(nonfinite, 1, __ATOMIC_RELAXED);
     if (end > r1)
       for (int64_t o = 0; o < m; o++) memset(gt + o * ld + r1, 0, (size_t)(end - r1) * 4);
   }
@@ -538,13 +550,14 @@ class _Recorded(torch.autograd.Function):
         y = _forward(fn, x_sparse if x is None else x, weight, bias, activation)
         # (the output only for its activation's derivative: without one, a residual
         # ``y += skip`` before backward is fine, as after nn.Linear)
-        ctx.save_for_backward(x, values, bias, None if activation is None else y)
+        ctx.save_for_backward(x, values, bias, None if activation is None else y,
+                              *batch_arrays(x_sparse))
         ctx.weight, ctx.x_sparse, ctx.activation = weight, x_sparse, activation
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, values, bias, y = ctx.saved_tensors
+        x, values, bias, y, *_ = ctx.saved_tensors
         dy = materialized(dy)
         weight, x_sparse, activation = ctx.weight, ctx.x_sparse, ctx.activation
         if torch.is_grad_enabled():   # create_graph: a differentiable backward
@@ -566,9 +579,13 @@ def gradients(dy, x, x_sparse, weight: SparseTensor, values, y, activation, need
     ld = _leading(n)
     gt = _scratch(_GT, m * ld)   # (the output gradient through the activation)
     dy = dy.contiguous()   # (held: a temporary's memory is freed before the call)
-    # (no activation: the kernel reads no output, dy stands in for it)
+    # (no activation: the kernel reads no output, dy stands in for it; the sparse dots of
+    # _grad_values skip a CSR batch's zeros, so they run only where nothing of gt is inf or
+    # NaN, which those zeros would turn into NaN, as they do in the dense dots)
+    nonfinite = ctypes.c_int64(0)
     fns["st_activation_grad_t"](n, m, dy.data_ptr(), (dy if y is None else y).data_ptr(),
                                 _ACTIVATIONS[activation], gt.data_ptr(), ld,
+                                ctypes.addressof(nonfinite),
                                 nt if dy.numel() >= _PARALLEL_ELEMENTS else 1)
     dx = _grad_x(weight, gt, n, ld) if need_x else None
     dvalues = dbias = None
@@ -585,7 +602,8 @@ def gradients(dy, x, x_sparse, weight: SparseTensor, values, y, activation, need
                 n, k, x_sparse._pos1.data_ptr(), x_sparse._crd1.data_ptr(),
                 x_sparse._values.data_ptr(), xt.data_ptr(), ld, tiles.data_ptr(), nt)
         dvalues = torch.empty_like(values)
-        _grad_values(fns, weight, gt, xt, n, ld, dvalues, dbias, nt, x is None)
+        _grad_values(fns, weight, gt, xt, n, ld, dvalues, dbias, nt,
+                     x is None and not nonfinite.value)
     elif need_bias:
         dbias = gt[:m * ld].view(m, ld)[:, :n].sum(1)
     return dx, dvalues, dbias
@@ -712,7 +730,7 @@ def _library(isa):
     if isa is None:
         return None
     I, P = runtime.I64, runtime.PTR
-    entries = {"st_activation_grad_t": [I, I, P, P, I, P, I, I],
+    entries = {"st_activation_grad_t": [I, I, P, P, I, P, I, P, I],
                "st_rows_dense_transposed": [I, I, P, P, I, I]}
     for w in _INDEX.values():
         entries[f"st_linear_grad_values_{w}"] = [I, I, P, P, P, P, P, I, P, P, I, I, I]

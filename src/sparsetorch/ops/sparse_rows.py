@@ -234,12 +234,12 @@ class _Recorded(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan, x, weight, values, bias):
         ctx.plan, ctx.x, ctx.weight = plan, x, weight
-        ctx.save_for_backward(values, bias)
+        ctx.save_for_backward(values, bias, *batch_arrays(x))
         return _forward(plan, x, weight, values, bias)
 
     @staticmethod
     def backward(ctx, dy):
-        values, bias = ctx.saved_tensors
+        values, bias, *_ = ctx.saved_tensors
         dy = materialized(dy)
         x, weight = ctx.x, ctx.weight
         need_values, need_bias = ctx.needs_input_grad[3:5]
@@ -248,6 +248,14 @@ class _Recorded(torch.autograd.Function):
             return None, None, None, dvalues, dbias
         return (None, None, None, *entry_gradients(ctx.plan, x, weight, values, dy,
                                                    need_values, need_bias))
+
+
+def batch_arrays(x) -> tuple:
+    """A CSR batch's values and index arrays (three Nones for None), for
+    ``save_for_backward``: autograd then refuses a backward after one of them was written
+    in place (a batch buffer reused), where the weight gradient came out from the new
+    contents, silently (a probe's finding)."""
+    return (None, None, None) if x is None else (x._values, x._pos1, x._crd1)
 
 
 def entry_gradients(plan, x: SparseTensor, weight: SparseTensor, values, dy, need_values: bool,
