@@ -137,3 +137,54 @@ def test_float64_layers_keep_einsums_traced_path():
     x = torch.randn(16, 20, dtype=torch.float64)
     torch.testing.assert_close(compiled_keeping_graphs(layer, graphs)(x), layer(x))
     assert not any("rows_linear" in str(gm.graph) for gm in graphs)
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values, every other element of a twice-as-long tensor of garbage."""
+    big = torch.full((2 * t.numel(),), 10**8, dtype=t.dtype)
+    big[::2] = t
+    return big[::2]
+
+
+@needs_kernel
+def test_the_ops_called_directly_check_their_operands():
+    """The ops are public (``torch.ops.sparsetorch``) and their kernels read what the arrays
+    say: strided index arrays crashed them (SIGSEGV) or gave garbage, an out-of-range
+    column read past the input, int64 ``pos`` beside int32 ``crd`` was read as int32, a
+    transposed saved output gave a wrong ``dx`` (a probe's findings). Now strided operands
+    are made contiguous and bad ones are refused naming the op."""
+    ops = torch.ops.sparsetorch
+    g = torch.Generator().manual_seed(0)
+    D = torch.randn(12, 20, generator=g) * (torch.rand(12, 20, generator=g) < 0.4)
+    W = st.tensor(D, format="csr")
+    pos, crd, v = W._pos1, W._crd1, W.values
+    x, dy = torch.randn(40, 20, generator=g), torch.randn(40, 12, generator=g)
+    ref = x @ D.T
+    torch.testing.assert_close(ops.rows_linear(x, _strided(pos), _strided(crd), _strided(v),
+                                               None, None, 20), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ops.spmm_narrow(_strided(pos), crd, v, 20, x.T.contiguous(),
+                                               None, None, 0), ref.T, rtol=1e-5, atol=1e-5)
+    y = ops.rows_linear(x, pos, crd, v, None, "relu", 20)
+    dx, _, _ = ops.rows_linear_backward(dy, x, pos, crd, v, y.T.contiguous().T, "relu", 20,
+                                        True, False, False)
+    torch.testing.assert_close(dx, (dy * (y > 0)) @ D, rtol=1e-5, atol=1e-5)
+    bad = crd.clone()
+    bad[0] = 20
+    for call, error, match in (
+            (lambda: ops.rows_linear(x, pos, bad, v, None, None, 20), ValueError,
+             "rows_linear: crd holds a column index outside"),
+            (lambda: ops.rows_linear(x, pos.long(), crd, v, None, None, 20), TypeError,
+             "one index dtype"),
+            (lambda: ops.rows_linear(x, pos.flip(0), crd, v, None, None, 20), ValueError,
+             "pos must rise from 0"),
+            (lambda: ops.rows_linear(x, pos, crd, v[1:], None, None, 20), ValueError,
+             "one floating value per entry"),
+            (lambda: ops.spmm_narrow(pos, bad, v, 20, x.T.contiguous(), None, None, 0),
+             ValueError, "spmm_narrow: crd holds"),
+            (lambda: ops.rows_linear_backward(dy[:, :5], x, pos, crd, v, None, None, 20,
+                                              True, True, True), ValueError,
+             r"dy must be float32 of shape \(40, 12\)"),
+            (lambda: ops.rows_linear_csr(pos, bad, v, pos, crd, v, None, None, 20),
+             ValueError, "rows_linear_csr: crd holds")):
+        with pytest.raises(error, match=match):
+            call()

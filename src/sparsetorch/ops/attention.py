@@ -135,7 +135,8 @@ def _traced_fused(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor, co
     """``masked_attention`` of the ``(n, cols)`` CSR mask of ``pos``, ``crd``, ``values``:
     the fused kernel, recorded in traced inference (no derivative: where autograd records,
     the unfused ops are traced instead)."""
-    return masked_attention(csr_operand(pos, crd, values, cols), Q, K, V)
+    return masked_attention(csr_operand(pos, crd, values, cols,
+                                        "sparsetorch::masked_attention"), Q, K, V)
 
 
 @_traced_fused.register_fake

@@ -69,8 +69,8 @@ def spmm_narrow_op(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor,
         ...                                   torch.ones(2, 3), None, None, 0).tolist()
         [[2.0, 2.0, 2.0], [3.0, 3.0, 3.0]]
     """
-    return spmm_narrow(csr_operand(pos, crd, values, in_features), x.contiguous(), bias,
-                       activation, band)
+    return spmm_narrow(csr_operand(pos, crd, values, in_features, "sparsetorch::spmm_narrow"),
+                       x.contiguous(), bias, activation, band)
 
 
 @spmm_narrow_op.register_fake

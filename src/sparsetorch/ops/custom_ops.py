@@ -48,6 +48,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
+from .._modes import version
 from ..formats.format import as_format
 from ..formats.pack import array_names, choose_index_dtype
 from ..formats.tensor import SparseTensor, layout
@@ -263,18 +264,59 @@ _CSR = layout(as_format("csr", 2))
 
 
 def csr_operand(pos: torch.Tensor, crd: torch.Tensor, values: torch.Tensor,
-                columns: int) -> SparseTensor:
+                columns: int, what: str) -> SparseTensor:
     """The CSR SparseTensor of the level arrays and values a hand-written kernel's custom op
-    receives (``rows_op.py``, ``conv_ops.py``, ``attention.py``: a layer's own arrays or an
-    input's, checked when they were made), wrapped as they are: no copies, no checks.
+    receives (``rows_op.py``, ``conv_ops.py``, ``attention.py``), without copies where
+    they are contiguous, checked: the ops are public (``torch.ops.sparsetorch``), and
+    their kernels read whatever the arrays say (a strided or out-of-range array crashed
+    them or gave garbage, a probe found). The contents are checked once per arrays
+    (``_checked``): a layer's own, passed every call of a compiled model, cost nothing
+    after the first. Errors name the op (``what``).
 
     Example:
         >>> import torch
         >>> i = lambda *v: torch.tensor(v, dtype=torch.int32)
-        >>> csr_operand(i(0, 1, 1), i(2), torch.tensor([5.]), 3).to_dense().tolist()
+        >>> csr_operand(i(0, 1, 1), i(2), torch.tensor([5.]), 3, "op").to_dense().tolist()
         [[0.0, 0.0, 5.0], [0.0, 0.0, 0.0]]
+        >>> csr_operand(i(0, 1, 1), i(3), torch.tensor([5.]), 3, "op")
+        Traceback (most recent call last):
+        ValueError: op: crd holds a column index outside [0, 3); the arrays must be a CSR ...
     """
+    for name, t in (("pos", pos), ("crd", crd), ("values", values)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 1:
+            raise TypeError(f"{what}: {name} must be a 1-D tensor, got "
+                            f"{getattr(t, 'shape', type(t).__name__)}")
+    if pos.dtype not in (torch.int32, torch.int64) or crd.dtype != pos.dtype:
+        raise TypeError(f"{what}: pos and crd must share one index dtype, int32 or int64; "
+                        f"got {pos.dtype} and {crd.dtype}")
+    if not values.dtype.is_floating_point or values.shape[0] != crd.shape[0] or \
+            pos.shape[0] < 1:
+        raise ValueError(f"{what}: a CSR matrix needs pos of rows + 1 entries and one "
+                         f"floating value per entry of crd; got pos of {pos.shape[0]}, crd of "
+                         f"{crd.shape[0]} and values of {values.shape[0]} ({values.dtype})")
+    pos, crd, values = pos.contiguous(), crd.contiguous(), values.contiguous()
+    _checked(pos, crd, columns, what)
     return SparseTensor._from_parts((pos.shape[0] - 1, columns), _CSR, [pos, crd], values)
+
+
+def _checked(pos: torch.Tensor, crd: torch.Tensor, columns: int, what: str) -> None:
+    # (the stamp of the arrays found valid rides on crd: a dict keyed by tensors would
+    # compare them with ==, elementwise)
+    key = (version(pos), version(crd), columns)
+    known = getattr(crd, "_st_valid_csr", None)
+    if known is not None and known[0] is pos and known[1:] == key:
+        return
+    nnz = crd.shape[0]
+    if int(pos[0]) != 0 or int(pos[-1]) != nnz or (pos.shape[0] > 1 and
+                                                  bool((pos[1:] < pos[:-1]).any())):
+        raise ValueError(f"{what}: pos must rise from 0 to the entry count {nnz}, never "
+                         "falling; the arrays must be a CSR matrix's (a SparseTensor's "
+                         "_pos1, _crd1, values)")
+    if nnz and (int(crd.min()) < 0 or int(crd.max()) >= columns):
+        raise ValueError(f"{what}: crd holds a column index outside [0, {columns}); the "
+                         "arrays must be a CSR matrix's (a SparseTensor's _pos1, _crd1, "
+                         "values)")
+    crd._st_valid_csr = (pos, *key)
 
 
 def call(prepared, tensors):

@@ -40,7 +40,7 @@ from ..formats import SparseTensor
 from . import sparse_rows
 from .custom_ops import csr_operand
 from .policy import backend
-from .rows import _ACTIVATIONS, _kernel, _launch, gradients, sparse_linear
+from .rows import _ACTIVATIONS, _kernel, gradients, sparse_linear
 from .sparse_rows import SPARSE_ROWS_BELOW
 
 
@@ -76,10 +76,8 @@ def rows_linear(x: torch.Tensor, pos: torch.Tensor, crd: torch.Tensor, values: t
         >>> y.tolist()
         [[2.0, 3.0], [2.0, 3.0]]
     """
-    m = pos.shape[0] - 1
-    return _launch(_kernel(crd.dtype, crd.dtype), x.contiguous(), pos, crd,
-                   values.contiguous(), x.shape[0], in_features, m,
-                   None if bias is None else bias.contiguous(), activation)
+    return sparse_linear(x, csr_operand(pos, crd, values, in_features,
+                                        "sparsetorch::rows_linear"), bias, activation)
 
 
 @rows_linear.register_fake
@@ -94,9 +92,16 @@ def rows_linear_backward(dy: torch.Tensor, x: torch.Tensor, pos: torch.Tensor,
                          need_values: bool, need_bias: bool) -> list[torch.Tensor]:
     """``[dx, dvalues, dbias]`` of ``rows_linear`` at ``dy`` (``rows.gradients``), each
     empty where not asked for (an op returns tensors, not None)."""
-    weight = csr_operand(pos, crd, values.detach(), in_features)
-    grads = gradients(dy, x, None, weight, values, y, activation,
-                      (need_x, need_values, need_bias))
+    what = "sparsetorch::rows_linear_backward"
+    weight = csr_operand(pos, crd, values.detach(), in_features, what)
+    n, m = x.shape[0], pos.shape[0] - 1
+    for name, t, shape in (("dy", dy, (n, m)), ("x", x, (n, in_features)), ("y", y, (n, m))):
+        if t is not None and (tuple(t.shape) != shape or t.dtype != torch.float32):
+            raise ValueError(f"{what}: {name} must be float32 of shape {shape} (x: the "
+                             f"forward's input, dy and y: its output's gradient and value), "
+                             f"got {t.dtype} of shape {tuple(t.shape)}")
+    grads = gradients(dy, x, None, weight, values, None if y is None else y.contiguous(),
+                      activation, (need_x, need_values, need_bias))
     return [x.new_empty(0) if g is None else g for g in grads]
 
 
@@ -152,8 +157,9 @@ def rows_linear_csr(xpos: torch.Tensor, xcrd: torch.Tensor, xvalues: torch.Tenso
         ...                                       i(1), torch.tensor([3.]), None, None, 2)
         tensor([[6.]])
     """
-    return sparse_linear(csr_operand(xpos, xcrd, xvalues, in_features),
-                         csr_operand(pos, crd, values, in_features), bias, activation)
+    what = "sparsetorch::rows_linear_csr"
+    return sparse_linear(csr_operand(xpos, xcrd, xvalues, in_features, what),
+                         csr_operand(pos, crd, values, in_features, what), bias, activation)
 
 
 @rows_linear_csr.register_fake
@@ -184,9 +190,16 @@ def rows_linear_csr_backward(dy: torch.Tensor, xpos: torch.Tensor, xcrd: torch.T
     # (plain values: a Parameter reaches a custom op as itself, and the pattern re-laid
     # for its transpose is kept only for a wrapper of a plain tensor, relaid.py)
     values = values.detach()
-    x = csr_operand(xpos, xcrd, xvalues, in_features)
-    weight = csr_operand(pos, crd, values, in_features)
-    (n, k), dy = x._size, dy.contiguous()
+    what = "sparsetorch::rows_linear_csr_backward"
+    x = csr_operand(xpos, xcrd, xvalues, in_features, what)
+    weight = csr_operand(pos, crd, values, in_features, what)
+    (n, k), m = x._size, weight._size[0]
+    for name, t in (("dy", dy), ("y", y)):
+        if t is not None and (tuple(t.shape) != (n, m) or t.dtype != torch.float32):
+            raise ValueError(f"{what}: {name} must be float32 of shape {(n, m)} (the "
+                             f"forward's output's gradient and value), got {t.dtype} of "
+                             f"shape {tuple(t.shape)}")
+    dy, y = dy.contiguous(), None if y is None else y.contiguous()
     plan = sparse_rows._plan(x, weight, values, bias) \
         if xcrd.numel() < SPARSE_ROWS_BELOW * n * k else None
     if plan is not None:
