@@ -88,8 +88,9 @@ _transformed = getattr(_functorch, "is_functorch_wrapped_tensor", lambda t: Fals
 
 def ad_transforms_active() -> bool:
     """Whether forward-mode AD (``forward_ad.dual_level()``) or a ``torch.func`` transform
-    (``vmap``, ``grad``, ``jacrev``, ``jvp``...) is under way: two global reads, for the
-    hot paths that check their operands only then (``refuse_ad_transforms``).
+    (``vmap``, ``grad``, ``jacrev``, ``jvp``...) may be under way: two global reads, for
+    the hot paths that check their operands only then (``refuse_ad_transforms``). (True
+    also while ``torch.compile`` traces: dynamo's own interpreter is on the stack.)
 
     Example:
         >>> import torch
@@ -97,7 +98,7 @@ def ad_transforms_active() -> bool:
         ...     ad_transforms_active()) + x)(torch.zeros(1)).tolist()
         (False, [1.0])
     """
-    return _forward_ad._current_level >= 0 or _transforming()
+    return _forward_ad._current_level >= 0 or _transform_level() is not None
 
 
 def _transforming() -> bool:

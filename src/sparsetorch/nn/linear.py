@@ -319,7 +319,7 @@ class SparseLinear(NoTorchScript, nn.Module):
         if x.dtype != dtype:
             raise TypeError(f"SparseLinear: input is {x.dtype} but the weights are "
                             f"{dtype}; cast the input or the layer (.to(dtype))")
-        if ad_transforms_active():
+        if ad_transforms_active() and not _is_compiling():
             return self._transformed_product(x)
         if isinstance(x, SparseTensor):
             if x.dim() > 2:
