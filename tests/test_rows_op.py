@@ -188,3 +188,22 @@ def test_the_ops_called_directly_check_their_operands():
              ValueError, "rows_linear_csr: crd holds")):
         with pytest.raises(error, match=match):
             call()
+
+
+@needs_kernel
+@pytest.mark.parametrize("strict", [False, True])
+def test_export_keeps_the_batch_dynamic(strict):
+    """``torch.export`` (non-strict by default: the layers' Python runs on FakeTensors) of
+    a SparseAutoencoder with a dynamic batch: the product compared the batch with 16 and
+    fell to einsum's traced path, which specialised it (a constraint violation for
+    ``Dim("batch")``). Now the graph holds the custom ops and runs any batch as eager."""
+    from torch.export import Dim, export
+    model = st.models.SparseAutoencoder(40, 12, density=0.3,
+                                        generator=torch.Generator().manual_seed(0))
+    program = export(model, (torch.rand(32, 40),), strict=strict,
+                     dynamic_shapes={"x": {0: Dim("batch", min=2, max=1024)}})
+    ops = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.sparsetorch.rows_linear.default) == 2
+    for n in (3, 40):
+        x = torch.rand(n, 40)
+        torch.testing.assert_close(program.module()(x), model(x).detach())

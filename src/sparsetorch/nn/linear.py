@@ -412,9 +412,12 @@ class SparseLinear(NoTorchScript, nn.Module):
 
     def _product(self, x):
         # (fewer rows than the row-block kernel takes without a gradient: the matrix-vector
-        # kernel or einsum's, not a call to find that out, ~8 us at batch 1)
-        if type(x) is torch.Tensor and x.dim() >= 2 and (
-                x.numel() >= MIN_ROWS * x.shape[-1] or torch.is_grad_enabled()):
+        # kernel or einsum's, not a call to find that out, ~8 us at batch 1; traced, the
+        # custom op takes any batch, whose size is not read: non-strict torch.export runs
+        # this with FakeTensors, and a batch compared with 16 was specialised)
+        if x.dim() >= 2 and (_is_compiling() and type(x) is not SparseTensor or
+                             type(x) is torch.Tensor and (torch.is_grad_enabled() or
+                                                          x.numel() >= MIN_ROWS * x.shape[-1])):
             out = self._rows(x)
             if out is not None:
                 return out
