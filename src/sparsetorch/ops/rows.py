@@ -214,6 +214,15 @@ $DOTS
   for (; j < n; j++)
     for (int r = 0; r < 4; r++) out[r] += g[j] * x[r][j];
 }
+/* out[r] = g . x[r] for r < 4 at g's nonzeros alone (their count positions in idx) */
+static inline void st_sparse_dots(int64_t count, const int64_t* idx, const float* g,
+                                  const float* const* x, float* out) {
+  for (int r = 0; r < 4; r++) out[r] = 0.0f;
+  for (int64_t u = 0; u < count; u++) {
+    const int64_t j = idx[u];
+    for (int r = 0; r < 4; r++) out[r] += g[j] * x[r][j];
+  }
+}
 /* How many of g's n values are nonzero (or NaN); where at most `most`, their positions in
    idx, in order: a count by vector masks, then the few set bits of each. */
 static inline int64_t st_nonzeros(int64_t n, const float* g, int64_t most, int64_t* idx) {
@@ -262,29 +271,16 @@ void st_linear_grad_values_##I(int64_t rows, int64_t n, const I* pos, const I* c
     const float* g = a + o * ld;                                                          \
     if (dbias && !perm) dbias[o] = st_row_sum(g, n);                                      \
     const int64_t nonzeros = idx ? st_nonzeros(n, g, most, idx) : n;                      \
-    if (nonzeros <= most) {   /* (four entries a pass: four chains) */                  \
-      for (int64_t q = pos[o]; q < pos[o + 1]; q += 4) {                                  \
-        const int64_t left = pos[o + 1] - q;                                              \
-        const float* x[4];                                                                \
-        float dots[4] = {0.0f, 0.0f, 0.0f, 0.0f};                                         \
-        for (int64_t r = 0; r < 4; r++) x[r] = b + (int64_t)crd[r < left ? q + r : q] * ld; \
-        for (int64_t u = 0; u < nonzeros; u++) {                                          \
-          const int64_t j = idx[u];                                                       \
-          const float v = g[j];                                                           \
-          for (int r = 0; r < 4; r++) dots[r] += v * x[r][j];                             \
-        }                                                                                 \
-        for (int64_t r = 0; r < 4 && r < left; r++)                                       \
-          dvalues[perm ? (int64_t)perm[q + r] : q + r] = dots[r];                         \
-      }                                                                                   \
-      continue;                                                                           \
-    }                                                                                     \
     /* four entries a call; the last call's missing ones repeat its first (not stored) */ \
     for (int64_t q = pos[o]; q < pos[o + 1]; q += 4) {                                    \
       const int64_t left = pos[o + 1] - q;                                                \
       const float* x[4];                                                                  \
       float dots[4];                                                                      \
       for (int64_t r = 0; r < 4; r++) x[r] = b + (int64_t)crd[r < left ? q + r : q] * ld; \
-      st_dots(n, g, x, dots);                                                             \
+      if (nonzeros <= most)                                                               \
+        st_sparse_dots(nonzeros, idx, g, x, dots);                                        \
+      else                                                                                \
+        st_dots(n, g, x, dots);                                                           \
       for (int64_t r = 0; r < 4 && r < left; r++)                                         \
         dvalues[perm ? (int64_t)perm[q + r] : q + r] = dots[r];                           \
     }                                                                                     \
