@@ -95,14 +95,20 @@ def rows_linear_backward(dy: torch.Tensor, x: torch.Tensor, pos: torch.Tensor,
     what = "sparsetorch::rows_linear_backward"
     weight = csr_operand(pos, crd, values.detach(), in_features, what)
     n, m = x.shape[0], pos.shape[0] - 1
-    for name, t, shape in (("dy", dy, (n, m)), ("x", x, (n, in_features)), ("y", y, (n, m))):
+    _check_float32(what, dy=(dy, (n, m)), x=(x, (n, in_features)), y=(y, (n, m)))
+    grads = gradients(dy, x, None, weight, values, None if y is None else y.contiguous(),
+                      activation, (need_x, need_values, need_bias))
+    return [x.new_empty(0) if g is None else g for g in grads]
+
+
+def _check_float32(what: str, **tensors) -> None:
+    """Each of ``tensors`` (name -> (tensor or None, shape)) float32 of its shape: a backward
+    op's operands (x: the forward's input; dy, y: its output's gradient and value)."""
+    for name, (t, shape) in tensors.items():
         if t is not None and (tuple(t.shape) != shape or t.dtype != torch.float32):
             raise ValueError(f"{what}: {name} must be float32 of shape {shape} (x: the "
                              f"forward's input, dy and y: its output's gradient and value), "
                              f"got {t.dtype} of shape {tuple(t.shape)}")
-    grads = gradients(dy, x, None, weight, values, None if y is None else y.contiguous(),
-                      activation, (need_x, need_values, need_bias))
-    return [x.new_empty(0) if g is None else g for g in grads]
 
 
 @rows_linear_backward.register_fake
@@ -194,11 +200,7 @@ def rows_linear_csr_backward(dy: torch.Tensor, xpos: torch.Tensor, xcrd: torch.T
     x = csr_operand(xpos, xcrd, xvalues, in_features, what)
     weight = csr_operand(pos, crd, values, in_features, what)
     (n, k), m = x._size, weight._size[0]
-    for name, t in (("dy", dy), ("y", y)):
-        if t is not None and (tuple(t.shape) != (n, m) or t.dtype != torch.float32):
-            raise ValueError(f"{what}: {name} must be float32 of shape {(n, m)} (the "
-                             f"forward's output's gradient and value), got {t.dtype} of "
-                             f"shape {tuple(t.shape)}")
+    _check_float32(what, dy=(dy, (n, m)), y=(y, (n, m)))
     dy, y = dy.contiguous(), None if y is None else y.contiguous()
     plan = sparse_rows._plan(x, weight, values, bias) \
         if xcrd.numel() < SPARSE_ROWS_BELOW * n * k else None
