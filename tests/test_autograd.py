@@ -424,18 +424,30 @@ def test_sparse_linear_under_torch_func(blocksize):
 
 def test_torch_func_is_refused_clearly_elsewhere():
     """The other entries under a torch.func transform: a TypeError naming it, where torch
-    said "Cannot access data pointer of Tensor that doesn't have storage"."""
+    said "Cannot access data pointer of Tensor that doesn't have storage" (the graph layers
+    and SparseAttention on their first call, building their adjacency or mask: a probe's
+    finding; each layer is made fresh for each call)."""
     from torch.func import grad, vmap
     W = st.tensor(torch.eye(3), format="csr")
-    conv = st.nn.GCNConv(3, 2)
     edges = torch.tensor([[0, 1], [1, 2]])
-    for call in (lambda x: st.einsum("ij,j->i", W, x), lambda x: W @ x,
-                 lambda x: st.ops.sparse_linear(x.view(1, 3).expand(16, 3), W),
-                 lambda x: conv(x.view(1, 3).expand(3, 3), edges)):
+    mask = st.nn.masks.sliding_window(3, 1)
+
+    def on_graph(conv):
+        return lambda x: conv(x.view(1, 3).expand(3, 3), edges)
+
+    cases = [(lambda: lambda x: st.einsum("ij,j->i", W, x), (3,)),
+             (lambda: lambda x: W @ x, (3,)),
+             (lambda: lambda x: st.ops.sparse_linear(x.view(1, 3).expand(16, 3), W), (3,)),
+             *[(lambda make=make: on_graph(make(3, 2)), (3,))
+               for make in (st.nn.GCNConv, st.nn.SAGEConv, st.nn.GATConv)],
+             (lambda: st.nn.SparseAttention(3, 1, mask=mask), (1, 3, 3)),
+             (lambda: lambda x: st.ops.masked_attention(mask, x, x, x), (3, 3))]
+    for make, shape in cases:
         for transform in (vmap, grad):
-            f = transform(call) if transform is vmap else transform(lambda x: call(x).sum())
+            call = make()   # (a fresh layer: its adjacency or mask not built yet)
+            f = vmap(call) if transform is vmap else grad(lambda x: call(x).sum())
             with pytest.raises(TypeError, match="torch.func transforms .* are not supported"):
-                f(torch.ones(2, 3) if transform is vmap else torch.ones(3))
+                f(torch.ones((2, *shape) if transform is vmap else shape))
 
 
 def test_relu_passes_the_gradient_at_nan_as_torch_does():

@@ -212,6 +212,52 @@ def test_gcn_bad_inputs():
 
 
 @pytest.mark.parametrize("make", [st.nn.GCNConv, st.nn.SAGEConv, st.nn.GATConv])
+def test_torch_sparse_features_are_refused_at_every_width(make):
+    """A torch.sparse ``x``: whether it ran depended on which product order the layer's
+    widths picked, and the refusal named an einsum operand (a probe's finding)."""
+    x = features().float()
+    for out in (3, 8):   # (narrower and wider than the 5 inputs)
+        for sparse in (x.to_sparse(), x.to_sparse_csr()):
+            with pytest.raises(TypeError, match=f"{make.__name__}: x is a torch.sparse "
+                                                "tensor .* st.tensor\\(x\\)"):
+                make(5, out)(sparse, graph())
+
+
+def test_settings_are_checked_when_given_and_when_set_later():
+    """Dropout, the slope and GCNConv's activation: accepted and then used wrongly, or
+    refused by torch at the first training forward without naming the layer (a probe's
+    findings)."""
+    for make in (lambda p: st.nn.GATConv(5, 3, dropout=p), lambda p: st.models.GCN(5, 4, 3,
+                 dropout=p), lambda p: st.models.GAT(5, 2, 3, heads=2, dropout=p)):
+        with pytest.raises(ValueError, match="dropout must be in \\[0, 1\\), got 1.5"):
+            make(1.5)
+        with pytest.raises(TypeError, match="dropout must be a number"):
+            make("0.5")
+    with pytest.raises(TypeError, match="negative_slope must be a number"):
+        st.nn.GATConv(5, 3, negative_slope="a")
+    conv, x = st.nn.GCNConv(5, 8), features().float()   # (wider: the torch path's relu)
+    conv.activation = "tanh"
+    with pytest.raises(ValueError, match="activation must be None or 'relu', got 'tanh'"):
+        conv(x, graph())
+    conv.activation = "relu"
+    assert conv(x, graph()).min() >= 0
+
+
+def test_normalized_adjacency_checks_its_dtype_and_node_count():
+    """A bool or integer dtype lost the normalisation silently (float32 values of 1), and a
+    negative or fractional count gave torch's errors (a probe's findings)."""
+    e = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    for dtype in (torch.bool, torch.int64, "float32"):
+        with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
+            st.nn.normalized_adjacency(e, 3, dtype=dtype)
+    for n in (-1, 2.5, None, True):
+        with pytest.raises(ValueError, match="num_nodes must be an int >= 0"):
+            st.nn.normalized_adjacency(e, n)
+    torch.testing.assert_close(st.nn.normalized_adjacency(e, 3, dtype=F64).values,
+                               torch.full((6,), 0.5, dtype=F64))
+
+
+@pytest.mark.parametrize("make", [st.nn.GCNConv, st.nn.SAGEConv, st.nn.GATConv])
 def test_bad_sizes_and_dtypes_name_the_problem(make):
     """(Found by a fuzzer: torch's 'negative dimension' RuntimeError, a ZeroDivisionError
     from the initialiser, a matmul dtype RuntimeError.)"""

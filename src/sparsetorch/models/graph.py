@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn import GATConv, GCNConv
+from ..nn._common import check_dropout
 
 
 class GCN(nn.Module):
@@ -28,6 +29,7 @@ class GCN(nn.Module):
     def __init__(self, in_features: int, hidden: int, num_classes: int, dropout: float = 0.5,
                  normalize="sym", self_loops: bool | None = None, cached: bool = True):
         super().__init__()
+        check_dropout("GCN", dropout)
         self.dropout = dropout
         self.conv1 = GCNConv(in_features, hidden, normalize=normalize, self_loops=self_loops,
                              cached=cached, activation="relu")   # (in the kernel)
@@ -63,6 +65,7 @@ class GAT(nn.Module):
         if num_classes is None:
             raise ValueError("GAT: num_classes is required (GAT(in_features, hidden=8, "
                              "num_classes=C, ...))")
+        check_dropout("GAT", dropout)
         self.dropout = dropout
         self.conv1 = GATConv(in_features, hidden, heads=heads, dropout=dropout)
         self.conv2 = GATConv(hidden * heads, num_classes, heads=out_heads, concat=False,

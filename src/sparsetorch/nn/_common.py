@@ -68,6 +68,18 @@ def check_sizes(what: str, least: int = 1, **sizes) -> None:
             raise ValueError(f"{what}: {name} must be {kind}, got {n!r}")
 
 
+def check_dropout(what: str, p) -> None:
+    """Raise unless ``p`` is a dropout probability: a number (not a bool) in [0, 1).
+
+    Example:
+        >>> check_dropout("Layer", 0.5)
+    """
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"{what}: dropout must be a number in [0, 1), got {p!r}")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{what}: dropout must be in [0, 1), got {p}")
+
+
 def autocast_input(x, dtype: torch.dtype):
     """``x`` in a layer's ``dtype`` where ``torch.autocast`` is on for its device and both
     are floating point, else ``x`` itself (another dtype then gets the layer's TypeError).

@@ -15,6 +15,7 @@ The normalisation runs as vectorised torch over the entries' coordinates (degree
 """
 from __future__ import annotations
 
+import numbers
 import weakref
 
 import torch
@@ -54,6 +55,12 @@ def normalized_adjacency(adj, num_nodes: int, normalize="sym", self_loops: bool 
         raise ValueError(f"{what}: normalize must be 'sym', 'mean' or None, got {normalize!r}")
     if degree not in DEGREES:
         raise ValueError(f"{what}: degree must be one of {DEGREES}, got {degree!r}")
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, numbers.Integral) or \
+            num_nodes < 0:
+        raise ValueError(f"{what}: num_nodes must be an int >= 0, got {num_nodes!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{what}: dtype must be a floating-point torch.dtype (the "
+                        f"normalised weights are fractions), got {dtype!r}")
     rows, cols, vals = coordinates(adj, num_nodes, dtype, what)
     if self_loops:   # one loop per node: its stored weight (one of them, if repeated) or 1
         loop = rows == cols

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import math
-import numbers
 import threading
 from typing import Callable
 
@@ -23,11 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._modes import outside_inference_mode
+from .._modes import outside_inference_mode, refuse_ad_transforms
 from ..formats.tensor import SparseTensor
 from ..ops import einsum
 from ..ops.attention import masked_attention
-from ._common import NoTorchScript, autocast_input, check_sizes, input_type_error, outside_graph
+from ._common import (NoTorchScript, autocast_input, check_dropout, check_sizes,
+                      input_type_error, outside_graph)
 from .masks import as_mask, block_diagonal
 
 # The mask functions' masks a layer keeps, in stored entries (~8 bytes each): 128 MiB.
@@ -70,11 +70,7 @@ class SparseAttention(NoTorchScript, nn.Module):
             raise ValueError(f"SparseAttention: embed_dim ({embed_dim}) must be divisible by "
                              f"num_heads ({num_heads}); each head gets embed_dim // num_heads "
                              "features")
-        if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real):
-            raise TypeError(f"SparseAttention: dropout must be a number in [0, 1), got "
-                            f"{dropout!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"SparseAttention: dropout must be in [0, 1), got {dropout}")
+        check_dropout("SparseAttention", dropout)
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
         self.dropout, self.batch_first = dropout, batch_first
@@ -97,6 +93,8 @@ class SparseAttention(NoTorchScript, nn.Module):
                 value: torch.Tensor | None = None, mask: MaskArg = None) -> torch.Tensor:
         """Attend ``query`` to ``key``/``value`` (both default to ``query``: self-attention)
         over ``mask`` (default: the one given at construction), shape (Lq, Lk)."""
+        # (before the mask's first build, which reads memory: torch's error named no cause)
+        refuse_ad_transforms("SparseAttention", (query, key, value))
         key = query if key is None else key
         value = key if value is None else value
         q_in, k_in, v_in = (self._checked(t, n) for t, n in

@@ -10,6 +10,7 @@ a transposed SpMM on the pattern re-laid once and kept.
 """
 from __future__ import annotations
 
+import numbers
 import weakref
 
 import torch
@@ -17,13 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .._modes import outside_inference_mode, version
+from .._modes import outside_inference_mode, refuse_ad_transforms, version
 from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
 from ..ops import einsum, softmax
 from ..ops.policy import torch_blas_is_fast
-from ._common import (NoTorchScript, autocast_input, check_sizes, input_type_error, member,
-                      outside_graph)
+from ._common import (NoTorchScript, autocast_input, check_dropout, check_sizes,
+                      input_type_error, member, outside_graph)
 from .adjacency import AdjacencyCache, coordinates, normalized_adjacency
 
 
@@ -31,6 +32,9 @@ def _check_x(x, in_features: int, what: str, dtype: torch.dtype):
     """``x``, checked (and cast to ``dtype`` under autocast: ``autocast_input``)."""
     if not isinstance(x, torch.Tensor):
         raise input_type_error(what, "x must be a tensor or SparseTensor of node features", x)
+    if x.layout != torch.strided and type(x) is not SparseTensor:
+        raise TypeError(f"{what}: x is a torch.sparse tensor ({x.layout}); wrap it with "
+                        "st.tensor(x) (sparse node features) or pass x.to_dense()")
     if x.dim() != 2 or x.shape[1] != in_features:
         raise ValueError(f"{what}: x must be (num_nodes, in_features={in_features}), got "
                          f"shape {tuple(x.shape)}")
@@ -162,6 +166,9 @@ class _GraphLayer(NoTorchScript, nn.Module):
     def forward(self, x, adj) -> torch.Tensor:
         if _is_compiling():
             return _eager_forward(self, x, adj)
+        # (before the adjacency's first build, which reads memory: torch's error named no
+        # cause; the products refuse transformed weights as einsum)
+        refuse_ad_transforms(type(self).__name__, (x,))
         return self._forward(x, adj)
 
 
@@ -223,6 +230,9 @@ class _Propagation(_GraphLayer):
     _eager_adjacency = outside_graph(_adjacency)
 
 
+_GCN_ACTIVATIONS = (None, "relu")
+
+
 class GCNConv(_Propagation):
     """Kipf & Welling's graph convolution: ``D^-1/2 (A + I) D^-1/2 (x W^T) + b``, as PyG's
     ``GCNConv`` computes it (``normalize="mean"``: ``D^-1 (A + I)``; None: ``A`` as is).
@@ -254,7 +264,7 @@ class GCNConv(_Propagation):
         if normalize not in ("sym", "mean", None):
             raise ValueError(f"GCNConv: normalize must be 'sym', 'mean' or None, got "
                              f"{normalize!r}")
-        if activation not in (None, "relu"):
+        if activation not in _GCN_ACTIVATIONS:
             raise ValueError(f"GCNConv: activation must be None or 'relu', got {activation!r}")
         if add_self_loops is not None and self_loops is not None and \
                 bool(add_self_loops) != bool(self_loops):
@@ -273,15 +283,18 @@ class GCNConv(_Propagation):
     def _forward(self, x, adj) -> torch.Tensor:
         weight, bias = member(member(self, "lin"), "weight"), member(self, "bias")
         x = _check_x(x, self.in_features, "GCNConv", weight.dtype)
+        activation = self.activation
+        if activation not in _GCN_ACTIVATIONS:   # (an attribute: it may be set later)
+            raise ValueError(f"GCNConv: activation must be None or 'relu', got "
+                             f"{activation!r}")
         A = self.adjacency(adj, x)
         if isinstance(x, SparseTensor):
             return _propagate(A, _sparse_product(x, self._transposed(weight)), bias,
-                              self.activation)
+                              activation)
         if self.out_features <= self.in_features:
-            return _propagate(A, _linear(x, weight, self._transposed), bias,
-                              self.activation)
+            return _propagate(A, _linear(x, weight, self._transposed), bias, activation)
         out = F.linear(A @ x, weight, bias)
-        return out if self.activation is None else F.relu(out)
+        return out if activation is None else F.relu(out)
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, normalize={self.normalize!r}, "
@@ -383,6 +396,10 @@ class GATConv(_GraphLayer):
         super().__init__()
         check_sizes("GATConv", in_features=in_features, out_features=out_features,
                      heads=heads)
+        check_dropout("GATConv", dropout)
+        if isinstance(negative_slope, bool) or not isinstance(negative_slope, numbers.Real):
+            raise TypeError(f"GATConv: negative_slope must be a number (LeakyReLU's slope "
+                            f"below 0), got {negative_slope!r}")
         self.in_features, self.out_features, self.heads = in_features, out_features, heads
         self.concat, self.negative_slope, self.dropout = concat, negative_slope, dropout
         self.add_self_loops, self.cached = add_self_loops, cached

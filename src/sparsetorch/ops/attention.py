@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import torch
 
-from .._modes import constant_to_tracer
+from .._modes import constant_to_tracer, refuse_ad_transforms
 from ..formats.tensor import SparseTensor
 from .custom_ops import csr_operand
 from .execute import kernel_argtypes
@@ -88,6 +88,7 @@ def masked_attention(A, Q, K, V):
                 [4.]])
     """
     _check(A, Q, K, V)
+    refuse_ad_transforms("masked_attention", (A, Q, K, V))
     fusable = not (torch.is_grad_enabled() and any(t.requires_grad for t in (A, Q, K, V)))
     if torch.compiler.is_compiling():
         # Traced: the fused kernel reads data pointers, which fake tensors do not have; it
