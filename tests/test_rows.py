@@ -335,6 +335,8 @@ def test_bad_input_is_named():
         st.ops.sparse_linear(torch.randn(20, 7), W, b)
     with pytest.raises(ValueError):
         st.ops.sparse_linear(x, W, torch.randn(5))
+    with pytest.raises(TypeError, match="weight must be a SparseTensor"):   # (was an
+        st.ops.sparse_linear(x, W.to_dense(), b)                         # AttributeError)
 
 
 @needs_kernel

@@ -353,6 +353,10 @@ def test_bad_arguments_give_clear_errors():
         st.train.RigL(nn.ReLU(), torch.optim.SGD([nn.Parameter(torch.ones(1))]), total_steps=9)
     with pytest.raises(ValueError, match="fixed mask"):
         st.train.Static(model, opt, delta_t=5)
+    for begin, exc in ((float("nan"), TypeError), (1.7, TypeError), ("3", TypeError),
+                       (-5, ValueError)):   # (int()ed: 1.7 ran as 1, NaN gave int()'s error)
+        with pytest.raises(exc, match=f"MagnitudePruning: t_begin={begin!r} must be an int"):
+            st.train.MagnitudePruning(model, opt, total_steps=10, t_begin=begin)
     t = st.train.Static(model, opt, density=0.5)
     with pytest.raises(ValueError, match="saved by"):
         t.load_state_dict(st.train.SET(model, opt, total_steps=5).state_dict())
@@ -537,3 +541,61 @@ def test_frozen_weights_are_left_alone(algo):
         st.train.RigL(model, opt, total_steps=6, dense=["0", "5"])
     with pytest.raises(ValueError, match="not a sparse layer"):
         st.train.RigL(model, opt, total_steps=6, layer_density={"3": 0.5})
+
+
+def test_a_damaged_active_set_is_refused_before_anything_loads():
+    """A saved active set of another count, out of range, unsorted or negative: loaded
+    silently with the wrong count, or failed in torch (IndexError, bincount's
+    RuntimeError), a probe's finding; now a ValueError naming the layer, the trainer as
+    it was."""
+    for model in (mlp(), nn.Sequential(st.nn.SparseLinear(8, 8, density=0.5))):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        t = st.train.Static(model, opt, density=0.5)
+        state = t.state_dict()
+        before = {n: a.clone() for n, a in state["active"].items()}
+        name, active = next(iter(state["active"].items()))
+        for bad, said in ((active[:-1], "holds .* weights where this trainer keeps"),
+                          (active.flip(0), "not increasing positions"),
+                          (torch.cat([active[:-1], active.new_tensor([10 ** 6])]),
+                           "not increasing positions"),
+                          (torch.cat([active.new_tensor([-1]), active[1:]]),
+                           "not increasing positions"),
+                          (active.float(), "not a 1-D tensor of integer positions")):
+            with pytest.raises(ValueError, match=f"active set of layer '{name}' (is )?" + said):
+                t.load_state_dict({**state, "active": {**state["active"], name: bad}})
+            assert all(torch.equal(t.state_dict()["active"][n], a) for n, a in before.items())
+
+
+def test_pruning_loads_an_active_set_between_dense_and_its_final_count():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    t = st.train.MagnitudePruning(model, opt, density=0.2, total_steps=40, delta_t=1)
+    state = t.state_dict()   # (dense: nothing pruned yet)
+    t.load_state_dict(state)
+    assert t.nnz() == {n: layer.size for n, layer in t.layers.items()}
+
+
+def test_a_nan_gradient_leaves_the_weights_outside_the_mask_zero():
+    """Masks were applied by multiplying: NaN x 0 is NaN, so a NaN gradient made the
+    weights outside the mask NaN, where they are documented to be exactly zero (a probe's
+    finding)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 3)
+    opt = torch.optim.Adam(lin.parameters(), lr=0.1)
+    t = st.train.Static(lin, opt, density=0.5, distribution="uniform")
+    x = torch.randn(2, 4)
+    x[0] = float("nan")
+    lin(x).sum().backward()
+    t.step()
+    outside = ~t.masks["weight"]
+    assert torch.equal(lin.weight[outside], torch.zeros(int(outside.sum())))
+    assert torch.isnan(lin.weight[~outside]).all()   # (inside: NaN, as in a dense layer)
+
+
+def test_rigl_grows_a_sparse_linear_that_stores_no_entries():
+    """A SparseLinear of an all-zero mask: an IndexError gathering its (empty) values for
+    the weights grown to its count (a probe's finding)."""
+    model = nn.Sequential(st.nn.SparseLinear(8, 6, mask=torch.zeros(6, 8, dtype=torch.bool)))
+    t = st.train.RigL(model, torch.optim.SGD(model.parameters(), lr=0.1), density=0.3,
+                      total_steps=8)
+    assert t.nnz() == t.counts and model[0].values.count_nonzero() == 0

@@ -72,6 +72,10 @@ def sparse_linear(x, weight: SparseTensor, bias: torch.Tensor | None = None,
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
             raise TypeError(f"sparse_linear: {name} must be a 2-D tensor or SparseTensor, got "
                             f"{type(t).__name__} of shape {tuple(getattr(t, 'shape', ()))}")
+    if type(weight) is not SparseTensor:
+        raise TypeError(f"sparse_linear: weight must be a SparseTensor, got a dense "
+                        f"{type(weight).__name__}; wrap it with st.tensor(weight, "
+                        "format='csr'), or call F.linear for a dense weight")
     if x.shape[1] != weight.shape[1]:   # (einsum would broadcast a size of 1)
         raise ValueError(f"sparse_linear: x has {x.shape[1]} columns but weight "
                          f"{tuple(weight.shape)} takes {weight.shape[1]}; they must be equal")

@@ -13,7 +13,7 @@ import torch
 
 from . import distributed as _dist
 from .densities import kept_count
-from .engine import SparseTrainer
+from .engine import SparseTrainer, _check_int
 from .layers import SparseLayer
 from .schedules import cosine_drop_fraction, cubic_sparsity, is_update_step
 
@@ -178,9 +178,11 @@ class MagnitudePruning(SparseTrainer):
         [100, 22, 10, 10]
     """
     grows = False
+    prunes = True
     skips_optimizer_on_update = False
 
     def __init__(self, model, optimizer, *, t_begin: int = 0, **kwargs):
+        _check_int(type(self).__name__, "t_begin", t_begin, 0)
         self.t_begin = int(t_begin)
         super().__init__(model, optimizer, **kwargs)
 

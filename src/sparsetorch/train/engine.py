@@ -40,6 +40,7 @@ class SparseTrainer:
     and implement ``_drop_count(layer, t)`` and ``_grow_score(layer)``.
     """
     grows = True
+    prunes = False              # the active count falls from dense to ``counts`` over time
     skips_optimizer_on_update = True
     uses_gradient = False       # grow scores read the dense gradient on update steps
 
@@ -264,7 +265,7 @@ class SparseTrainer:
             with torch.no_grad():
                 for layer in self.layers.values():
                     if isinstance(layer, MaskedLayer):
-                        layer.param.mul_(layer.mask())
+                        layer.zero_outside(layer.param)
         if update:
             self._update_masks(t)
         self.step_count += 1
@@ -371,9 +372,12 @@ class SparseTrainer:
             raise ValueError(f"{cls}.load_state_dict: the state holds a {saved_opt} "
                              f"optimizer's state, but this trainer's optimizer is a "
                              f"{type(self.optimizer).__name__}; build it with {saved_opt}")
+        actives = {name: _checked_active(cls, name, state["active"][name], layer.size,
+                                         self.counts[name], self.prunes)
+                   for name, layer in self.layers.items()}
         self._sync_parameters()
         for name, layer in self.layers.items():
-            active = state["active"][name].to(torch.int64)
+            active = actives[name]
             if not torch.equal(active, layer.active()):
                 layer.set_active(active, self.optimizer)
         self.step_count = int(state["step"])
@@ -400,6 +404,27 @@ def _is_sparse_conv(module) -> bool:
 
 def _identity(t):
     return t
+
+
+def _checked_active(cls, name, active, size: int, count: int, prunes: bool) -> torch.Tensor:
+    """A saved layer's active set as int64, checked: increasing flat positions in
+    ``[0, size)``, ``count`` of them (for a pruning trainer, from ``count`` to ``size``);
+    a damaged state otherwise loaded silently with another count, or failed in torch."""
+    where = f"{cls}.load_state_dict: the active set of layer {name!r}"
+    if not isinstance(active, torch.Tensor) or active.dim() != 1 or \
+            active.dtype.is_floating_point or active.dtype.is_complex or \
+            active.dtype == torch.bool:
+        raise ValueError(f"{where} is not a 1-D tensor of integer positions; the state is "
+                         "damaged")
+    active, n = active.to(torch.int64).cpu(), active.numel()
+    if not (count <= n <= size if prunes else n == count):
+        keeps = f"{count} to {size}" if prunes else f"{count}"
+        raise ValueError(f"{where} holds {n} weights where this trainer keeps {keeps}; the "
+                         "state is damaged or from a run of another density")
+    if n and (active[0] < 0 or active[-1] >= size or bool((active[1:] <= active[:-1]).any())):
+        raise ValueError(f"{where} is not increasing positions in [0, {size}) (the layer's "
+                         "weights, row-major); the state is damaged")
+    return active
 
 
 def _check_int(cls, what, v, least=None) -> None:

@@ -54,10 +54,18 @@ class MaskedLayer:
         self.shape = tuple(param.shape)
         self.shape2d = (self.shape[0], math.prod(self.shape[1:]))
         self.size = math.prod(self.shape)
-        self._mask = torch.ones(self.shape, dtype=torch.bool, device=param.device)
+        self._set_mask(torch.ones(self.shape, dtype=torch.bool, device=param.device))
 
     def mask(self) -> torch.Tensor:
         return self._mask
+
+    def _set_mask(self, mask: torch.Tensor) -> None:
+        self._mask, self._off = mask, ~mask
+
+    def zero_outside(self, t: torch.Tensor) -> None:
+        """Zero ``t`` (the weight, its gradient or optimizer state) outside the mask, in
+        place: filled, not multiplied by the mask, where ``NaN * 0`` would stay NaN."""
+        t.masked_fill_(self._off, 0)
 
     def active(self) -> torch.Tensor:
         return self._mask.reshape(-1).nonzero().squeeze(1).cpu()
@@ -69,19 +77,19 @@ class MaskedLayer:
         """Make ``active`` the mask and zero everything outside it."""
         mask = torch.zeros(self.size, dtype=torch.bool, device=self.param.device)
         mask[active.to(self.param.device)] = True
-        self._mask = mask.view(self.shape)
+        self._set_mask(mask.view(self.shape))
         self.enforce(optimizer)
 
     def enforce(self, optimizer) -> None:
         """Zero the weights and their optimizer state outside the mask."""
         with torch.no_grad():
-            self.param.mul_(self._mask)
+            self.zero_outside(self.param)
             for _, t in _state_tensors(optimizer, self.param):
-                t.mul_(self._mask)
+                self.zero_outside(t)
 
     def mask_grad(self) -> None:
         if self.param.grad is not None:
-            self.param.grad.mul_(self._mask)
+            self.zero_outside(self.param.grad)
 
     def grad_rows(self, r0: int, r1: int) -> torch.Tensor:
         return self.reduce(self.param.grad.reshape(self.shape2d)[r0:r1])
@@ -269,8 +277,8 @@ class SparseLayer:
             take = old_order.to(take.device)[take]
         grown = src < 0
         with torch.no_grad():
-            values = torch.where(grown, 0, old_param.detach()[take])
-            moved = {k: torch.where(grown, _fresh(optimizer, old_param, k), t[take])
+            values = _taken(old_param.detach(), take, grown, 0.0)
+            moved = {k: _taken(t, take, grown, _fresh(optimizer, old_param, k))
                      for k, t in _state_tensors(optimizer, old_param)}
         # (the rest of the state, e.g. Adam's step count: a new count of entries makes
         # set_active drop the state sized for the old one, which a prune must not lose,
@@ -284,6 +292,16 @@ class SparseLayer:
                 moved = {k: t[inverse.to(t.device)] for k, t in moved.items()}
             state = optimizer.state.setdefault(self.module.values, {})
             state.update({**kept, **state, **moved})
+
+
+def _taken(old: torch.Tensor, take: torch.Tensor, grown: torch.Tensor,
+           fill: float) -> torch.Tensor:
+    """``old[take]`` where an entry is kept, ``fill`` where it is grown (gathered at the kept
+    entries alone: a layer that stored none has nothing to index)."""
+    out = torch.full(take.shape, fill, dtype=old.dtype, device=old.device)
+    kept = ~grown
+    out[kept] = old[take[kept]]
+    return out
 
 
 # The gradient before a fused activation from the one after it, g, and the output y: each
