@@ -209,6 +209,25 @@ def test_atomic_writes_keep_permissions_and_links(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["link.json", "r.json"]
 
 
+def test_a_killed_writers_temp_file_goes_at_the_next_write(tmp_path):
+    """A process SIGKILLed mid-save left its temp file (100 MB for a checkpoint) for good
+    (a probe's finding): the next write to the path removes a temp file whose writer is
+    gone, and keeps a live writer's and another destination's."""
+    import subprocess
+    import sys
+
+    from sparsetorch._files import _host, atomic_write
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    names = {f".c.pt.{_host()}-{gone}.x1.tmp": False, f".c.pt.{_host()}-{os.getpid()}.x2.tmp":
+             True, f".d.pt.{_host()}-{gone}.x3.tmp": True}   # name -> kept
+    for name in names:
+        (tmp_path / name).write_bytes(b"partial")
+    atomic_write(tmp_path / "c.pt", lambda f: f.write(b"whole"), who="test")
+    assert sorted(os.listdir(tmp_path)) == sorted(["c.pt", *(n for n, k in names.items() if k)])
+
+
 def test_json_rejects_nan(tmp_path):
     with pytest.raises(ValueError):
         write_json_atomic(tmp_path / "r.json", {"x": float("nan")})

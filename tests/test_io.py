@@ -280,6 +280,15 @@ def test_complex_is_a_type_error(tmp_path):
     ("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n2 3 1\n",
      r"entry 2 has index \(2, 3\) outside"),
     ("%%MatrixMarket matrix coordinate real general\n2 2 1\n1.5 1 1\n", "whole numbers"),
+    # (past int64: numpy's cast warned, and the error quoted index -2^63)
+    ("%%MatrixMarket matrix coordinate real general\n2 2 1\n1e300 1 1\n",
+     r"entry 1 has indices \[1e\+300, 1.0\]; row and column indices must be whole"),
+    ("%%MatrixMarket matrix coordinate real general\n2 2 1\n1 inf 1\n",
+     r"entry 1 has indices \[1.0, inf\]"),
+    # (int64's least, mirrored: -(-2^63) wrapped to -2^63 silently)
+    ("%%MatrixMarket matrix coordinate integer skew-symmetric\n2 2 1\n"
+     "2 1 -9223372036854775808\n", "mirror in this skew-symmetric file, "
+     "9223372036854775808, does not fit in int64"),
     ("%%MatrixMarket matrix array real general\n2 2\n1 2 3\n",
      "has 3 values but its size line promises 4"),
     ("%%MatrixMarket matrix array integer general\n2 1\n1 2.5\n",
@@ -290,6 +299,25 @@ def test_bad_files_name_file_and_problem(tmp_path, text, message):
     with pytest.raises(ValueError, match=message) as e:
         read_mtx(p)
     assert "bad.mtx" in str(e.value)
+
+
+def test_a_pattern_file_mixing_lines_with_and_without_values(tmp_path):
+    """Pattern entry lines may carry a value column, as scipy reads them; lines with
+    and without it in one file gave "cannot read the entries", naming no line (a probe's
+    finding)."""
+    p = _write(tmp_path, f"{BANNER} pattern general\n2 2 3\n1 1 0.5\n2 1\n"
+                         "2 2 7\n")
+    assert read_mtx(p).to_dense().tolist() == [[1.0, 0.0], [1.0, 1.0]]
+
+
+def test_argument_and_device_errors_name_the_argument(tmp_path):
+    p = _write(tmp_path, f"{BANNER} real general\n1 1 1\n1 1 2\n")
+    for bad in ("1000000", -1, 1.5, True):   # (a str gave '>' not supported; -1 ran)
+        with pytest.raises(TypeError, match="max_bytes must be an int >= 0"):
+            read_mtx(p, max_bytes=bad)
+    with pytest.raises(ValueError, match="on the meta device"):   # (torch's copy error)
+        write_mtx(tmp_path / "m.mtx", st.tensor(torch.eye(2)).to("meta"))
+    assert not (tmp_path / "m.mtx").exists()
 
 
 def test_bad_paths_and_dtypes(tmp_path):
@@ -417,6 +445,8 @@ def test_smtx_unsorted_rows_are_sorted_and_empty_ok(tmp_path):
     ("3, 4, 2\n0 2 1 2\n2 3\n", r"decrease at row 1 \(2 -> 1\)"),
     ("2, 4, 2\n0 1 2\n2 4\n", r"column index 4 at position 1 is outside \[0, 4\)"),
     ("2, 4, 2\n0 2 2\n3 3\n", "row 0 lists column 3 twice"),
+    # (apart until sorted: the error was from_levels', naming no file)
+    ("1, 4, 3\n0 3\n1 0 1\n", "row 0 lists column 1 twice"),
     ("2, 4, 2\n0 1 2\n2 x\n", r"line 3 \(column indices\) contains b'x'"),
     ("2, 4, 2\n0 1 2\n2 3\nextra\n", "text after line 3"),
 ])

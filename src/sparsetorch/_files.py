@@ -3,7 +3,10 @@ Market files, training checkpoints, benchmark JSON).
 
 The bytes go to a temp file beside the destination, are flushed to disk, and the temp file
 is renamed over the destination (``os.replace``, atomic on POSIX): a crash or an exception
-mid-write leaves the old file as it was and no temp file behind. The new file keeps the
+mid-write leaves the old file as it was. An exception removes the temp file; a process
+killed outright (SIGKILL, power loss) cannot, and the next write to the same path from
+the same machine removes it (the temp file's name holds the writer's host and process
+id: one whose process is gone is stale). The new file keeps the
 permissions of the one it replaces, or gets the umask's, as ``open`` would give
 (``mkstemp`` makes 0600). A symbolic link at the destination is written through: its
 target is replaced and the link kept.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import stat
 import tempfile
 from pathlib import Path
@@ -32,8 +36,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
     path = Path(path)
     if path.is_symlink():
         path = path.resolve()
+    mine = f".{path.name}.{_host()}-"
+    _remove_stale(path.parent, mine)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{mine}{os.getpid()}.",
+                                   suffix=".tmp")
     except FileNotFoundError:
         raise FileNotFoundError(f"{who}: folder {str(path.parent)!r} does not exist; create "
                                 f"it first (os.makedirs({str(path.parent)!r}, "
@@ -50,6 +57,34 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
             os.unlink(tmp)
         raise
     return path
+
+
+def _host() -> str:
+    return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40]
+
+
+def _remove_stale(folder: Path, prefix: str) -> None:
+    """Delete this host's temp files of the destination (``prefix``) whose writer process
+    is gone (killed mid-write); another live process's stay."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            name = entry.name
+            if not (name.startswith(prefix) and name.endswith(".tmp")):
+                continue
+            pid = name[len(prefix):].split(".", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):   # (another user's: alive; or not a pid)
+        return True
+    return True
 
 
 def _mode_for(path: Path) -> int:

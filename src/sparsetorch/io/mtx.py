@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import numbers
 import os
 import zlib
 from typing import NamedTuple
@@ -53,6 +54,10 @@ def read_bytes(path, who: str, max_bytes=None) -> bytes:
 
     gzip is decompressed in 1 MiB steps, so a file that inflates past ``max_bytes`` (a
     "zip bomb") is refused once that much has been read, not after inflating it whole."""
+    if max_bytes is not None and (isinstance(max_bytes, bool) or
+                                  not isinstance(max_bytes, numbers.Integral) or max_bytes < 0):
+        raise TypeError(f"{who}: max_bytes must be an int >= 0 (a byte count) or None (no "
+                        f"limit), got {max_bytes!r}")
     path = os.fspath(path)
     try:
         f = open(path, "rb")
@@ -347,8 +352,11 @@ def _numbers(body: bytes, np_dtype, per_line: int, count: int, path: str, first_
             if problem is not None:
                 raise problem
             return out.reshape(count, width)
-    raise _locate_problem(given, np_dtype, per_line, count, path, first_line, lenient) or \
-        ValueError(f"read_mtx: {path!r}: cannot read the entries")
+    problem = _locate_problem(given, np_dtype, per_line, count, path, first_line, lenient)
+    if problem is None and lenient:   # (lines with and without the value column: each read)
+        return np.array([line.split()[:per_line] for line in body.split(b"\n")
+                         if line.split()], dtype=np.float64)
+    raise problem or ValueError(f"read_mtx: {path!r}: cannot read the entries")
 
 
 def _widths_are(body: bytes, width: int, chunk: int = 1 << 22) -> bool:
@@ -447,10 +455,13 @@ def _read_coordinate(header: MtxHeader, body, first_line, path):
                      lenient=header.field == "pattern")
     if table.dtype == np.float64:
         idx = table[:, :2]
-        if not np.array_equal(idx, np.trunc(idx)):
-            k = int(np.argmax((idx != np.trunc(idx)).any(1)))
+        # (inf, NaN and whole numbers past int64 too: converted, they read as garbage)
+        bad = ~(np.isfinite(idx) & (idx == np.trunc(idx)) & (np.abs(idx) < 2.0 ** 62)).all(1)
+        if bad.any():
+            k = int(np.argmax(bad))
             raise ValueError(f"read_mtx: {path!r} entry {k + 1} has indices {idx[k].tolist()}; "
-                             "row and column indices must be whole numbers")
+                             "row and column indices must be whole numbers within the "
+                             "matrix's size")
         idx = idx.astype(np.int64)
     else:
         idx = table[:, :2]
@@ -466,6 +477,13 @@ def _read_coordinate(header: MtxHeader, body, first_line, path):
             else np.ascontiguousarray(table[:, 2]))
     if header.symmetry != "general":
         off = rows != cols
+        if header.symmetry == "skew-symmetric" and vals.dtype == np.int64 and \
+                (vals[off] == _INT64.min).any():
+            k = int(np.argmax(off & (vals == _INT64.min)))
+            raise ValueError(f"read_mtx: {path!r} entry {k + 1} holds {_INT64.min}, whose "
+                             f"mirror in this skew-symmetric file, {-int(_INT64.min)}, does "
+                             "not fit in int64; declare the field 'real' in the banner to "
+                             "read the values as float64")
         mirrored = vals[off] if header.symmetry == "symmetric" else -vals[off]
         rows, cols = np.concatenate([rows, cols[off]]), np.concatenate([cols, rows[off]])
         vals = np.concatenate([vals, mirrored])
@@ -542,6 +560,9 @@ def write_mtx(path, tensor, comment=None) -> None:
     if t.dtype.is_complex or t.dtype == torch.bool:
         raise TypeError(f"write_mtx({spath!r}): values of dtype {t.dtype} are not supported; "
                         "convert to a float or integer dtype first")
+    if t.device.type == "meta":
+        raise ValueError(f"write_mtx({spath!r}): the tensor is on the meta device, which "
+                         "holds shapes but no values; write a tensor that has its data")
     coo = t.asformat("coo")
     arrays = coo.arrays
     rows = arrays["crd0"].detach().cpu().to(torch.int64).numpy() + 1
