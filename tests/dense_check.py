@@ -52,8 +52,7 @@ def private_kernel_cache(tmp_path_factory):
     kernel loaded from elsewhere. Idempotent: several modules import this fixture."""
     if "dir" not in _SESSION:
         _SESSION["old"] = os.environ.get("SPARSETORCH_CACHE")
-        d = os.environ.get("SPARSETORCH_TEST_CACHE") or str(
-            tmp_path_factory.mktemp("sparsetorch-kernel-cache"))
+        d = os.environ.get("SPARSETORCH_TEST_CACHE") or _run_cache_dir(tmp_path_factory)
         _SESSION["dir"] = d
         os.environ["SPARSETORCH_CACHE"] = d
         st.runtime.clear_cache(disk=False)
@@ -63,6 +62,17 @@ def private_kernel_cache(tmp_path_factory):
         os.environ.pop("SPARSETORCH_CACHE", None)
     else:
         os.environ["SPARSETORCH_CACHE"] = _SESSION["old"]
+
+
+def _run_cache_dir(tmp_path_factory) -> str:
+    """A kernel cache for this run: under pytest-xdist one for all its workers (the
+    folder above each worker's own), so a kernel is compiled once whichever worker needs
+    it first (the cache's locks serialise two builds of one kernel)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        d = tmp_path_factory.getbasetemp().parent / "sparsetorch-kernel-cache"
+        d.mkdir(exist_ok=True)
+        return str(d)
+    return str(tmp_path_factory.mktemp("sparsetorch-kernel-cache"))
 
 
 @pytest.fixture

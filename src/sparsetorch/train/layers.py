@@ -57,10 +57,11 @@ class MaskedLayer:
         self._set_mask(torch.ones(self.shape, dtype=torch.bool, device=param.device))
 
     def mask(self) -> torch.Tensor:
-        return self._mask
+        return ~self._off
 
     def _set_mask(self, mask: torch.Tensor) -> None:
-        self._mask, self._off = mask, ~mask
+        # (kept inverted, the form every step fills by: one bool a weight, not two)
+        self._off = ~mask
 
     def zero_outside(self, t: torch.Tensor) -> None:
         """Zero ``t`` (the weight, its gradient or optimizer state) outside the mask, in
@@ -68,7 +69,7 @@ class MaskedLayer:
         t.masked_fill_(self._off, 0)
 
     def active(self) -> torch.Tensor:
-        return self._mask.reshape(-1).nonzero().squeeze(1).cpu()
+        return self.mask().reshape(-1).nonzero().squeeze(1).cpu()
 
     def values(self) -> torch.Tensor:
         return self.param.detach().reshape(-1)[self.active().to(self.param.device)]
