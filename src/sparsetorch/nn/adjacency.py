@@ -15,7 +15,6 @@ The normalisation runs as vectorised torch over the entries' coordinates (degree
 """
 from __future__ import annotations
 
-import numbers
 import weakref
 
 import torch
@@ -23,6 +22,7 @@ import torch
 from .._modes import outside_inference_mode, version
 from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
+from ._common import check_sizes
 
 NORMALIZATIONS = ("sym", "mean", None)
 DEGREES = ("weights", "edges")
@@ -55,9 +55,7 @@ def normalized_adjacency(adj, num_nodes: int, normalize="sym", self_loops: bool 
         raise ValueError(f"{what}: normalize must be 'sym', 'mean' or None, got {normalize!r}")
     if degree not in DEGREES:
         raise ValueError(f"{what}: degree must be one of {DEGREES}, got {degree!r}")
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, numbers.Integral) or \
-            num_nodes < 0:
-        raise ValueError(f"{what}: num_nodes must be an int >= 0, got {num_nodes!r}")
+    check_sizes(what, least=0, num_nodes=num_nodes)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"{what}: dtype must be a floating-point torch.dtype (the "
                         f"normalised weights are fractions), got {dtype!r}")
