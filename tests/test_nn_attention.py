@@ -352,3 +352,37 @@ def test_attention_under_torch_compile():
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0],
                                torch.autograd.grad(ref.sum(), x)[0])
+
+
+def _small_transformer(mask):
+    torch.manual_seed(0)
+    return SparseTransformer(20, 3, embed_dim=8, num_heads=2, ff_dim=16, num_layers=2,
+                             max_len=16, mask=mask)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_export_keeps_the_batch_dynamic(strict):
+    """``torch.export`` with a dynamic batch: the copies of the mask the batch and heads
+    need were built in the graph, which fixed the batch (a constraint violation), and
+    strict export stopped at the mask's graph break. Now one op per layer takes the
+    sequence's mask and the copy count, and the program runs any batch as eager."""
+    from torch.export import Dim, export
+    model = _small_transformer(masks.longformer(12, 2, global_tokens=1)).eval()
+    program = export(model, (torch.randint(0, 20, (2, 12)),), strict=strict,
+                     dynamic_shapes={"tokens": {0: Dim("batch", min=1, max=64)}})
+    ops = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.sparsetorch.block_diagonal_attention.default) == 2
+    exported = program.module()
+    for batch in (1, 5):
+        tokens = torch.randint(0, 20, (batch, 12))
+        out, ref = exported(tokens), model(tokens)
+        torch.testing.assert_close(out, ref)
+        g = torch.randn_like(out)
+        names = [n for n, p in model.named_parameters() if n.startswith("layers.0.attn")]
+        assert len(names) == 4
+        mine = dict(exported.named_parameters())
+        for a, b in zip(torch.autograd.grad(out, [mine[n] for n in names], g),
+                        torch.autograd.grad(ref, [dict(model.named_parameters())[n]
+                                                  for n in names], g)):
+            torch.testing.assert_close(a, b)
+

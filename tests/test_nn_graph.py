@@ -548,6 +548,15 @@ def test_gcn_compiles_and_matches_eager():
                             as_sparse(graph()).double())
 
 
+@pytest.mark.parametrize("make", _LAYERS)
+def test_export_is_refused_with_the_cause(make):
+    """Non-strict export failed on a data-dependent guard, strict on a disabled function,
+    neither naming the layer or why; strict export shows the TypeError inside dynamo's."""
+    from torch.export import export
+    with pytest.raises(TypeError, match="torch.export is not supported: the layer builds"):
+        export(make().eval(), (features(), graph()), strict=False)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("make", _LAYERS)
 def test_layers_compile_with_every_input_kind(make):

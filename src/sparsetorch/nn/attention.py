@@ -25,7 +25,7 @@ from torch import nn
 from .._modes import outside_inference_mode, refuse_ad_transforms
 from ..formats.tensor import SparseTensor
 from ..ops import einsum
-from ..ops.attention import masked_attention
+from ..ops.attention import block_diagonal_attention, masked_attention
 from ._common import (NoTorchScript, autocast_input, check_dropout, check_sizes,
                       input_type_error, outside_graph)
 from .masks import as_mask, block_diagonal
@@ -113,14 +113,29 @@ class SparseAttention(NoTorchScript, nn.Module):
         # (B, L, H*d) -> (B*H*L, d): every (batch, head) is one diagonal block of A.
         q, k, v = (t.reshape(B, L, H, d).transpose(1, 2).reshape(-1, d)
                    for t, L in ((q, Lq), (k, Lk), (v, Lk)))
+        dropout = self.training and self.dropout > 0
+        if not dropout and torch.compiler.is_exporting():
+            # Exported: the copies of the mask are made inside one op, which keeps the batch
+            # symbolic (folded in the graph, it was fixed), and a fixed mask is read in the
+            # graph (strict export allows no graph break). torch.compile folds it outside
+            # its graph, eagerly (a graph break), with a symbolic batch too.
+            fixed = isinstance(self.mask if mask is None else mask, SparseTensor)
+            one = self._mask(Lq, Lk, mask) if fixed else self.mask_for(Lq, Lk, mask)
+            out = block_diagonal_attention(one, B * H, 1 / math.sqrt(d), q, k, v)
+            return self._projected(out, B, Lq)
         # (in the projections' dtype: half precision under autocast)
         A = self._folded_mask(self.mask_for(Lq, Lk, mask), B * H, q.dtype)
-        if self.training and self.dropout > 0:
+        if dropout:
             probs = torch.sparse.softmax(einsum("ij,ik,jk->ij", A, q, k), 1)
             probs = probs.with_values(F.dropout(probs.values, self.dropout))
             out = probs @ v
         else:
             out = masked_attention(A, q, k, v)
+        return self._projected(out, B, Lq)
+
+    def _projected(self, out: torch.Tensor, B, Lq) -> torch.Tensor:
+        """The heads' outputs, (B*H*Lq, d), projected and laid out as the input."""
+        H, d, E = self.num_heads, self.head_dim, self.embed_dim
         out = self.out_proj(out.reshape(B, H, Lq, d).transpose(1, 2).reshape(B, Lq, E))
         return out if self.batch_first else out.transpose(0, 1)
 
@@ -132,6 +147,9 @@ class SparseAttention(NoTorchScript, nn.Module):
     def mask_for(self, Lq: int, Lk: int | None = None, mask: MaskArg = None) -> SparseTensor:
         """The CSR mask a call with these lengths uses: ``mask``, else the layer's own
         (a function of L is called once per length, and its result kept)."""
+        return self._mask(Lq, Lk, mask)
+
+    def _mask(self, Lq: int, Lk: int | None, mask: MaskArg) -> SparseTensor:
         Lk = Lq if Lk is None else Lk
         mask = self.mask if mask is None else mask
         if mask is None:

@@ -165,6 +165,14 @@ class _GraphLayer(NoTorchScript, nn.Module):
 
     def forward(self, x, adj) -> torch.Tensor:
         if _is_compiling():
+            if torch.compiler.is_exporting():
+                # (torch's own errors, a data-dependent guard or a disabled function, named
+                # no cause)
+                raise TypeError(
+                    f"{type(self).__name__}: torch.export is not supported: the layer builds "
+                    "and keeps its normalised adjacency from the graph's entries, whose count "
+                    "depends on their values, outside any traced graph; run the model "
+                    "eagerly or under torch.compile, which calls the layer eagerly")
             return _eager_forward(self, x, adj)
         # (before the adjacency's first build, which reads memory: torch's error named no
         # cause; the products refuse transformed weights as einsum)

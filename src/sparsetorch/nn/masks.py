@@ -20,6 +20,7 @@ import torch
 
 from ..formats.convert import tensor as _to_sparse
 from ..formats.tensor import SparseTensor
+from ..ops.attention import block_diagonal_arrays
 
 _INT32_MAX = 2**31 - 1
 
@@ -195,15 +196,10 @@ def block_diagonal(mask: SparseTensor, copies: int) -> SparseTensor:
                 [0., 0., 0., 1.]])
     """
     mask = mask if mask.format.name == "csr" else mask.asformat("csr")
-    (n, m), nnz = mask.shape, mask.nnz
-    pos, crd = mask.arrays["pos1"].long(), mask.arrays["crd1"].long()
-    shift = torch.arange(copies)[:, None]
-    big_pos = torch.cat([(pos[:-1] + shift * nnz).reshape(-1), torch.tensor([copies * nnz])])
-    index = torch.int32 if copies * max(nnz, m) <= _INT32_MAX else torch.int64
-    return SparseTensor.from_levels(
-        (copies * n, copies * m), "csr",
-        {"pos1": big_pos.to(index), "crd1": (crd + shift * m).reshape(-1).to(index)},
-        mask.values.repeat(copies), check=False)
+    n, m = mask.shape
+    pos, crd = block_diagonal_arrays(mask._pos1, mask._crd1, m, copies)
+    return SparseTensor.from_levels((copies * n, copies * m), "csr", {"pos1": pos, "crd1": crd},
+                                    mask.values.repeat(copies), check=False)
 
 
 # -- helpers -------------------------------------------------------------------------------
