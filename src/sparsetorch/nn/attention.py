@@ -103,7 +103,7 @@ class SparseAttention(NoTorchScript, nn.Module):
             raise ValueError(f"SparseAttention: batch and length do not agree: query "
                              f"{tuple(q_in.shape)}, key {tuple(k_in.shape)}, value "
                              f"{tuple(v_in.shape)} (batch_first layout)")
-        (B, Lq, E), Lk, H, d = q_in.shape, k_in.shape[1], self.num_heads, self.head_dim
+        (B, Lq, _), Lk, H, d = q_in.shape, k_in.shape[1], self.num_heads, self.head_dim
         w, b = self.in_proj_weight, self.in_proj_bias
         if query is key and key is value:
             q, k, v = F.linear(q_in, w, b).chunk(3, dim=-1)
