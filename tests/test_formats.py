@@ -275,6 +275,26 @@ def test_from_torch_blocked_keeps_blocksize(layout, blocksize):
     check_against_dense(a, x)
 
 
+
+@pytest.mark.parametrize("layout", ["csr", "csc"])
+def test_from_torch_compressed_unsorted_and_repeated_is_summed(layout):
+    """torch builds CSR/CSC tensors whose rows (columns) hold coordinates out of order and
+    repeated; st.tensor refused them, naming SparseTensor.from_levels. They are now sorted
+    and summed as scipy input is (and as torch's to_dense reads them)."""
+    make = torch.sparse_csr_tensor if layout == "csr" else torch.sparse_csc_tensor
+    t = make(torch.tensor([0, 3, 3, 5]), torch.tensor([2, 0, 2, 1, 0]),
+             torch.tensor([1., 2., 3., 4., 5.], dtype=torch.float64), (3, 3))
+    for fmt in ["csr", "csc", "coo", "dcsr", "dense"]:
+        check_against_dense(st.tensor(t, format=fmt), t.to_dense())
+    bad = make(torch.tensor([0, 2, 2, 3]), torch.tensor([2, 7, 0]), torch.ones(3), (3, 3))
+    with pytest.raises(ValueError, match=rf"st.tensor\(a torch.sparse_{layout} tensor\): "
+                                         r"level 1 .*coordinate 7 .* out of range"):
+        st.tensor(bad)
+    bsr = torch.sparse_bsr_tensor(torch.tensor([0, 2]), torch.tensor([1, 0]),
+                                  torch.ones(2, 1, 1), (1, 2))
+    with pytest.raises(ValueError, match=r"sparse_bsr tensor\): .*unsorted coordinates"):
+        st.tensor(bsr)
+
 def test_from_torch_coo_uncoalesced_duplicates():
     idx = torch.tensor([[1, 0, 1, 1], [2, 1, 2, 0]])
     t = torch.sparse_coo_tensor(idx, torch.tensor([1., 2., 3., 4.]), (2, 3), check_invariants=True)

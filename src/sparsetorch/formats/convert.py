@@ -22,7 +22,7 @@ from .scipy_routes import (SCIPY_VALUES, as_scipy, compressed_to_coo, coo_tensor
                            scipy_takes_values, swap_compressed)
 from .tensor import SparseTensor, map_arrays
 from .validate import (check_blocks, check_coords, check_dtype_argument, check_index_tensor,
-                       check_same_device, check_shape, check_value_dtype)
+                       check_levels, check_same_device, check_shape, check_value_dtype)
 
 _TORCH_COMPRESSED = {torch.sparse_csr: ("crow_indices", "col_indices", (0, 1)),
                      torch.sparse_csc: ("ccol_indices", "row_indices", (1, 0)),
@@ -228,8 +228,23 @@ def _from_torch_compressed(x, format, blocksize, index_dtype) -> SparseTensor:
         vals = vals.reshape(-1)
     else:
         fmt = Format((dense, compressed), order)
-    source = SparseTensor(*SparseTensor._checked_levels(x.shape, fmt, arrays, vals))
-    return _convert_owned(source, format, blocksize, index_dtype)
+    name = f"st.tensor(a {x.layout} tensor)"
+    shape = check_shape(x.shape, name)
+    try:
+        check_levels(fmt, shape, arrays, vals, name)
+    except ValueError:
+        if blocked:
+            raise
+        # torch allows a row's (column's) coordinates in any order and repeated, as scipy
+        # does: sorted and summed as scipy's are (after the bounds are shown valid)
+        check_levels(fmt, shape, arrays, vals, name, full=False)
+        pos, crd = (a.to(torch.int64) for a in arrays.values())
+        outer = torch.repeat_interleave(torch.arange(pos.numel() - 1, device=pos.device),
+                                        pos.diff())
+        coords = [outer, crd] if order == (0, 1) else [crd, outer]
+        return _from_coo_pair(coords, vals, format, shape, blocksize, index_dtype)
+    return _convert_owned(SparseTensor(shape, fmt, arrays, vals), format, blocksize,
+                          index_dtype)
 
 
 def _from_scipy(m, format, blocksize, index_dtype) -> SparseTensor:
