@@ -42,6 +42,12 @@ Sections
           ``st.models.SparseTransformer`` (embedding 128, 4 heads, 2 layers, a Longformer
           mask of window 64, L = 1024, batch 2) and ``st.sparsify(mobilenet_v1(), 0.9)``
           (batch 1, inference) compiled against eager.
+  exported
+          ``torch.export`` (non-strict, the batch a ``Dim``) of
+          ``st.models.SparseTransformer`` (embedding 128, 4 heads, 2 layers, L = 4096, a
+          BigBird mask of 64-blocks, 3 window, 1 global and 2 random) against the same
+          model eager, in inference at batch 2: each attention layer is one op there
+          (``sparsetorch::block_diagonal_attention``), which keeps its folded mask.
 
 Timing: ``sparsetorch.bench.compare`` (interleaved rounds, medians of per-round ratios;
 ``speedup`` > 1 means faster than the baseline, the first implementation listed).
@@ -62,7 +68,8 @@ def _args():
     p.add_argument("--threads", type=int, default=2, help="threads for every library (2)")
     p.add_argument("--rounds", type=int, default=15, help="timed rounds per case (15)")
     p.add_argument("--only", default=None,
-                   help="regex of sections to run (linear, gcn, narrow, sparse-input, compiled)")
+                   help="regex of sections to run (linear, gcn, narrow, sparse-input, "
+                        "compiled, exported)")
     p.add_argument("--out", default=str(HERE / "results" / "nn_layers.json"), help="JSON path")
     return p.parse_args()
 
@@ -312,12 +319,31 @@ def section_compiled(report):
             run(report, f"{case} train", train, section="compiled")
 
 
+def section_exported(report):
+    from torch.export import Dim, export
+
+    gen = torch.Generator().manual_seed(0)
+    L = 4096
+    mask = st.nn.masks.bigbird(L, 64, 3, 1, 2, generator=gen)
+    model = st.models.SparseTransformer(100, 2, max_len=L, mask=mask).eval()
+    tokens = torch.randint(0, 100, (2, L), generator=gen)
+    program = export(model, (tokens,), dynamic_shapes={"tokens": {0: Dim("batch")}}).module()
+
+    def infer(m):
+        def f():
+            with torch.no_grad():
+                return m(tokens)
+        return f
+    run(report, f"SparseTransformer L={L}, batch 2 infer",
+        {"eager": infer(model), "torch.export": infer(program)}, section="exported")
+
+
 def main():
     quiet_sparse_warnings()
     report = Report(f"st.nn layers and models ({ARGS.threads} threads)")
     for name, section in (("linear", section_linear), ("gcn", section_gcn),
                           ("narrow", section_narrow), ("sparse-input", section_sparse_input),
-                          ("compiled", section_compiled)):
+                          ("compiled", section_compiled), ("exported", section_exported)):
         if ARGS.only is None or re.search(ARGS.only, name):
             print(f"{name}:", flush=True)
             section(report)
