@@ -9,11 +9,10 @@ Traced (``torch.compile``) without gradients, the fused C kernel is recorded as 
 op ``sparsetorch::masked_attention``; with them, the unfused ops are.
 
 A batch of sequences and heads folded into rows attends over copies of one sequence's
-mask along a block diagonal (``nn.SparseAttention``). Traced with that batch symbolic
-(``torch.export`` with a ``Dim``, ``torch.compile``'s dynamic shapes), building the
-copies in the graph would fix the batch; ``block_diagonal_attention`` records the one
-sequence's mask and the copy count instead, as the op
-``sparsetorch::block_diagonal_attention``, which folds them where it runs.
+mask along a block diagonal (``nn.SparseAttention``). Exported with that batch symbolic
+(``torch.export`` with a ``Dim``), building the copies in the graph would fix the batch;
+``block_diagonal_attention`` records the one sequence's mask and the copy count instead,
+as the op ``sparsetorch::block_diagonal_attention``, which folds them where it runs.
 """
 from __future__ import annotations
 
@@ -162,7 +161,6 @@ def _unfused(A, Q, K, V):
     # torch.sparse.softmax routes to st.ops.softmax (__torch_function__), and dynamo records
     # a torch function on a SparseTensor as one graph node.
     return torch.sparse.softmax(einsum("ij,ik,jk->ij", A, Q, K), 1) @ V
-
 
 
 # -- one sequence's mask, copied along a block diagonal ----------------------------------------
