@@ -159,9 +159,17 @@ def test_layer_uses_the_kernel_for_3x3_and_torch_otherwise():
                         (nn.Conv2d(4, 4, 5, 1, 2, groups=4), None),
                         (nn.Conv2d(4, 4, 3, 1, 2, dilation=2, groups=4), None)):
         layer = ChannelsFirstDepthwise.from_dense(conv, activation="relu")
-        assert layer._fused_3x3 == fused
+        assert layer._fused_stride() == fused
         with torch.no_grad():
             torch.testing.assert_close(layer(x), F.relu(conv(x)), rtol=1e-5, atol=1e-5)
+    # attributes set after construction are honoured (the kernel's choice was kept from it)
+    conv = nn.Conv2d(4, 4, 3, 1, 1, groups=4)
+    layer = ChannelsFirstDepthwise.from_dense(conv)
+    for attr, value in (("stride", (2, 2)), ("padding", (0, 0)), ("dilation", (2, 2))):
+        setattr(layer, attr, value)
+        setattr(conv, attr, value)
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), conv(x), rtol=1e-5, atol=1e-5)
     # training: gradients reach the layer's parameters through the kernel's backward
     layer = ChannelsFirstDepthwise.from_dense(nn.Conv2d(4, 4, 3, 1, 1, groups=4), "relu6")
     layer(x).sum().backward()

@@ -207,3 +207,15 @@ def test_a_lone_layer_freezes():
     _same(frozen, attention, q)
     _same(frozen, attention, q, q, q)
     assert "step_layer" in frozen.code
+
+
+def test_a_hooked_block_is_called_with_its_hooks():
+    """A block torch.fx traced into ran its hook once, on a Proxy, while freezing, and the
+    frozen model never."""
+    sparse = st.sparsify(st.models.mobilenet_v2(0.25, num_classes=10), sparsity=0.9).eval()
+    seen = []
+    sparse.features[3].register_forward_hook(lambda m, i, out: seen.append(type(out)))
+    frozen = st.freeze(sparse)
+    assert seen == []
+    _same(frozen, sparse, torch.randn(1, 3, 32, 32))
+    assert seen == [torch.Tensor, torch.Tensor]   # the model's call, then the frozen copy's

@@ -161,6 +161,10 @@ def test_bad_arguments_are_clear():
         SparseConv2d(4, 4, density=0.5, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"input must be \(N, 4, H, W\)"):
         SparseConv2d(4, 4, density=1.0)(torch.randn(1, 3, 2, 2))
+    layer = SparseConv2d(4, 4, density=1.0)
+    layer.stride = 3   # (set after construction: ran as stride 1)
+    with pytest.raises(ValueError, match="SparseConv2d: stride must be 1 or 2, got 3"):
+        layer(torch.randn(1, 4, 6, 6))
 
 
 def test_input_of_another_dtype_is_a_clear_type_error():

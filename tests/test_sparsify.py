@@ -392,3 +392,95 @@ def test_a_sparse_conv_state_loads_into_a_layer_stored_the_other_way():
     with pytest.raises(RuntimeError, match="not a valid"):
         c.load_state_dict(bad)
     assert c.blocksize == before[0] and torch.equal(c.weight.to_dense(), before[1])
+
+
+class _SharedNorm(nn.Module):
+    """A batch norm registered twice: as ``bn`` and inside ``body``."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(8)
+        self.body = nn.Sequential(nn.Conv2d(6, 8, 1), self.bn, nn.ReLU())
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class _ResidualBlock(nn.Sequential):
+    """A Sequential whose own forward adds the convolution's output to the batch norm's."""
+
+    def forward(self, x):
+        y = self[0](x)
+        return self[1](y) + y
+
+
+class _Untraceable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = _ResidualBlock(nn.Conv2d(6, 8, 1), nn.BatchNorm2d(8))
+
+    def forward(self, x):
+        return self.block(x) if x.sum() > -1e9 else x   # (control flow on values)
+
+
+class _ReadsItsNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(6, 8, 1), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)) * self.bn.weight.abs().sum()
+
+
+@pytest.mark.parametrize("make", [_SharedNorm, _Untraceable, _ReadsItsNorm])
+def test_a_batch_norm_another_use_still_needs_is_not_folded(make):
+    """Folded while registered under a second name, the batch norm ran twice (an error
+    of 26); read as a plain chain, a Sequential with its own forward lost its residual's
+    input; with its weight read by the forward, the model failed on the Identity left in
+    its place."""
+    model = _randomise_bn(make())
+    x = torch.randn(2, 6, 4, 4)
+    with torch.no_grad():
+        want = model(x)
+        torch.testing.assert_close(st.sparsify(model, sparsity=0.0)(x), want)
+        torch.testing.assert_close(st.nn.fold_batchnorms(model)(x), want)
+
+
+def test_a_model_pruned_by_torch_converts_with_its_pruned_weights():
+    """``torch.nn.utils.prune``'s pre-hook was carried onto the sparse layer, whose first
+    call failed on its missing ``weight_mask``. The pruned weight is taken as it is now
+    (after a step on ``weight_orig``) and the hook dropped; the model given keeps its."""
+    from torch.nn.utils import prune
+    model = _conv_bn()
+    prune.l1_unstructured(model[0], "weight", amount=0.5)
+    prune.random_unstructured(model[3], "bias", amount=0.5)
+    with torch.no_grad():
+        model[0].weight_orig.add_(0.1)   # (the attribute is refreshed at the next call)
+    sparse = st.sparsify(model, sparsity=0.0)
+    folded = st.nn.fold_batchnorms(model)
+    x = torch.randn(2, 6, 3, 3)
+    with torch.no_grad():
+        want = model(x)
+        torch.testing.assert_close(sparse(x), want)
+        torch.testing.assert_close(folded(x), want)
+    assert isinstance(sparse[0], SparseConv2d) and isinstance(sparse[1], nn.Identity)
+    assert not sparse[0]._forward_pre_hooks and prune.is_pruned(model)
+
+
+def test_tracing_runs_no_hook_and_a_fused_block_keeps_its_hooks():
+    """torch.fx ran the hooks of the modules it traced through on its placeholders (a
+    feature list filled with Proxies); a Sequential made an ExpandDepthwiseSequential
+    lost its hooks and attributes."""
+    def block():
+        return nn.Sequential(nn.Conv2d(8, 48, 1), nn.BatchNorm2d(48), nn.ReLU6(),
+                             nn.Conv2d(48, 48, 3, 1, 1, groups=48), nn.BatchNorm2d(48))
+    model = _randomise_bn(nn.Sequential(block(), nn.Conv2d(48, 4, 1)))
+    seen = []
+    model[0].register_forward_hook(lambda m, i, out: seen.append(type(out)))
+    model[0].note = "kept"
+    sparse = st.sparsify(model, sparsity=0.5).eval()
+    assert seen == []
+    assert type(sparse[0]).__name__ == "ExpandDepthwiseSequential" and sparse[0].note == "kept"
+    with torch.no_grad():
+        sparse(torch.randn(1, 8, 5, 5))
+    assert seen == [torch.Tensor]

@@ -215,6 +215,8 @@ class SparseConv2d(SparseLinear):
         matrix)``: for one image in NCHW memory the matrix and the result are plain views."""
         if self.stride == 2:
             x = x[:, :, ::2, ::2]
+        elif self.stride != 1:   # (an attribute: it may be set after construction)
+            raise ValueError(f"SparseConv2d: stride must be 1 or 2, got {self.stride!r}")
         n, c, h, w = x.shape
         single = n == 1 and x.is_contiguous()
         return x, single, x.view(c, h * w) if single else channels_first(x)

@@ -57,10 +57,15 @@ class ChannelsFirstDepthwise(NoTorchScript, nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.stride, self.padding, self.dilation = stride, padding, dilation
         self.activation = activation
-        # the stride when ``depthwise3x3`` computes this layer, else None
-        self._fused_3x3 = (_pair(stride)[0] if tuple(self.weight.shape[1:]) == (1, 3, 3)
-                           and _pair(padding) == (1, 1) and _pair(stride) in ((1, 1), (2, 2))
-                           and _pair(dilation) == (1, 1) else None)
+
+    def _fused_stride(self):
+        """The stride when ``depthwise3x3`` computes this layer (3x3, padding 1, stride 1 or
+        2, no dilation), else None; read at each call, as the attributes may be set after
+        construction (kept from it, a later ``layer.stride = 2`` went unseen)."""
+        stride = _pair(self.stride)
+        return stride[0] if (tuple(self.weight.shape[1:]) == (1, 3, 3)
+                             and _pair(self.padding) == (1, 1) and stride in ((1, 1), (2, 2))
+                             and _pair(self.dilation) == (1, 1)) else None
 
     @classmethod
     def from_dense(cls, conv: nn.Conv2d, activation: str | None = None) -> "ChannelsFirstDepthwise":
@@ -75,7 +80,7 @@ class ChannelsFirstDepthwise(NoTorchScript, nn.Module):
         return as_asked(self, self._written(x))
 
     def _written(self, x: torch.Tensor) -> torch.Tensor:
-        stride = getattr(self, "_fused_3x3", None)   # (None in a module pickled before it)
+        stride = self._fused_stride()
         if stride is not None:
             if _is_compiling() and conv_ops.depthwise_applies(x, self.weight, self.bias):
                 # traced inference: the same kernel as a custom op (ops/conv_ops.py)
@@ -100,7 +105,7 @@ class ChannelsFirstDepthwise(NoTorchScript, nn.Module):
     def _inference_step(self, x):
         """This layer's forward for inputs like ``x`` without autograd, every choice made
         now (``st.freeze``); None where ``forward`` should run."""
-        stride = getattr(self, "_fused_3x3", None)
+        stride = self._fused_stride()
         if stride is None or type(x) is not torch.Tensor or torch.is_grad_enabled():
             return None
         return step_as_asked(self, prepared_depthwise3x3(x, self.weight, self.bias, stride,

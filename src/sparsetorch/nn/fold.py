@@ -20,6 +20,7 @@ import copy
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
+from torch.nn.utils.prune import BasePruningMethod
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 
@@ -56,10 +57,39 @@ def foldable(bn: nn.BatchNorm2d) -> bool:
     return bn.running_mean is not None and bn.running_var is not None
 
 
-def is_norm_hook(hook) -> bool:
-    """Whether a forward pre-hook is an older ``nn.utils.weight_norm``/``spectral_norm``'s,
-    which computes the weight (a fold or a sparse copy takes the weight it computes)."""
-    return isinstance(hook, (WeightNorm, SpectralNorm))
+def is_parameter_hook(hook) -> bool:
+    """Whether a forward pre-hook computes a parameter from others before each call: an
+    older ``nn.utils.weight_norm``/``spectral_norm``'s, or ``nn.utils.prune``'s
+    (``weight_orig * weight_mask``). A fold or a sparse copy takes the tensor it computes,
+    and drops the hook (a pruning hook carried over failed on the sparse layer, which has
+    no ``weight_mask``)."""
+    return isinstance(hook, (WeightNorm, SpectralNorm, BasePruningMethod))
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    """``copy.deepcopy(model)``, where each tensor a parameter hook computes (see
+    ``is_parameter_hook``) is copied detached: computed with gradients it is no graph
+    leaf, which deepcopy refuses (a model just pruned by ``nn.utils.prune`` could not be
+    sparsified or frozen), and the copy's hook computes it again."""
+    memo = {}
+    for module in model.modules():
+        for hook in module._forward_pre_hooks.values():
+            if is_parameter_hook(hook):
+                name = hook._tensor_name if isinstance(hook, BasePruningMethod) else hook.name
+                t = module.__dict__.get(name)
+                if isinstance(t, torch.Tensor) and not t.is_leaf:
+                    memo[id(t)] = t.detach().clone()
+    return copy.deepcopy(model, memo)
+
+
+def refresh_computed(model: nn.Module) -> None:
+    """Set every pruned tensor of ``model`` (``nn.utils.prune``) from its original and
+    mask as they are now, as the pruning hook does before each call: the attribute holds
+    the value of the last call (or of the pruning), older than a later optimizer step."""
+    for module in model.modules():
+        for hook in list(module._forward_pre_hooks.values()):
+            if isinstance(hook, BasePruningMethod):
+                hook(module, ())
 
 
 def _with_plain_weight(conv: nn.Conv2d) -> nn.Conv2d:
@@ -71,18 +101,24 @@ def _with_plain_weight(conv: nn.Conv2d) -> nn.Conv2d:
     computes now. (Not by ``remove_parametrizations`` on a copy: a parametrized module's
     copies share its class, and the removal deletes the class's property, the original's
     too.)"""
-    hooks = [h for h in conv._forward_pre_hooks.values()
-             if is_norm_hook(h) and h.name == "weight"]
-    if not hooks and not parametrize.is_parametrized(conv, "weight"):
+    hooked = any(is_parameter_hook(h) for h in conv._forward_pre_hooks.values())
+    if not hooked and not parametrize.is_parametrized(conv):
         return copy.deepcopy(conv)
-    if hooks and isinstance(hooks[0], SpectralNorm):
-        weight = hooks[0].compute_weight(conv, do_power_iteration=False)
-    else:
-        weight = hooks[0].compute_weight(conv) if hooks else conv.weight
+    weight = _computed(conv, "weight")
     plain = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
                       conv.padding, conv.dilation, conv.groups, conv.bias is not None,
                       conv.padding_mode, device=weight.device, dtype=weight.dtype)
     plain.weight.copy_(weight)
     if conv.bias is not None:
-        plain.bias.copy_(conv.bias)
+        plain.bias.copy_(_computed(conv, "bias"))
     return plain.train(conv.training)
+
+
+def _computed(module: nn.Module, name: str) -> torch.Tensor:
+    """Tensor ``name`` of ``module`` as its hook computes it now (a pruned one's attribute
+    is set by ``refresh_computed``); else the attribute (a parametrization computes it)."""
+    for hook in module._forward_pre_hooks.values():
+        if isinstance(hook, (WeightNorm, SpectralNorm)) and hook.name == name:
+            return hook.compute_weight(module, do_power_iteration=False) \
+                if isinstance(hook, SpectralNorm) else hook.compute_weight(module)
+    return getattr(module, name)

@@ -42,7 +42,6 @@ Example:
 """
 from __future__ import annotations
 
-import copy
 import inspect
 
 import torch
@@ -54,6 +53,7 @@ from ..ops.expand_depthwise import expand_depthwise3x3, prepared_expand_depthwis
 from ._common import NoTorchScript, as_asked, hooked, input_type_error, step_as_asked
 from .attention import SparseAttention
 from .depthwise import ChannelsFirstDepthwise
+from .fold import copy_model
 from .fuse import fusable_pair
 from .graph import GATConv, GCNConv, SAGEConv
 from .linear import SparseLinear
@@ -141,7 +141,7 @@ def freeze(model: nn.Module) -> Frozen:
     name = type(model).__name__
     if isinstance(model, Frozen):
         return model
-    copied = copy.deepcopy(model).eval()
+    copied = copy_model(model).eval()
     for p in copied.parameters():
         p.requires_grad_(False)
     if isinstance(copied, _LAYERS):   # (torch.fx traces into a root, never takes it whole)
@@ -177,8 +177,10 @@ def _lone_layer(layer: nn.Module) -> tuple:
 
 
 class _Tracer(fx.Tracer):
+    # (a module with hooks is called, not traced into: its hooks then run in the frozen
+    # model, and not on the tracer's placeholders while freezing)
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-        return isinstance(m, _LAYERS) or super().is_leaf_module(m, qualname)
+        return isinstance(m, _LAYERS) or hooked(m) or super().is_leaf_module(m, qualname)
 
 
 def _calls(graph: fx.Graph, modules: dict, kinds):
@@ -222,7 +224,7 @@ def _call_forwards(graph: fx.Graph, modules: dict) -> None:
 
 def _fused_step(conv, dw, target: str):
     weight, bias, act = conv.weight, conv.bias, conv.activation   # (fixed: the copy is ours)
-    dw_weight, dw_bias, stride, dw_act = dw.weight, dw.bias, dw._fused_3x3, dw.activation
+    dw_weight, dw_bias, stride, dw_act = dw.weight, dw.bias, dw._fused_stride(), dw.activation
 
     def fused(x):
         return as_asked(dw, expand_depthwise3x3(x, weight, bias, act, dw_weight, dw_bias,

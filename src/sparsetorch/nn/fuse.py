@@ -31,7 +31,6 @@ Example:
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 
 import torch
 from torch import nn
@@ -88,9 +87,9 @@ class ExpandDepthwiseSequential(NoTorchScript, nn.Sequential):
 
 def fuse_expand_depthwise(model: nn.Module) -> nn.Module:
     """``model`` with every plain ``nn.Sequential`` in it (itself included) that holds a
-    fusable pair replaced by an ``ExpandDepthwiseSequential`` of the same children, in
-    place; returns ``model`` (or its replacement, when ``model`` is itself such a
-    Sequential).
+    fusable pair made an ``ExpandDepthwiseSequential``, in place: the same module, its
+    class changed, so its hooks and attributes stay (a new module of the same children
+    dropped them); returns ``model``.
 
     Example:
         >>> import torch, sparsetorch as st
@@ -98,12 +97,12 @@ def fuse_expand_depthwise(model: nn.Module) -> nn.Module:
         >>> fuse_expand_depthwise(block) is block
         True
     """
-    for name, child in list(model.named_children()):
-        new = fuse_expand_depthwise(child)
-        if new is not child:
-            setattr(model, name, new)
-    if type(model) is nn.Sequential and _pairs(model._modules):
-        return ExpandDepthwiseSequential(OrderedDict(model._modules)).train(model.training)
+    for child in model.children():
+        fuse_expand_depthwise(child)
+    pairs = _pairs(model._modules) if type(model) is nn.Sequential else None
+    if pairs:
+        model.__class__ = ExpandDepthwiseSequential   # (it adds no state but its pairs)
+        model.pairs = pairs
     return model
 
 
@@ -144,7 +143,7 @@ def fusable_pair(first, second):
     more than ``FUSE_UP_TO_ENTRIES_PER_ROW`` weights per output channel on average."""
     conv, dw = _layer(first, SparseConv2d), _layer(second, ChannelsFirstDepthwise)
     if conv is None or dw is None or conv.stride != 1 or conv.blocksize is not None \
-            or getattr(dw, "_fused_3x3", None) is None \
+            or dw._fused_stride() is None \
             or dw.weight.shape[0] != conv.out_features \
             or conv.values.numel() > FUSE_UP_TO_ENTRIES_PER_ROW * conv.out_features:
         return None
@@ -176,4 +175,4 @@ def _fused(modules: dict, first: str, second: str, x):
             conv.values, conv.bias, dw.weight, dw.bias, x) if p is not None):
         return None
     return as_asked(dw, expand_depthwise3x3(x, conv.weight, conv.bias, conv.activation,
-                                            dw.weight, dw.bias, dw._fused_3x3, dw.activation))
+                                            dw.weight, dw.bias, dw._fused_stride(), dw.activation))

@@ -48,8 +48,8 @@ Example:
 """
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
+from contextlib import contextmanager
 from typing import Callable, Iterable
 
 import torch
@@ -59,7 +59,7 @@ from torch import nn
 from ._common import check_pointwise as _check_pointwise
 from .conv import SparseConv2d
 from .depthwise import ChannelsFirstDepthwise, is_depthwise
-from .fold import fold_batchnorm, foldable, is_norm_hook
+from .fold import copy_model, fold_batchnorm, foldable, is_parameter_hook, refresh_computed
 from .fuse import fuse_expand_depthwise
 from .pattern import METHODS, exact_density, prune_mask
 from .stem import ChannelsFirstStem, is_stem
@@ -131,7 +131,8 @@ def _ask_nchw_outputs(model: nn.Module) -> nn.Module:
     if not writers:
         return model
     try:
-        graph = _Tracer().trace(model)
+        with _hooks_set_aside(model):
+            graph = _Tracer().trace(model)
     except Exception:   # (control flow on values, ...): the data flow is unknown
         for m in writers:
             m.nchw_output = True
@@ -191,13 +192,15 @@ def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module
     """A copy of ``model`` with batch norms folded (``fold_bn``) and, unless ``make_sparse``
     is None, each 1x1, depthwise or stem convolution and linear layer not ``skipped`` replaced by
     ``make_sparse(module, module with its batch norm folded, fused activation name)``."""
-    out = copy.deepcopy(model)
+    out = copy_model(model)
+    refresh_computed(out)
     links, called = _data_flow(out)
-    chains = _chains(out, links, fold_bn, skipped)
-    modules = dict(out.named_modules())
     aliases = defaultdict(list)   # a module registered under several names: all of them
     for name, module in out.named_modules(remove_duplicate=False):
         aliases[id(module)].append(name)
+    chains = _chains(out, links, fold_bn, lambda name, module: (
+        skipped(name, module) or not called(name) or len(aliases[id(module)]) > 1))
+    modules = dict(out.named_modules())
     for name, module in modules.items():
         if not name or skipped(name, module) or not called(name):
             continue
@@ -242,7 +245,7 @@ def _carry_over(module: nn.Module, new: nn.Module) -> None:
         if getattr(module, attr, None):
             setattr(new, attr, getattr(module, attr))
     new._forward_pre_hooks = type(module._forward_pre_hooks)(
-        (k, h) for k, h in module._forward_pre_hooks.items() if not is_norm_hook(h))
+        (k, h) for k, h in module._forward_pre_hooks.items() if not is_parameter_hook(h))
     new._is_full_backward_hook = module._is_full_backward_hook
     flags = {name: p.requires_grad for name, p in module.named_parameters()}
     for name, p in new.named_parameters():
@@ -254,7 +257,7 @@ def _hooked(module: nn.Module) -> bool:
     """``hooked``, not counting an older weight_norm/spectral_norm pre-hook (the weight it
     computes is what the replacement takes)."""
     return bool(module._forward_hooks or module._backward_hooks or module._backward_pre_hooks
-                or any(not is_norm_hook(h) for h in module._forward_pre_hooks.values()))
+                or any(not is_parameter_hook(h) for h in module._forward_pre_hooks.values()))
 
 
 def _is_pointwise(conv: nn.Module) -> bool:
@@ -316,7 +319,8 @@ def _data_flow(model: nn.Module):
     are read as ``nn.Sequential`` chains, with every layer called."""
     opaque = [n for n, m in model.named_modules() if isinstance(m, _READS_CHILD_WEIGHTS)]
     try:
-        graph = torch.fx.symbolic_trace(model).graph
+        with _hooks_set_aside(model):
+            graph = torch.fx.symbolic_trace(model).graph
     except Exception:   # any tracing failure (control flow, unsupported ops): read Sequentials
         return _sequential_links(model), lambda name: not _below(name, opaque)
     targets = {node.target for node in graph.nodes if node.op == "call_module"}
@@ -326,21 +330,41 @@ def _data_flow(model: nn.Module):
                                            and (name in targets or _below(name, targets)))
 
 
+@contextmanager
+def _hooks_set_aside(model: nn.Module):
+    """``model``'s modules without their hooks for the block (``torch.fx`` runs the hooks of
+    the modules it traces into on its placeholders: a hook collecting features filled the
+    user's list with Proxies); put back after."""
+    kept = [(m, {a: getattr(m, a) for a in (*_HOOK_DICTS, "_forward_pre_hooks")
+                 if hasattr(m, a)}) for m in model.modules()]
+    for module, hooks in kept:
+        for attr, value in hooks.items():
+            setattr(module, attr, type(value)())
+    try:
+        yield
+    finally:
+        for module, hooks in kept:
+            for attr, value in hooks.items():
+                setattr(module, attr, value)
+
+
 def _below(name: str, ancestors) -> bool:
     """Whether module ``name`` lies strictly inside one of the modules ``ancestors``."""
     return any(a == "" or name.startswith(a + ".") for a in ancestors)
 
 
-def _chains(model: nn.Module, links: dict, fold_bn: bool, skipped) -> dict:
+def _chains(model: nn.Module, links: dict, fold_bn: bool, kept) -> dict:
     """``{conv name: (batch norm name or None, activation name or None)}`` for convolutions
     whose output feeds only that batch norm (folded when ``fold_bn`` and it has running
     statistics), whose output in turn (or the convolution's) feeds only a ReLU/ReLU6 module
     (``links``, from ``_data_flow``). Each module must be called once, and none of them be
-    ``skipped`` or have hooks of its own (which expect that module's output)."""
+    ``kept`` as it is (skipped, not called as a module, its parameters read by its parent,
+    or registered under another name, which would keep the module replaced: a batch norm
+    applied twice) or have hooks of its own (which expect that module's output)."""
     modules = dict(model.named_modules())
 
     def free(name):
-        return name in modules and not skipped(name, modules[name]) and \
+        return name in modules and not kept(name, modules[name]) and \
             not _hooked(modules[name])
 
     chains = {}
@@ -378,7 +402,8 @@ def _fx_links(graph: torch.fx.Graph) -> dict:
 def _sequential_links(model: nn.Module) -> dict:
     links = {}
     for prefix, module in model.named_modules():
-        if isinstance(module, nn.Sequential):
+        # (a subclass with its own forward may use its children otherwise: a residual)
+        if isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward:
             names = [f"{prefix}.{k}" if prefix else k for k in module._modules]
             links.update(zip(names, names[1:]))
     return links
