@@ -102,6 +102,20 @@ def test_a_folder_no_file_can_be_created_in_is_refused_even_for_root(capsys):
     assert "/proc is not a folder this process can write into" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_destination_that_is_not_a_file_is_refused(capsys, tmp_path):
+    """(A probe's finding: the JSON was renamed over a FIFO or, run as root, over a device
+    such as /dev/null, putting a file in its place.)"""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert main(["bench", "--quick", "--only", "gcn-cora", "--json", str(fifo)]) == 2
+    assert "is a FIFO, not a file" in capsys.readouterr().err
+    from sparsetorch._files import atomic_write
+    with pytest.raises(ValueError, match="test: .*pipe is a FIFO, not a file"):
+        atomic_write(fifo, lambda f: f.write(b"x"), who="test")
+    assert fifo.is_fifo()
+
+
 def test_a_data_folder_named_by_the_environment_must_exist(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("SPARSETORCH_DATA", str(tmp_path / "nonsense"))
     for command in (["bench", "--quick", "--only", "gcn-cora"], ["demo"]):

@@ -9,7 +9,9 @@ the same machine removes it (the temp file's name holds the writer's host and pr
 id: one whose process is gone is stale). The new file keeps the
 permissions of the one it replaces, or gets the umask's, as ``open`` would give
 (``mkstemp`` makes 0600). A symbolic link at the destination is written through: its
-target is replaced and the link kept.
+target is replaced and the link kept. Anything but a regular file at the destination (a
+device such as ``/dev/null``, a FIFO, a socket) is refused: a rename would put a file in
+its place (root may write ``/dev``).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
     path = Path(path)
     if path.is_symlink():
         path = path.resolve()
+    check_replaceable(path, who)
     mine = f".{path.name}.{_host()}-"
     _remove_stale(path.parent, mine)
     try:
@@ -57,6 +60,28 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
             os.unlink(tmp)
         raise
     return path
+
+
+def check_replaceable(path: str | os.PathLike, who: str) -> None:
+    """A ValueError naming ``who`` unless ``path`` (a link's target) is missing or a
+    regular file, which ``atomic_write`` may replace.
+
+    Example:
+        >>> check_replaceable("/dev/null", who="example")
+        Traceback (most recent call last):
+        ValueError: example: /dev/null is a character device, not a file; writing would replace it ...
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a character device"
+                if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
+                "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "not a regular file")
+        raise ValueError(f"{who}: {path} is {kind}, not a file; writing would replace it "
+                         "with one: give the path of a file")
 
 
 def _host() -> str:

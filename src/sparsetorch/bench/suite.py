@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .._files import check_replaceable
 from .harness import (BUSY_LOAD_PER_CORE, machine_info, named_data, pinned_threads,
                       quiet_sparse_warnings, write_json_atomic)
 from .report import plot, results_table, summary
@@ -196,6 +197,7 @@ def _check_arguments(args) -> None:
         path = Path(path)
         if path.is_dir():
             raise ValueError(f"{flag} {path} is a folder; give a file path in it")
+        check_replaceable(path, flag)
         folder = next((p for p in path.parents if p.exists()), Path("."))
         if not _can_create_in(folder):
             raise ValueError(f"{flag} {path}: {folder} is not a folder this process can "
