@@ -247,6 +247,10 @@ def kernel_for(assignment: Assignment, operands, out_format, what="explain"):
     and the assignment it computes, which is the block/in-block split of ``assignment``
     (``split`` True) when blocked operands allow it (``ops/blocked.py``)."""
     tensors, infos, dtype, device = normalize_operands(operands, what, keep_blocked=True)
+    if dtype not in COMPILED_DTYPES:   # (a KeyError below, a probe found)
+        raise TypeError(f"{what}: {dtype} operands run through the pure-PyTorch fallback "
+                        f"(densely, no generated kernel), so there is no plan to show; "
+                        f"kernels are generated for {[str(d) for d in COMPILED_DTYPES]}")
     if any(info.format.blocksize is not None for info in infos):
         plan = _blocked_plan(assignment, tensors, out_format, what)
         if plan is not None:

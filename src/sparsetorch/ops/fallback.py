@@ -7,6 +7,8 @@ Memory is the product of all index extents: use it for correctness, not for spee
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..compiler.notation import UNARY, Access, Add, Epilogue, Mul, Result, Scale, Unary
@@ -65,7 +67,12 @@ def evaluate_dense(assignment, dense_operands, extents) -> torch.Tensor:
 
 def run_dense(assignment, tensors, infos, extents, out_format):
     dense = [t.to_dense() if isinstance(t, SparseTensor) else t for t in tensors]
-    result = evaluate_dense(assignment, dense, extents)
+    dtype = functools.reduce(torch.promote_types, (t.dtype for t in dense))
+    if dtype in (torch.float16, torch.bfloat16):
+        # products summed in float32 and rounded once, as torch's einsum does: rounded to
+        # half precision before their sum, they were off by up to 4x torch's error
+        dense = [t.float() for t in dense]
+    result = evaluate_dense(assignment, dense, extents).to(dtype)
     sched = schedule(assignment, infos)
     spec = infer_output(assignment, sched.order, sched.formats, out_format)
     if spec.kind == "dense":
