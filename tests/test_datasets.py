@@ -240,6 +240,51 @@ def test_mnist_bad_file(tmp_path):
         D.mnist(root=tmp_path, train=False)
 
 
+@pytest.mark.usefixtures("tiny_sizes")
+def test_files_of_another_size_are_refused(tmp_path):
+    """(A probe's findings: CiteSeer's test.index under Cora's name loaded a 3327-node
+    "Cora", ty copied over y a 1000-node training split, coauthor_cs.npz renamed
+    amazon_photo.npz loaded as Amazon Photo: each is now checked against the dataset's
+    known sizes.)"""
+    parts = _planetoid_parts()
+    parts["y"] = parts["y"][:1]
+    _write_planetoid(tmp_path, parts)
+    with pytest.raises(ValueError, match=r"ind\.cora\.\*: 6 nodes, 3 features, 2 classes, 1 "
+                                         r"training nodes, but cora has .* 2 training nodes"):
+        D.planetoid("cora", root=tmp_path)
+    _write_npz_graph(tmp_path, node_label=np.array([0, 1, 1, 3]))
+    with pytest.raises(ValueError, match=r"amazon_photo.npz: 4 nodes, 3 features, 4 classes"):
+        D.graph("amazon_photo", root=tmp_path)
+
+
+def _write_idx(path, magic, array):
+    import struct
+    path.write_bytes(struct.pack(">i", magic) + b"".join(struct.pack(">i", d)
+                                                          for d in array.shape)
+                     + array.astype(np.uint8).tobytes())
+
+
+def test_mnist_of_another_count_or_a_label_past_9_is_refused(tmp_path):
+    """(A probe's findings: the training files in the test files' place gave 60000 "test"
+    digits; a label byte of 200 came back as label 200.)"""
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    _write_idx(folder / "t10k-images-idx3-ubyte", 2051, np.zeros((3, 28, 28)))
+    _write_idx(folder / "t10k-labels-idx1-ubyte", 2049, np.zeros(3))
+    with pytest.raises(ValueError, match=r"holds \(3, 28, 28\) images and 3 labels .*expected "
+                                         "10000 28x28"):
+        D.mnist(root=tmp_path, train=False)
+    _write_idx(folder / "t10k-images-idx3-ubyte", 2051, np.zeros((10000, 28, 28)))
+    labels = np.arange(10000) % 10
+    labels[17] = 200
+    _write_idx(folder / "t10k-labels-idx1-ubyte", 2049, labels)
+    with pytest.raises(ValueError, match="holds label 200; digits are labelled 0-9"):
+        D.mnist(root=tmp_path, train=False)
+    labels[17] = 7
+    _write_idx(folder / "t10k-labels-idx1-ubyte", 2049, labels)
+    assert D.mnist(root=tmp_path, train=False).labels[17] == 7
+
+
 # -- SuiteSparse and DLMC listings -----------------------------------------------------------
 def test_suitesparse(root):
     names = D.suitesparse()
@@ -320,6 +365,14 @@ def _planetoid_parts():
             "graph": {0: [1, 5], 1: [0], 2: [3], 3: [2], 4: [5], 5: [0, 4]}}
 
 
+@pytest.fixture
+def tiny_sizes(monkeypatch):
+    """The tiny sets below pass for Cora and Amazon Photo (whose real sizes are checked)."""
+    from sparsetorch.datasets import _graph
+    monkeypatch.setitem(_graph.SIZES, "cora", (6, 3, 2, 2))
+    monkeypatch.setitem(_graph.SIZES, "amazon_photo", (4, 3, 3, None))
+
+
 def _write_planetoid(root, parts, test_index="5\n4\n"):
     folder = root / "planetoid"
     folder.mkdir(exist_ok=True)
@@ -328,6 +381,7 @@ def _write_planetoid(root, parts, test_index="5\n4\n"):
     (folder / "ind.cora.test.index").write_text(test_index)
 
 
+@pytest.mark.usefixtures("tiny_sizes")
 def test_tiny_planetoid_set_loads(tmp_path):
     _write_planetoid(tmp_path, _planetoid_parts())
     g = D.planetoid("cora", root=tmp_path)
@@ -363,6 +417,7 @@ _BAD_PARTS = [
 ]
 
 
+@pytest.mark.usefixtures("tiny_sizes")
 @pytest.mark.parametrize("part, bad, message", _BAD_PARTS)
 def test_tampered_planetoid_parts_are_refused(tmp_path, part, bad, message):
     parts = _planetoid_parts()
@@ -373,6 +428,7 @@ def test_tampered_planetoid_parts_are_refused(tmp_path, part, bad, message):
     assert "planetoid('cora')" in str(e.value)
 
 
+@pytest.mark.usefixtures("tiny_sizes")
 @pytest.mark.parametrize("data", [b"\x80\x02K\x01)R.",   # calls an int: a TypeError
                                   b"\x80\x02cbuiltins\nset\n)R]a.",   # appends to a set
                                   b"\x80\x02X\xff\xff\xff\x7f"])   # a 2 GiB string
@@ -383,10 +439,12 @@ def test_a_damaged_pickle_is_a_value_error(tmp_path, data):
         D.planetoid("cora", root=tmp_path)
 
 
+@pytest.mark.usefixtures("tiny_sizes")
 @pytest.mark.parametrize("test_index, message", [
     ("", "lists 0 nodes"), ("5\n5\n", "2 distinct nodes"), ("3\n4\n", "from 3 to 4"),
     ("5\n1000000000000\n", r"2 distinct nodes in \[4, 8\)"),
-    ("5\nsix\n", r"test.index must hold node ids")])   # (numpy's error, no file, before)
+    ("5\nsix\n", r"test.index must hold node ids"),   # (numpy's error, no file, before)
+    ("5\n99999999999999999999\n", r"test.index must hold node ids")])   # (OverflowError)
 def test_bad_test_index_is_refused(tmp_path, test_index, message):
     _write_planetoid(tmp_path, _planetoid_parts(), test_index)
     with pytest.raises(ValueError, match=message):
@@ -405,6 +463,7 @@ def _write_npz_graph(root, **replace):
                 for k, v in arrays.items()})
 
 
+@pytest.mark.usefixtures("tiny_sizes")
 @pytest.mark.parametrize("replace, message", [
     ({}, None),
     ({"node_attr": sp.csr_matrix(np.eye(3, 3, dtype=np.float32))}, "has 3 rows for 4 nodes"),

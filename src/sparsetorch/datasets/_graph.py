@@ -108,3 +108,31 @@ def csr_features(matrix, where: str) -> SparseTensor:
         return tensor(m, format="csr")
     except ValueError as e:
         raise ValueError(f"{where}: bad feature matrix ({e})") from None
+
+
+# The shipped graphs' sizes: nodes, feature width, classes and (Planetoid) labelled training
+# nodes. A file of another dataset under one's name loaded as that one (CiteSeer's
+# test.index as Cora's: 3327 nodes; coauthor_cs.npz as amazon_photo.npz), a probe found.
+SIZES = {"cora": (2708, 1433, 7, 140), "citeseer": (3327, 3703, 6, 120),
+         "pubmed": (19717, 500, 3, 60), "amazon_cs": (13752, 767, 10, None),
+         "amazon_photo": (7650, 745, 8, None), "coauthor_cs": (18333, 6805, 15, None)}
+
+
+def check_sizes(name: str, where: str, files, nodes: int, features: int, classes: int,
+                train: int | None = None) -> None:
+    """A ValueError naming ``files`` unless ``name``'s data have its known ``SIZES``.
+
+    Example:
+        >>> check_sizes("cora", "planetoid('cora')", "ind.cora.*", 2708, 1433, 7, 140)
+        >>> check_sizes("cora", "planetoid('cora')", "ind.cora.*", 3327, 1433, 7, 140)
+        Traceback (most recent call last):
+        ValueError: planetoid('cora'): ind.cora.*: 3327 nodes, 1433 features, 7 classes, 140 training nodes, but cora has 2708 nodes, ...
+    """
+    want = SIZES[name]
+    got = (nodes, features, classes, train if want[3] is not None else None)
+    if got != want:
+        names = ("nodes", "features", "classes", "training nodes")
+        say = lambda sizes: ", ".join(f"{v} {k}" for v, k in zip(sizes, names)  # noqa: E731
+                                      if v is not None)
+        raise ValueError(f"{where}: {files}: {say(got)}, but {name} has {say(want)}: a file "
+                         f"of another dataset, or a damaged one; restore the shipped files")

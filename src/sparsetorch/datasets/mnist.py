@@ -40,9 +40,14 @@ def mnist(root=None, train=True, dtype=torch.uint8) -> MNIST:
     img_name, lbl_name, count = _FILES[bool(train)]
     images = _idx(folder, img_name, 2051, 3)
     labels = _idx(folder, lbl_name, 2049, 1)
-    if images.shape[0] != labels.shape[0] or images.shape[1:] != (28, 28):
+    # (the other split's files in this one's place, or a damaged label, loaded: a probe)
+    if images.shape != (count, 28, 28) or labels.shape[0] != count:
         raise ValueError(f"mnist: {folder} holds {images.shape} images and {labels.shape[0]} "
-                         f"labels; expected {count} 28x28 images with one label each")
+                         f"labels in {img_name}/{lbl_name}; expected {count} 28x28 images with "
+                         "one label each")
+    if labels.size and labels.max() > 9:
+        raise ValueError(f"mnist: {folder / lbl_name} holds label {labels.max()}; digits are "
+                         "labelled 0-9: the file is damaged; restore the shipped one")
     x = torch.from_numpy(images.copy())
     if dtype != torch.uint8:
         x = x.to(dtype) / 255

@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import torch
 
-from ._graph import Graph, csr_features, symmetric_adjacency
+from ._graph import Graph, check_sizes, csr_features, symmetric_adjacency
 from ._paths import dataset_dir, need_file
 from ._pickle import CORRUPT_HINT, load_pickle, numeric_array, sparse_matrix
 
@@ -62,7 +62,7 @@ def planetoid(name: str, root=None) -> Graph:
     test_path = need_file(folder / f"ind.{key}.test.index", where)
     try:
         test_idx = np.array(test_path.read_bytes().split(), dtype=np.int64)
-    except ValueError as e:   # (a word that is no integer)
+    except (ValueError, OverflowError) as e:   # (a word that is no integer, or past int64)
         raise ValueError(f"{where}: {test_path} must hold node ids (integers), one per line: "
                          f"{e}; the file is corrupt") from e
     start = len(ally)
@@ -82,6 +82,7 @@ def planetoid(name: str, root=None) -> Graph:
                          f"label column per class, tx one row per ty row, allx one per ally "
                          f"row); {CORRUPT_HINT}")
     n = int(test_idx.max()) + 1
+    check_sizes(key, where, folder / f"ind.{key}.*", n, width, classes, len(y))
 
     onehot = np.zeros((n, ally.shape[1]), np.int64)
     onehot[:start] = ally
