@@ -73,7 +73,7 @@ def check_replaceable(path: str | os.PathLike, who: str) -> None:
     """
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
+    except OSError:   # (missing, or a file where a folder should be: the write says so)
         return
     if not stat.S_ISREG(mode):
         kind = ("a folder" if stat.S_ISDIR(mode) else "a character device"
