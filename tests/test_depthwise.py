@@ -152,6 +152,23 @@ def test_bad_input_is_named():
             layer(x[:, :3])
 
 
+def test_layer_constructors_check_their_parameters():
+    """(Torch's errors came at the first call, or an AttributeError for a list.)"""
+    with pytest.raises(ValueError, match=r"weight must be \(C, 1, kh, kw\).*got \(4, 2, 3, 3\)"):
+        ChannelsFirstDepthwise(torch.ones(4, 2, 3, 3), None, 1, 1, 1)
+    with pytest.raises(TypeError, match="weight must be a floating-point tensor"):
+        ChannelsFirstDepthwise([1.0, 2.0], None, 1, 1, 1)
+    with pytest.raises(TypeError, match="bias is torch.float64 but weight torch.float32"):
+        ChannelsFirstDepthwise(torch.ones(4, 1, 3, 3), torch.ones(4).double(), 1, 1, 1)
+    with pytest.raises(ValueError, match=r"bias must be \(4,\), got \(3,\)"):
+        ChannelsFirstDepthwise(torch.ones(4, 1, 3, 3), torch.ones(3), 1, 1, 1)
+    with pytest.raises(TypeError, match="ChannelsFirstStem: bias is torch.float64"):
+        st.nn.ChannelsFirstStem(torch.ones(4, 3, 3, 3), torch.ones(4).double())
+    layer = ChannelsFirstDepthwise(torch.ones(4, 1, 3, 3), None, 1, 1, 1)
+    with pytest.raises(TypeError, match="input is a torch.sparse tensor"):
+        layer(torch.ones(1, 4, 5, 5).to_sparse())
+
+
 def test_layer_uses_the_kernel_for_3x3_and_torch_otherwise():
     torch.manual_seed(3)
     x = _cnhw(torch.randn(2, 4, 9, 9))

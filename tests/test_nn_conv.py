@@ -161,6 +161,11 @@ def test_bad_arguments_are_clear():
         SparseConv2d(4, 4, density=0.5, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"input must be \(N, 4, H, W\)"):
         SparseConv2d(4, 4, density=1.0)(torch.randn(1, 3, 2, 2))
+    with pytest.raises(TypeError, match="SparseConv2d: input must be a dense tensor"):
+        SparseConv2d(4, 4, density=1.0)(torch.randn(1, 4, 2, 2).to_sparse())
+    conv = nn.Conv2d(4, 4, 1)   # a mask of the convolution's own shape, as conv.weight != 0
+    assert SparseConv2d(4, 4, mask=conv.weight.abs() > 0.2).values.numel() == \
+        int((conv.weight.abs() > 0.2).sum())
     layer = SparseConv2d(4, 4, density=1.0)
     layer.stride = 3   # (set after construction: ran as stride 1)
     with pytest.raises(ValueError, match="SparseConv2d: stride must be 1 or 2, got 3"):

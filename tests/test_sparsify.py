@@ -211,6 +211,22 @@ def test_bad_arguments_are_clear():
         st.sparsify(net, skip=["short", "shrot"])
     with pytest.raises(ValueError, match="width_mult"):
         st.models.mobilenet_v1(width_mult=0)
+    # (a probe's findings: each failed inside torch or int(), or was taken silently)
+    with pytest.raises(ValueError, match="blocksize must be"):
+        st.sparsify(net, blocksize=(4.5, 1))
+    with pytest.raises(TypeError, match="generator must be a torch.Generator, got int"):
+        st.sparsify(net, method="random", generator=3)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="width_mult must be a positive number"):
+            st.models.mobilenet_v2(width_mult=bad)
+    with pytest.raises(ValueError, match="num_classes must be a positive int, got True"):
+        st.models.mobilenet_v1(num_classes=True)
+
+
+def test_the_new_layers_take_the_models_mode():
+    """(After sparsify(model.eval()) the new layers were in training mode.)"""
+    sparse = st.sparsify(_conv_bn().eval(), sparsity=0.5, fold_bn=False)
+    assert not any(m.training for m in sparse.modules())
 
 
 def test_a_module_used_twice_stays_one_shared_sparse_module():

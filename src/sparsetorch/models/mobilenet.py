@@ -137,7 +137,8 @@ def mobilenet_v2(width_mult: float = 1.0, num_classes: int = 1000) -> MobileNetV
 
 
 def _check_args(width_mult, num_classes, what: str) -> None:
-    if not isinstance(width_mult, (int, float)) or width_mult <= 0:
+    if not isinstance(width_mult, (int, float)) or isinstance(width_mult, bool) or \
+            not 0 < width_mult < float("inf"):   # (NaN and inf failed inside int())
         raise ValueError(f"{what}: width_mult must be a positive number, got {width_mult!r}")
-    if not isinstance(num_classes, int) or num_classes < 1:
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1:
         raise ValueError(f"{what}: num_classes must be a positive int, got {num_classes!r}")

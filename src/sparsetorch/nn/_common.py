@@ -110,11 +110,36 @@ def check_image(x, what: str, channels: int, dtype: torch.dtype) -> torch.Tensor
     if isinstance(x, SparseTensor) or x.dim() != 4 or x.shape[1] != channels:
         raise ValueError(f"{what}: input must be a dense (N, {channels}, H, W) tensor; got "
                          f"{tuple(getattr(x, 'shape', ())) or type(x).__name__}")
+    if x.layout != torch.strided:   # (torch's "reshape is not implemented for sparse tensors")
+        raise TypeError(f"{what}: input is a torch.sparse tensor ({x.layout}); pass "
+                        "x.to_dense()")
     x = autocast_input(x, dtype)
     if x.dtype != dtype:
         raise TypeError(f"{what}: input is {x.dtype} but the weights are {dtype}; cast the "
                         f"input or the layer (.to(dtype))")
     return x
+
+
+def check_conv_parameters(what: str, weight, bias, shape: str, shaped: bool) -> None:
+    """Raise unless ``weight`` is a floating-point tensor (``shaped``: of the layer's
+    ``shape``, described) and ``bias`` None or a tensor of its dtype: torch's own errors
+    came only at the first call ("Input type (float) and bias type (double) should be the
+    same"), or an AttributeError for a list.
+
+    Example:
+        >>> check_conv_parameters("Conv", torch.ones(2, 1, 3, 3), torch.ones(2, dtype=torch.float64),
+        ...                       "(C, 1, kh, kw)", True)
+        Traceback (most recent call last):
+        TypeError: Conv: bias is torch.float64 but weight torch.float32; give both one dtype
+    """
+    if not isinstance(weight, torch.Tensor) or not weight.dtype.is_floating_point:
+        raise TypeError(f"{what}: weight must be a floating-point tensor {shape}, got "
+                        f"{getattr(weight, 'dtype', type(weight).__name__)}")
+    if not shaped:
+        raise ValueError(f"{what}: weight must be {shape}, got {tuple(weight.shape)}")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dtype != weight.dtype):
+        raise TypeError(f"{what}: bias is {getattr(bias, 'dtype', type(bias).__name__)} but "
+                        f"weight {weight.dtype}; give both one dtype")
 
 
 def keep_facts(weight: SparseTensor, layer: nn.Module) -> None:

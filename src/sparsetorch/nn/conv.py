@@ -191,6 +191,9 @@ class SparseConv2d(SparseLinear):
         if len(shape) != 4 or shape[1] != self.in_features:
             raise ValueError(f"SparseConv2d: input must be (N, {self.in_features}, H, W); got "
                              f"{tuple(shape)}")
+        if x.layout != torch.strided or isinstance(x, SparseTensor):
+            raise TypeError(f"SparseConv2d: input must be a dense tensor, got a sparse one "
+                            f"({type(x).__name__}, {x.layout}); pass x.to_dense()")
         weight, bias = self.weight, self.bias
         x = autocast_input(x, weight.dtype)
         if x.dtype != weight.dtype:
@@ -277,8 +280,11 @@ def channels_first(x: torch.Tensor) -> torch.Tensor:
 
 def _dense_mask(mask, shape):
     """A SparseTensor ``mask`` as the bool ``shape`` tensor of its stored entries (whatever
-    their values), so the blocks can be chosen from it; anything else unchanged (checked by
-    ``SparseLinear``)."""
+    their values), so the blocks can be chosen from it; a dense ``(out, in, 1, 1)`` one as
+    ``shape``; anything else unchanged (checked by ``SparseLinear``)."""
+    if isinstance(mask, torch.Tensor) and not isinstance(mask, SparseTensor) and \
+            tuple(mask.shape) == (*shape, 1, 1):
+        return mask.reshape(shape)   # (a 1x1 convolution's own shape: conv.weight != 0)
     if not isinstance(mask, SparseTensor):
         return mask
     return _pattern.from_mask(mask, shape, None, "SparseConv2d").to_dense() != 0

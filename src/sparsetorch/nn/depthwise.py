@@ -29,7 +29,8 @@ from torch import nn
 
 from ..ops import conv_ops, depthwise3x3
 from ..ops.depthwise import prepared_depthwise3x3
-from ._common import NoTorchScript, as_asked, check_image, step_as_asked
+from ._common import (NoTorchScript, as_asked, check_conv_parameters, check_image,
+                      step_as_asked)
 
 _ACTIVATIONS = {None: None, "relu": F.relu, "relu6": F.relu6}
 _is_compiling = torch.compiler.is_compiling
@@ -53,6 +54,13 @@ class ChannelsFirstDepthwise(NoTorchScript, nn.Module):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"ChannelsFirstDepthwise: activation must be one of "
                              f"{tuple(_ACTIVATIONS)}, got {activation!r}")
+        check_conv_parameters("ChannelsFirstDepthwise", weight, bias,
+                              "(C, 1, kh, kw): one filter per channel",
+                              isinstance(weight, torch.Tensor) and weight.dim() == 4
+                              and weight.shape[1] == 1 and weight.shape[0] > 0)
+        if bias is not None and bias.shape != (weight.shape[0],):
+            raise ValueError(f"ChannelsFirstDepthwise: bias must be ({weight.shape[0]},), got "
+                             f"{tuple(bias.shape)}")
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.stride, self.padding, self.dilation = stride, padding, dilation

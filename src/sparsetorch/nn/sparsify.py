@@ -91,6 +91,9 @@ def sparsify(model: nn.Module, sparsity: float = 0.9, method: str = "magnitude",
     if method not in METHODS:
         raise ValueError(f"sparsify: method={method!r} is not one of {METHODS}")
     blocksize = _blocksize(blocksize)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"sparsify: generator must be a torch.Generator, got "
+                        f"{type(generator).__name__} (torch.Generator().manual_seed(seed))")
     skipped = _skip_predicate(skip, model)
 
     def make_sparse(module, conv, act):
@@ -247,6 +250,7 @@ def _carry_over(module: nn.Module, new: nn.Module) -> None:
     new._forward_pre_hooks = type(module._forward_pre_hooks)(
         (k, h) for k, h in module._forward_pre_hooks.items() if not is_parameter_hook(h))
     new._is_full_backward_hook = module._is_full_backward_hook
+    new.train(module.training)   # (the new layers were in training mode in an eval model)
     flags = {name: p.requires_grad for name, p in module.named_parameters()}
     for name, p in new.named_parameters():
         p.requires_grad_(flags.get("weight" if name == "values" else name,
@@ -276,7 +280,8 @@ def _blocksize(blocksize):
     if isinstance(blocksize, int) and not isinstance(blocksize, bool):
         blocksize = (blocksize, 1)
     if (not isinstance(blocksize, (tuple, list)) or len(blocksize) != 2 or blocksize[1] != 1
-            or blocksize[0] < 1):
+            or not isinstance(blocksize[0], int) or isinstance(blocksize[0], bool)
+            or blocksize[0] < 1):   # (4.5 fell back to entries, without a word)
         raise ValueError(f"sparsify: blocksize must be None, r or (r, 1) (blocks of r output "
                          f"channels, e.g. 4); got {blocksize!r}")
     return tuple(blocksize)

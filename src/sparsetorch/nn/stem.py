@@ -24,7 +24,8 @@ from torch import nn
 
 from ..ops.depthwise import check_epilogue
 from ..ops.stem import MAX_CHANNELS, prepared_stem_conv3x3, stem_conv3x3
-from ._common import NoTorchScript, as_asked, check_image, step_as_asked
+from ._common import (NoTorchScript, as_asked, check_conv_parameters, check_image,
+                      step_as_asked)
 
 
 
@@ -49,6 +50,7 @@ class ChannelsFirstStem(NoTorchScript, nn.Module):
             raise ValueError(f"ChannelsFirstStem: weight must be (O, C, 3, 3) with C <= "
                              f"{MAX_CHANNELS}, got {tuple(getattr(weight, 'shape', ()))}")
         check_epilogue("ChannelsFirstStem", bias, weight.shape[0], stride, activation)
+        check_conv_parameters("ChannelsFirstStem", weight, bias, "(O, C, 3, 3)", True)
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.stride, self.activation = stride, activation
