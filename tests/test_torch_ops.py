@@ -511,3 +511,58 @@ def test_errors():
         A * "x"
     with pytest.raises(TypeError, match="floating"):
         st.tensor(torch.ones(2, 2, dtype=torch.int64), "csr").mean()
+
+
+# -- a probe's findings on the tensor's own methods -------------------------------------------
+def _small(dtype=torch.float32):
+    return st.tensor(torch.tensor([[0., 2.], [3., 0.]], dtype=dtype), format="csr")
+
+
+def test_in_place_operators_update_in_place_or_raise():
+    """``A += dense`` ran as ``A = A + dense`` (torch turned the TypeError into
+    NotImplemented): a new tensor, the parameter never updated, no error."""
+    A = _small()
+    values = A.values
+    for op in ("__iadd__", "__isub__", "__imul__", "__itruediv__"):
+        with pytest.raises(TypeError, match="the other operand must be a SparseTensor"):
+            getattr(A, op)(torch.ones(2, 2))
+    assert A.values is values and A.values.tolist() == [2., 3.]
+    B = A
+    B *= 2
+    B += A.clone()
+    B -= 0
+    assert B is A and A.values.tolist() == [8., 12.]
+    A.add_(0).sub_(0.0)   # (refused as if adding 0 filled the implicit zeros)
+    assert A.values.tolist() == [8., 12.]
+
+
+@pytest.mark.parametrize("dtype, zero_dim", [
+    (torch.float32, torch.float64), (torch.float16, torch.float32),
+    (torch.int32, torch.int64), (torch.int32, torch.float64), (torch.int64, torch.float32)])
+def test_a_zero_dim_tensor_promotes_as_a_number(dtype, zero_dim):
+    """(float32 times a float64 0-d tensor was float64; torch's is float32.)"""
+    A, s = _small(dtype), torch.tensor(2, dtype=zero_dim)
+    D = A.to_dense()
+    for got, want in ((A * s, D * s), (s * A, s * D), (A + s, D + s), (A - s, D - s)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.to_dense() if isinstance(got, st.SparseTensor)
+                                   else got, want)
+    if dtype.is_floating_point or zero_dim.is_floating_point:
+        assert (A / s).dtype == (D / s).dtype
+
+
+def test_share_memory_data_and_to_copy():
+    """share_memory_ crashed the interpreter; ``A.data = B`` was silently ignored;
+    ``.to(copy=True)`` raised torch's parser error."""
+    A = _small()
+    assert A.share_memory_() is A and A.is_shared() and A.values.is_shared()
+    holder = torch.nn.Module()
+    holder.register_buffer("mask", _small())
+    holder.share_memory()
+    assert holder.mask.is_shared()
+    with pytest.raises(TypeError, match="SparseTensor.data cannot be assigned"):
+        A.data = _small() * 3
+    assert A.values.tolist() == [2., 3.] and isinstance(A.data, st.SparseTensor)
+    copied = A.to(torch.float32, copy=True)
+    assert copied is not A and copied.values.data_ptr() != A.values.data_ptr()
+    assert A.to(torch.float32, copy=False) is A

@@ -358,6 +358,19 @@ class SparseTensor(torch.Tensor):
         # torch.compile's fakification copies the flag onto the fake copy of an input
         self.requires_grad_(value)
 
+    @property
+    def data(self) -> "SparseTensor":
+        """The tensor without autograd history (shares the arrays and values)."""
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, value):
+        # (torch's setter left a wrapper as it was, without a word: a probe found)
+        raise TypeError("SparseTensor.data cannot be assigned (its pattern lives in its "
+                        "index arrays); copy values of the same pattern with A.copy_(B), "
+                        "make a tensor of new values with A.with_values(v), or assign "
+                        "the new SparseTensor where A was held")
+
     def requires_grad_(self, requires_grad: bool = True) -> "SparseTensor":
         """Track gradients of the stored values; returns ``self``.
 
@@ -620,7 +633,11 @@ class SparseTensor(torch.Tensor):
         a dense *format* converts like a dense tensor (zeros dropped). ``index_dtype=None``
         keeps int64 indices int64, otherwise picks int32 whenever everything fits. Between
         formats with ordered levels this costs at most one stable sort (CSR -> CSC sorts the
-        column indices once); returns ``self`` when nothing changes.
+        column indices once); returns ``self`` when nothing changes. Like ``Tensor.to`` or
+        ``reshape``, the result may share memory with ``self``: a conversion that keeps
+        the entries' order (CSR -> COO, a wider index type) keeps the same ``values``
+        tensor, so an in-place update of one shows in the other; ``.clone()`` the result
+        for an independent copy.
 
         Example:
             >>> import torch, sparsetorch as st

@@ -23,6 +23,7 @@ from ..formats.pack import unpack
 from ..formats.tensor import SparseTensor
 from .einsum import einsum
 from .expr import LazyExpr, lazy
+from .promote import result_dtype
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -139,6 +140,8 @@ def add(a, b, *, alpha=1):
                              "is not supported")
         sparse = a if sparse_a else b
         _broadcast_dense(sparse, dense, "add")   # the shape check only
+        if dense.dim() == 0:   # (promotes as a number, as in torch, before it is expanded)
+            dense = dense.to(result_dtype((sparse, dense)))
         dense = dense.expand(sparse.shape)        # the sum is dense: its size anyway
         if sparse_a:
             rhs = lazy(dense) if alpha == 1 else lazy(dense) * _scalar(alpha)
@@ -194,8 +197,8 @@ def div(a, b, *, rounding_mode=None):
         raise TypeError(
             f"div: dividing by a SparseTensor (format {_fmt(a, b)}) divides by its missing "
             "zeros; divide the values instead: B.with_values(x / B.values)")
-    if _is_scalar(b):
-        return _on_values(a, lambda v: v / b)
+    if _is_scalar(b) or isinstance(b, torch.Tensor) and b.dim() == 0:
+        return _on_values(a, lambda v: v / b)   # (a 0-d b promotes as a number, as in torch)
     _broadcast_dense(a, b, "div")   # (the shape check)
     coords, _ = unpack(a.format, a.shape, a._level_arrays, a.values)
     return _on_values(a, lambda v: v / b.expand(a.shape)[tuple(coords)])

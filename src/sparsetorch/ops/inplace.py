@@ -87,13 +87,21 @@ def copy_(t: SparseTensor, src, non_blocking: bool = False) -> SparseTensor:
 
 
 def add_(t, other, *, alpha=1):
+    if _is_zero(other):   # (refused as if it filled the implicit zeros, a probe found)
+        return t
     t._values.add_(_values(t, other, "add_"), alpha=alpha)
     return t
 
 
 def sub_(t, other, *, alpha=1):
+    if _is_zero(other):
+        return t
     t._values.sub_(_values(t, other, "sub_"), alpha=alpha)
     return t
+
+
+def _is_zero(x) -> bool:
+    return isinstance(x, numbers.Number) and not isinstance(x, bool) and x == 0
 
 
 def mul_(t, other):
@@ -139,6 +147,19 @@ def zeros_like(t, *, dtype=None, layout=None, device=None, requires_grad=False,
     return out.requires_grad_() if requires_grad else out
 
 
+def share_memory_(t: SparseTensor) -> SparseTensor:
+    """Move ``t``'s level arrays and values to shared memory (``torch.multiprocessing``
+    then passes them between processes without copies): torch's own method, on a wrapper
+    that has no storage, crashed the interpreter."""
+    for a in _parts(t):
+        a.share_memory_()
+    return t
+
+
+def _parts(t: SparseTensor) -> list:
+    return [*t._level_arrays.values(), t._values]
+
+
 def _also_on_dense(op, handler):
     """``handler`` for a SparseTensor's own in-place op; on a dense tensor with a
     SparseTensor operand (``x.add_(A)``, ``x += A``), the dense op on ``A.to_dense()``, as
@@ -160,6 +181,8 @@ TABLE = {op: _also_on_dense(op, handler) for op, handler in {
     torch.Tensor.addcdiv_: addcdiv_, torch.Tensor.lerp_: lerp_}.items()}
 TABLE |= {
     torch.Tensor.zero_: zero_,
+    torch.Tensor.share_memory_: lambda t: share_memory_(t),
+    torch.Tensor.is_shared: lambda t: all(a.is_shared() for a in _parts(t)),
     torch.zeros_like: zeros_like,
     # formats never hold duplicates: coalesced by construction
     torch.Tensor.coalesce: lambda t: t, torch.Tensor.is_coalesced: lambda t: True,

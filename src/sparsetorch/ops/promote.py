@@ -20,6 +20,8 @@ Example:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..formats.tensor import SparseTensor
@@ -38,9 +40,31 @@ def result_dtype(operands, floats: bool = False):
     for t in operands:
         dtype = t.dtype if dtype is None or t.dtype is dtype else \
             torch.promote_types(dtype, t.dtype)
+    if any(t.dtype is not dtype for t in operands) and \
+            any(type(t) is torch.Tensor and t.dim() == 0 for t in operands):
+        dtype = _with_zero_dim(operands)
     if floats and dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
         dtype = torch.get_default_dtype()
     return dtype
+
+
+def _with_zero_dim(operands) -> torch.dtype:
+    """torch's rule where dense 0-d tensors take part: like Python numbers, they set the
+    result type only when of a higher category (bool, integer, float, complex) than the
+    tensors with dimensions (a float32 SparseTensor times a float64 0-d tensor is float32;
+    it was float64, a probe found)."""
+    zero = [t.dtype for t in operands if type(t) is torch.Tensor and t.dim() == 0]
+    rest = [t.dtype for t in operands if not (type(t) is torch.Tensor and t.dim() == 0)]
+    zero_dtype = functools.reduce(torch.promote_types, zero)
+    if not rest:
+        return zero_dtype
+    rest_dtype = functools.reduce(torch.promote_types, rest)
+    return zero_dtype if _category(zero_dtype) > _category(rest_dtype) else rest_dtype
+
+
+def _category(dtype: torch.dtype) -> int:
+    return 3 if dtype.is_complex else 2 if dtype.is_floating_point else \
+        int(dtype != torch.bool)
 
 
 def cast(t, dtype):

@@ -29,12 +29,13 @@ Tensor = torch.Tensor
 def _to(t: SparseTensor, *args, **kwargs) -> SparseTensor:
     """``.to(dtype)`` / ``.to(device)`` / ``.to(other)``: values converted differentiably,
     level arrays moved with them."""
+    copy = kwargs.pop("copy", False)   # (torch's parser takes no copy=)
     device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
     from ..formats.validate import check_dtype_argument
 
     check_dtype_argument(dtype, f"SparseTensor.to (format {t.format.name})")
     if (dtype is None or dtype == t.dtype) and (device is None or device == t.device):
-        return t
+        return _clone(t) if copy else t
     return map_arrays(t, lambda a: a.to(device=device, non_blocking=non_blocking)
                       if device is not None else a,
                       lambda v: v.to(device=device, dtype=dtype, non_blocking=non_blocking))
@@ -184,6 +185,12 @@ def _install():
     SparseTensor.__rmul__ = lambda a, b: ew.mul(b, a)
     SparseTensor.__truediv__ = lambda a, b: ew.div(a, b)
     SparseTensor.__rtruediv__ = lambda a, b: ew.div(b, a)
+    # In place as they say, or an error: torch's own turned the TypeError of a dense
+    # operand into ``A = A + x`` (a new tensor; a parameter never updated).
+    SparseTensor.__iadd__ = lambda a, b: a.add_(b)
+    SparseTensor.__isub__ = lambda a, b: a.sub_(b)
+    SparseTensor.__imul__ = lambda a, b: a.mul_(b)
+    SparseTensor.__itruediv__ = lambda a, b: a.div_(b)
     SparseTensor.__neg__ = ew.neg
     SparseTensor.__pow__ = ew.pow
     SparseTensor.__abs__ = abs_
