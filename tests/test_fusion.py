@@ -288,6 +288,27 @@ def test_a_python_number_that_changes_between_calls(compile_):
         check_same(f(A, B, c), fn(A, B, c))
 
 
+def test_chains_reading_a_number_that_changes_stay_fused():
+    """After the number changed, dynamo passed it as an input (a 0-d tensor's ``.item()``),
+    which the patterns did not take: every later call ran unfused (a probe found)."""
+    A = st.tensor(_matrix(6, 5, 1, torch.float64), "csr")
+    B = st.tensor(_matrix(6, 5, 2, torch.float64), "csr")
+    X = torch.randn(5, 3, dtype=torch.float64)
+    cases = [(lambda A, X, c: torch.relu(A @ X + c), "epilogue", X),
+             (lambda A, B, c: torch.relu(A * c - B), "elementwise", B),
+             (lambda A, B, c: A / c + B, "elementwise", B)]
+    for fn, pattern, other in cases:
+        f = st.compile(fn)
+        for c in (2.0, -3.0, 5, 0.5):
+            report = f.explain(A, other, c)
+            assert report.fused == (pattern,), (pattern, c, report.replayed)
+            check_same(report.result, fn(A, other, c))
+    report = f.explain(A, B, 0.0)   # (a divisor of 0 at this call: run as written)
+    assert report.fused == () and report.replayed[0][1] == "a divisor given at this call is 0"
+    torch.testing.assert_close(report.result.to_dense(), (A / 0.0 + B).to_dense(),
+                               equal_nan=True)
+
+
 def test_softmax_of_an_assembled_result_compiles():
     """(``if t.nnz == 0`` guarded on the traced entry count: a UserError)"""
     fn = lambda A, B: torch.sparse.softmax(A - B, 1)   # noqa: E731

@@ -114,6 +114,13 @@ def _is_number(a) -> bool:
     return isinstance(a, (int, float)) and not isinstance(a, bool)
 
 
+def _is_number_input(a) -> bool:
+    """Whether ``a`` is a node whose value is a Python number given at each call: dynamo
+    makes a number that changed between calls a graph input (a 0-d tensor and its
+    ``.item()``), after which the chains reading it went unfused, a probe found."""
+    return isinstance(_value(a), (torch.SymInt, torch.SymFloat))
+
+
 def _meta_only(node) -> bool:
     """Whether ``node`` and everything downstream of it only check sizes (``_META``)."""
     if node.op != "call_function" or node.target not in _META:
@@ -351,7 +358,7 @@ def _bias_of(node, cur):
     other = args[1] if args[0] is cur else args[0]
     if kind == "sub" and args[0] is not cur:
         return None               # b - product: the product is negated, not the bias
-    if _is_number(other):
+    if _is_number(other) or _is_number_input(other):
         return other, kind == "sub"
     if not (_is_dense(other) and _same_dtype([cur, other])):
         return None
@@ -415,19 +422,19 @@ def _elementwise(node) -> bool:
     args = _operands(node)
     if args is None or not isinstance(_value(node), torch.Tensor):
         return False
-    nodes = [a for a in args if isinstance(a, fx.Node)]
+    numbers = [a for a in args if not isinstance(a, fx.Node) or _is_number_input(a)]
+    nodes = [a for a in args if isinstance(a, fx.Node) and not _is_number_input(a)]
     if not nodes or not all(_is_sparse(a) for a in nodes):
         return False
-    numbers = [a for a in args if not isinstance(a, fx.Node)]
-    if not all(_is_number(a) for a in numbers):
+    if not all(_is_number(a) or _is_number_input(a) for a in numbers):
         return False
     if kind in ("add", "sub"):
         return len(args) == 2 and not numbers      # A + c raises eagerly (c != 0)
     if kind == "mul":
         return len(args) == 2
-    if kind == "div":
-        return len(args) == 2 and isinstance(args[0], fx.Node) and _is_number(args[1]) \
-            and args[1] != 0
+    if kind == "div":   # (a divisor given at each call is checked there: runtime.py)
+        return len(args) == 2 and _is_sparse(args[0]) and \
+            (_is_number_input(args[1]) or _is_number(args[1]) and args[1] != 0)
     return len(args) == 1
 
 

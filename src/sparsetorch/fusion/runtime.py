@@ -227,15 +227,18 @@ def elementwise(site: Site, *leaves):
     """
     from ..ops.expr import lazy
 
-    why = _elementwise_guard(leaves)
+    why = _elementwise_guard(leaves) or next(
+        ("a divisor given at this call is 0" for op, args in site.steps
+         if op == "div" and isinstance(args[1], _In) and leaves[args[1].n] == 0), None)
     if why:
         _note("elementwise", why)
         return site.replay(*leaves)
     done = []
 
     def resolve(a):
-        if isinstance(a, _In):
-            return lazy(leaves[a.n])
+        if isinstance(a, _In):   # (a leaf: a SparseTensor, or a number given at each call)
+            leaf = leaves[a.n]
+            return lazy(leaf) if isinstance(leaf, torch.Tensor) else leaf
         if isinstance(a, _Step):
             return done[a.n]
         return a
@@ -247,8 +250,9 @@ def elementwise(site: Site, *leaves):
 
 
 def _elementwise_guard(leaves):
-    first = leaves[0]
-    for t in leaves:
+    tensors = [t for t in leaves if not isinstance(t, (int, float))]   # (numbers: factors)
+    first = tensors[0]
+    for t in tensors:
         if not isinstance(t, SparseTensor):
             return "an operand is not a SparseTensor"
         if t.shape != first.shape or t.dtype != first.dtype or t.device != first.device:
