@@ -422,6 +422,14 @@ class _SharedNorm(nn.Module):
         return self.body(x)
 
 
+class _SharedConv(_SharedNorm):
+    """The convolution registered twice instead (it raised a ValueError)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = self.body[0]
+
+
 class _ResidualBlock(nn.Sequential):
     """A Sequential whose own forward adds the convolution's output to the batch norm's."""
 
@@ -448,7 +456,7 @@ class _ReadsItsNorm(nn.Module):
         return self.bn(self.conv(x)) * self.bn.weight.abs().sum()
 
 
-@pytest.mark.parametrize("make", [_SharedNorm, _Untraceable, _ReadsItsNorm])
+@pytest.mark.parametrize("make", [_SharedNorm, _SharedConv, _Untraceable, _ReadsItsNorm])
 def test_a_batch_norm_another_use_still_needs_is_not_folded(make):
     """Folded while registered under a second name, the batch norm ran twice (an error
     of 26); read as a plain chain, a Sequential with its own forward lost its residual's

@@ -31,7 +31,6 @@ Example:
 """
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 from torch.nn.modules import module as _module

@@ -219,12 +219,8 @@ def _rebuild(model: nn.Module, fold_bn: bool, skipped, make_sparse) -> nn.Module
             if not (bn_name and isinstance(module, nn.Conv2d)):
                 continue
             new, act = fold_batchnorm(module, modules[bn_name]), None   # dense, BN folded
+        # (a module of several names is in no chain: its other uses see no fold)
         others = aliases[id(module)][1:]
-        if others and (bn_name or act is not None):
-            raise ValueError(
-                f"sparsify: {name!r} is also registered as {others}, and its use here folds a "
-                "batch norm or an activation into it that its other uses may not have; give "
-                f"each use its own module (copy.deepcopy) or keep it dense (skip=[{name!r}])")
         _carry_over(module, new)
         for alias in (name, *others):   # (a shared module stays shared: one sparse module)
             _replace(out, alias, new)
