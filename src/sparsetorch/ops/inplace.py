@@ -181,7 +181,7 @@ TABLE = {op: _also_on_dense(op, handler) for op, handler in {
     torch.Tensor.addcdiv_: addcdiv_, torch.Tensor.lerp_: lerp_}.items()}
 TABLE |= {
     torch.Tensor.zero_: zero_,
-    torch.Tensor.share_memory_: lambda t: share_memory_(t),
+    torch.Tensor.share_memory_: share_memory_,
     torch.Tensor.is_shared: lambda t: all(a.is_shared() for a in _parts(t)),
     torch.zeros_like: zeros_like,
     # formats never hold duplicates: coalesced by construction
