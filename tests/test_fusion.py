@@ -307,6 +307,16 @@ def test_chains_reading_a_number_that_changes_stay_fused():
     assert report.fused == () and report.replayed[0][1] == "a divisor given at this call is 0"
     torch.testing.assert_close(report.result.to_dense(), (A / 0.0 + B).to_dense(),
                                equal_nan=True)
+    Q, V = torch.randn(6, 3, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+    K = torch.randn(5, 3, dtype=torch.float64)
+    for fn in (lambda A, c: torch.sparse.softmax(st.einsum("ij,ik,jk->ij", A, Q, K) * c, 1) @ V,
+               lambda A, c: torch.sparse.softmax(torch.sparse.sampled_addmm(
+                   A, Q, K.t(), beta=0.0) / c, 1) @ V):
+        f = st.compile(fn)
+        for c in (0.5, 2.0, -1.5, 3):
+            report = f.explain(A, c)
+            assert report.fused == ("attention",), (c, report.replayed)
+            torch.testing.assert_close(report.result, fn(A, c))
 
 
 def test_softmax_of_an_assembled_result_compiles():

@@ -245,18 +245,24 @@ def _sddmm(node):
 
 
 def _scaled(node):
-    """``(scores, factor)`` when ``node`` multiplies or divides sparse scores by a number."""
+    """``(scores, factor, given)`` when ``node`` multiplies or divides sparse scores by a
+    number: ``factor`` a float, or (``given``: ``"mul"`` or ``"div"``) the node of a number
+    given at each call."""
     kind = _kind(node)
     args = _operands(node) if kind in ("mul", "div") else None
     if not args or len(args) != 2:
         return None
     x, y = args
-    if kind == "mul" and _is_number(y) and _is_sparse(x):
-        return x, float(y)
-    if kind == "mul" and _is_number(x) and _is_sparse(y):
-        return y, float(x)
-    if kind == "div" and _is_number(y) and y != 0 and _is_sparse(x):
-        return x, 1.0 / y
+    if kind == "mul" and _is_sparse(y) and not _is_sparse(x):
+        x, y = y, x
+    if not _is_sparse(x):
+        return None
+    if _is_number_input(y):
+        return x, y, kind
+    if kind == "mul" and _is_number(y):
+        return x, float(y), None
+    if kind == "div" and _is_number(y) and y != 0:
+        return x, 1.0 / y, None
     return None
 
 
@@ -277,13 +283,13 @@ def attention_pass(graph):
         V = M.args[1]
         if not (_is_dense(V) and _value(V).dim() == 2 and _is_dense(M)):
             continue
-        S, chain, scale = P.args[0], [P, M], 1.0
+        S, chain, scale, given = P.args[0], [P, M], 1.0, None
         if _sole_user(S) is not P:
             continue
         scaled = _scaled(S)
         if scaled is not None:
             chain.insert(0, S)
-            S, scale = scaled
+            S, scale, given = scaled
             if _sole_user(S) is not chain[0]:
                 continue
         found = _sddmm(S)
@@ -294,10 +300,14 @@ def attention_pass(graph):
             continue
         chain.insert(0, S)
         what = "sampled_addmm" if ones else "einsum SDDMM"
+        times = f", scores {'x' if given != 'div' else '/'} a number given at each call" \
+            if given else f", scores x {scale:g}" if scale != 1 else ""
         site = Site("attention", f"st.ops.masked_attention(A, Q, K, V) (from {what} -> "
-                    f"softmax -> matmul{f', scores x {scale:g}' if scale != 1 else ''})",
-                    None, scale=alpha * scale, k_transposed=transposed, ones=ones)
-        done.append(_replace(graph, chain, [A, Q, K, V], runtime.attention, site))
+                    f"softmax -> matmul{times})", None,
+                    scale=alpha * (1.0 if given else scale), given=given,
+                    k_transposed=transposed, ones=ones)
+        done.append(_replace(graph, chain, [A, Q, K, V] + ([scale] if given else []),
+                             runtime.attention, site))
     return done
 
 

@@ -178,25 +178,30 @@ def _out_shape(equation, ops):
 
 
 # -- SDDMM -> row softmax -> SpMM ----------------------------------------------------------
-def attention(site: Site, A, Q, K, V):
+def attention(site: Site, A, Q, K, V, *given):
     """``softmax(scale * SDDMM(A, Q, K), 1) @ V`` as one ``st.ops.masked_attention`` call.
 
-    ``site`` has ``scale`` (a number the scores were multiplied by), ``k_transposed`` (the
-    traced key operand is Kᵀ) and ``ones`` (the SDDMM ignores A's values, as
-    ``torch.sparse.sampled_addmm`` does).
+    ``site`` has ``scale`` (a number the scores were multiplied by), ``given`` (``"mul"``
+    or ``"div"``: they were also multiplied or divided by ``given[0]``, a number given at
+    each call), ``k_transposed`` (the traced key operand is Kᵀ) and ``ones`` (the SDDMM
+    ignores A's values, as ``torch.sparse.sampled_addmm`` does).
     """
     from ..ops.attention import masked_attention
 
-    why = _attention_guard(A, Q, K, V)
+    why = _attention_guard(A, Q, K, V) or (
+        "a divisor given at this call is 0" if site.given == "div" and given[0] == 0
+        else None)
     if why:
         _note("attention", why)
-        return site.replay(A, Q, K, V)
+        return site.replay(A, Q, K, V, *given)
     if site.k_transposed:
         K = K.t()
+    scale = site.scale if not site.given else \
+        site.scale * given[0] if site.given == "mul" else site.scale / given[0]
     if site.ones:
-        A = A.with_values(torch.full_like(A.values, site.scale))
-    elif site.scale != 1:
-        A = A.with_values(A.values * site.scale)
+        A = A.with_values(torch.full_like(A.values, scale))
+    elif scale != 1:
+        A = A.with_values(A.values * scale)
     _note("attention", None)
     return masked_attention(A, Q, K, V)
 
