@@ -118,13 +118,13 @@ SIZES = {"cora": (2708, 1433, 7, 140), "citeseer": (3327, 3703, 6, 120),
          "amazon_photo": (7650, 745, 8, None), "coauthor_cs": (18333, 6805, 15, None)}
 
 
-def check_sizes(name: str, where: str, files, nodes: int, features: int, classes: int,
-                train: int | None = None) -> None:
+def check_known_sizes(name: str, where: str, files, nodes: int, features: int,
+                      classes: int, train: int | None = None) -> None:
     """A ValueError naming ``files`` unless ``name``'s data have its known ``SIZES``.
 
     Example:
-        >>> check_sizes("cora", "planetoid('cora')", "ind.cora.*", 2708, 1433, 7, 140)
-        >>> check_sizes("cora", "planetoid('cora')", "ind.cora.*", 3327, 1433, 7, 140)
+        >>> check_known_sizes("cora", "planetoid('cora')", "ind.cora.*", 2708, 1433, 7, 140)
+        >>> check_known_sizes("cora", "planetoid('cora')", "ind.cora.*", 3327, 1433, 7, 140)
         Traceback (most recent call last):
         ValueError: planetoid('cora'): ind.cora.*: 3327 nodes, 1433 features, 7 classes, 140 training nodes, but cora has 2708 nodes, ...
     """

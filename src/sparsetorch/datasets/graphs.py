@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._graph import Graph, check_sizes, csr_features, symmetric_adjacency
+from ._graph import Graph, check_known_sizes, csr_features, symmetric_adjacency
 from ._paths import dataset_dir, need_file
 from ._pickle import CORRUPT_HINT, load_npz, numeric_array, sparse_matrix
 from .planetoid import PLANETOID_NAMES, planetoid
@@ -57,7 +57,7 @@ def graph(name: str, root=None) -> Graph:
     if features.shape[0] != n:
         raise ValueError(f"{where}: {path} node_attr has {features.shape[0]} rows for {n} "
                          f"nodes; expected one feature row per node; {CORRUPT_HINT}")
-    check_sizes(key, where, path, n, features.shape[1], int(labels.max()) + 1 if n else 0)
+    check_known_sizes(key, where, path, n, features.shape[1], int(labels.max()) + 1 if n else 0)
     return Graph(name=key, adj=symmetric_adjacency(adj.row, adj.col, n, where),
                  features=features, labels=torch.from_numpy(labels.copy()),
                  num_classes=int(labels.max()) + 1, num_features=int(features.shape[1]))

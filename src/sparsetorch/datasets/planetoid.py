@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 import torch
 
-from ._graph import Graph, check_sizes, csr_features, symmetric_adjacency
+from ._graph import Graph, check_known_sizes, csr_features, symmetric_adjacency
 from ._paths import dataset_dir, need_file
 from ._pickle import CORRUPT_HINT, load_pickle, numeric_array, sparse_matrix
 
@@ -82,7 +82,7 @@ def planetoid(name: str, root=None) -> Graph:
                          f"label column per class, tx one row per ty row, allx one per ally "
                          f"row); {CORRUPT_HINT}")
     n = int(test_idx.max()) + 1
-    check_sizes(key, where, folder / f"ind.{key}.*", n, width, classes, len(y))
+    check_known_sizes(key, where, folder / f"ind.{key}.*", n, width, classes, len(y))
 
     onehot = np.zeros((n, ally.shape[1]), np.int64)
     onehot[:start] = ally

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from ..formats import views
-from ..formats.tensor import (_TORCH_FUNCTIONS, SparseTensor, map_arrays,
-                              wrapper_requires_grad)
+from ..formats.tensor import _TORCH_FUNCTIONS, SparseTensor, map_arrays
+from ..formats.wrapper_grad import wrapper_requires_grad
 from . import elementwise as ew
 from . import inplace
 from . import matmul as mm_
