@@ -11,11 +11,13 @@ the cached adjacency lookup, module calls).
 
 A call replayed on its own finds its operands in its cores' caches, written by itself the
 round before; in the forward each kernel reads what the previous one just wrote, with
-several threads partly in another core's cache. So each ``st.einsum`` call is also timed
-where it runs, inside the forwards timed (the same interleaved rounds), and
+several threads partly in another core's cache. So each ``st.einsum`` and ``F.linear``
+call (the graph layers' dense products take torch's where its BLAS is fast: Intel CPUs)
+is also timed where it runs, inside the forwards timed (the same interleaved rounds), and
 ``forward / sum(inside) - 1`` is reported beside the overhead: the layers' own code alone.
-(Only ``st.einsum`` calls: timing torch functions would take a function mode, which slows
-every torch call inside them; a forward making others gets no such line.)
+(Those two are swapped for timing wrappers; timing every torch function would take a
+function mode, which slows every torch call inside them: a forward making other calls
+gets no such line.)
 
 Example:
     >>> import torch
@@ -76,37 +78,45 @@ def _aliases(out: torch.Tensor, args) -> bool:
                a.untyped_storage().data_ptr() == ptr for a in args)
 
 
+_TIMED = ("st.einsum", "linear")   # the calls ``_swapped(..., linear=True)`` times
+
+
 @contextmanager
-def _einsum_swapped(on_call, depth):
-    """Swap ``st.einsum`` wherever the layers imported it for a wrapper that calls
-    ``on_call(args, kwargs, out, seconds)`` after each top-level call; ``depth.inside``
+def _swapped(on_call, depth, linear: bool = False):
+    """Swap ``st.einsum`` wherever the layers imported it (and with ``linear``,
+    ``torch.nn.functional.linear``, which they call through the module) for wrappers that
+    call ``on_call(args, kwargs, out, seconds)`` after each top-level call; ``depth.inside``
     counts the calls under way (a ``_Recorder`` records none of their own torch calls)."""
     from ..ops import einsum
 
-    def wrapper(*args, **kwargs):
-        depth.inside += 1
-        start = perf_counter()
-        try:
-            out = einsum(*args, **kwargs)
-        finally:
-            depth.inside -= 1
-        if not depth.inside:
-            on_call(args, kwargs, out, perf_counter() - start)
-        return out
+    def timed(func):
+        def wrapper(*args, **kwargs):
+            depth.inside += 1
+            start = perf_counter()
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                depth.inside -= 1
+            if not depth.inside:
+                on_call(args, kwargs, out, perf_counter() - start)
+            return out
+        return wrapper
 
     swapped = []
     for name, mod in list(sys.modules.items()):
         if mod is None or not name.startswith(("sparsetorch.nn", "sparsetorch.models")):
             continue
-        for attr, value in list(vars(mod).items()):
-            if value is einsum:
-                setattr(mod, attr, wrapper)
-                swapped.append((mod, attr))
+        swapped += [(mod, attr, einsum) for attr, value in vars(mod).items()
+                    if value is einsum]
+    if linear:
+        swapped.append((torch.nn.functional, "linear", torch.nn.functional.linear))
+    for mod, attr, func in swapped:
+        setattr(mod, attr, timed(func))
     try:
         yield
     finally:
-        for mod, attr in swapped:
-            setattr(mod, attr, einsum)
+        for mod, attr, func in swapped:
+            setattr(mod, attr, func)
 
 
 def record(forward) -> list:
@@ -117,7 +127,7 @@ def record(forward) -> list:
     def on_call(args, kwargs, out, _):
         recorder.calls.append(Call("st.einsum " + str(args[0]), einsum, args, kwargs, out))
 
-    with torch.no_grad(), _einsum_swapped(on_call, recorder), recorder:
+    with torch.no_grad(), _swapped(on_call, recorder), recorder:
         forward()
     return recorder.calls
 
@@ -153,9 +163,9 @@ def gcn_overhead(ctx, rounds: int = 10, threads=None, graph: str = "cora") -> di
     with torch.no_grad():
         forward()                     # builds the cached adjacency and the kernels
     calls = record(forward)
-    # Each forward also times its st.einsum calls where they run (the wrapper's two clock
-    # reads cost ~0.1 us a call, counted in the forward's time), in the same interleaved
-    # rounds as the calls replayed on their own.
+    # Each forward also times its st.einsum and F.linear calls where they run (the
+    # wrappers' two clock reads cost ~0.1 us a call, counted in the forward's time), in the
+    # same interleaved rounds as the calls replayed on their own.
     inside = []
 
     def timed_forward():
@@ -164,12 +174,12 @@ def gcn_overhead(ctx, rounds: int = 10, threads=None, graph: str = "cora") -> di
 
     cases = {"forward": timed_forward}
     cases.update({f"{i}: {call.name}": call for i, call in enumerate(calls)})
-    with torch.no_grad(), _einsum_swapped(lambda *call: inside[-1].append(call[-1]),
-                                          _Recorder()):
+    with torch.no_grad(), _swapped(lambda *call: inside[-1].append(call[-1]), _Recorder(),
+                                   linear=True):
         res = compare(cases, baseline="forward", rounds=rounds, warmup=2, min_time=2e-3,
                       threads=threads)
     inside = _medians(inside, len(calls)) \
-        if all(call.name.startswith("st.einsum") for call in calls) else None
+        if all(call.name.startswith(_TIMED) for call in calls) else None
     times = {k: v["median_s"] for k, v in res["impls"].items()}
     fwd = times.pop("forward")
     total = sum(times.values())
@@ -182,7 +192,8 @@ def gcn_overhead(ctx, rounds: int = 10, threads=None, graph: str = "cora") -> di
            "calls": times}
     if inside is None:
         return {**out, "detail": detail + "the calls inside the forward: not timed (it "
-                "makes kernel calls other than st.einsum, or not the same ones each time)"}
+                "makes kernel calls other than st.einsum and F.linear, or not the same "
+                "ones each time)"}
     within = sum(inside)
     detail += (f"inside the forward the same calls took {within * 1e6:.0f}us ("
                + ", ".join(f"{t * 1e6:.0f}us" for t in inside)
