@@ -219,3 +219,39 @@ def test_a_hooked_block_is_called_with_its_hooks():
     assert seen == []
     _same(frozen, sparse, torch.randn(1, 3, 32, 32))
     assert seen == [torch.Tensor, torch.Tensor]   # the model's call, then the frozen copy's
+
+
+class OptionalArguments(nn.Module):
+    """Branches on arguments that are None or bools, which a traced placeholder cannot
+    take: freezing baked the branch of an argument given, so a call leaving ``mask`` out
+    multiplied by None, and one with ``mask=None`` passed to a layer taking None as "no
+    mask" would have run without the default mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("default_mask", torch.tensor([1.0, 0.0, 1.0, 0.0]))
+
+    def forward(self, x, mask=None, *, double=False, scale=2.0):
+        if mask is None:
+            mask = self.default_mask
+        y = self.lin(x) * mask * scale
+        return y * 2 if double else y
+
+
+def test_optional_arguments_are_specialised_per_call():
+    torch.manual_seed(6)
+    model, x = OptionalArguments().eval(), torch.randn(3, 4)
+    frozen = st.freeze(model)
+    assert "default_mask" in frozen.code   # (the defaults' trace)
+    for args, kwargs in [((x,), {}), ((x, None), {}), ((x, torch.rand(4)), {}),
+                         ((x,), {"mask": torch.rand(4), "double": True}),
+                         ((x, None), {"double": True, "scale": 0.5}), ((), {"x": x})]:
+        _same(frozen, model, *args, **kwargs)
+    for args, kwargs, match in [((x, None, True), {}, "at most 2 positional"),
+                                ((x,), {"x": x}, r"unexpected or repeated arguments \['x'\]"),
+                                ((), {}, "missing the argument 'x'"),
+                                ((x,), {"masks": None}, r"\['masks'\]; its forward takes "
+                                 r"\(x, mask, double, scale\)")]:
+        with pytest.raises(TypeError, match=match):
+            frozen(*args, **kwargs)

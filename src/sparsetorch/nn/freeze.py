@@ -9,7 +9,10 @@ nothing changed since the last call. ``freeze`` pays those once:
 1. it copies the model (``copy.deepcopy``: later changes to the model do not reach the
    frozen copy) in ``eval()`` mode with every parameter's ``requires_grad`` off;
 2. traces the copy with ``torch.fx`` (sparsetorch's layers and ``torch.nn``'s are leaves:
-   called, not traced into);
+   called, not traced into), with the arguments given as None, True or False fixed at those
+   values: once at freezing with the forward's defaults, and once more for each other
+   combination a call brings (``if mask is None:`` or ``if return_all:`` then run as in
+   the model; a placeholder would have taken one branch, or failed, for every call);
 3. rewrites the graph: ``nn.Identity`` and dropout calls (identities in eval mode) vanish;
    a ``SparseConv2d`` whose only consumer is a 3x3 ``ChannelsFirstDepthwise`` (the pair
    ``fuse.py`` fuses, the same rule) becomes one ``st.ops.expand_depthwise3x3`` call,
@@ -43,6 +46,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+from typing import NamedTuple
 
 import torch
 import torch.fx as fx
@@ -85,17 +89,31 @@ class Frozen(NoTorchScript, nn.Module):
             return act_1
     """
 
-    def __init__(self, graph_module: fx.GraphModule, name: str):
+    def __init__(self, trace, name: str, parameters=None):
         super().__init__()
         self.training = False
-        # (not a submodule: nothing here may be moved, cast or loaded into)
-        self.__dict__["_run"] = graph_module.forward
-        self.__dict__["_graph_module"] = graph_module
-        self.__dict__["_name"] = name
+        # (nothing here is a submodule: nothing may be moved, cast or loaded into)
+        d = self.__dict__
+        d["_trace"], d["_name"] = trace, name
+        # the forward's parameters (``_Parameter``s) when some default to None or a bool,
+        # else None: each combination of arguments given as None, True or False is traced
+        # with those values, so `if mask is None:` runs as in the model
+        d["_signature"] = parameters if parameters and any(
+            _specialised_value(p.default) for p in parameters) else None
+        d["_graphs"] = {}   # specialised values -> GraphModule
+        # (traced now: a model torch.fx cannot trace fails at freeze, not at the first call)
+        d["_default"] = self._graph(_specialised_defaults(self._signature)).forward
+
+    def _graph(self, key: tuple) -> fx.GraphModule:
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._graphs[key] = self._trace(dict(key))
+        return graph
 
     @property
     def code(self) -> str:
-        return self._graph_module.code
+        """The Python source of the forward, traced with the arguments' defaults."""
+        return self._graph(_specialised_defaults(self._signature)).code
 
     def forward(self, *args, **kwargs):
         # (fx.symbolic_trace hands *args over as one Proxy; its own error said "cannot be
@@ -103,8 +121,15 @@ class Frozen(NoTorchScript, nn.Module):
         if isinstance(args, fx.Proxy):
             raise input_type_error("Frozen", "inputs must be tensors", args)
         refuse_ad_transforms(f"the frozen {self._name}", (*args, *kwargs.values()))
+        if self._signature is None:
+            run = self._default
+        else:
+            args = _positional(self._name, self._signature, args, kwargs)
+            kwargs = {}
+            run = self._graph(tuple((p.name, value) for p, value in zip(self._signature, args)
+                                    if _specialised_value(value))).forward
         with torch.no_grad():
-            return self._run(*args, **kwargs)
+            return run(*args, **kwargs)
 
     def train(self, mode: bool = True):
         if mode:
@@ -145,21 +170,80 @@ def freeze(model: nn.Module) -> Frozen:
     for p in copied.parameters():
         p.requires_grad_(False)
     if isinstance(copied, _LAYERS):   # (torch.fx traces into a root, never takes it whole)
-        copied, graph = _lone_layer(copied)
-        return Frozen(fx.GraphModule(copied, graph), name)
+        root, graph = _lone_layer(copied)
+        return Frozen(lambda concrete: fx.GraphModule(root, graph), name)
+    return Frozen(lambda concrete: _traced(copied, name, concrete), name,
+                  _parameters(copied))
+
+
+def _traced(model: nn.Module, name: str, concrete: dict) -> fx.GraphModule:
+    """``model`` traced with the arguments in ``concrete`` fixed at their values, and
+    rewritten (the module docstring's steps 3 and 4)."""
     try:
-        graph = _Tracer().trace(copied)
+        graph = _Tracer().trace(model, concrete_args=concrete or None)
     except Exception as err:   # any tracing failure: control flow on values, unsupported ops
         raise ValueError(f"freeze: torch.fx cannot trace {name} ({type(err).__name__}: "
                          f"{err}); freezing needs a forward without control flow on tensor "
                          f"values. Run the model unfrozen (under torch.no_grad()).") from err
-    modules = dict(copied.named_modules())
+    modules = dict(model.named_modules())
     _drop_identities(graph, modules)
     _fuse_expand_depthwise(graph, modules)
     _call_forwards(graph, modules)
     graph.eliminate_dead_code()
     graph.lint()
-    return Frozen(fx.GraphModule(copied, graph), name)
+    return fx.GraphModule(model, graph)
+
+
+def _specialised_value(value) -> bool:
+    """Whether an argument of this value is traced as a constant: None and bools, which
+    decide branches (``if mask is None``, ``if return_all``) that a traced placeholder
+    cannot."""
+    return value is None or type(value) is bool
+
+
+def _specialised_defaults(parameters) -> tuple:
+    return () if parameters is None else tuple(
+        (p.name, p.default) for p in parameters if _specialised_value(p.default))
+
+
+def _parameters(model: nn.Module):
+    """``[(name, default)]`` of ``model.forward``'s parameters in order (``default`` an
+    ``inspect.Parameter.empty`` for a required one), keyword-only ones last, or None for a
+    forward taking ``*args`` / ``**kwargs`` (traced as it is, without specialising)."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return None
+    params = list(signature.parameters.values())
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return None
+    return [_Parameter(p.name, p.default, p.kind != p.KEYWORD_ONLY) for p in params]
+
+
+class _Parameter(NamedTuple):
+    name: str
+    default: object
+    positional: bool
+
+
+def _positional(name: str, parameters: list, args: tuple, kwargs: dict) -> list:
+    """Every argument of a call, by position (the traced forward renames the specialised
+    parameters, so none can go by keyword), defaults filled in."""
+    most = sum(p.positional for p in parameters)
+    if len(args) > most:
+        raise TypeError(f"the frozen {name} takes at most {most} positional arguments, got "
+                        f"{len(args)}")
+    out = list(args)
+    for param, default, _ in parameters[len(args):]:
+        value = kwargs.pop(param, default)
+        if value is inspect.Parameter.empty:
+            raise TypeError(f"the frozen {name}: missing the argument {param!r}")
+        out.append(value)
+    if kwargs:
+        raise TypeError(f"the frozen {name} got unexpected or repeated arguments "
+                        f"{sorted(kwargs)}; its forward takes "
+                        f"({', '.join(p.name for p in parameters)})")
+    return out
 
 
 def _lone_layer(layer: nn.Module) -> tuple:
