@@ -424,11 +424,17 @@ def _long_rows(t: SparseTensor) -> bool:
         nnz = t._values.numel()
         if type(nnz) is not int or any(type(d) is not int for d in t._size):
             return False   # symbolic while tracing: the plain kernel (same results)
-        found = t.dtype in _DTYPE_NAMES and long_rows(
-            t._format, t._size, nnz,
-            block_cap(_DTYPE_NAMES[t.dtype], tile_width(_DTYPE_NAMES[t.dtype])))
+        found = _long_rows_of(t._format, t._size, nnz, t.dtype)
         t.__dict__["_long_rows"] = found
     return found
+
+
+@lru_cache(maxsize=1024)
+def _long_rows_of(fmt: Format, shape, nnz: int, dtype) -> bool:
+    # (memoised: a wrapper made anew each call over a kept pattern, a softmax's output,
+    # works it out again; ~28 us a time in a GAT training step)
+    return dtype in _DTYPE_NAMES and long_rows(
+        fmt, shape, nnz, block_cap(_DTYPE_NAMES[dtype], tile_width(_DTYPE_NAMES[dtype])))
 
 
 def _fmt_key(out_format):
