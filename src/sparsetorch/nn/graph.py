@@ -22,6 +22,7 @@ from .._modes import outside_inference_mode, refuse_ad_transforms, version
 from ..formats import SparseTensor
 from ..formats import tensor as st_tensor
 from ..ops import einsum, softmax
+from ..ops.edge_scores import additive_scores
 from ..ops.policy import torch_blas_is_fast
 from ._common import (NoTorchScript, autocast_input, check_dropout, check_sizes,
                       input_type_error, member, outside_graph)
@@ -382,7 +383,8 @@ class GATConv(_GraphLayer):
     heads concatenated (``concat=True``, output ``heads * out_features``) or averaged.
 
     The scores are an SDDMM of the additive kind: for every stored entry of the adjacency
-    pattern, the target's and the source's terms gathered and added (all heads at once).
+    pattern, the target's and the source's terms gathered and added (all heads at once),
+    with the LeakyReLU, in one C pass each way (``ops/edge_scores.py``).
     The heads' patterns are interleaved in one CSR matrix of ``n * heads`` rows (node-major,
     see ``pattern``), so the softmax (the compiler's row softmax over stored entries,
     ``st.ops.softmax``) and the aggregation (SpMM) are one kernel call each for all heads;
@@ -475,8 +477,7 @@ class GATConv(_GraphLayer):
         # (elementwise products and sums over (n, H, C) took 4x as long, backward included)
         att = torch.cat([torch.block_diag(*self.att_src[0]), torch.block_diag(*self.att_dst[0])])
         a = (h @ att.t()).reshape(-1)
-        scores = F.leaky_relu(a.index_select(0, dst) + a.index_select(0, src),
-                              self.negative_slope)
+        scores = additive_scores(a, dst, src, self.negative_slope)
         alpha = softmax(P.with_values(scores), 1)
         if self.dropout and self.training:
             alpha = F.dropout(alpha, self.dropout)
