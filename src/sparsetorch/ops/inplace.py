@@ -8,9 +8,6 @@ values tensor in place and the SparseTensor is returned. Adding a number (``add_
 Adam does to its denominator) would make every implicit zero nonzero: it raises, naming
 the fix (give the optimizer ``W.values``; any optimizer then works). Another pattern raises
 too: ``load_state_dict(..., assign=True)`` takes the loaded tensor as it is.
-
-The table also answers the questions about a SparseTensor's memory (``share_memory_``,
-``is_shared``, ``data_ptr``) from its arrays and values: the wrapper has no storage.
 """
 from __future__ import annotations
 
@@ -186,10 +183,6 @@ TABLE |= {
     torch.Tensor.zero_: zero_,
     torch.Tensor.share_memory_: share_memory_,
     torch.Tensor.is_shared: lambda t: all(a.is_shared() for a in _parts(t)),
-    # the values' address, as a dense view gives its storage's: the wrapper has no storage
-    # and answered 0, the same for every SparseTensor (callers keying caches by it mixed
-    # them up)
-    torch.Tensor.data_ptr: lambda t: t._values.data_ptr(),
     torch.zeros_like: zeros_like,
     # formats never hold duplicates: coalesced by construction
     torch.Tensor.coalesce: lambda t: t, torch.Tensor.is_coalesced: lambda t: True,
