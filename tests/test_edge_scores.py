@@ -44,6 +44,14 @@ def test_gradcheck_and_create_graph():
     dst, src = torch.tensor([0, 1, 1, 5, 3, 3]), torch.tensor([2, 2, 4, 5, 0, 3])
     assert torch.autograd.gradcheck(lambda a: additive_scores(a, dst, src, 0.2), (a,))
     assert torch.autograd.gradgradcheck(lambda a: additive_scores(a, dst, src, 0.2), (a,))
+    # the gradient of the gradient reaches a itself, through a strided view too (the
+    # gradient was taken at a detached copy: 'not used in the graph')
+    b = torch.randn(12, dtype=torch.float64)[::2].requires_grad_()
+    second = []
+    for fn in (additive_scores, _by_torch):
+        g, = torch.autograd.grad(fn(b * 2, dst, src, 0.2).pow(2).sum(), b, create_graph=True)
+        second.append(torch.autograd.grad(g.pow(2).sum(), b)[0])
+    torch.testing.assert_close(*second)
 
 
 def test_other_inputs_take_torch_ops(monkeypatch):

@@ -73,11 +73,12 @@ def _scores_by_torch(a, dst, src, negative_slope):
 class _AdditiveScores(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, dst, src, negative_slope):
-        a, dst, src = a.contiguous(), dst.contiguous(), src.contiguous()
+        # (``a`` itself is saved: a gradient of the gradient differentiates through it)
+        terms, dst, src = a.contiguous(), dst.contiguous(), src.contiguous()
         out = torch.empty(dst.numel(), dtype=a.dtype)
         slope = torch.tensor([negative_slope], dtype=a.dtype)   # (entries take pointers)
         _library()[f"st_scores_{_VALUE[a.dtype]}"](
-            dst.numel(), a.data_ptr(), dst.data_ptr(), src.data_ptr(), slope.data_ptr(),
+            dst.numel(), terms.data_ptr(), dst.data_ptr(), src.data_ptr(), slope.data_ptr(),
             out.data_ptr(), _threads(dst.numel()))
         ctx.save_for_backward(a, dst, src)
         ctx.negative_slope = negative_slope
@@ -86,13 +87,10 @@ class _AdditiveScores(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         a, dst, src = ctx.saved_tensors
-        if torch.is_grad_enabled():   # (create_graph: a differentiable gradient)
-            with torch.enable_grad():
-                leaf = a.detach().requires_grad_()
-                out = _scores_by_torch(leaf, dst, src, ctx.negative_slope)
-                return torch.autograd.grad(out, leaf, grad, create_graph=True)[0], None, \
-                    None, None
-        grad = materialized(grad).contiguous()
+        if torch.is_grad_enabled():   # (create_graph: a gradient differentiable in a)
+            out = _scores_by_torch(a, dst, src, ctx.negative_slope)
+            return torch.autograd.grad(out, a, grad, create_graph=True)[0], None, None, None
+        a, grad = a.contiguous(), materialized(grad).contiguous()
         nt = _threads(dst.numel())
         da = torch.empty(a.numel(), dtype=a.dtype)
         scratch = torch.empty((nt - 1) * a.numel(), dtype=a.dtype)
