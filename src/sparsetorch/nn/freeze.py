@@ -12,7 +12,10 @@ nothing changed since the last call. ``freeze`` pays those once:
    called, not traced into), with the arguments given as None, True or False fixed at those
    values: once at freezing with the forward's defaults, and once more for each other
    combination a call brings (``if mask is None:`` or ``if return_all:`` then run as in
-   the model; a placeholder would have taken one branch, or failed, for every call);
+   the model; a placeholder would have taken one branch, or failed, for every call). Such
+   a trace at a call patches ``nn.Module`` calls process-wide while it runs, as torch.fx
+   does: call each combination once before serving from several threads. A root with
+   hooks is frozen as one call of itself (a trace would run its forward alone);
 3. rewrites the graph: ``nn.Identity`` and dropout calls (identities in eval mode) vanish;
    a ``SparseConv2d`` whose only consumer is a 3x3 ``ChannelsFirstDepthwise`` (the pair
    ``fuse.py`` fuses, the same rule) becomes one ``st.ops.expand_depthwise3x3`` call,
@@ -46,7 +49,7 @@ Example:
 from __future__ import annotations
 
 import inspect
-from typing import NamedTuple
+import threading
 
 import torch
 import torch.fx as fx
@@ -89,31 +92,38 @@ class Frozen(NoTorchScript, nn.Module):
             return act_1
     """
 
-    def __init__(self, trace, name: str, parameters=None):
+    def __init__(self, trace, name: str, signature=None):
         super().__init__()
         self.training = False
         # (nothing here is a submodule: nothing may be moved, cast or loaded into)
         d = self.__dict__
-        d["_trace"], d["_name"] = trace, name
-        # the forward's parameters (``_Parameter``s) when some default to None or a bool,
-        # else None: each combination of arguments given as None, True or False is traced
-        # with those values, so `if mask is None:` runs as in the model
-        d["_signature"] = parameters if parameters and any(
-            _specialised_value(p.default) for p in parameters) else None
-        d["_graphs"] = {}   # specialised values -> GraphModule
-        # (traced now: a model torch.fx cannot trace fails at freeze, not at the first call)
-        d["_default"] = self._graph(_specialised_defaults(self._signature)).forward
+        d["_trace"], d["_name"], d["_signature"] = trace, name, signature
+        d["_graphs"] = {}   # the arguments traced as constants -> GraphModule
+        # Traced now, so a model torch.fx cannot trace fails at freeze, not at its first
+        # call; unless a parameter with no default is a flag (annotated ``bool``), which
+        # may decide a branch: calls bring its values, and the first call's trace fails.
+        try:
+            d["_default"] = self._graph(self._defaults()).forward
+        except ValueError:
+            if signature is None or not signature.required_flags:
+                raise
+
+    def _defaults(self) -> tuple:
+        sig = self._signature
+        return () if sig is None else _constants(sig.named, sig.defaults)
 
     def _graph(self, key: tuple) -> fx.GraphModule:
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._graphs[key] = self._trace(dict(key))
+            with _TRACING:   # (one trace at a time: torch.fx patches nn.Module's calls)
+                graph = self._graphs.get(key) or self._trace(dict(key))
+                self._graphs[key] = graph
         return graph
 
     @property
     def code(self) -> str:
         """The Python source of the forward, traced with the arguments' defaults."""
-        return self._graph(_specialised_defaults(self._signature)).code
+        return self._graph(self._defaults()).code
 
     def forward(self, *args, **kwargs):
         # (fx.symbolic_trace hands *args over as one Proxy; its own error said "cannot be
@@ -121,13 +131,13 @@ class Frozen(NoTorchScript, nn.Module):
         if isinstance(args, fx.Proxy):
             raise input_type_error("Frozen", "inputs must be tensors", args)
         refuse_ad_transforms(f"the frozen {self._name}", (*args, *kwargs.values()))
-        if self._signature is None:
+        sig = self._signature
+        if sig is None:
             run = self._default
         else:
-            args = _positional(self._name, self._signature, args, kwargs)
-            kwargs = {}
-            run = self._graph(tuple((p.name, value) for p, value in zip(self._signature, args)
-                                    if _specialised_value(value))).forward
+            named, rest, kwargs = sig.split(self._name, args, kwargs)
+            run = self._graph(_constants(sig.named, named)).forward
+            args = (*named, *rest)
         with torch.no_grad():
             return run(*args, **kwargs)
 
@@ -169,11 +179,13 @@ def freeze(model: nn.Module) -> Frozen:
     copied = copy_model(model).eval()
     for p in copied.parameters():
         p.requires_grad_(False)
-    if isinstance(copied, _LAYERS):   # (torch.fx traces into a root, never takes it whole)
+    # One call of the model itself for sparsetorch's layers (torch.fx traces into a root,
+    # never takes it whole) and for a root with hooks (a trace runs its forward alone)
+    if isinstance(copied, _LAYERS) or hooked(copied):
         root, graph = _lone_layer(copied)
         return Frozen(lambda concrete: fx.GraphModule(root, graph), name)
     return Frozen(lambda concrete: _traced(copied, name, concrete), name,
-                  _parameters(copied))
+                  _Signature.of(copied.forward))
 
 
 def _traced(model: nn.Module, name: str, concrete: dict) -> fx.GraphModule:
@@ -184,7 +196,9 @@ def _traced(model: nn.Module, name: str, concrete: dict) -> fx.GraphModule:
     except Exception as err:   # any tracing failure: control flow on values, unsupported ops
         raise ValueError(f"freeze: torch.fx cannot trace {name} ({type(err).__name__}: "
                          f"{err}); freezing needs a forward without control flow on tensor "
-                         f"values. Run the model unfrozen (under torch.no_grad()).") from err
+                         f"values, or on arguments other than None, True and False (those "
+                         f"are traced as constants). Run the model unfrozen (under "
+                         f"torch.no_grad()).") from err
     modules = dict(model.named_modules())
     _drop_identities(graph, modules)
     _fuse_expand_depthwise(graph, modules)
@@ -201,49 +215,55 @@ def _specialised_value(value) -> bool:
     return value is None or type(value) is bool
 
 
-def _specialised_defaults(parameters) -> tuple:
-    return () if parameters is None else tuple(
-        (p.name, p.default) for p in parameters if _specialised_value(p.default))
+def _constants(names, values) -> tuple:
+    """``((name, value), ...)`` of the arguments traced as constants: the key of a trace."""
+    return tuple((n, v) for n, v in zip(names, values) if _specialised_value(v))
 
 
-def _parameters(model: nn.Module):
-    """``[(name, default)]`` of ``model.forward``'s parameters in order (``default`` an
-    ``inspect.Parameter.empty`` for a required one), keyword-only ones last, or None for a
-    forward taking ``*args`` / ``**kwargs`` (traced as it is, without specialising)."""
-    try:
-        signature = inspect.signature(model.forward)
-    except (TypeError, ValueError):
-        return None
-    params = list(signature.parameters.values())
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-        return None
-    return [_Parameter(p.name, p.default, p.kind != p.KEYWORD_ONLY) for p in params]
+_TRACING = threading.Lock()
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-class _Parameter(NamedTuple):
-    name: str
-    default: object
-    positional: bool
+class _Signature:
+    """How a call's arguments reach a traced forward. ``named``: every parameter but
+    ``*args``/``**kwargs``, which the forward torch.fx writes takes by position,
+    keyword-only ones too (before ``*args``), and which may be traced as constants (torch.fx
+    renames those, so none can go by keyword); ``*args`` follow them, ``**kwargs`` pass by
+    keyword."""
 
+    def __init__(self, signature: inspect.Signature):
+        params = list(signature.parameters.values())
+        by_position = [p for p in params if p.kind in _POSITIONAL or p.kind is p.KEYWORD_ONLY]
+        self.signature = signature
+        self.named = tuple(p.name for p in by_position)
+        self.defaults = tuple(p.default for p in by_position)
+        self.varargs = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
+        self.varkw = next((p.name for p in params if p.kind is p.VAR_KEYWORD), None)
+        self.required_flags = any(p.default is p.empty and p.annotation in (bool, "bool")
+                                  for p in by_position)
+        self._plain = self.varargs is None and self.varkw is None
 
-def _positional(name: str, parameters: list, args: tuple, kwargs: dict) -> list:
-    """Every argument of a call, by position (the traced forward renames the specialised
-    parameters, so none can go by keyword), defaults filled in."""
-    most = sum(p.positional for p in parameters)
-    if len(args) > most:
-        raise TypeError(f"the frozen {name} takes at most {most} positional arguments, got "
-                        f"{len(args)}")
-    out = list(args)
-    for param, default, _ in parameters[len(args):]:
-        value = kwargs.pop(param, default)
-        if value is inspect.Parameter.empty:
-            raise TypeError(f"the frozen {name}: missing the argument {param!r}")
-        out.append(value)
-    if kwargs:
-        raise TypeError(f"the frozen {name} got unexpected or repeated arguments "
-                        f"{sorted(kwargs)}; its forward takes "
-                        f"({', '.join(p.name for p in parameters)})")
-    return out
+    @classmethod
+    def of(cls, forward):
+        try:
+            return cls(inspect.signature(forward))
+        except (TypeError, ValueError):   # (no signature: traced as it is)
+            return None
+
+    def split(self, name: str, args: tuple, kwargs: dict) -> tuple:
+        """``(named values, more positional values, keywords)`` of a call, checked as
+        Python checks a call of the model's forward."""
+        if self._plain and not kwargs and len(args) == len(self.named):
+            return args, (), {}   # (the common call: every argument by position)
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"the frozen {name}: {err}") from None
+        bound.apply_defaults()
+        given = bound.arguments
+        return (tuple(given[n] for n in self.named),
+                given[self.varargs] if self.varargs is not None else (),
+                given[self.varkw] if self.varkw is not None else {})
 
 
 def _lone_layer(layer: nn.Module) -> tuple:
