@@ -478,3 +478,25 @@ def test_grown_weights_start_with_a_new_parameters_optimizer_state(truly_sparse)
         assert torch.all(dense[grown] == fresh)
         assert not torch.all(dense[before & layer.mask()] == fresh)   # (kept: their own)
         trainer.close()
+
+
+def test_grown_state_of_a_channels_last_weight():
+    """The grown entries' state was written through ``reshape(-1)``, a copy for a
+    channels_last convolution's weight: their Rprop step sizes stayed at its minimum (a
+    probe's finding)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3)).to(
+        memory_format=torch.channels_last)
+    opt = torch.optim.Rprop(model.parameters(), lr=0.01)
+    trainer = st.train.RigL(model, opt, density=0.3, distribution="uniform", dense=[],
+                            delta_t=3, total_steps=20)
+    for _ in range(10):   # updates at t = 0, 3, 6, 9
+        before = trainer.masks["2.weight"].clone()
+        opt.zero_grad()
+        model(torch.randn(2, 4, 8, 8)).square().mean().backward()
+        trainer.step()
+    grown = trainer.masks["2.weight"] & ~before
+    assert grown.any()
+    assert torch.all(opt.state[model[2].weight]["step_size"][grown] == 0.01)
+    assert not model[2].weight[~trainer.masks["2.weight"]].any()
+    trainer.close()

@@ -103,10 +103,13 @@ class MaskedLayer:
         # zero; zeroing them again keeps that true even if something wrote there, and their
         # state starts where a new parameter's does (``_fresh``).
         grown = change.active[change.source < 0].to(self.param.device)
+        # (written at their row-major positions unravelled: ``reshape(-1)`` of a
+        # channels_last weight is a copy, and writes through it were lost)
+        at = torch.unravel_index(grown, self.param.shape)
         with torch.no_grad():
-            self.param.reshape(-1)[grown] = 0
+            self.param[at] = 0
             for key, t in _state_tensors(optimizer, self.param):
-                t.reshape(-1)[grown] = _fresh(optimizer, self.param, key)
+                t[at] = _fresh(optimizer, self.param, key)
         self.set_active(change.active, optimizer)
 
 
