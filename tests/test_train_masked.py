@@ -1,6 +1,7 @@
 """st.train in masked mode: densities against the ERK/ER formula, exact counts, zeroed
 optimizer state for grown weights, drop/grow disjointness, each algorithm's growth rule on a
 hand-built case, and clear errors."""
+import copy
 import math
 
 import numpy as np
@@ -564,6 +565,31 @@ def test_a_damaged_active_set_is_refused_before_anything_loads():
             with pytest.raises(ValueError, match=f"active set of layer '{name}' (is )?" + said):
                 t.load_state_dict({**state, "active": {**state["active"], name: bad}})
             assert all(torch.equal(t.state_dict()["active"][n], a) for n, a in before.items())
+
+
+def test_another_optimizer_group_layout_is_refused_before_anything_loads():
+    """Parameter groups of other sizes (biases apart from weight decay) failed in the
+    optimizer's load after the masks were applied: trained weights zeroed, the step count
+    replaced (a probe's finding)."""
+    torch.manual_seed(0)
+    model = mlp()
+    saved = st.train.RigL(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                          density=0.3, total_steps=20).state_dict()
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    opt = torch.optim.SGD([{"params": weights}, {"params": biases, "weight_decay": 0.0}],
+                          lr=0.1)
+    t = st.train.RigL(model, opt, density=0.3, total_steps=20, seed=1)
+    model(torch.randn(4, 12)).square().sum().backward()
+    opt.step()
+    before = copy.deepcopy((model.state_dict(), t.state_dict()["active"], t.step_count))
+    with pytest.raises(ValueError, match=r"parameter groups of \[\d+\] parameters, this "
+                                         r"trainer's of \[\d+, \d+\]"):
+        t.load_state_dict(saved)
+    after = (model.state_dict(), t.state_dict()["active"], t.step_count)
+    assert all(torch.equal(before[0][k], v) for k, v in after[0].items())
+    assert all(torch.equal(before[1][k], v) for k, v in after[1].items())
+    assert before[2] == after[2]
 
 
 def test_pruning_loads_an_active_set_between_dense_and_its_final_count():

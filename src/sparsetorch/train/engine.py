@@ -372,6 +372,16 @@ class SparseTrainer:
             raise ValueError(f"{cls}.load_state_dict: the state holds a {saved_opt} "
                              f"optimizer's state, but this trainer's optimizer is a "
                              f"{type(self.optimizer).__name__}; build it with {saved_opt}")
+        # (checked before anything changes: the optimizer's own check came after the masks
+        # were applied, which zeroed trained weights outside them)
+        sizes = [len(g["params"]) for g in self.optimizer.param_groups]
+        saved_sizes = [len(g.get("params", ())) for g in
+                       state.get("optimizer", {}).get("param_groups", ())]
+        if saved_sizes != sizes:
+            raise ValueError(f"{cls}.load_state_dict: the state's optimizer has parameter "
+                             f"groups of {saved_sizes} parameters, this trainer's of {sizes}; "
+                             "build the optimizer with the parameter groups of the run "
+                             "that saved it")
         actives = {name: _checked_active(cls, name, state["active"][name], layer.size,
                                          self.counts[name], self.prunes)
                    for name, layer in self.layers.items()}
