@@ -13,6 +13,7 @@ import torch
 
 import sparsetorch as st
 from sparsetorch.models import SparseTransformer, dense_reference, reference
+from sparsetorch.models.transformer import ReferenceAttention
 from sparsetorch.nn import SparseAttention, attention, masks
 
 from dense_check import private_kernel_cache  # noqa: F401
@@ -319,6 +320,19 @@ def test_model_matches_references(impl):
     torch.testing.assert_close(model.embed.weight.grad, ref.embed.weight.grad,
                                rtol=1e-4, atol=1e-5)
     assert type(dense_reference(model).layers[0].attn).__name__ == "ReferenceAttention"
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "matmul", "torch_sparse"])
+def test_references_of_a_query_attending_to_nothing(impl):
+    """A mask row with no entries: zeros, as the sparse layer gives (the matmul reference
+    softmaxed a row of -inf to NaN, a probe's finding)."""
+    torch.manual_seed(0)
+    allowed = torch.ones(4, 4, dtype=torch.bool).tril()
+    allowed[2] = False
+    attn = SparseAttention(8, 2, mask=masks.as_mask(allowed)).eval()
+    x = torch.randn(2, 4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(ReferenceAttention(attn, impl)(x), attn(x))
 
 
 def test_model_training_reduces_loss():

@@ -173,7 +173,10 @@ def _attend_sdpa(q, k, v, allowed):
 
 def _attend_matmul(q, k, v, allowed):
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+    # (a query with no allowed key: its row of -inf softmaxes to NaN; it attends to
+    # nothing, zeros, as the sparse layer and SDPA give)
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1).masked_fill(~allowed, 0)
+    return probs @ v
 
 
 def _attend_torch_sparse(q, k, v, block_diagonal):
