@@ -4,6 +4,7 @@ softmax attention and torch.nn.MultiheadAttention (values and gradients, float32
 float64, gradcheck), bad input, and the model's training steps."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 
@@ -226,6 +227,24 @@ def test_a_mask_function_is_called_once_per_length_and_its_masks_kept(monkeypatc
         attn(torch.randn(1, 10, 8))
         attn(x8)
     assert calls == [8, 6, 10, 8] and list(attn._built) == [(bigbird, 8)]
+
+
+def test_an_unhashable_mask_function():
+    """A callable that does not hash (a dataclass with ``__call__``) keyed the built masks:
+    every call failed with "unhashable type" (a probe's finding)."""
+    @dataclasses.dataclass
+    class Window:
+        window: int
+
+        def __call__(self, L):
+            return masks.longformer(L, self.window, global_tokens=1)
+
+    attn = SparseAttention(8, 2, mask=Window(1)).eval()
+    x = torch.randn(2, 6, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x),
+                                   attn(x, mask=masks.longformer(6, 1, global_tokens=1)))
+        assert attn(torch.randn(1, 5, 8)).shape == (1, 5, 8) and len(attn._built) == 2
 
 
 def test_threads_making_a_layers_first_call_share_one_mask_draw():

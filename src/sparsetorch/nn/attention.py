@@ -170,14 +170,17 @@ class SparseAttention(NoTorchScript, nn.Module):
         # (under a lock: threads making a layer's first call drew a random mask each, and
         # an eviction between another thread's test and read was a KeyError)
         with _MASKS_LOCK:
-            built, key = self._built, (fn, L)
+            built, key = self._built, (_identity(fn), L)
             if key in built:
                 built.move_to_end(key)
-                return built[key]
-            mask = built[key] = as_mask(fn(L))
-            total = sum(m.nnz for m in built.values())
+                return built[key][1]
+            # (the function kept beside its mask: an unhashable one, keyed by its id, stays
+            # alive, so no other object takes that id while the entry lasts)
+            mask = as_mask(fn(L))
+            built[key] = fn, mask
+            total = sum(m.nnz for _, m in built.values())
             while total > _KEPT_MASK_ENTRIES and len(built) > 1:
-                total -= built.popitem(last=False)[1].nnz
+                total -= built.popitem(last=False)[1][1].nnz
             return mask
 
     def _checked(self, t, name):
@@ -216,3 +219,13 @@ class SparseAttention(NoTorchScript, nn.Module):
         if kept:
             self._folded = {key: (mask, folded)}
         return folded
+
+
+def _identity(fn):
+    """``fn`` itself where it hashes, else its id (a dataclass with ``__call__`` does not
+    hash: keyed by itself, every call failed with "unhashable type")."""
+    try:
+        hash(fn)
+    except TypeError:
+        return id(fn)
+    return fn
