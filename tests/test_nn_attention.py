@@ -112,6 +112,29 @@ def test_as_mask_and_block_diagonal():
     assert masks.longformer(8, 1, global_tokens=()).nnz == 22   # none: the window alone
 
 
+def test_mask_builders_take_numpy_integers_and_name_bad_arguments():
+    """numpy integers were refused by some builders and taken by the layers; non-sequence
+    global tokens, a generator of another type and bad copy counts failed inside torch
+    (a probe's findings)."""
+    ref = masks.longformer(8, 1, global_tokens=2)
+    for same in (masks.longformer(np.int64(8), np.int64(1), global_tokens=np.int64(2)),
+                 masks.longformer(8, 1, global_tokens=np.array([0, 1])),
+                 masks.longformer(8, 1, global_tokens=torch.tensor([1, 0]))):
+        assert torch.equal(same.to_dense(), ref.to_dense())
+    assert torch.equal(masks.as_mask(np.eye(3, dtype=bool)).to_dense(), torch.eye(3))
+    for bad in (None, 2.0, "0", torch.tensor(2)):
+        with pytest.raises(TypeError, match="global_tokens is a count .* or a sequence"):
+            masks.longformer(8, 1, global_tokens=bad)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        masks.bigbird(8, generator=5)
+    window = masks.sliding_window(3, 1)
+    for copies in (-1, 2.5):
+        with pytest.raises(ValueError, match="copies must be an int >= 0"):
+            masks.block_diagonal(window, copies)
+    with pytest.raises(TypeError, match="mask must be a 2-D SparseTensor"):
+        masks.block_diagonal(torch.ones(2, 2, dtype=torch.bool), 2)
+
+
 # -- attention -----------------------------------------------------------------------------
 def _dense_attention(attn, x, allowed):
     """Dense masked multi-head attention with attn's weights: the definition."""

@@ -13,9 +13,11 @@ of the entries. ``as_mask`` accepts a user's own mask in any form ``st.tensor`` 
 """
 from __future__ import annotations
 
+import numbers
 import random
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..formats.convert import tensor as _to_sparse
@@ -119,6 +121,9 @@ def bigbird(L: int, block: int = 64, window_blocks: int = 3, global_blocks: int 
     nb = -(-L // block)
     n_global = min(global_blocks, nb)
     # One Python stream seeded from the generator: Random.sample draws k of n in O(k).
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"bigbird: generator must be a torch.Generator or None, got "
+                        f"{type(generator).__name__}; e.g. torch.Generator().manual_seed(0)")
     rng = random.Random(int(torch.randint(2**62, (1,), generator=generator)))
     per_block = [_block_columns(b, nb, window_blocks // 2, n_global, random_blocks, rng)
                  for b in range(nb)]   # O(L / block) lists of column blocks
@@ -156,6 +161,8 @@ def as_mask(mask, L: int | None = None, *, name: str = "mask") -> SparseTensor:
         >>> as_mask(torch.tensor([[True, False], [True, True]])).nnz
         3
     """
+    if isinstance(mask, np.ndarray) and mask.dtype == np.bool_:
+        mask = torch.from_numpy(mask)   # (as a bool tensor: st.tensor stores numbers)
     if isinstance(mask, torch.Tensor) and not isinstance(mask, SparseTensor) and \
             mask.layout == torch.strided and mask.dtype != torch.bool:
         raise TypeError(f"{name}: a dense mask must be a bool tensor (True = may attend), got "
@@ -195,6 +202,11 @@ def block_diagonal(mask: SparseTensor, copies: int) -> SparseTensor:
                 [0., 0., 1., 0.],
                 [0., 0., 0., 1.]])
     """
+    if not isinstance(mask, SparseTensor) or mask.dim() != 2:
+        raise TypeError(f"block_diagonal: mask must be a 2-D SparseTensor (as_mask converts "
+                        f"other masks), got {type(mask).__name__}")
+    if not isinstance(copies, torch.SymInt):   # (a symbolic batch while tracing)
+        copies = _count("copies", copies)
     mask = mask if mask.format.name == "csr" else mask.asformat("csr")
     n, m = mask.shape
     pos, crd = block_diagonal_arrays(mask._pos1, mask._crd1, m, copies)
@@ -217,11 +229,13 @@ def _block_columns(b, nb, half, n_global, n_random, rng):
 
 
 def _global_positions(global_tokens, L):
-    if isinstance(global_tokens, bool):
-        raise TypeError("longformer: global_tokens is a count or a sequence of positions, "
-                        "not a bool")
-    if isinstance(global_tokens, int):
+    if isinstance(global_tokens, numbers.Integral) and not isinstance(global_tokens, bool):
         glob = torch.arange(min(_count("global_tokens", global_tokens), L))
+    elif isinstance(global_tokens, (bool, str, bytes, numbers.Number)) or \
+            not hasattr(global_tokens, "__iter__") or \
+            isinstance(global_tokens, torch.Tensor) and global_tokens.dim() != 1:
+        raise TypeError(f"longformer: global_tokens is a count (an int) or a sequence of "
+                        f"positions, got {global_tokens!r}")
     else:
         given = torch.as_tensor(list(global_tokens))
         glob = given.long()   # (1.5 would become 1 unseen: a fuzzer's finding)
@@ -249,12 +263,13 @@ def _csr(L, pos, col, dtype):
 
 
 def _positive(name, v):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    # (numpy's integers are ints here, as the layers take them)
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
         raise ValueError(f"mask builder: {name} must be a positive int, got {v!r}")
-    return v
+    return int(v)
 
 
 def _count(name, v):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
         raise ValueError(f"mask builder: {name} must be an int >= 0, got {v!r}")
-    return v
+    return int(v)
