@@ -416,6 +416,35 @@ def _small_transformer(mask):
                              max_len=16, mask=mask)
 
 
+def test_non_strict_export_builds_a_mask_on_its_first_call():
+    """A mask function (or a per-call bool or COO mask) met for the first time while
+    exporting non-strictly was built from fake tensors: torch failed on its data-dependent
+    sizes or data pointers; only a mask an eager call had kept exported (a probe's
+    finding). Now it is built from real tensors and enters the graph as a constant."""
+    from torch.export import Dim, export
+    model = _small_transformer(partial(masks.longformer, window=2, global_tokens=1)).eval()
+    program = export(model, (torch.randint(0, 20, (2, 12)),), strict=False,
+                     dynamic_shapes={"tokens": {0: Dim("batch", min=1, max=64)}})
+    tokens = torch.randint(0, 20, (3, 12))
+    torch.testing.assert_close(program.module()(tokens), model(tokens))
+
+    class PerCall(torch.nn.Module):
+        def __init__(self, mask):
+            super().__init__()
+            self.attn, self.mask = SparseAttention(8, 2), mask
+
+        def forward(self, x):
+            return self.attn(x, mask=self.mask)
+
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril()
+    for mask in (allowed, st.tensor(allowed.float(), format="coo")):
+        layer = PerCall(mask).eval()
+        program = export(layer, (torch.randn(2, 6, 8),), strict=False,
+                         dynamic_shapes={"x": {0: Dim("b", min=1, max=64)}})
+        x = torch.randn(3, 6, 8)
+        torch.testing.assert_close(program.module()(x), layer(x))
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_export_keeps_the_batch_dynamic(strict):
     """``torch.export`` with a dynamic batch: the copies of the mask the batch and heads

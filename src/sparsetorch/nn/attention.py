@@ -14,6 +14,7 @@ same weights is one ``load_state_dict`` away.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import threading
 from typing import Callable
@@ -120,7 +121,8 @@ class SparseAttention(NoTorchScript, nn.Module):
             # graph (strict export allows no graph break). torch.compile folds it outside
             # its graph, eagerly (a graph break), with a symbolic batch too.
             fixed = isinstance(self.mask if mask is None else mask, SparseTensor)
-            one = self._mask(Lq, Lk, mask) if fixed else self.mask_for(Lq, Lk, mask)
+            with _real_tensors():
+                one = self._mask(Lq, Lk, mask) if fixed else self.mask_for(Lq, Lk, mask)
             out = block_diagonal_attention(one, B * H, 1 / math.sqrt(d), q, k, v)
             return self._projected(out, B, Lq)
         # (in the projections' dtype: half precision under autocast)
@@ -229,3 +231,15 @@ def _identity(fn):
     except TypeError:
         return id(fn)
     return fn
+
+
+def _real_tensors():
+    """Under non-strict ``torch.export``, a context in which torch ops make real tensors:
+    the mask is built (a function called, a bool or COO mask converted) from values, with
+    data-dependent sizes, and enters the graph as a constant. Traced as fakes, a first
+    call failed on those sizes (only a mask kept by an eager call exported). Strict export
+    (dynamo) traces the mask as it is: it needs a fixed CSR mask."""
+    if torch.compiler.is_dynamo_compiling():
+        return contextlib.nullcontext()
+    from torch.utils._python_dispatch import _disable_current_modes
+    return _disable_current_modes()
