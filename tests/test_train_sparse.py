@@ -500,3 +500,16 @@ def test_grown_state_of_a_channels_last_weight():
     assert torch.all(opt.state[model[2].weight]["step_size"][grown] == 0.01)
     assert not model[2].weight[~trainer.masks["2.weight"]].any()
     trainer.close()
+
+
+def test_the_ddp_recipe_builds_the_trainers_count():
+    """Under DDP a SparseLinear must store the trainer's count already: SparseLinear rounds
+    a density's count where the trainer floors it, so building at the density
+    layer_densities gives was one entry short about half the time (a probe's finding);
+    ``density=kept_count(size, d) / size`` gives the count exactly."""
+    shapes = {"0.values": (300, 784), "2.values": (100, 300), "4.values": (10, 100)}
+    for name, d in st.train.layer_densities(shapes, 0.1, "erk").items():
+        out_f, in_f = shapes[name]
+        count = st.train.kept_count(out_f * in_f, d)
+        layer = st.nn.SparseLinear(in_f, out_f, density=count / (out_f * in_f))
+        assert layer.values.numel() == count

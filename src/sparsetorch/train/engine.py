@@ -203,9 +203,10 @@ class SparseTrainer:
                 raise ValueError(f"{type(self).__name__}: {name} stores {n} weights but its "
                                  f"density needs {count}; resizing its values Parameter would "
                                  "break DDP's gradient buckets, sized once. Build the layer "
-                                 "with that many entries (densities: "
-                                 "st.train.layer_densities) or create the trainer before "
-                                 "wrapping the model in DistributedDataParallel")
+                                 f"with that many entries (density={count}/{layer.size}: "
+                                 "SparseLinear rounds its count, the trainer floors it as the "
+                                 "official code does) or create the trainer before wrapping "
+                                 "the model in DistributedDataParallel")
             # keep the user's pattern and trained values: drop the smallest or grow zeros at
             # random (seeded) until the layer holds its target count
             active, values = layer.active(), layer.values()
