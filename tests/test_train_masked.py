@@ -625,3 +625,15 @@ def test_rigl_grows_a_sparse_linear_that_stores_no_entries():
     t = st.train.RigL(model, torch.optim.SGD(model.parameters(), lr=0.1), density=0.3,
                       total_steps=8)
     assert t.nnz() == t.counts and model[0].values.count_nonzero() == 0
+
+
+def test_a_parametrized_weight_is_refused_unless_kept_dense():
+    """weight_norm's computed weight: the trainer said the optimizer did not hold it, when
+    the optimizer was built from model.parameters() (a probe's finding)."""
+    from torch.nn.utils.parametrizations import weight_norm
+    model = nn.Sequential(weight_norm(nn.Linear(6, 8)), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"layer '0' computes its weight .* dense=\['0'\]"):
+        st.train.RigL(model, opt, density=0.3, total_steps=10)
+    trainer = st.train.RigL(model, opt, density=0.3, total_steps=10, dense=["0"])
+    assert list(trainer.layers) == ["2.weight"]

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from . import distributed as _dist
 from .densities import DISTRIBUTIONS, kept_count, layer_densities
@@ -111,7 +112,7 @@ class SparseTrainer:
         cls = type(self).__name__
         reduce = _identity if _dist.grads_already_averaged(model) else _dist.mean_over_ranks
         sparse_type = _sparse_linear_type()
-        found, frozen = [], []
+        found, frozen, computed = [], [], []
         # a weight shared by several modules is one layer, under its first name; the
         # others name it too (dense=, layer_density=): two masks on one tensor kept only
         # their intersection (density ~d^2)
@@ -121,6 +122,10 @@ class SparseTrainer:
                 prefix = mname + "." if mname else ""
                 is_sparse = sparse_type is not None and isinstance(module, sparse_type)
                 if not is_sparse and not isinstance(module, (nn.Linear, nn.Conv2d)):
+                    continue
+                if not is_sparse and parametrize.is_parametrized(module, "weight"):
+                    computed.append(mname)   # (refused below unless kept dense)
+                    aliases[mname] = aliases[prefix + "weight"] = prefix + "weight"
                     continue
                 param = module.values if is_sparse else module.weight
                 pname = prefix + ("values" if is_sparse else "weight")
@@ -162,6 +167,12 @@ class SparseTrainer:
                                      f"SparseLinear layer of the model; layers: "
                                      f"{[m for m, _ in found]}")
                 dense_params.add(names[d])
+            for mname in computed:
+                if names[mname] not in dense_params:
+                    raise ValueError(f"{cls}: layer {mname!r} computes its weight (a "
+                                     "parametrization: weight_norm, spectral_norm, ...), "
+                                     "which a mask cannot hold; remove the parametrization, "
+                                     f"or keep the layer dense (dense=[{mname!r}])")
             layers = {}
             for _, layer in found:
                 if layer.name in dense_params:
