@@ -633,7 +633,7 @@ def test_a_parametrized_weight_is_refused_unless_kept_dense():
     from torch.nn.utils.parametrizations import weight_norm
     model = nn.Sequential(weight_norm(nn.Linear(6, 8)), nn.ReLU(), nn.Linear(8, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match=r"layer '0' computes its weight .* dense=\['0'\]"):
+    with pytest.raises(ValueError, match=r"layer '0' computes its weight .*\(dense=\['0'\]\)"):
         st.train.RigL(model, opt, density=0.3, total_steps=10)
     trainer = st.train.RigL(model, opt, density=0.3, total_steps=10, dense=["0"])
     assert list(trainer.layers) == ["2.weight"]
