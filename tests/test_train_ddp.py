@@ -92,10 +92,16 @@ def test_two_ranks_hold_identical_masks_and_weights(algo, tmp_path):
 
 def test_ddp_refuses_a_sparse_layer_whose_entry_count_would_change(tmp_path):
     """Resampling a SparseLinear to another entry count makes a new values Parameter that
-    DDP's gradient hooks never see (ranks would hang or error): refused, with the fix."""
+    DDP's gradient hooks never see (ranks would hang or error): refused, with the fix. (In a
+    forked process of its own: a process group made and destroyed in the test process left
+    the ranks forked by later tests hanging.)"""
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
-    _init(tmp_path / "store", 0, 1)
+    _run_ranks(_refusing_worker, (str(tmp_path),), world=1, timeout=120.0)
+
+
+def _refusing_worker(rank, out_dir):
+    _init(os.path.join(out_dir, "store"), 0, 1)
     try:
         model = nn.Sequential(st.nn.SparseLinear(12, 32, density=0.5), nn.ReLU(),
                               st.nn.SparseLinear(32, 5, density=0.5))
@@ -106,3 +112,62 @@ def test_ddp_refuses_a_sparse_layer_whose_entry_count_would_change(tmp_path):
         st.train.RigL(ddp, opt, density=0.5, distribution="uniform", total_steps=10)  # fits
     finally:
         dist.destroy_process_group()
+
+
+class _Routed(nn.Module):
+    """Layer ``b`` unused on a step a rank routes around it (data-dependent routing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = st.nn.SparseLinear(8, 8, density=0.5)
+        self.b = st.nn.SparseLinear(8, 8, density=0.5)
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x, use_b: bool):
+        h = torch.relu(self.a(x))
+        return self.out(h + torch.relu(self.b(x)) if use_b else h)
+
+
+def _routed_worker(rank, world, algo, out_dir):
+    torch.set_num_threads(1)
+    _init(os.path.join(out_dir, "store"), rank, world)
+    try:
+        _train_routed(rank, algo, out_dir)
+        gc.collect()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _train_routed(rank, algo, out_dir):
+    torch.manual_seed(0)
+    model = _Routed()
+    ddp = nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    trainer = getattr(st.train, algo)(ddp, opt, density=0.5, distribution="uniform",
+                                      delta_t=4, total_steps=40)
+    g = torch.Generator().manual_seed(rank)
+    for step in range(8):
+        opt.zero_grad()
+        ddp(torch.randn(4, 8, generator=g), rank == 0 or step != 4).square().sum().backward()
+        trainer.step()
+    torch.save({"masks": trainer.masks, "weights": model.state_dict()},
+               os.path.join(out_dir, f"{rank}.pt"))
+
+
+@pytest.mark.slow   # forks two processes
+@pytest.mark.parametrize("algo", ["SNFS", "RigL"])
+def test_a_truly_sparse_layer_unused_on_one_rank(algo, tmp_path):
+    """Each rank decided alone whether a SparseLinear had a gradient: the one whose forward
+    skipped it left the all-reduce of its dense gradient (SNFS: both ranks hung; RigL: one
+    raised 'no gradient', the other waited), a probe's finding. Now ranks agree, and the
+    one without a gradient adds zeros."""
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    import torch._dynamo  # noqa: F401  (as above)
+    _run_ranks(_routed_worker, (2, algo, str(tmp_path)), timeout=120.0)
+    r0, r1 = (torch.load(tmp_path / f"{r}.pt") for r in (0, 1))
+    for n in r0["masks"]:
+        assert torch.equal(r0["masks"][n], r1["masks"][n]), n
+    for n in r0["weights"]:
+        assert torch.equal(r0["weights"][n], r1["weights"][n]), n

@@ -35,6 +35,21 @@ def mean_over_ranks(t: torch.Tensor) -> torch.Tensor:
     return out.div_(world_size())
 
 
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank (``flag`` itself when there is one rank): ranks
+    that must enter the same collectives decide together.
+
+    Example:
+        >>> any_rank(False), any_rank(True)
+        (False, True)
+    """
+    if world_size() == 1:
+        return bool(flag)
+    box = torch.tensor([int(bool(flag))])
+    dist.all_reduce(box, op=dist.ReduceOp.MAX)
+    return bool(box.item())
+
+
 def same_seed(seed: int) -> int:
     """Rank 0's ``seed`` on every rank (so per-rank seeds for data order cannot make ranks
     draw different masks).

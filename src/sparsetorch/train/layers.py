@@ -19,6 +19,7 @@ import torch
 
 from ..formats import SparseTensor
 from ..ops import einsum
+from . import distributed as _dist
 from .update import Change
 
 
@@ -213,13 +214,21 @@ class SparseLayer:
         return v if order is None else v[order.to(v.device)]
 
     def has_grad(self) -> bool:
-        return bool(self._pairs)
+        """Whether a gradient was captured, on any rank: a layer one rank's forward did not
+        use (DDP's ``find_unused_parameters``) still enters the all-reduce of its dense
+        gradient with zeros; deciding alone, SNFS's ranks hung there and RigL's raised on
+        one rank while the other waited."""
+        return _dist.any_rank(bool(self._pairs))
 
     def grad_rows(self, r0: int, r1: int) -> torch.Tensor:
-        if not self.has_grad():
-            raise RuntimeError(f"{self.name}: no input/output gradient was captured for this "
-                               "update step; call loss.backward() before step()")
-        return self.reduce(sum(_rows_times(dy[r0:r1], x) for x, dy in self._pairs))
+        if not self._pairs:
+            if _dist.world_size() == 1:
+                raise RuntimeError(f"{self.name}: no input/output gradient was captured for "
+                                   "this update step; call loss.backward() before step()")
+            local = self.param.new_zeros(r1 - r0, self.shape2d[1])   # (unused on this rank)
+        else:
+            local = sum(_rows_times(dy[r0:r1], x) for x, dy in self._pairs)
+        return self.reduce(local)
 
     def release(self) -> None:
         self._pairs = []
