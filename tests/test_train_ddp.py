@@ -101,6 +101,7 @@ def test_ddp_refuses_a_sparse_layer_whose_entry_count_would_change(tmp_path):
 
 
 def _refusing_worker(rank, out_dir):
+    torch.set_num_threads(1)   # (a forked child's OpenMP region of 2+ threads hangs)
     _init(os.path.join(out_dir, "store"), 0, 1)
     try:
         model = nn.Sequential(st.nn.SparseLinear(12, 32, density=0.5), nn.ReLU(),
